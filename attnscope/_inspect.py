@@ -1,0 +1,221 @@
+"""Recognise attention inputs and derive shapes, tokens and FLOPs from them.
+
+Two halves: :func:`summarize` runs on the calling thread and only copies shapes, dtypes and devices
+(plus a reference to a mask tensor, whose *count* of real tokens the worker derives later);
+:func:`derive` runs on the worker and turns a summary into span attributes. Tensor values are
+never recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["summarize", "derive", "causal_pairs", "attention_flops", "count_tokens"]
+
+_Tensor = torch.Tensor
+_MASK_NAMES = frozenset({"attention_mask", "attn_mask", "mask", "key_padding_mask", "padding_mask"})
+_Q_NAMES = ("query", "q", "query_states")
+_K_NAMES = ("key", "k", "key_states")
+_V_NAMES = ("value", "v", "value_states")
+_HIDDEN_NAMES = ("hidden_states", "hidden", "x", "inputs_embeds")
+_CAUSAL_NAMES = ("is_causal", "causal")
+# A float mask entry at or below this is "masked": covers -inf, finfo.min and the -10000 of older models.
+_MASKED_BELOW = -5000.0
+_MAX_POSITIONAL = 8
+
+
+def summarize(args: Sequence[Any], kwargs: Mapping[str, Any], names: Sequence[str]) -> list[tuple[str, Any]]:
+    """Cheap metadata of a call's arguments: ``(name, value)`` pairs for the worker.
+
+    A tensor becomes ``(shape, dtype, device)``; a mask tensor is kept by reference so that the
+    worker can count unpadded tokens; bools and numbers are kept; anything else is dropped.
+    """
+    out: list[tuple[str, Any]] = []
+    n = len(names)
+    for i, value in enumerate(args[:_MAX_POSITIONAL]):
+        _add(out, names[i] if i < n else f"arg{i}", value)
+    for key, value in kwargs.items():
+        _add(out, key, value)
+    return out
+
+
+def _add(out: list[tuple[str, Any]], key: str, value: Any) -> None:
+    if isinstance(value, _Tensor):
+        if key in _MASK_NAMES:
+            out.append((key, value))
+        else:
+            out.append((key, (tuple(value.shape), value.dtype, value.device)))
+    elif value is None or isinstance(value, (bool, int, float)):
+        out.append((key, value))
+
+
+# ---- exact counts -------------------------------------------------------------------------------
+
+
+def causal_pairs(sq: int, skv: int) -> int:
+    """Unmasked (query, key) pairs of a causal mask aligned bottom-right.
+
+    Query ``i`` (of ``sq``) sees keys ``j <= i + skv - sq``: the layout of KV-cache decoding, as in
+    FlashAttention. Rows that would see no key contribute nothing.
+    """
+    if sq <= 0 or skv <= 0:
+        return 0
+    offset = skv - sq
+    # row i sees min(skv, max(0, i + offset + 1)) keys; split rows into empty / growing / full.
+    first = max(0, -offset)  # first row that sees at least one key
+    full_from = max(first, min(sq, skv - offset - 1))  # rows from here see all skv keys
+    growing = full_from - first
+    # growing rows see (first + offset + 1) ... (full_from - 1 + offset + 1) keys
+    lo = first + offset + 1
+    hi = full_from + offset
+    total = (lo + hi) * growing // 2 if growing > 0 else 0
+    total += (sq - full_from) * skv
+    return total
+
+
+def attention_flops(
+    batch: int, heads: int, sq: int, skv: int, head_dim: int, head_dim_v: int | None = None,
+    causal: bool = False,
+) -> int:
+    """FLOPs of QKᵀ and PV (2 per multiply-add); only unmasked pairs when ``causal``."""
+    dv = head_dim if head_dim_v is None else head_dim_v
+    pairs = causal_pairs(sq, skv) if causal else sq * skv
+    return 2 * batch * heads * pairs * (head_dim + dv)
+
+
+def count_tokens(mask: torch.Tensor, batch: int, sq: int) -> int | None:
+    """Real (unpadded) query tokens given an attention or padding mask, or None if unknown.
+
+    A key position is real when some query may attend to it; the queries are the last ``sq`` key
+    positions (KV-cache layout). Bool masks: True = attend. Float masks: additive, very negative =
+    masked. 2-D masks are ``(batch, keys)`` padding masks (1 = real).
+    """
+    if mask.is_meta or mask.numel() == 0:
+        return None
+    m = mask.detach()
+    if m.dtype == torch.bool:
+        attend = m
+    elif m.is_floating_point():
+        attend = m > _MASKED_BELOW if m.ndim != 2 else m != 0
+    else:
+        attend = m != 0
+    if attend.ndim == 2:
+        key_real = attend
+    elif attend.ndim == 4:
+        # (B, H|1, Sq|1, Skv): a key is real if any head and any query attends to it
+        key_real = attend.any(dim=1).any(dim=1)
+    elif attend.ndim == 3:
+        key_real = attend.any(dim=1)
+    else:
+        return None
+    if key_real.shape[0] not in (1, batch):
+        return None
+    tail = key_real[..., -sq:] if key_real.shape[-1] >= sq else key_real
+    count = int(tail.sum().item())
+    if key_real.shape[0] == 1 and batch > 1:
+        count *= batch
+    return count
+
+
+# ---- derive on the worker -------------------------------------------------------------------------
+
+
+def _find(summary: Mapping[str, Any], names: Sequence[str]) -> Any:
+    for name in names:
+        if name in summary:
+            return summary[name]
+    return None
+
+
+def _is_meta(v: Any) -> bool:
+    return isinstance(v, tuple) and len(v) == 3 and isinstance(v[0], tuple)
+
+
+def _module_int(instance: Any, *names: str) -> int | None:
+    if instance is None:
+        return None
+    config = getattr(instance, "config", None)
+    for owner in (instance, config):
+        if owner is None:
+            continue
+        for name in names:
+            value = getattr(owner, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+def derive(summary_list: Sequence[tuple[str, Any]], instance: Any = None) -> dict[str, Any]:
+    """Attention attributes (attnscope.* without the prefix) from a call summary."""
+    summary = dict(summary_list)
+    out: dict[str, Any] = {}
+    q = _find(summary, _Q_NAMES)
+    k = _find(summary, _K_NAMES)
+    v = _find(summary, _V_NAMES)
+    if not (_is_meta(q) and _is_meta(k) and _is_meta(v)):
+        positional = [val for key, val in summary_list if key not in _MASK_NAMES and _is_meta(val)]
+        four_d = [val for val in positional if len(val[0]) == 4]
+        if q is None and len(four_d) >= 3:
+            q, k, v = four_d[:3]
+    causal = _find(summary, _CAUSAL_NAMES)
+    if not isinstance(causal, bool):
+        inst_causal = getattr(instance, "is_causal", None) if instance is not None else None
+        causal = inst_causal if isinstance(inst_causal, bool) else None
+    mask = _find(summary, tuple(_MASK_NAMES))
+    if _is_meta(q) and _is_meta(k) and _is_meta(v) and _qkv_ok(q[0], k[0], v[0]):
+        b, hq, sq, d = q[0]
+        _, hkv, skv, _ = k[0]
+        dv = v[0][3]
+        out.update(
+            batch_size=b, num_heads=hq, num_kv_heads=hkv, head_dim=d,
+            seq_len_q=sq, seq_len_kv=skv,
+            dtype=_dtype_name(q[1]), device=str(q[2]),
+            flops=attention_flops(b, hq, sq, skv, d, dv, bool(causal)),
+        )
+        _tokens(out, mask, b, sq)
+    else:
+        hidden = _find(summary, _HIDDEN_NAMES)
+        if _is_meta(hidden) and len(hidden[0]) == 3:
+            b, s, width = hidden[0]
+            out.update(batch_size=b, seq_len_q=s, dtype=_dtype_name(hidden[1]), device=str(hidden[2]))
+            heads = _module_int(instance, "num_heads", "num_attention_heads", "n_head", "n_heads")
+            kv_heads = _module_int(instance, "num_key_value_heads", "num_kv_heads") or heads
+            head_dim = _module_int(instance, "head_dim")
+            if heads and not head_dim and width % heads == 0:
+                head_dim = width // heads
+            if heads and head_dim:
+                out.update(num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim)
+            _tokens(out, mask, b, s)
+        elif q is not None or hidden is not None:
+            for meta in (q, hidden):
+                if _is_meta(meta):
+                    out.update(dtype=_dtype_name(meta[1]), device=str(meta[2]))
+                    break
+    if causal is not None and "seq_len_q" in out:
+        out["causal"] = bool(causal)
+    return out
+
+
+def _qkv_ok(qs: tuple[int, ...], ks: tuple[int, ...], vs: tuple[int, ...]) -> bool:
+    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
+        return False
+    b, hq, _, d = qs
+    kb, hkv, skv, kd = ks
+    vb, vh, vs_len, _ = vs
+    if kb != b or vb != b or kd != d or vh != hkv or vs_len != skv:
+        return False
+    return hkv > 0 and hq % hkv == 0
+
+
+def _tokens(out: dict[str, Any], mask: Any, batch: int, sq: int) -> None:
+    tokens: int | None = None
+    if isinstance(mask, torch.Tensor):
+        tokens = count_tokens(mask, batch, sq)
+    out["tokens"] = batch * sq if tokens is None else tokens
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,407 @@
+"""Which calls are captured, and in which tier.
+
+Every traced call site keeps a countdown. The hot path only decrements it; when it reaches zero the
+call enters :meth:`Sampler.decide`, which applies the documented order (forced → parent → rate
+with warm-up → profile budget) and draws the next countdown from a geometric distribution, so each
+call is still sampled independently with the configured probability. When a step is declared
+(:func:`step`), draws come from a generator seeded by ``(seed, step, call site)``, so every process
+of a job samples the same calls.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import math
+import os
+import random
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ._capture import TIER_NONE, TIER_PROFILE, TIER_TIMING
+from ._config import Config
+
+__all__ = [
+    "CallSite",
+    "Sampler",
+    "TokenBucket",
+    "OverheadBudget",
+    "geometric_draw",
+    "sampler",
+    "sampling",
+    "step",
+    "rank",
+    "world_size",
+]
+
+# "Never" for a countdown; large enough that no process reaches it.
+NEVER = 1 << 62
+# After this many internal errors a call site stops capturing (and says so once).
+MAX_SITE_ERRORS = 5
+# Cost of the unsampled path (a decrement and a compare), charged to the overhead budget per call.
+FAST_PATH_NS = 40
+
+
+def geometric_draw(rate: float, rnd: Callable[[], float]) -> int:
+    """Calls until the next success of a Bernoulli(``rate``) trial, at least 1."""
+    if rate >= 1.0:
+        return 1
+    if rate <= 0.0:
+        return NEVER
+    u = rnd()
+    # 1 - u is in (0, 1]: log is finite.
+    return int(math.log(1.0 - u) / math.log1p(-rate)) + 1
+
+
+def _site_seed(seed: int, step_no: int, key: str) -> int:
+    digest = hashlib.blake2b(f"{seed}\x00{step_no}\x00{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+class CallSite:
+    """Per-site sampling state. ``countdown`` is the only field the hot path touches."""
+
+    __slots__ = (
+        "countdown", "key", "name", "forced_rate", "attributes", "param_names", "kind",
+        "rng", "gen", "calls", "errors", "disabled", "step_no", "__weakref__",
+    )
+
+    def __init__(
+        self,
+        key: str,
+        name: str,
+        forced_rate: float | None = None,
+        attributes: dict[str, Any] | None = None,
+        param_names: tuple[str, ...] = (),
+        kind: str = "function",
+    ) -> None:
+        self.countdown = 1  # the first call enters decide() to set the site up
+        self.key = key
+        self.name = name
+        self.forced_rate = forced_rate
+        self.attributes = attributes or {}
+        self.param_names = param_names
+        self.kind = kind
+        self.rng: random.Random | None = None
+        self.gen = -1
+        self.calls = 0  # calls seen (counted in countdown-sized chunks)
+        self.errors = 0
+        self.disabled = False
+        self.step_no: int | None = None
+
+
+class TokenBucket:
+    """At most ``per_minute`` grants per minute, bursting to ``max(1, per_minute)``."""
+
+    def __init__(self, per_minute: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.set_rate(per_minute)
+
+    def set_rate(self, per_minute: float) -> None:
+        with self._lock:
+            self.per_minute = per_minute
+            self.capacity = max(1.0, per_minute) if per_minute > 0 else 0.0
+            self.tokens = self.capacity
+            self.stamp = self._clock()
+
+    def take(self) -> bool:
+        with self._lock:
+            now = self._clock()
+            self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.per_minute / 60.0)
+            self.stamp = now
+            if self.tokens >= 1.0:
+                self.tokens -= 1.0
+                return True
+            return False
+
+
+class OverheadBudget:
+    """Keeps attnscope's own calling-thread cost at or below ``budget`` of the wrapped wall time.
+
+    Costs and wall times are added per sampled call; unsampled calls are accounted for by
+    re-weighting (wall / rate) and a fixed per-call cost. Once per ``window_s`` the scale applied to
+    the sample and profile rates moves down (over budget) or back up toward 1 (well under).
+    """
+
+    MIN_SCALE = 1e-4
+
+    def __init__(self, budget: float, window_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.budget = budget
+        self.window_s = window_s
+        self._clock = clock
+        self.scale = 1.0
+        self.last_ratio = 0.0
+        self._own_ns = 0.0
+        self._wall_ns = 0.0
+        self._window_start = clock()
+        self._lock = threading.Lock()
+
+    def add(self, own_ns: int, wall_ns: int, rate: float, calls: int = 1) -> None:
+        """One sampled call: our cost, its wall time, the rate that sampled it."""
+        if self.budget >= 1.0:  # 1.0 means "no budget": nothing to adapt
+            return
+        weight = 1.0 / rate if rate > 0 else 1.0
+        # Unsampled siblings cost only the fast path; the sampled call costs what we measured.
+        self._own_ns += own_ns + FAST_PATH_NS * max(0.0, weight - 1.0)
+        self._wall_ns += wall_ns * weight
+        now = self._clock()
+        if now - self._window_start >= self.window_s:
+            self._adjust(now)
+
+    def _adjust(self, now: float) -> None:
+        with self._lock:
+            if now - self._window_start < self.window_s:
+                return
+            own, wall = self._own_ns, self._wall_ns
+            self._own_ns = self._wall_ns = 0.0
+            self._window_start = now
+            if wall <= 0:
+                return
+            ratio = own / wall
+            self.last_ratio = ratio
+            if ratio > self.budget:
+                self.scale = max(self.MIN_SCALE, self.scale * max(0.1, 0.8 * self.budget / ratio))
+            elif ratio < 0.5 * self.budget and self.scale < 1.0:
+                self.scale = min(1.0, self.scale * 1.5)
+
+
+_force: contextvars.ContextVar[tuple[bool, bool] | None] = contextvars.ContextVar(
+    "attnscope_force", default=None
+)
+
+
+class Sampler:
+    """Process-wide sampling state: rates, budget, profile bucket, step, forced blocks."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._sites: weakref.WeakSet[CallSite] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._rng = random.Random()
+        self.gen = 0
+        self.force_blocks = 0
+        self.step_no: int | None = None
+        self.stats_sampled = 0
+        self.stats_profiled = 0
+        self.apply(Config())
+
+    # -- configuration -----------------------------------------------------------------------
+    def apply(self, cfg: Config) -> None:
+        """Take new settings; every site re-reads them on its next decision."""
+        self.enabled = cfg.enabled
+        self.rate = cfg.sample_rate
+        self.profile_rate = cfg.profile_rate
+        self.warmup = cfg.warmup_calls
+        self.seed = cfg.seed
+        self.bucket = TokenBucket(cfg.profile_max_per_minute, self._clock)
+        self.budget = OverheadBudget(cfg.overhead_budget, clock=self._clock)
+        self._invalidate()
+
+    def _invalidate(self) -> None:
+        """Make every site's next call enter decide()."""
+        with self._lock:
+            self.gen += 1
+            for site in list(self._sites):
+                site.countdown = 0
+
+    def register(self, site: CallSite) -> None:
+        with self._lock:
+            self._sites.add(site)
+
+    def set_step(self, step_no: int | None) -> None:
+        self.step_no = step_no
+        self._invalidate()
+
+    def force_enter(self) -> None:
+        with self._lock:
+            self.force_blocks += 1
+        self._invalidate()
+
+    def force_exit(self) -> None:
+        with self._lock:
+            self.force_blocks = max(0, self.force_blocks - 1)
+            last = self.force_blocks == 0
+        if last:
+            self._invalidate()  # sites left on the slow path go back to countdowns
+
+    @property
+    def effective_rate(self) -> float:
+        return self.rate * self.budget.scale
+
+    @property
+    def effective_profile_rate(self) -> float:
+        return self.profile_rate * self.budget.scale
+
+    # -- the decision ---------------------------------------------------------------------------
+    def decide(self, site: CallSite, forced_sample: bool | None = None) -> tuple[int, float]:
+        """Tier and sampling probability for a call that found ``site.countdown`` exhausted.
+
+        Raises ``_Skip`` for a call that loses the lottery after a refresh (see :func:`decide`).
+        """
+        if not self.enabled or site.disabled:
+            site.countdown = NEVER
+            return TIER_NONE, 0.0
+        force = _force.get() if self.force_blocks else None
+        if force is not None or forced_sample is not None:
+            if self.force_blocks:
+                site.countdown = 1  # stay on the slow path while a forced block is open
+            sample = forced_sample if forced_sample is not None else force[0]  # type: ignore[index]
+            if not sample:
+                return TIER_NONE, 0.0
+            self.stats_sampled += 1
+            if force is not None and force[1] and self.bucket.take():
+                self.stats_profiled += 1
+                return TIER_PROFILE, 1.0
+            return TIER_TIMING, 1.0
+        forced_rate = site.forced_rate
+        rate = self.effective_rate if forced_rate is None else forced_rate
+        if self.force_blocks:
+            # Another context forces capture, so every call here comes through: draw per call.
+            site.countdown = 1
+            site.calls += 1
+            rng = site.rng or self._rng
+            if forced_rate is None and site.calls <= self.warmup:
+                return TIER_NONE, 0.0
+            if rng.random() >= rate:
+                return TIER_NONE, 0.0
+        elif site.gen != self.gen:
+            rng = self._refresh(site, rate)
+        else:
+            rng = site.rng or self._rng
+        # This call won the lottery; draw the next one.
+        if not self.force_blocks:
+            draw = geometric_draw(rate, rng.random)
+            site.countdown = draw
+            site.calls += draw
+        if forced_rate is None and _parent_not_sampled():
+            return TIER_NONE, 0.0
+        self.stats_sampled += 1
+        profile_rate = self.effective_profile_rate if forced_rate is None else self.profile_rate
+        if profile_rate > 0 and rng.random() < profile_rate and self.bucket.take():
+            self.stats_profiled += 1
+            return TIER_PROFILE, rate
+        return TIER_TIMING, rate
+
+    def _refresh(self, site: CallSite, rate: float) -> random.Random:
+        """First decision after a config/step change: reseed, apply warm-up, redraw.
+
+        Returns the generator to use when this call wins; raises ``_Skip`` when it does not.
+        """
+        site.gen = self.gen
+        if self.step_no is not None:
+            site.rng = random.Random(_site_seed(self.seed, self.step_no, site.key))
+        else:
+            site.rng = None
+        rng = site.rng or self._rng
+        skip = 0
+        if site.forced_rate is None and site.calls < self.warmup:
+            skip = self.warmup - site.calls
+            site.calls = self.warmup
+        # Calls until the next winner, counting this one.
+        draw = skip + geometric_draw(rate, rng.random)
+        if draw > 1:
+            site.countdown = draw - 1
+            site.calls += draw - 1 - skip
+            raise _Skip
+        site.calls += 1
+        return rng
+
+    def site_error(self, site: CallSite) -> bool:
+        """Count an internal error at ``site``; True when the site has just switched itself off."""
+        site.errors += 1
+        if site.errors >= MAX_SITE_ERRORS and not site.disabled:
+            site.disabled = True
+            site.countdown = NEVER
+            return True
+        return False
+
+
+class _Skip(Exception):
+    """Internal: the call that triggered a refresh is inside warm-up."""
+
+
+def _parent_not_sampled() -> bool:
+    from opentelemetry import trace
+
+    ctx = trace.get_current_span().get_span_context()
+    return bool(ctx.is_valid and not ctx.trace_flags.sampled)
+
+
+sampler = Sampler()
+
+
+def decide(site: CallSite, forced_sample: bool | None = None) -> tuple[int, float]:
+    """Entry used by the hot path: a call that loses the lottery is tier none."""
+    try:
+        return sampler.decide(site, forced_sample)
+    except _Skip:
+        return TIER_NONE, 0.0
+
+
+@contextmanager
+def sampling(force: bool = True, profile: bool = False) -> Iterator[None]:
+    """Force (``force=True``) or suppress (``force=False``) capture of every call in the block.
+
+    ``profile=True`` also asks for the profile tier, still limited by ``profile_max_per_minute``.
+    """
+    token = _force.set((bool(force), bool(profile)))
+    sampler.force_enter()
+    try:
+        yield
+    finally:
+        sampler.force_exit()
+        _force.reset(token)
+
+
+class _Step:
+    """Declares the current step; usable as a plain call or a context manager."""
+
+    def __init__(self, step_no: int) -> None:
+        self._previous = sampler.step_no
+        sampler.set_step(step_no)
+
+    def __enter__(self) -> _Step:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sampler.set_step(self._previous)
+
+
+def step(n: int | None) -> _Step:
+    """Declare the current step so sampling is consistent across processes (None: no step)."""
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int)):
+        from ._safety import warn_once
+
+        warn_once("step-type", "attnscope.step() expects an int; ignored", value=repr(n))
+        n = None
+    return _Step(n)  # type: ignore[arg-type]
+
+
+def rank() -> int:
+    """This process's rank: torch.distributed when initialised, else $RANK, else 0."""
+    return _dist_value("get_rank", "RANK", 0)
+
+
+def world_size() -> int:
+    """Number of processes: torch.distributed when initialised, else $WORLD_SIZE, else 1."""
+    return _dist_value("get_world_size", "WORLD_SIZE", 1)
+
+
+def _dist_value(fn: str, env: str, default: int) -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(getattr(dist, fn)())
+    except Exception:
+        pass
+    try:
+        return int(os.environ.get(env, default))
+    except ValueError:
+        return default

@@ -1,0 +1,204 @@
+"""Captures → OpenTelemetry spans, on the worker thread.
+
+Spans are built after the calls they describe, with explicit timestamps. A nested capture ends
+before its parent, so the builder holds children until their parent capture arrives, builds the
+parent, then the children under it. Attribute names are the schema in docs/attributes.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry import trace as otel_trace
+from opentelemetry.context import Context
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
+
+from ._capture import TIER_NAMES, Capture
+
+__all__ = ["SpanBuilder", "capture_attributes", "BuildStats"]
+
+P = "attnscope."
+MAX_STRING = 256
+# Built span contexts kept so late children (other threads) still find their parent.
+_BUILT_KEEP = 4096
+# Children wait at most this long for a parent that never arrives (dropped, or a very long call).
+STASH_MAX_AGE_S = 600.0
+
+
+def capture_attributes(cap: Capture, derived: dict[str, Any]) -> dict[str, Any]:
+    """The span attributes of one capture (derived = _inspect.derive output + worker findings)."""
+    attrs: dict[str, Any] = {}
+    for key, value in cap.site.attributes.items():
+        attrs[key if key.startswith(("attnscope.", "code.", "gen_ai.")) else key] = _clean(value)
+    attrs[P + "tier"] = TIER_NAMES.get(cap.tier, "timing")
+    attrs[P + "sample_rate"] = float(cap.sample_rate)
+    for key, value in derived.items():
+        if value is not None:
+            attrs[P + key] = _clean(value)
+    if cap.extra:
+        for key, value in cap.extra.items():
+            if value is None:
+                continue
+            attrs[key if "." in key else P + key] = _clean(value)
+    wall = cap.wall_ns
+    attrs[P + "wall_ns"] = wall
+    device_ns = derived.get("device_ns")
+    busy = device_ns if isinstance(device_ns, int) and device_ns > 0 else wall
+    flops = attrs.get(P + "flops")
+    if isinstance(flops, int) and busy > 0:
+        attrs[P + "tflops"] = flops / busy / 1e3  # FLOP/ns = 1e9 FLOP/s; TFLOP/s = /1e3
+    tokens = attrs.get(P + "tokens")
+    if isinstance(tokens, int) and busy > 0:
+        attrs[P + "tokens_per_s"] = tokens * 1e9 / busy
+    return attrs
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        return value[:MAX_STRING]
+    if isinstance(value, (list, tuple)):
+        items = list(value)[:64]
+        if all(isinstance(v, str) for v in items):
+            return [v[:MAX_STRING] for v in items]
+        if all(isinstance(v, bool) for v in items) or all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in items
+        ):
+            return items
+        return [str(v)[:MAX_STRING] for v in items]
+    return str(value)[:MAX_STRING]
+
+
+class BuildStats:
+    """Counters the builder keeps (read by attnscope.stats())."""
+
+    def __init__(self) -> None:
+        self.emitted = 0
+        self.dropped_trace_cap = 0
+        self.orphaned = 0
+
+
+ChildSpan = tuple[str, int, int, dict[str, Any]]  # name, start epoch ns, end epoch ns, attributes
+
+
+class _Pending:
+    __slots__ = ("cap", "attrs", "children", "added")
+
+    def __init__(self, cap: Capture, attrs: dict[str, Any], children: list[ChildSpan]) -> None:
+        self.cap = cap
+        self.attrs = attrs
+        self.children = children
+        self.added = time.monotonic()
+
+
+_CUT = "cut"  # the capture's span was not emitted (per-trace cap): its subtree is cut too
+_LOST = "lost"  # the capture never reached the worker (queue full): children go up a level
+
+
+class SpanBuilder:
+    """Builds spans parents-first with at most ``max_spans_per_trace`` per trace."""
+
+    def __init__(self, tracer: Any, max_spans_per_trace: int,
+                 on_span: Callable[[Capture, dict[str, Any]], None] | None = None) -> None:
+        self.tracer = tracer
+        self.max_per_trace = max_spans_per_trace
+        self.stats = BuildStats()
+        self._on_span = on_span
+        # capture id -> its SpanContext, _CUT or _LOST (bounded, oldest forgotten first)
+        self._fate: OrderedDict[int, Any] = OrderedDict()
+        self._stash: dict[int, list[_Pending]] = {}
+        self._per_trace: OrderedDict[int, int] = OrderedDict()
+
+    def add(self, cap: Capture, attrs: dict[str, Any], children: list[ChildSpan] | None = None) -> None:
+        """Build now if the parent is settled; otherwise wait for it."""
+        self._place(_Pending(cap, attrs, children or []))
+
+    def _place(self, item: _Pending) -> None:
+        parent_id = item.cap.parent_id
+        if parent_id is None:
+            self._build(item, None)
+            return
+        fate = self._fate.get(parent_id)
+        if fate is None:
+            self._stash.setdefault(parent_id, []).append(item)
+        elif fate is _CUT:
+            self._cut(item)
+        elif fate is _LOST:
+            self.stats.orphaned += 1
+            self._build(item, None)
+        else:
+            self._build(item, fate)
+
+    def parent_dropped(self, capture_id: int) -> None:
+        """A capture will never arrive (dropped on a full queue): its children go up a level."""
+        self._settle(capture_id, _LOST)
+
+    def expire(self, max_age_s: float = STASH_MAX_AGE_S, max_items: int = 8192) -> None:
+        """Give up on overdue parents: their children are built under the app's span."""
+        now = time.monotonic()
+        total = self.pending()
+        for parent_id in list(self._stash):
+            items = self._stash.get(parent_id, [])
+            if total > max_items or any(now - it.added > max_age_s for it in items):
+                total -= len(items)
+                self._settle(parent_id, _LOST)
+
+    def pending(self) -> int:
+        return sum(len(v) for v in self._stash.values())
+
+    def _build(self, item: _Pending, parent: SpanContext | None) -> None:
+        cap = item.cap
+        target = parent if parent is not None else cap.otel_parent
+        ctx = otel_trace.set_span_in_context(NonRecordingSpan(target), Context()) if target else Context()
+        if target is not None and self._over_cap(target.trace_id):
+            self._cut(item)
+            return
+        end = cap.end_epoch_ns
+        span = self.tracer.start_span(cap.name, context=ctx, kind=SpanKind.INTERNAL,
+                                      attributes=item.attrs, start_time=cap.start_epoch_ns)
+        if cap.error is not None:
+            err = cap.error
+            span.record_exception(err, timestamp=end, escaped=True)
+            span.set_status(Status(StatusCode.ERROR, f"{type(err).__name__}: {err}"[:MAX_STRING]))
+        sc = span.get_span_context()
+        if target is None:
+            self._over_cap(sc.trace_id)  # a new trace: count its root
+        child_ctx = otel_trace.set_span_in_context(span, Context())
+        for name, c_start, c_end, c_attrs in item.children:
+            child = self.tracer.start_span(name, context=child_ctx, kind=SpanKind.INTERNAL,
+                                           attributes=c_attrs, start_time=c_start)
+            child.end(end_time=c_end)
+        span.end(end_time=end)
+        cap.error = None  # drop the traceback (and the frames it holds) now
+        self.stats.emitted += 1
+        if self._on_span is not None:
+            self._on_span(cap, item.attrs)
+        self._settle(cap.capture_id, sc)
+
+    def _cut(self, item: _Pending) -> None:
+        self.stats.dropped_trace_cap += 1
+        item.cap.error = None
+        self._settle(item.cap.capture_id, _CUT)
+
+    def _settle(self, capture_id: int, fate: Any) -> None:
+        self._fate[capture_id] = fate
+        if len(self._fate) > _BUILT_KEEP:
+            self._fate.popitem(last=False)
+        for child in self._stash.pop(capture_id, ()):
+            self._place(child)
+
+    def _over_cap(self, trace_id: int) -> bool:
+        count = self._per_trace.get(trace_id, 0)
+        if count >= self.max_per_trace:
+            return True
+        self._per_trace[trace_id] = count + 1
+        self._per_trace.move_to_end(trace_id)
+        if len(self._per_trace) > 4096:
+            self._per_trace.popitem(last=False)
+        return False
+
+

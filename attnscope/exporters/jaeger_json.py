@@ -1,0 +1,379 @@
+"""Write spans as a Jaeger JSON file that the Jaeger UI opens without any backend.
+
+The document has the shape of Jaeger's query API response (``{"data": [trace, ...]}``): one entry
+per trace, each with its spans and its own process table. Jaeger UI's "Upload" / "JSON File"
+search tab renders it.
+
+The whole file is rewritten atomically (temp file in the same directory, fsync, ``os.replace``),
+so a reader never sees half a document. Writes happen on ``force_flush()``, ``shutdown()``, on
+rotation, and from ``export()`` at most once per ``flush_interval_s``: the SDK's span processors
+never call an exporter's ``force_flush()``, so without the interval the file would only appear at
+shutdown.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import StatusCode
+
+from attnscope._safety import internal_error, warn_once
+
+__all__ = ["JaegerJSONFileExporter"]
+
+_STAGE = "exporter.jaeger_json"
+_DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+_UNKNOWN_SERVICE = "unknown_service"
+_UNNAMED = "(unnamed)"
+
+
+def _dumps(obj: object) -> str:
+    # Compact output keeps files small. ensure_ascii (the default) makes len(text) equal the
+    # encoded byte count, which the size accounting relies on. allow_nan=False because the UI's
+    # JSON.parse rejects NaN/Infinity; _tag already turns non-finite floats into strings.
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+
+
+def _tag(key: str, value: object) -> dict[str, object]:
+    """One Jaeger typed tag. Sequences become a JSON string, as Jaeger's own translator does."""
+    if isinstance(value, bool):  # before int: bool is an int subclass
+        return {"key": key, "type": "bool", "value": value}
+    if isinstance(value, int):
+        return {"key": key, "type": "int64", "value": value}
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return {"key": key, "type": "float64", "value": value}
+        return {"key": key, "type": "string", "value": repr(value)}
+    if isinstance(value, str):
+        return {"key": key, "type": "string", "value": value}
+    if isinstance(value, (list, tuple)):
+        # The list lives inside a string, so NaN in it cannot break the outer document.
+        return {"key": key, "type": "string", "value": json.dumps(list(value), default=str)}
+    return {"key": key, "type": "string", "value": str(value)}
+
+
+def _process_json(resource: Resource, service_name: str | None) -> str:
+    attrs = resource.attributes
+    if service_name is None:
+        service_name = str(attrs.get("service.name", ""))
+    # The UI rejects the whole file if any process has an empty serviceName.
+    service_name = service_name or _UNKNOWN_SERVICE
+    tags = [_tag(k, v) for k, v in attrs.items() if k != "service.name"]
+    return _dumps({"serviceName": service_name, "tags": tags})
+
+
+def _span_fields(span: ReadableSpan) -> dict[str, object]:
+    """Everything about ``span`` except its processID, which depends on the document."""
+    ctx = span.context
+    trace_id = f"{ctx.trace_id:032x}"
+    references: list[dict[str, str]] = []
+    # The UI takes the first reference as the parent, so the parent goes first.
+    if span.parent is not None:
+        references.append(
+            {
+                "refType": "CHILD_OF",
+                "traceID": f"{span.parent.trace_id:032x}",
+                "spanID": f"{span.parent.span_id:016x}",
+            }
+        )
+    for link in span.links:
+        references.append(
+            {
+                "refType": "FOLLOWS_FROM",
+                "traceID": f"{link.context.trace_id:032x}",
+                "spanID": f"{link.context.span_id:016x}",
+            }
+        )
+
+    tags = [_tag(k, v) for k, v in (span.attributes or {}).items()]
+    scope = span.instrumentation_scope
+    if scope is not None:
+        tags.append(_tag("otel.scope.name", scope.name))
+        if scope.version:
+            tags.append(_tag("otel.scope.version", scope.version))
+    tags.append(_tag("span.kind", span.kind.name.lower()))
+    status = span.status
+    if status.status_code is StatusCode.ERROR:
+        tags.append(_tag("otel.status_code", "ERROR"))
+        tags.append(_tag("error", True))
+        if status.description:
+            tags.append(_tag("otel.status_description", status.description))
+    elif status.status_code is StatusCode.OK:
+        tags.append(_tag("otel.status_code", "OK"))
+
+    logs = [
+        {
+            "timestamp": event.timestamp // 1000,
+            "fields": [_tag("event", event.name)]
+            + [_tag(k, v) for k, v in (event.attributes or {}).items()],
+        }
+        for event in span.events
+    ]
+
+    warnings = [
+        f"{count} {what} dropped by the SDK's span limits"
+        for count, what in (
+            (span.dropped_attributes, "attributes"),
+            (span.dropped_events, "events"),
+            (span.dropped_links, "links"),
+        )
+        if count
+    ]
+
+    start_ns = span.start_time or 0
+    end_ns = span.end_time or start_ns
+    return {
+        "traceID": trace_id,
+        "spanID": f"{ctx.span_id:016x}",
+        # The UI rejects the whole file if any operationName is empty.
+        "operationName": span.name or _UNNAMED,
+        "references": references,
+        "startTime": start_ns // 1000,
+        "duration": max(0, end_ns - start_ns) // 1000,
+        "tags": tags,
+        "logs": logs,
+        "processID": "",
+        "warnings": warnings or None,
+    }
+
+
+@dataclass
+class _Trace:
+    spans: list[str] = field(default_factory=list)
+    processes: dict[str, str] = field(default_factory=dict)  # process JSON -> processID
+
+
+def _trace_json(trace_id: str, trace: _Trace) -> str:
+    procs = ",".join(f'"{pid}":{proc}' for proc, pid in trace.processes.items())
+    return f'{{"traceID":"{trace_id}","spans":[{",".join(trace.spans)}],"processes":{{{procs}}}}}'
+
+
+_EMPTY_DOCUMENT_BYTES = len('{"data":[]}')
+# Upper bounds, counting one separator comma each, so the estimate never undershoots the file.
+_TRACE_OVERHEAD_BYTES = len(_trace_json("0" * 32, _Trace())) + 1
+
+
+def _atomic_write(path: str, text: str) -> None:
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class JaegerJSONFileExporter(SpanExporter):
+    """Keep exported spans in memory and write them to ``path`` as one Jaeger JSON document.
+
+    Each write replaces the file with every span since the last rotation. When the document
+    would grow past ``max_bytes``, the current file moves to ``path.1`` (older ones to ``.2`` ...
+    up to ``backups``; ``backups=0`` keeps none) and a new document starts, so memory and each
+    file stay bounded by ``max_bytes``, except that a single span larger than that gets a file to
+    itself. An existing file at ``path`` is replaced by the first write. ``service_name``
+    overrides the resource's ``service.name``. ``export()`` rewrites the file at most once per
+    ``flush_interval_s`` seconds (``None``: only on flush, shutdown and rotation); each rewrite
+    costs time proportional to the document, up to ``max_bytes``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_bytes: int = _DEFAULT_MAX_BYTES,
+        backups: int = 3,
+        service_name: str | None = None,
+        flush_interval_s: float | None = 5.0,
+    ) -> None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
+            raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
+        if isinstance(backups, bool) or not isinstance(backups, int) or backups < 0:
+            raise ValueError(f"backups must be an int >= 0, got {backups!r}")
+        if flush_interval_s is not None and (
+            isinstance(flush_interval_s, bool)
+            or not isinstance(flush_interval_s, (int, float))
+            or not flush_interval_s >= 0  # also rejects NaN
+        ):
+            raise ValueError(f"flush_interval_s must be >= 0 or None, got {flush_interval_s!r}")
+        self._path = os.fspath(path)
+        self._max_bytes = max_bytes
+        self._backups = backups
+        self._service_name = service_name
+        self._flush_interval_s = flush_interval_s
+        self._lock = threading.Lock()
+        self._shut_down = False
+        # The document being built: every span since the last rotation, already serialised.
+        self._traces: dict[str, _Trace] = {}
+        self._size = _EMPTY_DOCUMENT_BYTES
+        self._span_count = 0
+        self._dirty = False
+        self._last_write = -math.inf
+        self._backup_counts: list[int] = []  # spans in path.1, path.2, ... written by us
+        self._dropped = 0
+        # Most programs have one Resource, so a one-entry identity cache avoids re-serialising it.
+        self._last_process: tuple[Resource, str] | None = None
+
+    @property
+    def path(self) -> str:
+        """The file the current document is written to."""
+        return self._path
+
+    @property
+    def dropped_spans(self) -> int:
+        """Spans accepted but kept in no file: lost to a failed write or rotated out."""
+        with self._lock:
+            return self._dropped
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """Add ``spans`` to the document; write it if rotated or the interval passed."""
+        try:
+            with self._lock:
+                if self._shut_down:
+                    warn_once(_STAGE + ".after_shutdown", "export() after shutdown(); spans lost")
+                    return SpanExportResult.FAILURE
+                ok = True
+                rotated = False
+                for span in spans:
+                    added, did_rotate = self._add(span)
+                    ok = ok and added
+                    rotated = rotated or did_rotate
+                if self._dirty and (rotated or self._interval_passed()):
+                    self._write_current()
+            return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+        except Exception as exc:
+            internal_error(_STAGE, exc)
+            return SpanExportResult.FAILURE
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Write the document now. Returns False if the write failed."""
+        with self._lock:
+            return self._flush_locked()
+
+    def shutdown(self) -> None:
+        """Write the document and refuse later exports. Safe to call twice."""
+        with self._lock:
+            # Under the same lock as the flag, so no export can slip in between and be lost.
+            self._flush_locked()
+            self._shut_down = True
+
+    # -- internals; all run with self._lock held ---------------------------------------------
+
+    def _flush_locked(self) -> bool:
+        try:
+            if self._dirty:
+                self._write_current()
+            return True
+        except Exception as exc:
+            internal_error(_STAGE, exc)
+            return False
+
+    def _interval_passed(self) -> bool:
+        interval = self._flush_interval_s
+        return interval is not None and time.monotonic() - self._last_write >= interval
+
+    def _process_for(self, resource: Resource) -> str:
+        cached = self._last_process
+        if cached is None or cached[0] is not resource:
+            cached = (resource, _process_json(resource, self._service_name))
+            self._last_process = cached
+        return cached[1]
+
+    def _encode(
+        self, trace_id: str, fields: dict[str, object], process: str
+    ) -> tuple[str, str, int]:
+        """Serialise ``fields`` for the current document: (text, processID, bytes added)."""
+        trace = self._traces.get(trace_id)
+        added = 0
+        pid = trace.processes.get(process) if trace is not None else None
+        if pid is None:
+            pid = f"p{len(trace.processes) + 1 if trace is not None else 1}"
+            added += len(pid) + 3 + len(process) + 1  # "pN": + process + comma
+        if trace is None:
+            added += _TRACE_OVERHEAD_BYTES
+        fields["processID"] = pid
+        text = _dumps(fields)
+        return text, pid, added + len(text) + 1
+
+    def _add(self, span: ReadableSpan) -> tuple[bool, bool]:
+        """Add one span: (no spans were lost, the document rotated)."""
+        if span.context is None:
+            return True, False
+        fields = _span_fields(span)
+        trace_id = str(fields["traceID"])
+        process = self._process_for(span.resource)
+        text, pid, added = self._encode(trace_id, fields, process)
+        ok, rotated = True, False
+        if self._span_count and self._size + added > self._max_bytes:
+            ok = self._rotate()
+            rotated = True
+            text, pid, added = self._encode(trace_id, fields, process)
+        trace = self._traces.setdefault(trace_id, _Trace())
+        trace.processes.setdefault(process, pid)
+        trace.spans.append(text)
+        self._size += added
+        self._span_count += 1
+        self._dirty = True
+        return ok, rotated
+
+    def _document(self) -> str:
+        body = ",".join(_trace_json(tid, trace) for tid, trace in self._traces.items())
+        return '{"data":[' + body + "]}"
+
+    def _write_current(self) -> None:
+        _atomic_write(self._path, self._document())
+        self._dirty = False
+        self._last_write = time.monotonic()
+
+    def _rotate(self) -> bool:
+        """Seal the current document into ``path.1`` and start an empty one.
+
+        The document is dropped from memory even if writing it fails, so a full disk cannot
+        make memory grow; those spans are counted as dropped. Returns False in that case.
+        """
+        count = self._span_count
+        ok = True
+        try:
+            if self._backups == 0:
+                self._dropped += count
+            else:
+                _atomic_write(self._path, self._document())
+                self._shift_backups()
+                os.replace(self._path, f"{self._path}.1")
+                self._backup_counts.insert(0, count)
+        except Exception as exc:
+            internal_error(_STAGE + ".rotate", exc)
+            self._dropped += count
+            ok = False
+        self._traces = {}
+        self._size = _EMPTY_DOCUMENT_BYTES
+        self._span_count = 0
+        self._dirty = False
+        return ok
+
+    def _shift_backups(self) -> None:
+        # path.(n-1) -> path.n first, so nothing is overwritten before it has moved.
+        if len(self._backup_counts) >= self._backups:
+            self._dropped += sum(self._backup_counts[self._backups - 1 :])
+            del self._backup_counts[self._backups - 1 :]
+        for i in range(self._backups - 1, 0, -1):
+            src = f"{self._path}.{i}"
+            if os.path.exists(src):
+                os.replace(src, f"{self._path}.{i + 1}")

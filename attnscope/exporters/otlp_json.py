@@ -1,0 +1,204 @@
+"""Append spans to a file as OTLP/JSON lines: one ``ExportTraceServiceRequest`` per line.
+
+Each ``export()`` call becomes one line, encoded with the OTLP exporter's own ``encode_spans`` and
+the protobuf JSON mapping (lowerCamelCase keys, 64-bit integers as decimal strings). Two changes
+follow the OTLP/JSON spec where it departs from the plain protobuf mapping:
+
+- ``traceId``, ``spanId`` and ``parentSpanId`` (also in links) are lowercase hex, not base64;
+- enum values (span kind, status code) are integers, not names.
+
+Plain ``google.protobuf.json_format.Parse`` therefore rejects the ids; use
+:func:`read_otlp_json_lines`, which converts them back first.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from google.protobuf import json_format
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from attnscope._safety import internal_error, warn_once
+
+__all__ = ["OTLPJSONFileExporter", "read_otlp_json_lines"]
+
+_STAGE = "exporter.otlp_json"
+_DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+_ID_KEYS = ("traceId", "spanId", "parentSpanId")
+
+
+def _b64_to_hex(value: str) -> str:
+    return base64.b64decode(value).hex()
+
+
+def _hex_to_b64(value: str) -> str:
+    return base64.b64encode(bytes.fromhex(value)).decode("ascii")
+
+
+def _convert_ids(request: dict[str, Any], convert: Callable[[str], str]) -> None:
+    """Apply ``convert`` to every span and link id in a request dict, in place."""
+    for resource_spans in request.get("resourceSpans", ()):
+        for scope_spans in resource_spans.get("scopeSpans", ()):
+            for span in scope_spans.get("spans", ()):
+                for obj in (span, *span.get("links", ())):
+                    for key in _ID_KEYS:
+                        value = obj.get(key)
+                        if isinstance(value, str) and value:
+                            obj[key] = convert(value)
+
+
+def _encode_line(spans: Sequence[ReadableSpan]) -> str:
+    """One OTLP/JSON line (ending in a newline) holding ``spans``."""
+    request = json_format.MessageToDict(encode_spans(spans), use_integers_for_enums=True)
+    _convert_ids(request, _b64_to_hex)
+    return json.dumps(request, separators=(",", ":")) + "\n"
+
+
+def read_otlp_json_lines(path: str | os.PathLike[str]) -> list[ExportTraceServiceRequest]:
+    """Parse a file written by :class:`OTLPJSONFileExporter`, one request per non-empty line.
+
+    Raises ``ValueError`` naming the line when one is not valid OTLP/JSON.
+    """
+    requests: list[ExportTraceServiceRequest] = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+                _convert_ids(data, _hex_to_b64)
+                message = ExportTraceServiceRequest()
+                json_format.ParseDict(data, message)
+            except (ValueError, json_format.ParseError) as exc:
+                raise ValueError(f"{os.fspath(path)}:{lineno}: not OTLP/JSON: {exc}") from exc
+            requests.append(message)
+    return requests
+
+
+class OTLPJSONFileExporter(SpanExporter):
+    """Append one OTLP/JSON line per ``export()`` call to ``path``, flushed as it is written.
+
+    When a line would take the file past ``max_bytes``, ``path`` moves to ``path.1`` (older ones
+    to ``.2`` ... up to ``backups``; ``backups=0`` keeps none) and a new file starts. A line
+    larger than ``max_bytes`` gets a file to itself. An existing file at ``path`` is appended to.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_bytes: int = _DEFAULT_MAX_BYTES,
+        backups: int = 3,
+    ) -> None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
+            raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
+        if isinstance(backups, bool) or not isinstance(backups, int) or backups < 0:
+            raise ValueError(f"backups must be an int >= 0, got {backups!r}")
+        self._path = os.fspath(path)
+        self._max_bytes = max_bytes
+        self._backups = backups
+        self._lock = threading.Lock()
+        self._file: io.FileIO | None = None
+        self._size = 0
+        self._shut_down = False
+
+    @property
+    def path(self) -> str:
+        """The file lines are appended to."""
+        return self._path
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """Append ``spans`` as one line. Never raises."""
+        try:
+            if not spans:
+                return SpanExportResult.SUCCESS
+            if self._shut_down:
+                warn_once(_STAGE + ".after_shutdown", "export() after shutdown(); spans lost")
+                return SpanExportResult.FAILURE
+            # Encoding is the expensive part and needs no lock.
+            data = _encode_line(spans).encode("utf-8")
+            with self._lock:
+                if self._shut_down:  # shutdown() won the race while we encoded
+                    return SpanExportResult.FAILURE
+                self._write(data)
+            return SpanExportResult.SUCCESS
+        except Exception as exc:
+            internal_error(_STAGE, exc)
+            return SpanExportResult.FAILURE
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Push written lines to disk (fsync). Returns False if that failed."""
+        try:
+            with self._lock:
+                if self._file is not None:
+                    os.fsync(self._file.fileno())
+            return True
+        except Exception as exc:
+            internal_error(_STAGE, exc)
+            return False
+
+    def shutdown(self) -> None:
+        """Flush, close the file and refuse later exports. Safe to call twice."""
+        self.force_flush()
+        with self._lock:
+            self._shut_down = True
+            self._close()
+
+    # -- internals; all run with self._lock held ---------------------------------------------
+
+    def _open(self) -> io.FileIO:
+        directory = os.path.dirname(self._path) or "."
+        os.makedirs(directory, exist_ok=True)
+        # Unbuffered, so a failed write leaves nothing behind in a buffer to land later.
+        f = open(self._path, "ab", buffering=0)
+        self._size = os.fstat(f.fileno()).st_size
+        self._file = f
+        return f
+
+    def _close(self) -> None:
+        f, self._file = self._file, None
+        if f is not None:
+            try:
+                f.close()
+            except OSError as exc:
+                internal_error(_STAGE, exc)
+
+    def _write(self, data: bytes) -> None:
+        f = self._file if self._file is not None else self._open()
+        if self._size > 0 and self._size + len(data) > self._max_bytes:
+            self._rotate()
+            f = self._open()
+        try:
+            view = memoryview(data)
+            while view:
+                written = f.write(view)
+                view = view[written if written is not None else 0 :]
+        except BaseException:
+            # Cut off a partial line so the next one does not start glued to garbage.
+            try:
+                f.truncate(self._size)
+            except OSError:
+                pass
+            raise
+        self._size += len(data)
+
+    def _rotate(self) -> None:
+        self._close()
+        if self._backups == 0:
+            os.unlink(self._path)
+            return
+        # path.(n-1) -> path.n first, so nothing is overwritten before it has moved.
+        for i in range(self._backups - 1, 0, -1):
+            src = f"{self._path}.{i}"
+            if os.path.exists(src):
+                os.replace(src, f"{self._path}.{i + 1}")
+        os.replace(self._path, f"{self._path}.1")
