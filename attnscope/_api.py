@@ -19,7 +19,7 @@ __all__ = ["trace", "span", "configure", "flush", "shutdown", "stats", "Span"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 _PIPELINE_FIELDS = ("exporter", "tracer_provider", "service_name", "max_spans_per_trace",
-                    "queue_size", "metrics")
+                    "queue_size", "metrics", "meter_provider")
 _applied: _config.Config | None = None
 
 
@@ -109,7 +109,7 @@ def trace(
         return wrapped
 
     if fn is not None:
-        return decorate(fn)  # type: ignore[arg-type]
+        return decorate(fn)
     return decorate
 
 

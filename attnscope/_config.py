@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Union
 from . import _safety
 
 if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import TracerProvider
 
@@ -52,6 +53,8 @@ class Config:
     queue_size: int = 4096
     seed: int = 0
     metrics: bool = True
+    meter_provider: MeterProvider | None = None
+    """None: the app's global SDK MeterProvider if it has one, else ours (see docs/exporting.md)."""
 
 
 # name -> (env var, parser)
@@ -137,6 +140,11 @@ def _validate(cfg: Config) -> Config:
         raise ValueError(
             f"attnscope: tracer_provider must be an OpenTelemetry TracerProvider, "
             f"got {cfg.tracer_provider!r}"
+        )
+    if cfg.meter_provider is not None and not hasattr(cfg.meter_provider, "get_meter"):
+        raise ValueError(
+            f"attnscope: meter_provider must be an OpenTelemetry MeterProvider, "
+            f"got {cfg.meter_provider!r}"
         )
     if cfg.profile_dir is not None and not isinstance(cfg.profile_dir, str):
         raise ValueError(f"attnscope: profile_dir must be a path string, got {cfg.profile_dir!r}")

@@ -272,7 +272,7 @@ def _compiling_fn() -> Callable[[], bool]:
     try:
         import torch
 
-        return torch.compiler.is_compiling  # type: ignore[no-any-return]
+        return torch.compiler.is_compiling
     except Exception:
         return lambda: False
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from opentelemetry import trace as otel_trace
 from opentelemetry.context import Context
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 
 from ._capture import TIER_NAMES, Capture
 
@@ -153,13 +153,19 @@ class SpanBuilder:
     def _build(self, item: _Pending, parent: SpanContext | None) -> None:
         cap = item.cap
         target = parent if parent is not None else cap.otel_parent
+        links = None
+        if target is not None and not target.trace_flags.sampled:
+            # A forced capture inside a trace the app chose not to record: the app's sampler would
+            # drop a child, so this span starts its own trace and links to the app's span.
+            links = [Link(target)]
+            target = None
         ctx = otel_trace.set_span_in_context(NonRecordingSpan(target), Context()) if target else Context()
         if target is not None and self._over_cap(target.trace_id):
             self._cut(item)
             return
         end = cap.end_epoch_ns
         span = self.tracer.start_span(cap.name, context=ctx, kind=SpanKind.INTERNAL,
-                                      attributes=item.attrs, start_time=cap.start_epoch_ns)
+                                      attributes=item.attrs, start_time=cap.start_epoch_ns, links=links)
         if cap.error is not None:
             err = cap.error
             span.record_exception(err, timestamp=end, escaped=True)

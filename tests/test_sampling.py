@@ -1,0 +1,379 @@
+"""Sampling: decision order, warm-up, forced blocks, budgets, consistency across processes."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+import attnscope
+from attnscope import _sampling
+from attnscope._capture import TIER_NONE, TIER_PROFILE, TIER_TIMING
+from attnscope._config import Config
+from attnscope._sampling import CallSite, OverheadBudget, Sampler, TokenBucket, geometric_draw
+from attnscope.testing import capture_spans
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _run(sampler: Sampler, site: CallSite, calls: int) -> list[int]:
+    """Drive a site like the hot path does; return the tier of every call."""
+    tiers = []
+    for _ in range(calls):
+        site.countdown -= 1
+        if site.countdown > 0:
+            tiers.append(TIER_NONE)
+            continue
+        try:
+            tiers.append(sampler.decide(site)[0])
+        except _sampling._Skip:
+            tiers.append(TIER_NONE)
+    return tiers
+
+
+def _sampler(**cfg: object) -> Sampler:
+    s = Sampler(clock=FakeClock())
+    s.apply(Config(**{"overhead_budget": 1.0, "warmup_calls": 0, "profile_rate": 0.0, **cfg}))  # type: ignore[arg-type]
+    return s
+
+
+@pytest.mark.parametrize("rate", [0.01, 0.2, 0.9])
+def test_realised_rate_within_three_sigma_over_a_million_calls(rate: float) -> None:
+    s = _sampler(sample_rate=rate, profile_rate=0.0)
+    site = CallSite("k", "n")
+    s.register(site)
+    n = 1_000_000
+    sampled = sum(1 for t in _run(s, site, n) if t != TIER_NONE)
+    sigma = math.sqrt(n * rate * (1 - rate))
+    assert abs(sampled - n * rate) <= 3 * sigma, (sampled, n * rate, sigma)
+
+
+def test_rate_holds_in_step_mode_too() -> None:
+    s = _sampler(sample_rate=0.05, profile_rate=0.0)
+    site = CallSite("k", "n")
+    s.register(site)
+    sampled = 0
+    steps, per_step = 2000, 100
+    for step_no in range(steps):
+        s.set_step(step_no)
+        sampled += sum(1 for t in _run(s, site, per_step) if t != TIER_NONE)
+    n = steps * per_step
+    assert abs(sampled - n * 0.05) <= 3 * math.sqrt(n * 0.05 * 0.95)
+
+
+def test_geometric_draw_edges() -> None:
+    assert geometric_draw(1.0, lambda: 0.5) == 1
+    assert geometric_draw(0.0, lambda: 0.5) == _sampling.NEVER
+    assert geometric_draw(0.5, lambda: 0.0) == 1
+
+
+def test_warmup_skips_the_first_calls_of_each_site() -> None:
+    s = _sampler(sample_rate=1.0, warmup_calls=10)
+    a, b = CallSite("a", "a"), CallSite("b", "b")
+    s.register(a)
+    s.register(b)
+    assert _run(s, a, 15) == [TIER_NONE] * 10 + [TIER_TIMING] * 5
+    assert _run(s, b, 11) == [TIER_NONE] * 10 + [TIER_TIMING]
+    forced = CallSite("f", "f", forced_rate=1.0)  # an explicit rate on the decorator: no warm-up
+    s.register(forced)
+    assert _run(s, forced, 3) == [TIER_TIMING] * 3
+
+
+def test_decision_order_forced_then_parent_then_rate() -> None:
+    unsampled_parent = TracerProvider(sampler=ALWAYS_OFF).get_tracer("app")
+
+    @attnscope.trace
+    def by_config(x: int) -> int:
+        return x
+
+    @attnscope.trace(sample_rate=1.0)
+    def forced_site(x: int) -> int:
+        return x
+
+    with capture_spans(sample_rate=1.0) as spans:
+        with unsampled_parent.start_as_current_span("request"):
+            by_config(1)  # parent says no
+            forced_site(1)  # forced beats the parent
+            with attnscope.sampling(force=True):
+                by_config(2)  # forced block beats the parent
+        with attnscope.sampling(force=False):
+            by_config(3)  # suppressed block beats the rate
+            forced_site(3)
+        by_config(4)
+    names = [(s.name.rsplit(".", 1)[-1], s.attributes["attnscope.sample_rate"]) for s in spans]
+    assert sorted(names) == sorted([("forced_site", 1.0), ("by_config", 1.0), ("by_config", 1.0)])
+    # forced spans under an unrecorded trace start their own trace, linked to the app's span
+    linked = [s for s in spans if s.links]
+    assert len(linked) == 2 and all(s.parent is None for s in linked)
+
+
+def test_forced_block_samples_during_warmup_and_at_rate_zero() -> None:
+    @attnscope.trace
+    def f(x: int) -> int:
+        return x
+
+    with capture_spans(sample_rate=0.0, warmup_calls=100) as spans:
+        f(0)
+        with attnscope.sampling(force=True):
+            for i in range(5):
+                f(i)
+        for i in range(50):
+            f(i)
+    assert len(spans) == 5
+
+
+def test_forced_block_in_one_thread_does_not_force_others() -> None:
+    import threading
+
+    @attnscope.trace
+    def f(x: int) -> int:
+        return x
+
+    inside = threading.Event()
+    release = threading.Event()
+
+    def debug_request() -> None:
+        with attnscope.sampling(force=True):
+            f(1)
+            inside.set()
+            release.wait(5)
+
+    with capture_spans(sample_rate=0.0) as spans:
+        t = threading.Thread(target=debug_request)
+        t.start()
+        inside.wait(5)
+        for i in range(100):
+            f(i)  # another request: rate 0, not forced
+        release.set()
+        t.join()
+        for i in range(100):
+            f(i)
+    assert len(spans) == 1
+
+
+def test_profile_tier_is_granted_by_rate_and_bucket() -> None:
+    clock = FakeClock()
+    s = Sampler(clock=clock)
+    s.apply(Config(sample_rate=1.0, warmup_calls=0, profile_rate=1.0, profile_max_per_minute=2,
+                   overhead_budget=1.0))
+    site = CallSite("p", "p")
+    s.register(site)
+    tiers = _run(s, site, 10)
+    assert tiers.count(TIER_PROFILE) == 2 and tiers.count(TIER_TIMING) == 8
+    clock.now += 30  # half a minute refills one token
+    assert _run(s, site, 5).count(TIER_PROFILE) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    per_minute=st.floats(min_value=0.1, max_value=120),
+    steps=st.lists(st.tuples(st.floats(min_value=0, max_value=20), st.integers(0, 5)), max_size=60),
+)
+def test_token_bucket_never_grants_more_than_its_cap(per_minute: float, steps: list) -> None:
+    clock = FakeClock()
+    bucket = TokenBucket(per_minute, clock)
+    grants = 0
+    start = clock.now
+    for dt, takes in steps:
+        clock.now += dt
+        grants += sum(bucket.take() for _ in range(takes))
+        elapsed = clock.now - start
+        assert grants <= bucket.capacity + per_minute * elapsed / 60.0 + 1e-9
+
+
+def test_zero_profile_budget_never_profiles() -> None:
+    bucket = TokenBucket(0.0, FakeClock())
+    assert not any(bucket.take() for _ in range(100))
+
+
+def test_budget_lowers_the_rate_when_over_and_recovers_when_under() -> None:
+    clock = FakeClock()
+    budget = OverheadBudget(0.01, window_s=1.0, clock=clock)
+    base_rate = 1.0
+    own_ns, wall_ns = 50_000, 1_000_000  # 5% overhead at full rate
+
+    def window(cost: int) -> float:
+        rate = base_rate * budget.scale
+        # 1000 calls per simulated second; the sampled fraction is `rate`
+        sampled = max(1, int(1000 * rate))
+        for _ in range(sampled):
+            budget.add(cost, wall_ns, rate)
+        clock.now += 1.0
+        budget.add(0, wall_ns, rate)  # first call of the next window closes this one
+        return budget.last_ratio
+
+    ratios = [window(own_ns) for _ in range(12)]
+    assert ratios[0] > 0.04
+    assert budget.scale < 0.25
+    assert ratios[-1] <= 0.01 + 1e-9
+    for _ in range(20):
+        window(1_000)  # the cost fell: the rate climbs back to what was configured
+    assert budget.scale == 1.0
+
+
+def test_effective_rate_goes_on_the_span(monkeypatch: pytest.MonkeyPatch) -> None:
+    @attnscope.trace
+    def f(x: int) -> int:
+        return x
+
+    with capture_spans(sample_rate=1.0, overhead_budget=0.01) as spans:
+        _sampling.sampler.budget.scale = 0.5
+        _sampling.sampler._invalidate()
+        for i in range(400):
+            f(i)
+        attnscope.flush(timeout_s=5)
+        stats = attnscope.stats()
+    assert stats["effective_sample_rate"] <= 0.5
+    assert {s.attributes["attnscope.sample_rate"] for s in spans} <= {0.5, stats["effective_sample_rate"]}
+    assert 0 < len(spans) < 400
+
+
+def test_max_spans_per_trace_counts_the_rest() -> None:
+    tracer = TracerProvider().get_tracer("app")
+
+    @attnscope.trace
+    def f(x: int) -> int:
+        return x
+
+    sampled_before = attnscope.stats()["sampled"]
+    with capture_spans(max_spans_per_trace=5) as spans:
+        with tracer.start_as_current_span("request"):
+            for i in range(20):
+                f(i)
+        with tracer.start_as_current_span("request-2"):
+            f(0)
+        attnscope.flush(timeout_s=5)
+        stats = attnscope.stats()
+    assert len(spans) == 6
+    assert stats["dropped_trace_cap"] == 15
+    assert stats["emitted"] + stats["dropped_trace_cap"] + stats["dropped_queue_full"] == stats["captured"]
+    assert stats["captured"] == stats["sampled"] - sampled_before == 21
+
+
+def test_cap_cuts_whole_subtrees() -> None:
+    @attnscope.trace
+    def inner(x: int) -> int:
+        return x
+
+    @attnscope.trace
+    def outer(x: int) -> int:
+        return inner(x) + inner(x)
+
+    with capture_spans(max_spans_per_trace=4) as spans:
+        with attnscope.span("root"):
+            for i in range(3):
+                outer(i)
+    names = [s.name.rsplit(".", 1)[-1] for s in spans]
+    assert names.count("root") == 1 and len(spans) == 4
+    parents = {s.context.span_id for s in spans}
+    assert all(s.parent is None or s.parent.span_id in parents for s in spans)
+
+
+def test_queue_full_drops_and_counts() -> None:
+    @attnscope.trace
+    def f(x: int) -> int:
+        return x
+
+    with capture_spans(queue_size=1) as spans:
+        for i in range(2000):
+            f(i)
+        attnscope.flush(timeout_s=10)
+        stats = attnscope.stats()
+    assert stats["emitted"] + stats["dropped_queue_full"] + stats["dropped_trace_cap"] == stats["captured"]
+    assert len(spans) == stats["emitted"]
+
+
+_PROCESS = textwrap.dedent(
+    """
+    import json, sys
+    import attnscope
+    from attnscope import _sampling
+    attnscope.configure(exporter="none", sample_rate=0.1, warmup_calls=0, profile_rate=0.2,
+                        profile_max_per_minute=1000, overhead_budget=1.0, seed=int(sys.argv[1]))
+    site = _sampling.CallSite("model.layers.3.self_attn", "attn")
+    _sampling.sampler.register(site)
+    picked = []
+    for step in range(200):
+        attnscope.step(step)
+        for call in range(20):
+            site.countdown -= 1
+            if site.countdown > 0:
+                continue
+            tier, _ = _sampling.decide(site)
+            if tier:
+                picked.append([step, call, tier])
+    print(json.dumps(picked))
+    """
+)
+
+
+def _picked(seed: int) -> list:
+    out = subprocess.run([sys.executable, "-c", _PROCESS, str(seed)], capture_output=True, text=True,
+                         timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_two_processes_sample_the_same_steps() -> None:
+    a, b = _picked(7), _picked(7)
+    assert a == b
+    assert 200 < len(a) < 600  # about 10% of 4000 calls
+    assert any(t == TIER_PROFILE for _, _, t in a)
+    assert _picked(8) != a
+
+
+def test_rank_and_world_size_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert (attnscope.rank, attnscope.world_size) == (3, 8)
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    assert (attnscope.rank, attnscope.world_size) == (0, 1)
+
+
+def test_step_as_context_manager_restores() -> None:
+    with attnscope.step(5):
+        assert _sampling.sampler.step_no == 5
+    assert _sampling.sampler.step_no is None
+    attnscope.step(9)
+    assert _sampling.sampler.step_no == 9
+    attnscope.step(None)
+
+
+def test_unsampled_calls_touch_only_the_countdown() -> None:
+    calls = []
+
+    @attnscope.trace
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    site = f.__attnscope_site__  # type: ignore[attr-defined]
+    original = _sampling.Sampler.decide
+
+    def spy(self: Sampler, s: CallSite, forced: bool | None = None) -> tuple[int, float]:
+        calls.append(s)
+        return original(self, s, forced)
+
+    with capture_spans(sample_rate=0.0):
+        _sampling.Sampler.decide = spy  # type: ignore[method-assign]
+        try:
+            for _ in range(1000):
+                f(torch.zeros(1))
+        finally:
+            _sampling.Sampler.decide = original  # type: ignore[method-assign]
+        assert site.countdown > 1 << 40
+    assert len(calls) == 1  # the first call sets the site up; rate 0 never comes back
