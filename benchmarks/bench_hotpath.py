@@ -1,0 +1,111 @@
+"""Per-call cost on the calling thread, measured side by side in one run.
+
+Prints a table of ns/call (median over interleaved rounds) and the two ratios the hot-path budget
+is judged by:
+  unsampled / plain pass-through wrapper  (target <= 1.5)
+  sampled timing tier / one OTel start_as_current_span with 10 attributes  (target <= 0.33)
+
+Run: python benchmarks/bench_hotpath.py [--rounds 9] [--calls 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+import attnscope
+from attnscope import _worker
+
+
+class Discard(SpanExporter):
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+def body(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return q
+
+
+def passthrough(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def per_call_ns(fn: Callable[[], Any], calls: int) -> float:
+    start = time.perf_counter_ns()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter_ns() - start) / calls
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--calls", type=int, default=20_000)
+    args = parser.parse_args(argv)
+
+    q = torch.zeros(1, 8, 128, 64)
+    plain = passthrough(body)
+    unsampled = attnscope.trace(body)
+    sampled = attnscope.trace(sample_rate=1.0)(passthrough(body))
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Discard()))
+    tracer = provider.get_tracer("bench")
+    ten = {f"attr.{i}": i for i in range(10)}
+
+    def otel_span() -> None:
+        with tracer.start_as_current_span("attention", attributes=ten):
+            body(q, q, q)
+
+    our_provider = TracerProvider()
+    our_provider.add_span_processor(BatchSpanProcessor(Discard()))
+    attnscope.configure(tracer_provider=our_provider, sample_rate=0.0, warmup_calls=0,
+                        overhead_budget=1.0, profile_rate=0.0, queue_size=1_000_000)
+
+    variants: dict[str, Callable[[], Any]] = {
+        "bare call": lambda: body(q, q, q),
+        "pass-through wrapper": lambda: plain(q, q, q),
+        "attnscope unsampled": lambda: unsampled(q, q, q),
+        "attnscope sampled (timing)": lambda: sampled(q, q, q),
+        "OTel span, 10 attributes": otel_span,
+    }
+    results: dict[str, list[float]] = {name: [] for name in variants}
+    for name, fn in variants.items():  # warm up every path once
+        per_call_ns(fn, 200)
+    for _ in range(args.rounds):
+        for name, fn in variants.items():
+            calls = args.calls if "sampled (" not in name else max(1, args.calls // 10)
+            results[name].append(per_call_ns(fn, calls))
+            if "sampled (" in name:
+                attnscope.flush(timeout_s=30)  # keep the worker's backlog out of the next round
+    med = {name: statistics.median(v) for name, v in results.items()}
+    print(f"machine: {platform.processor() or platform.machine()}, {platform.python_version()}, "
+          f"torch {torch.__version__}, rounds={args.rounds}, calls/round={args.calls}")
+    print(f"{'variant':32} {'ns/call (median)':>18} {'min':>10} {'max':>10}")
+    for name, v in results.items():
+        print(f"{name:32} {med[name]:18.0f} {min(v):10.0f} {max(v):10.0f}")
+    wrapper_cost = med["pass-through wrapper"]
+    r1 = med["attnscope unsampled"] / wrapper_cost
+    r2 = med["attnscope sampled (timing)"] / med["OTel span, 10 attributes"]
+    print()
+    print(f"unsampled / pass-through wrapper = {r1:.2f}   (target <= 1.5)")
+    print(f"sampled timing tier / OTel span  = {r2:.2f}   (target <= 0.33)")
+    _worker.shutdown(timeout_s=10)
+    return {"unsampled_ratio": r1, "sampled_ratio": r2}
+
+
+if __name__ == "__main__":
+    main()
