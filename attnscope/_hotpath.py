@@ -85,7 +85,12 @@ def begin(
         global _event_pool
         if _event_pool is None:
             _event_pool = _timing.CudaEventPool()
-        cap.timer = _event_pool.get()
+        cap.timer = _event_pool.get(device)
+    if site.extractor is not None:  # instrument(): shapes, cache length (after the capture check)
+        try:
+            summary.extend(site.extractor(cap.instance, args, kwargs))
+        except Exception as exc:  # the span goes out without the facts; the site counts the error
+            _on_internal_error(site, "extract", exc)
     if tier == TIER_PROFILE:
         cap.profile = _profile.start(device)
         if cap.profile is None:
@@ -93,7 +98,7 @@ def begin(
     cap.tier = tier
     cap.start_epoch_ns = time.time_ns()
     if cap.timer is not None:
-        cap.timer.start.record()
+        cap.timer.record_start()
     cap.start_perf_ns = _perf_ns()
     return cap
 
@@ -102,7 +107,7 @@ def end(cap: Capture, error: BaseException | None) -> None:
     """Close a capture right after the user's call and hand it to the worker."""
     cap.end_perf_ns = _perf_ns()
     if cap.timer is not None:
-        cap.timer.end.record()
+        cap.timer.record_end()
     if cap.profile is not None:
         _profile.stop(cap.profile)
     if cap.memory is not None:
@@ -288,8 +293,10 @@ def _hide_from_dynamo(wrapper: Callable[..., Any], fn: Callable[..., Any]) -> No
     :func:`register_pending_with_dynamo` runs at decoration, from the worker's loop, and when a
     slow path finds itself being compiled.
     """
+    from ._dynamo_watch import register_when_dynamo_loads
+
     _pending_dynamo.append((wrapper, fn))
-    register_pending_with_dynamo()
+    register_when_dynamo_loads()
 
 
 def _call_through(fn: Callable[..., Any]) -> Callable[..., Any]:

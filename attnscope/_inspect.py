@@ -13,7 +13,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["summarize", "derive", "causal_pairs", "attention_flops", "count_tokens"]
+__all__ = [
+    "summarize", "derive", "causal_pairs", "window_pairs", "attention_flops", "count_tokens",
+    "AttentionFacts", "ModelFacts", "ATTENTION_KEY", "MODEL_KEY",
+]
 
 _Tensor = torch.Tensor
 _MASK_NAMES = frozenset({"attention_mask", "attn_mask", "mask", "key_padding_mask", "padding_mask"})
@@ -151,6 +154,12 @@ def _module_int(instance: Any, *names: str) -> int | None:
 def derive(summary_list: Sequence[tuple[str, Any]], instance: Any = None) -> dict[str, Any]:
     """Attention attributes (attnscope.* without the prefix) from a call summary."""
     summary = dict(summary_list)
+    facts = summary.get(ATTENTION_KEY)
+    if isinstance(facts, AttentionFacts):
+        return derive_attention(facts)
+    model = summary.get(MODEL_KEY)
+    if isinstance(model, ModelFacts):
+        return derive_model(model)
     out: dict[str, Any] = {}
     q = _find(summary, _Q_NAMES)
     k = _find(summary, _K_NAMES)
@@ -165,6 +174,8 @@ def derive(summary_list: Sequence[tuple[str, Any]], instance: Any = None) -> dic
         inst_causal = getattr(instance, "is_causal", None) if instance is not None else None
         causal = inst_causal if isinstance(inst_causal, bool) else None
     mask = _find(summary, tuple(_MASK_NAMES))
+    # nn.MultiheadAttention's key_padding_mask marks padding with True: the opposite of the rest.
+    ignores = "key_padding_mask" in summary and mask is summary["key_padding_mask"]
     if _is_meta(q) and _is_meta(k) and _is_meta(v) and _qkv_ok(q[0], k[0], v[0]):
         b, hq, sq, d = q[0]
         _, hkv, skv, _ = k[0]
@@ -175,7 +186,7 @@ def derive(summary_list: Sequence[tuple[str, Any]], instance: Any = None) -> dic
             dtype=_dtype_name(q[1]), device=str(q[2]),
             flops=attention_flops(b, hq, sq, skv, d, dv, bool(causal)),
         )
-        _tokens(out, mask, b, sq)
+        _tokens(out, mask, b, sq, ignores)
     else:
         hidden = _find(summary, _HIDDEN_NAMES)
         if _is_meta(hidden) and len(hidden[0]) == 3:
@@ -188,7 +199,7 @@ def derive(summary_list: Sequence[tuple[str, Any]], instance: Any = None) -> dic
                 head_dim = width // heads
             if heads and head_dim:
                 out.update(num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim)
-            _tokens(out, mask, b, s)
+            _tokens(out, mask, b, s, ignores)
         elif q is not None or hidden is not None:
             for meta in (q, hidden):
                 if _is_meta(meta):
@@ -210,12 +221,173 @@ def _qkv_ok(qs: tuple[int, ...], ks: tuple[int, ...], vs: tuple[int, ...]) -> bo
     return hkv > 0 and hq % hkv == 0
 
 
-def _tokens(out: dict[str, Any], mask: Any, batch: int, sq: int) -> None:
+def _tokens(out: dict[str, Any], mask: Any, batch: int, sq: int, ignores: bool = False) -> None:
     tokens: int | None = None
     if isinstance(mask, torch.Tensor):
-        tokens = count_tokens(mask, batch, sq)
+        tokens = _real_tokens(mask, ignores, batch, sq, None) if ignores else count_tokens(mask, batch, sq)
     out["tokens"] = batch * sq if tokens is None else tokens
 
 
 def _dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+# ---- facts gathered by instrument() extractors -------------------------------------------------
+
+ATTENTION_KEY = "\x00attention"
+MODEL_KEY = "\x00model"
+
+
+class AttentionFacts:
+    """What an instrumented attention layer knew on the calling thread: ints, dtypes, handles.
+
+    ``past`` is the KV-cache length before the call: an int, or a 0-d tensor copy the worker reads
+    (static caches keep it on the device). ``seq_kv`` is set for cross-attention (the source
+    length); otherwise the keys are the cache plus this call's tokens. ``mask`` is kept by reference
+    and counted on the worker; ``mask_ignores`` flips its meaning (True/nonzero = padding, as in
+    ``nn.MultiheadAttention``'s ``key_padding_mask``).
+    """
+
+    __slots__ = ("batch", "seq_q", "seq_kv", "past", "cached", "heads", "kv_heads", "head_dim",
+                 "head_dim_v", "causal", "window", "dtype", "device", "mask", "mask_ignores")
+
+    def __init__(self, batch: int, seq_q: int) -> None:
+        self.batch = batch
+        self.seq_q = seq_q
+        self.seq_kv: int | None = None
+        self.past: Any = None
+        self.cached = False
+        self.heads: int | None = None
+        self.kv_heads: int | None = None
+        self.head_dim: int | None = None
+        self.head_dim_v: int | None = None
+        self.causal = False
+        self.window: int | None = None
+        self.dtype: Any = None
+        self.device: Any = None
+        self.mask: Any = None
+        self.mask_ignores = False
+
+
+class ModelFacts:
+    """What a traced model forward or generate() call knew on the calling thread."""
+
+    __slots__ = ("batch", "seq_q", "past", "cached", "mask", "generate", "output", "eos",
+                 "prompt_len")
+
+    def __init__(self, batch: int, seq_q: int) -> None:
+        self.batch = batch
+        self.seq_q = seq_q
+        self.past: Any = None
+        self.cached = False
+        self.mask: Any = None  # (batch, keys) padding mask (1 = real) or a 4-D attention mask
+        self.generate = False
+        self.output: Any = None  # generate(): the returned ids, set after the call
+        self.eos: tuple[int, ...] = ()
+        self.prompt_len: int | None = None  # leading ids of the output that are not new tokens
+
+
+def window_pairs(sq: int, skv: int, window: int) -> int:
+    """Unmasked pairs of a bottom-right causal mask where a query sees its last ``window`` keys."""
+    if window <= 0:
+        return 0
+    if skv <= window:
+        return causal_pairs(sq, skv)
+    return causal_pairs(sq, skv) - causal_pairs(sq, skv - window)
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return int(value.item())
+    return None
+
+
+def _real_tokens(mask: Any, ignores: bool, batch: int, sq: int, skv: int | None) -> int | None:
+    if not isinstance(mask, torch.Tensor) or mask.ndim < 2:
+        return None
+    if skv is not None and mask.shape[-1] > skv >= sq:
+        # A static cache's mask spans the whole buffer; this call's queries are keys skv-sq..skv-1.
+        mask = mask[..., :skv]
+    if ignores:
+        m = mask.detach()
+        if m.dtype == torch.bool:
+            mask = ~m
+        elif m.is_floating_point():
+            mask = (m > _MASKED_BELOW) & (m == m)  # additive: 0 real, -inf padding
+        else:
+            mask = m == 0
+    return count_tokens(mask, batch, sq)
+
+
+def derive_attention(f: AttentionFacts) -> dict[str, Any]:
+    """Span attributes of one attention layer call (QK^T and PV only; projections excluded)."""
+    b, sq = f.batch, f.seq_q
+    past = _as_int(f.past)
+    skv = f.seq_kv if f.seq_kv is not None else (past or 0) + sq
+    out: dict[str, Any] = {"batch_size": b, "seq_len_q": sq, "seq_len_kv": skv, "causal": f.causal}
+    if f.dtype is not None:
+        out["dtype"] = _dtype_name(f.dtype)
+    if f.device is not None:
+        out["device"] = str(f.device)
+    if f.cached:
+        out["kv_cache_len"] = past or 0
+        out["phase"] = "decode" if past and sq == 1 else "prefill"
+    if f.heads and f.head_dim:
+        kv_heads = f.kv_heads or f.heads
+        dv = f.head_dim_v or f.head_dim
+        out.update(num_heads=f.heads, num_kv_heads=kv_heads, head_dim=f.head_dim)
+        if f.window:
+            out["sliding_window"] = f.window
+        if f.causal and f.window:
+            pairs = window_pairs(sq, skv, f.window)
+        elif f.causal:
+            pairs = causal_pairs(sq, skv)
+        else:
+            pairs = sq * skv
+        out["flops"] = 2 * b * f.heads * pairs * (f.head_dim + dv)
+    tokens = _real_tokens(f.mask, f.mask_ignores, b, sq, skv) if f.seq_kv is None else None
+    out["tokens"] = b * sq if tokens is None else tokens
+    return out
+
+
+def derive_model(f: ModelFacts) -> dict[str, Any]:
+    """Span attributes of a traced model forward (tokens, phase) or generate() call (usage)."""
+    past = _as_int(f.past)
+    skv = (past or 0) + f.seq_q if f.cached else None
+    tokens = _real_tokens(f.mask, False, f.batch, f.seq_q, skv)
+    tokens = f.batch * f.seq_q if tokens is None else tokens
+    out: dict[str, Any] = {"batch_size": f.batch, "seq_len_q": f.seq_q}
+    if f.generate:
+        out["gen_ai.usage.input_tokens"] = tokens
+        prompt = f.seq_q if f.prompt_len is None else f.prompt_len
+        generated = _generated_tokens(f.output, prompt, f.eos)
+        if generated is not None:
+            out["gen_ai.usage.output_tokens"] = generated
+        return out
+    out["tokens"] = tokens
+    if f.cached:
+        out["kv_cache_len"] = past or 0
+        out["seq_len_kv"] = (past or 0) + f.seq_q
+        phase = "decode" if past and f.seq_q == 1 else "prefill"
+        out["phase"] = phase
+        if phase == "prefill":
+            out["gen_ai.usage.input_tokens"] = tokens
+    else:
+        out["gen_ai.usage.input_tokens"] = tokens
+    return out
+
+
+def _generated_tokens(ids: Any, prompt_len: int, eos: tuple[int, ...]) -> int | None:
+    """New tokens per row up to and including the first end-of-sequence token, summed."""
+    if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.shape[1] < prompt_len:
+        return None
+    new = ids.detach()[:, prompt_len:]
+    if new.numel() == 0 or not eos:
+        return int(new.numel())
+    is_eos = torch.isin(new, torch.tensor(eos, device=new.device, dtype=new.dtype))
+    after_first = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
+    return int(new.numel() - int(after_first.sum().item()))

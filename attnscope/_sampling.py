@@ -67,7 +67,7 @@ class CallSite:
 
     __slots__ = (
         "countdown", "key", "name", "forced_rate", "attributes", "param_names", "kind",
-        "rng", "gen", "calls", "errors", "disabled", "step_no", "__weakref__",
+        "rng", "gen", "calls", "errors", "disabled", "step_no", "extractor", "__weakref__",
     )
 
     def __init__(
@@ -92,6 +92,11 @@ class CallSite:
         self.errors = 0
         self.disabled = False
         self.step_no: int | None = None
+        # Optional (instance, args, kwargs) -> [(name, value)] run by sampled calls on the calling
+        # thread to add cheap facts (shapes, ints) to the summary; see attnscope.instrument.
+        self.extractor: (
+            Callable[[Any, tuple[Any, ...], dict[str, Any]], list[tuple[str, Any]]] | None
+        ) = None
 
 
 class TokenBucket:

@@ -37,7 +37,7 @@ def capture_attributes(cap: Capture, derived: dict[str, Any]) -> dict[str, Any]:
     attrs[P + "sample_rate"] = float(cap.sample_rate)
     for key, value in derived.items():
         if value is not None:
-            attrs[P + key] = _clean(value)
+            attrs[key if key.startswith("gen_ai.") else P + key] = _clean(value)
     if cap.extra:
         for key, value in cap.extra.items():
             if value is None:

@@ -25,14 +25,28 @@ class Event(Protocol):
 
 
 class DeviceTimer:
-    """A start/end event pair; the pool hands it out and takes it back."""
+    """A start/end event pair for one device; the pool hands it out and takes it back."""
 
-    __slots__ = ("start", "end", "_pool")
+    __slots__ = ("start", "end", "device", "_pool", "_stream_of")
 
-    def __init__(self, start: Event, end: Event, pool: CudaEventPool | None = None) -> None:
+    def __init__(self, start: Event, end: Event, pool: CudaEventPool | None = None,
+                 device: Any = None, stream_of: Callable[[Any], Any] | None = None) -> None:
         self.start = start
         self.end = end
+        self.device = device
         self._pool = pool
+        self._stream_of = stream_of
+
+    def _stream(self) -> Any:
+        return None if self._stream_of is None or self.device is None else self._stream_of(self.device)
+
+    def record_start(self) -> None:
+        """Record the start event on the current stream of the timer's device (not the current
+        device's: with layers spread over GPUs the two differ)."""
+        self.start.record(self._stream())
+
+    def record_end(self) -> None:
+        self.end.record(self._stream())
 
     def ready(self) -> bool:
         """True once the device has passed the end event (non-blocking)."""
@@ -49,35 +63,55 @@ class DeviceTimer:
 
 
 class CudaEventPool:
-    """Reuses timing events: creating them costs a driver call each."""
+    """Reuses timing events, per device: creating them costs a driver call each, and an event
+    stays bound to the device it was first recorded on."""
 
-    def __init__(self, make_event: Callable[[], Event] | None = None, max_size: int = 256) -> None:
+    def __init__(self, make_event: Callable[[], Event] | None = None, max_size: int = 256,
+                 stream_of: Callable[[Any], Any] | None = None) -> None:
         self._make = make_event or _make_cuda_event
-        self._free: deque[DeviceTimer] = deque()
+        self._stream_of = stream_of if stream_of is not None or make_event is not None else _current_stream
+        self._free: dict[Any, deque[DeviceTimer]] = {}
         self._max = max_size
         self._lock = threading.Lock()
 
-    def get(self) -> DeviceTimer:
+    def get(self, device: Any = None) -> DeviceTimer:
+        key = _device_key(device)
         with self._lock:
-            if self._free:
-                timer = self._free.pop()
+            free = self._free.get(key)
+            if free:
+                timer = free.pop()
                 timer._pool = self
                 return timer
-        return DeviceTimer(self._make(), self._make(), self)
+        return DeviceTimer(self._make(), self._make(), self, device, self._stream_of)
 
     def put(self, timer: DeviceTimer) -> None:
         with self._lock:
-            if len(self._free) < self._max:
-                self._free.append(timer)
+            free = self._free.setdefault(_device_key(timer.device), deque())
+            if len(free) < self._max:
+                free.append(timer)
 
     def __len__(self) -> int:
-        return len(self._free)
+        return sum(len(free) for free in self._free.values())
+
+
+def _device_key(device: Any) -> Any:
+    if device is None:
+        return None
+    index = getattr(device, "index", None)
+    return (getattr(device, "type", str(device)), index)
+
+
+def _current_stream(device: Any) -> Any:
+    import torch
+
+    return torch.cuda.current_stream(device)
 
 
 def _make_cuda_event() -> Event:
     import torch
 
-    return torch.cuda.Event(enable_timing=True)  # type: ignore[no-any-return]
+    event: Event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    return event
 
 
 T = TypeVar("T")

@@ -12,7 +12,10 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
+
+from opentelemetry.trace import NoOpTracer
 
 from . import _config, _inspect, _memory, _metrics, _profile, _provider, _safety
 from ._capture import Capture
@@ -28,8 +31,13 @@ _BUSY_WAIT_S = 0.002
 class Worker:
     """One background thread that turns captures into spans."""
 
-    def __init__(self, cfg: _config.Config, pipeline: _provider.Pipeline) -> None:
-        self.pipeline = pipeline
+    def __init__(self, cfg: _config.Config,
+                 build: Callable[[_config.Config], _provider.Pipeline] = _provider.build) -> None:
+        # The real pipeline (exporter imports, gRPC channel: up to hundreds of ms) is built on the
+        # worker thread, never on the calling thread of the first sampled call.
+        self.pipeline = _provider.Pipeline(NoOpTracer(), None, owned=False)
+        self._cfg = cfg
+        self._build = build
         self.max_queue = cfg.queue_size
         self.queue: deque[Capture] = deque()
         self.dropped_ids: deque[int] = deque(maxlen=1024)
@@ -37,7 +45,7 @@ class Worker:
         self.processed = 0
         self.dropped_queue = 0
         self.worker_errors = 0
-        self.builder = SpanBuilder(pipeline.tracer, cfg.max_spans_per_trace, _metrics.recorder(cfg))
+        self.builder = SpanBuilder(self.pipeline.tracer, cfg.max_spans_per_trace, None)
         self.resolver: Resolver[Capture] = Resolver(lambda cap: cap.timer)
         self._cond = threading.Condition()
         self._submit_lock = threading.Lock()
@@ -62,6 +70,14 @@ class Worker:
     def _run(self) -> None:
         from ._hotpath import register_pending_with_dynamo
 
+        try:
+            pipeline = self._build(self._cfg)
+            self.builder = SpanBuilder(pipeline.tracer, self._cfg.max_spans_per_trace,
+                                       _metrics.recorder(self._cfg, pipeline))
+            self.pipeline = pipeline
+        except Exception as exc:  # spans go nowhere, but captures are still drained and counted
+            _safety.internal_error("pipeline", exc)
+        _profile.on_worker_start()  # the profiler's first-use cost lands here, not on a user's call
         while True:
             worked = self._step()
             register_pending_with_dynamo()
@@ -81,6 +97,9 @@ class Worker:
                 self.resolver.add(cap)
             else:
                 self._finish(cap, False)
+                # Hand the GIL back after each span: a calling thread waits for at most one span's
+                # work, not for the interpreter's 5 ms switch interval.
+                time.sleep(0)
         if len(self.resolver):
             for cap, timed_out in self.resolver.poll():
                 worked = True
@@ -159,8 +178,7 @@ def _start() -> Worker:
     global _worker, _atexit_registered
     with _lock:
         if _worker is None:
-            cfg = _config.current()
-            _worker = Worker(cfg, _provider.build(cfg))
+            _worker = Worker(_config.current())
             if not _atexit_registered:
                 atexit.register(_at_exit)
                 _atexit_registered = True

@@ -126,3 +126,15 @@ def test_summary_holds_no_tensor_except_the_mask() -> None:
     summary = summarize((q, q, q), {"attention_mask": mask}, ("q", "k", "v"))
     tensors = [v for _, v in summary if isinstance(v, torch.Tensor)]
     assert tensors == [mask]
+
+
+def test_key_padding_mask_marks_padding_with_true() -> None:
+    @attnscope.trace
+    def mha_like(query, key, value, key_padding_mask=None):  # type: ignore[no-untyped-def]
+        return query
+
+    q = torch.zeros(2, 2, 4, 8)
+    padding = torch.tensor([[False, False, False, True], [False, True, True, True]])
+    with capture_spans() as spans:
+        mha_like(q, q, q, key_padding_mask=padding)
+    assert attrs(spans[0])["attnscope.tokens"] == 4

@@ -33,7 +33,7 @@ STAGES: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "capture-end": lambda mp: mp.setattr(_worker, "submit", _boom),
     "worker-derive": lambda mp: mp.setattr(_inspect, "derive", _boom),
     "worker-build": lambda mp: mp.setattr(_spans.SpanBuilder, "add", _boom),
-    "sampler": lambda mp: mp.setattr(attnscope._sampling.sampler, "decide", _boom),
+    "sampler": lambda mp: mp.setattr(attnscope._sampling.Sampler, "decide", _boom),
 }
 
 

@@ -145,7 +145,8 @@ def _report(spans: list[ReadableSpan], out: TextIO) -> None:
         print("\nprofiled calls (torch.profiler, one forward per implementation):", file=out)
         for s in profiled:
             a = dict(s.attributes or {})
-            top = ", ".join(list(a.get("attnscope.kernel.top_names", ()))[:3])
+            top_names: Any = a.get("attnscope.kernel.top_names") or ()
+            top = ", ".join(str(n) for n in list(top_names)[:3]) if isinstance(top_names, (list, tuple)) else ""
             print(f"  {s.name:18} backend={a.get('attnscope.backend', '?'):9} "
                   f"ops={a.get('attnscope.kernel.count', '?')}  top: {top}", file=out)
     else:

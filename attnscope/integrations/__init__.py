@@ -1,0 +1,18 @@
+"""Automatic instrumentation of attention modules, one module per library.
+
+``torch_nn`` handles ``nn.MultiheadAttention``; ``transformers`` recognises Hugging Face (and
+look-alike) attention modules by their structure; ``sdpa`` wraps
+``torch.nn.functional.scaled_dot_product_attention``. None of them imports ``transformers``:
+modules are recognised by their attributes, so the library stays an optional extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Extractor"]
+
+# Runs on the calling thread of a sampled call: (module, args incl. the module, kwargs) -> summary
+# additions. Must read shapes and ints only: no tensor values, no device synchronisation.
+Extractor = Callable[[Any, tuple[Any, ...], dict[str, Any]], list[tuple[str, Any]]]

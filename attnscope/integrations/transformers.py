@@ -1,0 +1,326 @@
+"""Hugging Face ``transformers`` (and look-alike) attention modules, recognised by structure.
+
+A module is an attention layer when it owns query/key/value projections (separate or fused,
+under the names used across model families) and says how many heads it has, on itself or its
+``config``; the innermost such module wins (``BertSelfAttention``, not ``BertAttention``). Nothing
+here imports ``transformers``: a model built with it is just an ``nn.Module`` to us.
+
+The extractor reads, on the calling thread and before the call (the forward appends to the
+cache): the hidden-state shape, the KV-cache length, the source length of cross-attention and
+a reference to the attention mask. Head counts and head size are read once, when instrumenting.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from .._inspect import ATTENTION_KEY, MODEL_KEY, AttentionFacts, ModelFacts
+from . import Extractor
+
+__all__ = [
+    "generate_facts",
+    "head_info",
+    "hidden_state_extractor",
+    "is_attention_module",
+    "model_extractor",
+    "param_names",
+    "recorded_attention_classes",
+]
+
+_SEPARATE = (
+    ("q_proj", "k_proj", "v_proj"),
+    ("query", "key", "value"),
+    ("q", "k", "v"),
+    ("wq", "wk", "wv"),
+    ("to_q", "to_k", "to_v"),
+    ("q_lin", "k_lin", "v_lin"),
+    ("query_proj", "key_proj", "value_proj"),
+)
+_FUSED = ("c_attn", "query_key_value", "qkv_proj", "qkv", "Wqkv", "W_pack", "in_proj")
+_K_PROJ = ("k_proj", "key", "k", "wk", "to_k", "k_lin", "key_proj")
+_HEADS = ("num_heads", "num_attention_heads", "n_heads", "n_head", "num_q_heads")
+_KV_HEADS = (
+    "num_key_value_heads",
+    "num_kv_heads",
+    "n_kv_heads",
+    "n_head_kv",
+    "multi_query_group_num",
+)
+_HEAD_DIM = (
+    "qk_head_dim",
+    "head_dim",
+    "attention_head_size",
+    "key_value_proj_dim",
+    "head_size",
+    "d_kv",
+    "kv_channels",
+)
+_WIDTH = ("embed_dim", "hidden_size", "d_model", "n_embd", "all_head_size", "inner_dim")
+_CACHE = ("cache", "past_key_values", "past_key_value", "layer_past")
+_SOURCE = ("key_value_states", "encoder_hidden_states")
+_MASK = ("attention_mask", "mask")
+_HIDDEN = ("hidden_states", "hidden", "x", "query")
+
+
+def _pos_int(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
+
+
+def _first_int(owners: Iterable[Any], names: Iterable[str]) -> int | None:
+    for owner in owners:
+        if owner is None:
+            continue
+        for name in names:
+            try:
+                value = _pos_int(getattr(owner, name, None))
+            except Exception:
+                value = None
+            if value is not None:
+                return value
+    return None
+
+
+def head_info(module: Any) -> tuple[int | None, int | None, int | None, int | None]:
+    """(query heads, kv heads, q/k head size, v head size): the module first, then its config."""
+    config = getattr(module, "config", None)
+    owners = (module, config)
+    heads = _first_int(owners, _HEADS)
+    head_dim = _first_int(owners, _HEAD_DIM)
+    if heads and not head_dim:
+        width = _first_int(owners, _WIDTH)
+        if width and width % heads == 0:
+            head_dim = width // heads
+    kv_heads = _first_int(owners, _KV_HEADS)
+    if kv_heads is None and heads:
+        groups = _pos_int(getattr(module, "num_key_value_groups", None))
+        if groups and heads % groups == 0:
+            kv_heads = heads // groups
+        elif getattr(config, "multi_query", False) is True:
+            kv_heads = 1
+    if kv_heads is None and head_dim:
+        for name in _K_PROJ:  # a key projection's width is kv_heads * head_dim
+            out = _pos_int(getattr(getattr(module, name, None), "out_features", None))
+            if out and out % head_dim == 0 and heads and heads % (out // head_dim) == 0:
+                kv_heads = out // head_dim
+                break
+    head_dim_v = _first_int(owners, ("v_head_dim",)) or head_dim
+    return heads, kv_heads or heads, head_dim, head_dim_v
+
+
+def _has_projections(module: torch.nn.Module) -> bool:
+    children = module._modules
+    if any(all(name in children for name in group) for group in _SEPARATE):
+        return True
+    return any(name in children for name in _FUSED)
+
+
+def recorded_attention_classes(model: Any) -> tuple[type, ...]:
+    """Classes a transformers model declares as its attention layers (``_can_record_outputs``)."""
+    found: list[type] = []
+    for sub in (model, *getattr(model, "_modules", {}).values()):
+        table = getattr(type(sub), "_can_record_outputs", None)
+        if not isinstance(table, dict):
+            continue
+        entries = table.get("attentions")
+        for entry in entries if isinstance(entries, (list, tuple)) else (entries,):
+            cls = entry if isinstance(entry, type) else getattr(entry, "target_class", None)
+            if isinstance(cls, type) and cls not in found:
+                found.append(cls)
+    return tuple(found)
+
+
+def is_attention_module(module: torch.nn.Module, declared: tuple[type, ...] = ()) -> bool:
+    """Structural test: q/k/v projections (or a class the model declares) plus a head count."""
+    if isinstance(module, torch.nn.MultiheadAttention):
+        return False
+    if not (isinstance(module, declared) if declared else False) and not _has_projections(module):
+        return False
+    heads, _, head_dim, _ = head_info(module)
+    return heads is not None and head_dim is not None
+
+
+def param_names(fn: Any, bound: bool = False) -> tuple[str, ...]:
+    """Positional parameter names of ``fn``, with ``self`` first (added when ``bound``)."""
+    names = _signature_names(fn)
+    return ("self", *names) if bound or names[:1] != ("self",) else names
+
+
+def _signature_names(fn: Any) -> tuple[str, ...]:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    return tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def _lookup(names: tuple[str, ...]) -> Any:
+    index = {name: i for i, name in enumerate(names)}
+
+    def get(args: tuple[Any, ...], kwargs: dict[str, Any], candidates: tuple[str, ...]) -> Any:
+        for name in candidates:
+            value = kwargs.get(name)
+            if value is not None:
+                return value
+            i = index.get(name)
+            if i is not None and i < len(args) and args[i] is not None:
+                return args[i]
+        return None
+
+    return get
+
+
+def _past_length(cache: Any, layer_idx: int | None) -> Any:
+    """KV-cache length before the call, with no device sync (static caches: a 0-d tensor copy)."""
+    if cache is None:
+        return None
+    if isinstance(cache, (tuple, list)):  # legacy (key, value) tensors of shape (B, H, S, D)
+        key = cache[0] if cache else None
+        return key.shape[-2] if isinstance(key, torch.Tensor) and key.ndim >= 2 else None
+    inner = getattr(cache, "self_attention_cache", cache)
+    layers = getattr(inner, "layers", None)
+    idx = layer_idx if layer_idx is not None else 0
+    if isinstance(layers, list):
+        if idx >= len(layers):
+            return 0
+        layer = layers[idx]
+        if not getattr(layer, "is_initialized", True):
+            return 0
+        getter = getattr(layer, "get_seq_length", None)
+    else:
+        getter = getattr(inner, "get_seq_length", None)
+        if getter is not None and layer_idx is not None:
+            length = getter(layer_idx)
+            return length.detach().clone() if isinstance(length, torch.Tensor) else length
+    if getter is None:
+        return None
+    length = getter()
+    if isinstance(length, torch.Tensor):
+        return int(length) if length.device.type == "cpu" else length.detach().clone()
+    return length if isinstance(length, int) else None
+
+
+def _window(module: Any) -> int | None:
+    if "sliding_window" in vars(module):  # per-layer setting; None means full attention
+        return _pos_int(module.sliding_window)
+    config = getattr(module, "config", None)
+    if getattr(config, "use_sliding_window", True) is False:
+        return None
+    return _pos_int(getattr(config, "sliding_window", None)) if config is not None else None
+
+
+def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
+    """Extractor for an attention module whose forward takes hidden states (not q/k/v).
+
+    ``names``: the forward's positional parameter names, ``self`` first.
+    """
+    heads, kv_heads, head_dim, head_dim_v = head_info(module)
+    get = _lookup(names)
+    hidden_names = tuple(n for n in (*_HIDDEN, *names[1:2]) if n)
+    layer_idx = _pos_int(getattr(module, "layer_idx", None))
+    if layer_idx is None and getattr(module, "layer_idx", None) == 0:
+        layer_idx = 0
+    window = _window(module)
+    module_cross = getattr(module, "is_cross_attention", False) is True
+
+    def extract(
+        instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> list[tuple[str, Any]]:
+        hidden = get(args, kwargs, hidden_names)
+        if not isinstance(hidden, torch.Tensor) or hidden.ndim < 2:
+            return []
+        batch, sq = (hidden.shape[0], hidden.shape[1]) if hidden.ndim >= 3 else (1, hidden.shape[0])
+        facts = AttentionFacts(batch, sq)
+        facts.heads, facts.kv_heads, facts.head_dim, facts.head_dim_v = (
+            heads,
+            kv_heads,
+            head_dim,
+            head_dim_v,
+        )
+        facts.dtype, facts.device = hidden.dtype, hidden.device
+        source = get(args, kwargs, _SOURCE)
+        cache = get(args, kwargs, _CACHE)
+        if cache is not None:
+            facts.cached = True
+            facts.past = _past_length(cache, layer_idx)
+        if isinstance(source, torch.Tensor) and source.ndim >= 2:
+            facts.seq_kv = source.shape[-2]
+        elif module_cross:
+            facts.seq_kv = None  # cross-attention with cached source keys: length unknown here
+            return []
+        else:
+            flag = kwargs.get("is_causal")
+            causal = flag if isinstance(flag, bool) else getattr(instance, "is_causal", False)
+            facts.causal = causal is True
+            facts.window = window if facts.causal else None
+            facts.mask = get(args, kwargs, _MASK)
+        return [(ATTENTION_KEY, facts)]
+
+    return extract
+
+
+def model_extractor(model: Any, names: tuple[str, ...]) -> Extractor:
+    """Extractor for a whole model's forward: batch, prompt tokens (padding excluded), cache."""
+    get = _lookup(names)
+
+    def extract(
+        instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> list[tuple[str, Any]]:
+        facts = _model_facts(get, args, kwargs)
+        return [] if facts is None else [(MODEL_KEY, facts)]
+
+    return extract
+
+
+def _model_facts(get: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ModelFacts | None:
+    ids = get(args, kwargs, ("input_ids", "inputs", "decoder_input_ids"))
+    if isinstance(ids, torch.Tensor) and ids.ndim == 2 and not ids.is_floating_point():
+        facts = ModelFacts(ids.shape[0], ids.shape[1])
+    else:
+        embeds = get(args, kwargs, ("inputs_embeds",))
+        if not isinstance(embeds, torch.Tensor) or embeds.ndim != 3:
+            return None
+        facts = ModelFacts(embeds.shape[0], embeds.shape[1])
+    mask = get(args, kwargs, ("attention_mask",))
+    if isinstance(mask, torch.Tensor) and mask.ndim in (2, 4):
+        facts.mask = mask
+    cache = get(args, kwargs, _CACHE)
+    if cache is not None:
+        facts.cached = True
+        facts.past = _past_length(cache, None)
+    return facts
+
+
+def generate_facts(model: Any, names: tuple[str, ...]) -> Any:
+    """(args, kwargs) -> ModelFacts for a ``generate()`` call; the output is added afterwards."""
+    get = _lookup(names)
+
+    def facts(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ModelFacts | None:
+        found = _model_facts(get, args, kwargs)
+        if found is None:
+            return None
+        found.generate = True
+        found.cached = False
+        found.eos = _eos_ids(model, kwargs)
+        if getattr(getattr(model, "config", None), "is_encoder_decoder", False) is True:
+            # the output holds decoder ids: the decoder prompt (default: the start token), then new
+            start = kwargs.get("decoder_input_ids")
+            found.prompt_len = start.shape[-1] if isinstance(start, torch.Tensor) else 1
+        return found
+
+    return facts
+
+
+def _eos_ids(model: Any, kwargs: dict[str, Any]) -> tuple[int, ...]:
+    config = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+    eos = kwargs.get("eos_token_id", getattr(config, "eos_token_id", None))
+    if isinstance(eos, int) and not isinstance(eos, bool):
+        return (eos,)
+    if isinstance(eos, (list, tuple)):
+        return tuple(e for e in eos if isinstance(e, int) and not isinstance(e, bool))
+    return ()

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# GPU proof for kernel-level capture, in one go (about 5 minutes on one GPU):
+#   1. tests/gpu (timing tier without host syncs, CUDA graph pass-through, profile tier kernels
+#      and backend detection for naive/math/efficient/flash/cuDNN, user's profiler → skip)
+#   2. benchmarks/bench_profile.py on CUDA, bf16 (8, 16, 1024, 64): first vs later profiled call,
+#      timing-tier hot-path cost, kernels per forward and detected backend per variant
+# Every step has its own timeout; a failing step does not stop the next one. Output goes to the
+# terminal and, when $OUT is set, to $OUT/ (gpu_check.log, pytest_gpu.xml, bench_profile_cuda.json).
+#
+#   scripts/gpu_check.sh            # or: OUT=/tmp/gpu scripts/gpu_check.sh
+set -u
+cd "$(dirname "$0")/.."
+OUT="${OUT:-}"
+if [ -n "$OUT" ]; then
+  mkdir -p "$OUT"
+  exec > >(tee "$OUT/gpu_check.log") 2>&1
+fi
+PY="${PYTHON:-python}"
+status=0
+
+echo "== environment  $(date -u +%FT%TZ)"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "nvidia-smi: not found"
+"$PY" - <<'PY' || status=1
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("device", torch.cuda.get_device_name(), "capability", torch.cuda.get_device_capability())
+    print("cudnn", torch.backends.cudnn.version())
+PY
+
+echo
+echo "== 1. tests/gpu"
+junit=()
+[ -n "$OUT" ] && junit=(--junitxml "$OUT/pytest_gpu.xml")
+timeout 300 "$PY" -m pytest tests/gpu -q -rs -s -p no:cacheprovider "${junit[@]}" || status=1
+
+echo
+echo "== 2. benchmarks/bench_profile.py --device cuda"
+if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  json=()
+  [ -n "$OUT" ] && json=(--json "$OUT/bench_profile_cuda.json")
+  timeout 300 "$PY" benchmarks/bench_profile.py --device cuda --runs 3 -n 200 "${json[@]}" || status=1
+else
+  echo "no CUDA device: benchmark skipped"
+fi
+
+echo
+echo "== done: status $status  $(date -u +%FT%TZ)"
+exit $status

@@ -1,0 +1,283 @@
+"""The standard OTEL_* variables choose and configure attnscope's exporters and resource."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from opentelemetry import trace as otel_trace
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GRPCExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPExporter
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+import attnscope
+from attnscope import _config, _provider, _safety
+from tests.e2e.otlp_fakes import GRPCCollector, HTTPCollector
+
+
+@pytest.fixture(autouse=True)
+def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in list(os.environ):
+        if name.startswith(("OTEL_", "ATTNSCOPE_")):
+            monkeypatch.delenv(name)
+    # As if the application had not installed an SDK TracerProvider.
+    monkeypatch.setattr(otel_trace, "get_tracer_provider", otel_trace.ProxyTracerProvider)
+    attnscope.shutdown(timeout_s=2.0)
+    _config.reset_defaults()
+    _safety.reset()
+    yield
+    attnscope.shutdown(timeout_s=2.0)
+    _config.reset_defaults()
+    _safety.reset()
+
+
+@attnscope.trace
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Any:
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+# ---- which exporter ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "env", "expected"),
+    [
+        ("otlp", {}, GRPCExporter),
+        ("otlp", {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, GRPCExporter),
+        ("otlp", {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, HTTPExporter),
+        ("otlp", {"OTEL_EXPORTER_OTLP_PROTOCOL": "HTTP/Protobuf "}, HTTPExporter),
+        ("otlp", {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, HTTPExporter),  # warned
+        ("otlp", {"OTEL_EXPORTER_OTLP_PROTOCOL": "carrier-pigeon"}, GRPCExporter),  # warned
+        ("otlp", {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                  "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}, HTTPExporter),
+        ("otlp", {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                  "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"}, GRPCExporter),
+        ("otlp-http", {}, HTTPExporter),
+        ("otlp-http", {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, HTTPExporter),
+        ("otlp-grpc", {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, GRPCExporter),
+        ("console", {}, ConsoleSpanExporter),
+    ],
+)
+def test_make_exporter_honours_the_protocol(
+    monkeypatch: pytest.MonkeyPatch, name: str, env: dict[str, str], expected: type
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    exporter = _provider.make_exporter(name)
+    try:
+        assert type(exporter) is expected
+    finally:
+        assert exporter is not None
+        exporter.shutdown()
+
+
+def test_none_exporter_means_no_exporter() -> None:
+    assert _provider.make_exporter("none") is None
+
+
+@pytest.mark.parametrize(
+    ("traces_exporter", "expected"),
+    [(None, GRPCExporter), ("otlp", GRPCExporter), ("console", ConsoleSpanExporter),
+     ("none", type(None)), ("zipkin", GRPCExporter), ("console,otlp", ConsoleSpanExporter)],
+)
+def test_otel_traces_exporter_picks_ours_when_the_app_has_no_provider(
+    monkeypatch: pytest.MonkeyPatch, traces_exporter: str | None, expected: type
+) -> None:
+    if traces_exporter is not None:
+        monkeypatch.setenv("OTEL_TRACES_EXPORTER", traces_exporter)
+    pipeline = _provider.build(_config.Config(metrics=False))
+    try:
+        assert pipeline.owned
+        assert type(pipeline.exporter) is expected
+    finally:
+        pipeline.shutdown()
+
+
+def test_otlp_exporters_read_the_standard_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "3")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://collector.internal:4318/x")
+    exporter = _provider.make_exporter("otlp-http")
+    assert isinstance(exporter, HTTPExporter)
+    # attnscope passes nothing: every setting comes from the environment (private attributes:
+    # where the SDK keeps them moves between releases).
+    assert exporter._endpoint == "https://collector.internal:4318/x"
+    client = getattr(exporter, "_client", exporter)
+    assert getattr(client, "_timeout", None) == 3
+    exporter.shutdown()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    grpc_exporter = _provider.make_exporter("otlp")
+    assert isinstance(grpc_exporter, GRPCExporter)
+    assert grpc_exporter._endpoint == "127.0.0.1:9" and grpc_exporter._timeout == 3
+    grpc_exporter.shutdown()
+
+
+# ---- resource ------------------------------------------------------------------------------------
+
+
+def test_resource_carries_service_host_process_versions_and_rank() -> None:
+    attrs = _provider.resource(_config.Config(service_name="trainer")).attributes
+    assert attrs["service.name"] == "trainer"
+    assert attrs["host.name"] == socket.gethostname()
+    assert attrs["process.pid"] == os.getpid()
+    assert attrs["process.runtime.name"] == "cpython"
+    assert attrs["attnscope.version"] == attnscope.__version__
+    assert attrs["attnscope.torch.version"] == str(torch.__version__)
+    assert attrs["attnscope.rank"] == 0 and attrs["attnscope.world_size"] == 1
+    assert attrs["telemetry.sdk.name"] == "opentelemetry"
+
+
+@pytest.mark.parametrize(
+    ("env", "configured", "expected"),
+    [
+        ({}, None, "attnscope"),
+        ({"OTEL_SERVICE_NAME": "svc-env"}, None, "svc-env"),
+        ({"OTEL_RESOURCE_ATTRIBUTES": "service.name=svc-attrs"}, None, "svc-attrs"),
+        ({"OTEL_SERVICE_NAME": "svc-env", "OTEL_RESOURCE_ATTRIBUTES": "service.name=svc-attrs"},
+         None, "svc-env"),
+        ({"OTEL_SERVICE_NAME": "svc-env"}, "svc-code", "svc-code"),
+        ({"OTEL_RESOURCE_ATTRIBUTES": "service.name=svc-attrs"}, "svc-code", "svc-code"),
+    ],
+)
+def test_service_name_precedence(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], configured: str | None, expected: str
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    cfg = attnscope.configure(service_name=configured)
+    assert _provider.resource(cfg).attributes["service.name"] == expected
+
+
+def test_otel_resource_attributes_are_added_and_override_detected_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES",
+                       "deployment.environment=staging,host.name=node-7,team=ml%20infra")
+    attrs = _provider.resource(_config.Config()).attributes
+    assert attrs["deployment.environment"] == "staging"
+    assert attrs["host.name"] == "node-7"
+    assert attrs["team"] == "ml infra"
+    assert attrs["attnscope.version"] == attnscope.__version__
+
+
+# ---- on the wire -------------------------------------------------------------------------------
+
+
+def _resource_of(request: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kv in request.resource_spans[0].resource.attributes:
+        out[kv.key] = getattr(kv.value, kv.value.WhichOneof("value"))
+    return out
+
+
+def _send_one() -> None:
+    attnscope.configure(sample_rate=1.0, warmup_calls=0, overhead_budget=1.0, profile_rate=0.0)
+    q = torch.randn(1, 2, 4, 4)
+    attention(q, q, q)
+    assert attnscope.flush(timeout_s=10.0)
+
+
+def _wait(predicate: Any, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_http_endpoint_headers_compression_and_resource_on_the_wire(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    collector = HTTPCollector("ok").start()
+    try:
+        monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                           f"{collector.endpoint}/custom/traces")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=secret,x-tenant=t1")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")
+        monkeypatch.setenv("OTEL_SERVICE_NAME", "wire-http")
+        monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=ci")
+        monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+        _send_one()
+        assert _wait(lambda: collector.trace_requests)
+    finally:
+        collector.stop()
+    assert collector.paths[0] == "/custom/traces"
+    headers = collector.headers[0]
+    assert headers["x-api-key"] == "secret" and headers["x-tenant"] == "t1"
+    assert headers["content-encoding"] == "gzip"
+    assert headers["content-type"] == "application/x-protobuf"
+    (span,) = collector.spans
+    assert span.name == "attention"
+    resource = _resource_of(collector.trace_requests[0])
+    assert resource["service.name"] == "wire-http"
+    assert resource["deployment.environment"] == "ci"
+    assert resource["attnscope.version"] == attnscope.__version__
+    assert resource["host.name"] == socket.gethostname()
+
+
+def test_grpc_endpoint_and_headers_on_the_wire(monkeypatch: pytest.MonkeyPatch) -> None:
+    collector = GRPCCollector("ok").start()
+    try:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=secret")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")
+        monkeypatch.setenv("OTEL_SERVICE_NAME", "wire-grpc")
+        monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+        _send_one()
+        assert _wait(lambda: collector.trace_requests)
+    finally:
+        collector.stop()
+    assert collector.headers[0]["x-api-key"] == "secret"
+    (span,) = collector.spans
+    assert span.name == "attention"
+    assert _resource_of(collector.trace_requests[0])["service.name"] == "wire-grpc"
+
+
+def test_flush_makes_file_exporters_write(tmp_path: Any) -> None:
+    """The SDK never calls an exporter's force_flush; attnscope.flush() does."""
+    path = tmp_path / "spans.json"
+    attnscope.configure(exporter=f"jaeger-json:{path}", metrics=False)
+    _send_one()  # the first export writes at once (the exporter's interval has not started)
+    assert path.read_text().count('"operationName":"attention"') == 1
+    _send_one()  # within the 5 s interval: only force_flush writes it
+    assert path.read_text().count('"operationName":"attention"') == 2
+
+
+def test_flush_is_bounded_when_the_exporter_hangs() -> None:
+    import threading
+
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    release = threading.Event()
+
+    class Stuck(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            release.wait(10)
+            return SpanExportResult.SUCCESS
+
+        def shutdown(self) -> None:
+            release.set()
+
+    attnscope.configure(exporter=Stuck(), metrics=False, sample_rate=1.0, warmup_calls=0,
+                        overhead_budget=1.0, profile_rate=0.0)
+    q = torch.randn(1, 2, 4, 4)
+    try:
+        attention(q, q, q)
+        t0 = time.monotonic()
+        assert attnscope.flush(timeout_s=0.5) is False
+        assert attnscope.flush(timeout_s=0.3) is False  # the first flush is still stuck
+        assert time.monotonic() - t0 < 1.5
+        t0 = time.monotonic()
+        attnscope.shutdown(timeout_s=1.0)
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        release.set()

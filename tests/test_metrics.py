@@ -1,0 +1,331 @@
+"""OTel metrics recorded by the worker, read back with the SDK's in-memory metric reader."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from opentelemetry import metrics as otel_metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    InMemoryMetricReader,
+    MetricExporter,
+    MetricExportResult,
+    PeriodicExportingMetricReader,
+)
+
+import attnscope
+from attnscope import _config, _metrics, _provider, _safety, _worker
+from attnscope._capture import Capture
+from attnscope.testing import capture_spans
+
+
+@pytest.fixture(autouse=True)
+def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in list(os.environ):
+        if name.startswith(("OTEL_", "ATTNSCOPE_")):
+            monkeypatch.delenv(name)
+    attnscope.shutdown(timeout_s=2.0)
+    _config.reset_defaults()
+    _safety.reset()
+    yield
+    attnscope.shutdown(timeout_s=2.0)
+    _config.reset_defaults()
+    _safety.reset()
+
+
+@attnscope.trace
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Any:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def _metrics_by_name(reader: InMemoryMetricReader) -> dict[str, Any]:
+    data = reader.get_metrics_data()
+    out: dict[str, Any] = {}
+    if data is None:
+        return out
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                out[metric.name] = metric
+    return out
+
+
+def _points(metric: Any) -> list[Any]:
+    return list(metric.data.data_points)
+
+
+@pytest.fixture
+def reader() -> InMemoryMetricReader:
+    return InMemoryMetricReader()
+
+
+@pytest.fixture
+def meter_provider(reader: InMemoryMetricReader) -> Iterator[MeterProvider]:
+    mp = MeterProvider(metric_readers=[reader])
+    yield mp
+    mp.shutdown()
+
+
+def test_duration_tokens_and_labels(
+    meter_provider: MeterProvider, reader: InMemoryMetricReader
+) -> None:
+    q = torch.randn(2, 2, 8, 4)
+    with capture_spans(meter_provider=meter_provider) as spans:
+        for _ in range(5):
+            attention(q, q, q)
+        with attnscope.span("decode", tokens=3, attributes={"attnscope.phase": "decode",
+                                                            "attnscope.backend": "math"}):
+            pass
+    metrics = _metrics_by_name(reader)
+    duration = metrics["attnscope.attention.duration"]
+    assert duration.unit == "s"
+    points = {tuple(sorted(p.attributes.items())): p for p in _points(duration)}
+    calls = points[(("attnscope.device", "cpu"), ("attnscope.module", "attention"))]
+    assert calls.count == 5
+    walls = [s.attributes["attnscope.wall_ns"] for s in spans if s.name == "attention"]
+    assert calls.sum == pytest.approx(sum(walls) / 1e9)
+    assert list(calls.explicit_bounds) == list(_metrics.DURATION_BUCKETS_S)
+    assert calls.explicit_bounds[0] == 1e-5 and calls.explicit_bounds[-1] == 10.0
+    block = points[(("attnscope.backend", "math"), ("attnscope.module", "decode"),
+                    ("attnscope.phase", "decode"))]
+    assert block.count == 1
+
+    tokens = metrics["attnscope.attention.tokens"]
+    assert tokens.unit == "{token}"
+    by_module = {p.attributes["attnscope.module"]: p.value for p in _points(tokens)}
+    assert by_module == {"attention": 5 * 2 * 8, "decode": 3}
+
+
+def _cap(name: str = "site") -> Capture:
+    cap = Capture()
+    cap.name = name
+    return cap
+
+
+def test_recorder_weights_prefers_device_time_and_records_memory(
+    meter_provider: MeterProvider, reader: InMemoryMetricReader
+) -> None:
+    record = _metrics._instruments_for(meter_provider).record
+    record(_cap(), {"attnscope.wall_ns": 5_000_000, "attnscope.device_ns": 2_000_000,
+                    "attnscope.tokens": 10, "attnscope.sample_rate": 0.25,
+                    "attnscope.memory.peak_bytes": 3 * 2**20, "attnscope.device": "cuda:0",
+                    "attnscope.module": "LlamaAttention", "attnscope.phase": 7})
+    metrics = _metrics_by_name(reader)
+    (duration,) = _points(metrics["attnscope.attention.duration"])
+    assert duration.sum == pytest.approx(0.002)  # device time wins over wall time
+    assert dict(duration.attributes) == {"attnscope.module": "LlamaAttention",
+                                         "attnscope.device": "cuda:0"}  # non-string label dropped
+    (tokens,) = _points(metrics["attnscope.attention.tokens"])
+    assert tokens.value == pytest.approx(40.0)  # 10 sampled tokens at rate 1/4
+    peak = metrics["attnscope.memory.peak"]
+    assert peak.unit == "By"
+    (point,) = _points(peak)
+    assert point.count == 1 and point.sum == 3 * 2**20
+
+
+def test_recorder_never_raises(meter_provider: MeterProvider, reader: InMemoryMetricReader) -> None:
+    record = _metrics._instruments_for(meter_provider).record
+    record(None, {"attnscope.wall_ns": "not a number", "attnscope.tokens": True})
+    record(_cap(), {})
+    assert _safety.error_count() == 0
+
+
+def test_instruments_are_made_once_per_provider(meter_provider: MeterProvider) -> None:
+    assert _metrics._instruments_for(meter_provider) is _metrics._instruments_for(meter_provider)
+
+
+def test_dropped_spans_and_internal_errors_are_counted(
+    meter_provider: MeterProvider, reader: InMemoryMetricReader
+) -> None:
+    # Totals are process-wide (they survive worker restarts): compare with what they were.
+    reasons = ("queue_full", "trace_cap", "export_failed", "export_queue_full")
+    baseline = {r: _metrics._totals.current("dropped:" + r) for r in reasons}
+    q = torch.randn(1, 1, 4, 4)
+    with capture_spans(meter_provider=meter_provider, max_spans_per_trace=1) as spans:
+        with attnscope.span("outer"):
+            attention(q, q, q)
+            attention(q, q, q)
+        _safety.internal_error("test", RuntimeError("boom"))
+        attnscope.flush()
+        metrics = _metrics_by_name(reader)
+    assert [s.name for s in spans] == ["outer"]
+    dropped = {p.attributes["reason"]: p.value - baseline[p.attributes["reason"]]
+               for p in _points(metrics["attnscope.spans.dropped"])}
+    assert dropped == {"queue_full": 0, "trace_cap": 2, "export_failed": 0, "export_queue_full": 0}
+    (errors,) = _points(metrics["attnscope.internal_errors"])
+    before = errors.value
+    assert before >= 1
+    # Counters never go down when the counts they read restart.
+    _safety.reset()
+    (errors,) = _points(_metrics_by_name(reader)["attnscope.internal_errors"])
+    assert errors.value == before
+    for _ in range(before + 2):
+        _safety.internal_error("test", RuntimeError("again"))
+    (errors,) = _points(_metrics_by_name(reader)["attnscope.internal_errors"])
+    assert errors.value == 2 * before + 2
+
+
+class _ListMetricExporter(MetricExporter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[Any] = []
+
+    def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
+        self.batches.append(metrics_data)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        return None
+
+
+def test_skipped_profiles_are_counted_by_reason(
+    monkeypatch: pytest.MonkeyPatch, meter_provider: MeterProvider, reader: InMemoryMetricReader
+) -> None:
+    from attnscope import _profile
+
+    counts = {"profiled": 4, "skipped_busy": 0, "skipped_warming": 0}
+    monkeypatch.setattr(_profile, "stats", lambda: dict(counts))
+    _metrics._instruments_for(meter_provider)
+
+    def skipped() -> dict[str, int]:
+        metric = _metrics_by_name(reader)["attnscope.profiles.skipped"]
+        return {p.attributes["reason"]: p.value for p in _points(metric)}
+
+    before = skipped()
+    assert set(before) == {"busy", "warming"}
+    counts["skipped_busy"] = 3
+    after = skipped()
+    assert after["busy"] - before["busy"] == 3 and after["warming"] == before["warming"]
+
+
+def test_flush_exports_metrics_and_metrics_false_records_nothing() -> None:
+    exporter = _ListMetricExporter()
+    mp = MeterProvider(metric_readers=[PeriodicExportingMetricReader(
+        exporter, export_interval_millis=3_600_000)])
+    q = torch.randn(1, 1, 4, 4)
+    try:
+        with capture_spans(meter_provider=mp):
+            attention(q, q, q)
+            assert attnscope.flush(timeout_s=5.0)
+            names = {m.name for batch in exporter.batches for rm in batch.resource_metrics
+                     for sm in rm.scope_metrics for m in sm.metrics}
+            assert "attnscope.attention.duration" in names
+        reader = InMemoryMetricReader()
+        off = MeterProvider(metric_readers=[reader])
+        with capture_spans(meter_provider=off, metrics=False) as spans:
+            attention(q, q, q)
+        assert len(spans) == 1
+        assert "attnscope.attention.duration" not in _metrics_by_name(reader)
+        off.shutdown()
+    finally:
+        mp.shutdown()
+
+
+# ---- which meter provider ------------------------------------------------------------------------
+
+
+def _pipeline(**settings: Any) -> _provider.Pipeline:
+    return _provider.build(_config.Config(**settings))
+
+
+def test_app_global_meter_provider_is_used_and_not_owned(
+    monkeypatch: pytest.MonkeyPatch, meter_provider: MeterProvider
+) -> None:
+    monkeypatch.setattr(otel_metrics, "get_meter_provider", lambda: meter_provider)
+    pipeline = _pipeline(exporter="none")
+    assert pipeline.meter_provider is meter_provider and not pipeline.meter_owned
+
+
+def test_configured_meter_provider_wins(meter_provider: MeterProvider) -> None:
+    pipeline = _pipeline(exporter="otlp", meter_provider=meter_provider)
+    assert pipeline.meter_provider is meter_provider and not pipeline.meter_owned
+    pipeline.shutdown(timeout_ms=1000)
+
+
+@pytest.mark.parametrize(
+    ("settings", "env", "expected"),
+    [
+        ({"exporter": "otlp"}, {}, "grpc"),
+        ({"exporter": "otlp-http"}, {}, "http"),
+        ({"exporter": "otlp"}, {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, "http"),
+        ({"exporter": "otlp"}, {"OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf"}, "http"),
+        ({"exporter": "otlp"}, {"OTEL_METRICS_EXPORTER": "none"}, None),
+        ({"exporter": "none"}, {}, None),  # spans not sent over OTLP: metrics neither
+        ({"exporter": "none"}, {"OTEL_METRICS_EXPORTER": "otlp"}, "grpc"),
+        ({"exporter": "otlp", "metrics": False}, {}, None),
+    ],
+)
+def test_own_meter_provider_follows_the_configuration(
+    monkeypatch: pytest.MonkeyPatch, settings: dict[str, Any], env: dict[str, str],
+    expected: str | None,
+) -> None:
+    monkeypatch.setattr(otel_metrics, "get_meter_provider", otel_metrics.NoOpMeterProvider)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")  # never reached
+    pipeline = _pipeline(**settings)
+    try:
+        if expected is None:
+            assert pipeline.meter_provider is None
+            return
+        assert pipeline.meter_owned
+        (reader,) = pipeline.meter_provider._metric_readers
+        module = type(reader._exporter).__module__
+        assert (".http." in module) == (expected == "http"), module
+        resource = pipeline.meter_provider._sdk_config.resource.attributes
+        assert resource["attnscope.version"] == attnscope.__version__
+    finally:
+        if pipeline.meter_provider is not None:
+            pipeline.meter_provider.shutdown(timeout_millis=100)
+        pipeline.provider.shutdown()
+
+
+def test_own_meter_provider_is_shut_down_with_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(otel_metrics, "get_meter_provider", otel_metrics.NoOpMeterProvider)
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "console")
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "3600000")
+    attnscope.configure(exporter="none", sample_rate=1.0, warmup_calls=0, overhead_budget=1.0)
+    q = torch.randn(1, 1, 4, 4)
+    attention(q, q, q)
+    assert attnscope.flush(timeout_s=5.0)  # the worker builds its pipeline on its own thread
+    worker = _worker.get()
+    assert worker is not None and worker.pipeline.meter_owned
+    calls: list[Any] = []
+    mp = worker.pipeline.meter_provider
+    real_shutdown = mp.shutdown
+    monkeypatch.setattr(mp, "shutdown", lambda **kw: (calls.append(kw), real_shutdown(**kw)))
+    monkeypatch.setattr(mp, "force_flush", lambda timeout_millis=0: True)  # no console output
+    assert attnscope.shutdown(timeout_s=5.0)
+    assert len(calls) == 1
+
+
+def test_prometheus_reader_serves_the_histogram(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("opentelemetry.exporter.prometheus", reason="the [prometheus] extra")
+    import urllib.request
+
+    from tests.e2e.otlp_fakes import free_port
+
+    port = free_port()
+    monkeypatch.setattr(otel_metrics, "get_meter_provider", otel_metrics.NoOpMeterProvider)
+    monkeypatch.setattr(_metrics, "_prometheus_started", False)
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "prometheus")
+    monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_HOST", "127.0.0.1")
+    monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_PORT", str(port))
+    attnscope.configure(exporter="none", sample_rate=1.0, warmup_calls=0, overhead_budget=1.0)
+    q = torch.randn(1, 1, 4, 4)
+    attention(q, q, q)
+    assert attnscope.flush(timeout_s=5.0)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    assert "attnscope_attention_duration_seconds_bucket{" in text
+    assert 'attnscope_module="attention"' in text
+    # flush() must not make the pull reader queue extra copies of each series.
+    assert text.count("attnscope_attention_duration_seconds_count{") == 1

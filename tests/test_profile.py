@@ -1,0 +1,481 @@
+"""Profile tier: torch.profiler around one sampled call → kernel child spans (CPU)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import attnscope
+from attnscope import _kernels, _profile
+from attnscope._kernels import RawEvent
+from attnscope.testing import capture_spans
+
+from .helpers import attrs
+
+PROFILE = {"profile_rate": 1.0, "profile_max_per_minute": 1000.0}
+Q = torch.randn(2, 4, 64, 32)
+
+
+@pytest.fixture(autouse=True)
+def _warm() -> Iterator[None]:
+    assert _profile.warm_up(), "the profiler must warm up on CPU"
+    yield
+    assert _profile._active is None and not _profile._lock.locked(), "a session leaked"
+
+
+@attnscope.trace
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+@attnscope.trace
+def naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v
+
+
+def _parents(spans: list[Any]) -> list[Any]:
+    return [s for s in spans if "attnscope.tier" in (s.attributes or {})]
+
+
+def _children(spans: list[Any], parent: Any) -> list[Any]:
+    return [s for s in spans if s.parent is not None and s.parent.span_id == parent.context.span_id]
+
+
+def _skips() -> dict[str, int]:
+    return {k: v for k, v in _profile.stats().items() if k.startswith("skipped_")}
+
+
+def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: after[k] - before[k] for k in after if after[k] != before[k]}
+
+
+# ---- end to end on CPU ---------------------------------------------------------------------------
+
+def test_children_exist_inside_parent_and_ordered() -> None:
+    with capture_spans(**PROFILE) as spans:
+        sdpa(Q, Q, Q)
+    (parent,) = _parents(spans)
+    a = attrs(parent)
+    assert a["attnscope.tier"] == "profile"
+    kids = _children(spans, parent)
+    assert kids and len(kids) == a["attnscope.kernel.count"]
+    starts = [k.start_time for k in kids]
+    assert starts == sorted(starts)
+    for kid in kids:
+        assert parent.start_time <= kid.start_time <= kid.end_time <= parent.end_time
+        ka = attrs(kid)
+        assert ka["attnscope.kernel.kind"] == "cpu_op"
+        assert ka["attnscope.kernel.device"] == "cpu"
+        assert len(kid.name) <= 128
+    names = [k.name for k in kids]
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in names
+    assert a["attnscope.kernel.total_ns"] > 0
+    assert a["attnscope.kernel.total_ns"] <= parent.end_time - parent.start_time
+    assert list(a["attnscope.kernel.top_names"])[0] == "aten::_scaled_dot_product_flash_attention_for_cpu"
+    assert len(a["attnscope.kernel.top_names"]) == len(a["attnscope.kernel.top_ns"])
+    assert list(a["attnscope.kernel.top_ns"]) == sorted(a["attnscope.kernel.top_ns"], reverse=True)
+    assert "attnscope.launch_overhead_ns" not in a  # GPU only
+
+
+def test_output_identical_with_and_without_profiling() -> None:
+    expected = F.scaled_dot_product_attention(Q, Q, Q)
+    with capture_spans(**PROFILE) as spans:
+        got = sdpa(Q, Q, Q)
+    assert _parents(spans)[0].attributes["attnscope.tier"] == "profile"
+    assert torch.equal(got, expected)
+
+
+def test_kernel_span_cap_keeps_longest_and_sums_the_rest() -> None:
+    with capture_spans(max_kernel_spans=4, **PROFILE) as spans:
+        naive(Q, Q, Q)
+    (parent,) = _parents(spans)
+    a = attrs(parent)
+    kids = _children(spans, parent)
+    assert len(kids) == 4
+    assert a["attnscope.kernel.count"] > 4
+    (other,) = [k for k in kids if k.name == "other"]
+    oa = attrs(other)
+    assert oa["attnscope.kernel.count"] == a["attnscope.kernel.count"] - 3
+    kept_self = [attrs(k)["attnscope.kernel.self_ns"] for k in kids if k.name != "other"]
+    assert sum(kept_self) + oa["attnscope.kernel.total_ns"] == a["attnscope.kernel.total_ns"]
+    assert parent.start_time <= other.start_time <= other.end_time <= parent.end_time
+
+
+@pytest.mark.parametrize(
+    ("fn", "backend_ctx", "expected"),
+    [
+        (sdpa, None, "flash"),  # default CPU path: _scaled_dot_product_flash_attention_for_cpu
+        (sdpa, SDPBackend.MATH, "math"),
+        (naive, None, "math"),
+    ],
+    ids=["sdpa-default", "sdpa-math", "matmul-softmax-matmul"],
+)
+def test_backend_detection_on_cpu(fn: Any, backend_ctx: Any, expected: str) -> None:
+    with capture_spans(**PROFILE) as spans:
+        if backend_ctx is None:
+            fn(Q, Q, Q)
+        else:
+            with sdpa_kernel(backend_ctx):
+                fn(Q, Q, Q)
+    (parent,) = _parents(spans)
+    assert attrs(parent)["attnscope.backend"] == expected
+
+
+def test_profile_dir_writes_chrome_trace(tmp_path: Any) -> None:
+    import json
+
+    with capture_spans(profile_dir=str(tmp_path / "traces"), **PROFILE) as spans:
+        sdpa(Q, Q, Q)
+    (parent,) = _parents(spans)
+    path = attrs(parent)["attnscope.profile.path"]
+    with open(path) as fh:
+        trace = json.load(fh)
+    names = {ev.get("name") for ev in trace["traceEvents"]}
+    assert "aten::scaled_dot_product_attention" in names
+
+
+def test_parse_failure_still_emits_the_span(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(result: Any, marker: str) -> list[RawEvent]:
+        raise RuntimeError("unexpected event layout")
+
+    monkeypatch.setattr(_kernels, "from_kineto", broken)
+    with capture_spans(**PROFILE) as spans:
+        sdpa(Q, Q, Q)
+    (parent,) = _parents(spans)
+    assert attrs(parent)["attnscope.tier"] == "timing"
+    assert "attnscope.kernel.count" not in attrs(parent)
+
+
+def test_calling_thread_does_not_parse(monkeypatch: pytest.MonkeyPatch) -> None:
+    parsed_on: list[int] = []
+    real = _kernels.from_kineto
+
+    def spy(result: Any, marker: str) -> list[RawEvent]:
+        parsed_on.append(threading.get_ident())
+        return real(result, marker)
+
+    monkeypatch.setattr(_kernels, "from_kineto", spy)
+    with capture_spans(**PROFILE) as spans:
+        sdpa(Q, Q, Q)
+    assert _parents(spans)[0].attributes["attnscope.tier"] == "profile"
+    assert parsed_on and threading.get_ident() not in parsed_on
+
+
+# ---- one profiler per process ------------------------------------------------------------------
+
+def test_users_profiler_active_skips_gracefully() -> None:
+    before = _skips()
+    with capture_spans(**PROFILE) as spans:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as user:
+            out = sdpa(Q, Q, Q)
+        sdpa(Q, Q, Q)  # after the user's profiler: profiled again
+    tiers = [attrs(p)["attnscope.tier"] for p in _parents(spans)]
+    assert tiers == ["timing", "profile"]
+    assert _delta(before, _skips()) == {"skipped_user_profiler": 1}
+    names = {e.name for e in user.events()}
+    assert "aten::scaled_dot_product_attention" in names  # the user's profile is intact
+    assert _profile.MARKER not in names
+    assert torch.equal(out, F.scaled_dot_product_attention(Q, Q, Q))
+
+
+def test_users_scheduled_profiler_in_warmup_phase_is_respected() -> None:
+    # A second kineto session while a user's schedule is between prepare and start crashes the
+    # process; the hooks must see the prepared session.
+    got: list[int] = []
+    schedule = torch.profiler.schedule(wait=1, warmup=1, active=1, repeat=1)
+    with capture_spans(**PROFILE) as spans:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
+                                    on_trace_ready=lambda p: got.append(len(p.events()))) as user:
+            for _ in range(4):
+                sdpa(Q, Q, Q)
+                user.step()
+        sdpa(Q, Q, Q)
+    tiers = [attrs(p)["attnscope.tier"] for p in _parents(spans)]
+    # wait: nothing prepared yet; warmup (prepared) and active: the user's; then done
+    assert tiers == ["profile", "timing", "timing", "profile", "profile"]
+    assert got and got[0] > 0
+
+
+def test_users_profiler_started_inside_a_traced_call() -> None:
+    holder: list[Any] = []
+
+    @attnscope.trace
+    def starts_profiler(q: torch.Tensor) -> torch.Tensor:
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        prof.__enter__()
+        holder.append(prof)
+        return q * 2
+
+    with capture_spans(**PROFILE) as spans:
+        starts_profiler(Q)
+        torch.mm(torch.ones(3, 3), torch.ones(3, 3))
+        holder[0].__exit__(None, None, None)
+    assert "aten::mm" in {e.name for e in holder[0].events()}
+    (parent,) = _parents(spans)
+    assert "attnscope.kernel.count" not in attrs(parent)  # aborted: no kernel data claimed
+    assert attrs(parent)["attnscope.tier"] == "timing"
+
+
+def test_two_threads_one_profiles_the_other_times() -> None:
+    barrier = threading.Barrier(2, timeout=10)
+
+    @attnscope.trace
+    def meet(q: torch.Tensor) -> torch.Tensor:
+        barrier.wait()  # both calls are inside their captures at the same time
+        out = torch.softmax(q @ q.transpose(-1, -2), dim=-1) @ q
+        barrier.wait()
+        return out
+
+    def run() -> None:
+        with attnscope.sampling(force=True, profile=True):
+            meet(Q)
+
+    before = _skips()
+    with capture_spans(**PROFILE) as spans:
+        threads = [threading.Thread(target=run) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+    tiers = sorted(attrs(p)["attnscope.tier"] for p in _parents(spans))
+    assert tiers == ["profile", "timing"]
+    assert _delta(before, _skips()) == {"skipped_busy": 1}
+    (profiled,) = [p for p in _parents(spans) if attrs(p)["attnscope.tier"] == "profile"]
+    # ops are recorded on the profiling thread only: one matmul-softmax-matmul, not two
+    names = [k.name for k in _children(spans, profiled)]
+    assert names.count("aten::_softmax") == 1
+
+
+def test_kineto_refusal_falls_back_to_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any) -> None:
+        raise RuntimeError("kineto says no")
+
+    monkeypatch.setitem(_profile._orig, "enable", refuse)
+    before = _skips()
+    with capture_spans(**PROFILE) as spans:
+        out = sdpa(Q, Q, Q)
+    monkeypatch.undo()
+    assert [attrs(p)["attnscope.tier"] for p in _parents(spans)] == ["timing"]
+    assert _delta(before, _skips()) == {"skipped_error": 1}
+    assert torch.equal(out, F.scaled_dot_product_attention(Q, Q, Q))
+    assert not torch._C._autograd._profiler_enabled()
+    with capture_spans(**PROFILE) as spans:
+        sdpa(Q, Q, Q)
+    assert [attrs(p)["attnscope.tier"] for p in _parents(spans)] == ["profile"]
+
+
+def test_cuda_refusal_at_warm_up_leaves_cpu_profiling_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(_profile._broken, True, "RuntimeError('no CUPTI')")
+    monkeypatch.setattr(_profile, "_warm_cuda", True)
+    before = _skips()
+    assert _profile.start(torch.device("cuda", 0)) is None
+    assert _delta(before, _skips()) == {"skipped_error": 1}
+    with capture_spans(**PROFILE) as spans:
+        sdpa(Q, Q, Q)
+    assert [attrs(p)["attnscope.tier"] for p in _parents(spans)] == ["profile"]
+
+
+def test_cold_profiler_times_the_call_and_warms_up_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[Any] = []
+    monkeypatch.setattr(_profile, "_warm_cpu", False)
+    monkeypatch.setattr(_profile, "warm_up_async", lambda cuda=None: asked.append(cuda))
+    before = _skips()
+    with capture_spans(**PROFILE) as spans:
+        sdpa(Q, Q, Q)
+    assert [attrs(p)["attnscope.tier"] for p in _parents(spans)] == ["timing"]
+    assert _delta(before, _skips()) == {"skipped_warming": 1}
+    assert asked == [False]
+
+
+def test_warm_up_runs_on_the_worker_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[str] = []
+    monkeypatch.setattr(_profile, "warm_up", lambda cuda=None: seen.append(threading.current_thread().name) or True)
+    with capture_spans(**PROFILE):
+        sdpa(Q, Q, Q)
+    assert seen == ["attnscope-worker"]
+
+
+def test_user_exception_propagates_and_session_closes() -> None:
+    @attnscope.trace
+    def boom(q: torch.Tensor) -> torch.Tensor:
+        torch.relu(q)
+        raise ValueError("user error")
+
+    with capture_spans(**PROFILE) as spans:
+        with pytest.raises(ValueError, match="user error"):
+            boom(Q)
+    (parent,) = _parents(spans)
+    assert attrs(parent)["attnscope.tier"] == "profile"
+    assert "aten::relu" in [k.name for k in _children(spans, parent)]
+
+
+# ---- parsing on made-up events (what a GPU run produces) ------------------------------------------
+
+def _ev(name: str, kind: str, start: int, end: int, device: str = "cpu", nbytes: int = 0) -> RawEvent:
+    return RawEvent(name, kind, device, start, end, nbytes)
+
+
+def _gpu_events() -> list[RawEvent]:
+    base = 5_000_000  # the profiler's own clock
+    return [
+        _ev("attnscope", "marker", base, base + 100),
+        _ev("aten::scaled_dot_product_attention", "cpu_op", base + 5, base + 90),
+        _ev("aten::_scaled_dot_product_flash_attention", "cpu_op", base + 10, base + 80),
+        _ev("cudaLaunchKernel", "other", base + 20, base + 30),
+        _ev("Memset (Device)", "memset", base + 40, base + 45, "cuda:0"),
+        _ev("void pytorch_flash::flash_fwd_kernel<...>", "cuda_kernel", base + 50, base + 250, "cuda:0"),
+        _ev("[memory]", "memory", base + 15, base + 15, "cuda:0", 4096),
+        _ev("[memory]", "memory", base + 16, base + 16, "cuda:0", 1024),
+        _ev("[memory]", "memory", base + 70, base + 70, "cuda:0", -1024),
+        _ev("[memory]", "memory", base + 17, base + 17, "cpu", 64),
+    ]
+
+
+def test_gpu_kernels_keep_their_device_time() -> None:
+    report = _kernels.analyze(_gpu_events(), span_start_ns=10**18, span_end_ns=10**18 + 100,
+                              max_spans=64, on_device=True)
+    a = report.attributes
+    assert a["backend"] == "flash"
+    assert a["kernel.count"] == 2  # memset + kernel; CPU ops are launches on a GPU call
+    assert a["kernel.total_ns"] == 205
+    assert a["kernel.top_names"][0].startswith("void pytorch_flash::flash_fwd_kernel")
+    # CPU window [0, 100) of the marker; device busy [40, 45) and [50, 100) inside it
+    assert a["launch_overhead_ns"] == 100 - 5 - 50
+    assert a["memory.peak_bytes"] == 5120
+    assert a["memory.host_peak_bytes"] == 64
+    kernel = next(c for c in report.children if c[3]["attnscope.kernel.kind"] == "cuda_kernel")
+    # the marker maps to the span start; the kernel ends after the call returned, as it ran
+    assert (kernel[1], kernel[2]) == (10**18 + 50, 10**18 + 250)
+    assert kernel[3]["attnscope.kernel.device"] == "cuda:0"
+    assert all(c[0] != "cudaLaunchKernel" for c in report.children)
+
+
+def test_cap_prefers_device_work_and_sums_into_other() -> None:
+    events = [_ev("attnscope", "marker", 0, 1000)]
+    events += [_ev(f"op{i}", "cpu_op", 10 * i, 10 * i + 9) for i in range(20)]
+    events += [_ev(f"k{i}", "cuda_kernel", 500 + 10 * i, 500 + 10 * i + 1 + i, "cuda:0") for i in range(5)]
+    report = _kernels.analyze(events, span_start_ns=0, span_end_ns=1000, max_spans=4, on_device=True)
+    names = [c[0] for c in report.children]
+    assert len(names) == 4 and "other" in names
+    assert {"k4", "k3", "k2"} <= set(names)
+    other = next(c for c in report.children if c[0] == "other")
+    assert other[3]["attnscope.kernel.count"] == 22
+    assert [c[1] for c in report.children] == sorted(c[1] for c in report.children)
+
+
+def test_cap_keeps_the_longest_ops() -> None:
+    own = [5, 50, 7, 90, 1, 60, 3, 2, 40, 8]
+    events = [_ev(f"op{i}", "cpu_op", 100 * i, 100 * i + ns) for i, ns in enumerate(own)]
+    report = _kernels.analyze(events, span_start_ns=0, span_end_ns=1000, max_spans=4, on_device=False)
+    kept = {c[0] for c in report.children if c[0] != "other"}
+    assert kept == {"op3", "op5", "op1"}  # 90, 60, 50
+    (other,) = [c for c in report.children if c[0] == "other"]
+    assert other[3]["attnscope.kernel.count"] == 7
+    assert other[3]["attnscope.kernel.total_ns"] == sum(own) - 200
+    assert other[1] == 0 and other[2] - other[1] == sum(own) - 200
+    assert report.attributes["kernel.count"] == 10
+    assert report.attributes["kernel.top_names"] == ["op3", "op5", "op1", "op8", "op9"]
+
+
+def test_cpu_ops_are_clamped_into_the_parent() -> None:
+    events = [_ev("attnscope", "marker", 100, 200), _ev("aten::mm", "cpu_op", 90, 230)]
+    report = _kernels.analyze(events, span_start_ns=1000, span_end_ns=1090, max_spans=8, on_device=False)
+    ((_, start, end, _),) = report.children
+    assert 1000 <= start <= end <= 1090
+
+
+def test_self_time_of_nested_ops() -> None:
+    events = [
+        _ev("outer", "cpu_op", 0, 100),
+        _ev("inner", "cpu_op", 10, 40),
+        _ev("leaf", "cpu_op", 15, 20),
+        _ev("inner2", "cpu_op", 50, 60),
+    ]
+    report = _kernels.analyze(events, span_start_ns=0, span_end_ns=100, max_spans=8, on_device=False)
+    own = {c[0]: c[3]["attnscope.kernel.self_ns"] for c in report.children}
+    assert own == {"outer": 60, "inner": 25, "leaf": 5, "inner2": 10}
+    assert report.attributes["kernel.total_ns"] == 100
+
+
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        (["aten::_scaled_dot_product_flash_attention_for_cpu"], "flash"),
+        (["aten::_scaled_dot_product_efficient_attention", "fmha_cutlassF_f16_aligned_64x64_rf_sm80"], "efficient"),
+        (["aten::_scaled_dot_product_cudnn_attention", "cudnn_generated_fort_native_sdpa"], "cudnn"),
+        (["aten::_scaled_dot_product_attention_math", "aten::bmm", "aten::_softmax"], "math"),
+        (["aten::matmul", "aten::softmax"], "math"),
+        (["void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>"], "flash"),
+        (["ampere_bf16_s16816gemm_bf16_128x64", "void at::native::softmax_warp_forward<>"], "math"),
+        (["aten::add"], "unknown"),
+        ([], "unknown"),
+    ],
+)
+def test_detect_backend(names: list[str], expected: str) -> None:
+    assert _kernels.detect_backend(names) == expected
+
+
+def test_memory_peaks_and_coverage() -> None:
+    mem = [_ev("[memory]", "memory", t, t, "cpu", n) for t, n in [(1, 100), (2, 50), (3, -100), (4, 30), (5, -80)]]
+    assert _kernels.memory_peaks(mem) == {"cpu": 150}
+    assert _kernels.memory_peaks([_ev("[memory]", "memory", 1, 1, "cpu", -10)]) == {"cpu": 0}
+    assert _kernels.covered_ns([(0, 10), (5, 20), (30, 40)], 0, 35) == 25
+    assert _kernels.covered_ns([], 0, 35) == 0
+
+
+# ---- a user's profiler that predates attnscope ---------------------------------------------------
+
+def test_hooks_are_installed_at_import() -> None:
+    import torch.autograd.profiler as ap
+
+    for name in ("_prepare_profiler", "_enable_profiler", "_disable_profiler"):
+        assert getattr(getattr(ap, name), "__attnscope_hook__", False), name
+
+
+def test_open_session_scan() -> None:
+    import torch.autograd.profiler as ap
+
+    prof = ap.profile(use_kineto=True)
+    assert not _profile._open_session_exists(ap.profile)
+    prof.entered = True  # as after _prepare_trace()
+    assert _profile._open_session_exists(ap.profile)
+    prof.kineto_results = object()  # as after __exit__
+    assert not _profile._open_session_exists(ap.profile)
+
+
+_PREDATES = """
+import sys, torch
+got = []
+schedule = torch.profiler.schedule(wait=0, warmup=2, active=1, repeat=1)
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
+                            on_trace_ready=lambda p: got.append(len(p.events()))) as user:
+    import attnscope
+    from attnscope import _profile
+    from attnscope.testing import capture_spans
+    assert _profile.warm_up() is False  # the user's prepared session is seen
+    f = attnscope.trace(lambda q: torch.nn.functional.scaled_dot_product_attention(q, q, q))
+    q = torch.randn(1, 2, 8, 4)
+    with capture_spans(profile_rate=1.0, profile_max_per_minute=1000.0) as spans:
+        for _ in range(3):
+            f(q)
+            user.step()
+    tiers = [s.attributes["attnscope.tier"] for s in spans]
+print("tiers", tiers, "user", got, "stats", _profile.stats()["skipped_user_profiler"])
+assert tiers == ["timing"] * 3 and got and got[0] > 0
+assert _profile.warm_up() is True  # the user's session ended through the hook
+"""
+
+
+def test_users_profiler_prepared_before_attnscope_import() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _PREDATES], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    assert "tiers ['timing', 'timing', 'timing']" in proc.stdout
