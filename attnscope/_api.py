@@ -11,7 +11,7 @@ from types import TracebackType
 from typing import Any, TypeVar, overload
 
 from . import _config, _hotpath, _safety, _sampling, _worker
-from ._capture import TIER_NONE, Capture
+from ._capture import Capture
 from ._sampling import CallSite
 
 __all__ = ["trace", "span", "configure", "flush", "shutdown", "stats", "Span"]
@@ -168,17 +168,11 @@ class Span:
             if site.countdown > 0:
                 return self
         self._t_enter = time.perf_counter_ns()
-        try:
-            tier, rate = _sampling.decide(site, self._sample)
-            if tier != TIER_NONE:
-                cap = _hotpath.begin(site, tier, rate, (), {}, self._extra)
-                if cap is not None:
-                    cap.name = self._name
-                    self._token = _hotpath._current.set(cap.capture_id)
-                    self._cap = cap
-        except Exception as exc:
-            _hotpath._on_internal_error(site, "capture", exc)
-            self._cap = None
+        cap = _hotpath.open_capture(site, (), {}, self._sample, self._extra)
+        if cap is not None:
+            cap.name = self._name
+            self._token = _hotpath._current.set(cap.capture_id)
+            self._cap = cap
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -20,7 +20,7 @@ from . import _config, _inspect, _memory, _profile, _safety, _sampling, _timing,
 from ._capture import TIER_NONE, TIER_PROFILE, TIER_TIMING, Capture, next_id
 from ._sampling import CallSite
 
-__all__ = ["wrap", "current_capture_id", "begin", "end"]
+__all__ = ["wrap", "current_capture_id", "begin", "end", "open_capture", "make_site"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -135,21 +135,27 @@ def _account(cap: Capture, t_enter: int, t_exit: int) -> None:
     _sampling.sampler.budget.add(own, cap.end_perf_ns - cap.start_perf_ns, cap.sample_rate or 1.0)
 
 
-def _sampled_call(site: CallSite, fn: Callable[..., Any], args: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> Any:
-    t_enter = _perf_ns()
-    cap = None
+def open_capture(site: CallSite, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 forced: bool | None = None, extra: dict[str, Any] | None = None) -> Capture | None:
+    """Decide and, when sampled, begin a capture. None: call through. Never raises."""
     try:
         if _is_compiling():
             site.countdown = 1  # decide again on the next eager call
             register_pending_with_dynamo()
-        else:
-            tier, rate = _sampling.decide(site)
-            if tier != TIER_NONE:
-                cap = begin(site, tier, rate, args, kwargs)
+            return None
+        tier, rate = _sampling.decide(site, forced)
+        if tier == TIER_NONE:
+            return None
+        return begin(site, tier, rate, args, kwargs, extra)
     except Exception as exc:
         _on_internal_error(site, "capture", exc)
-        cap = None
+        return None
+
+
+def _sampled_call(site: CallSite, fn: Callable[..., Any], args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> Any:
+    t_enter = _perf_ns()
+    cap = open_capture(site, args, kwargs)
     if cap is None:
         return fn(*args, **kwargs)
     token = _current.set(cap.capture_id)
@@ -165,14 +171,7 @@ def _sampled_call(site: CallSite, fn: Callable[..., Any], args: tuple[Any, ...],
 async def _sampled_call_async(site: CallSite, fn: Callable[..., Any], args: tuple[Any, ...],
                               kwargs: dict[str, Any]) -> Any:
     t_enter = _perf_ns()
-    cap = None
-    try:
-        tier, rate = _sampling.decide(site)
-        if tier != TIER_NONE:
-            cap = begin(site, tier, rate, args, kwargs)
-    except Exception as exc:
-        _on_internal_error(site, "capture", exc)
-        cap = None
+    cap = open_capture(site, args, kwargs)
     if cap is None:
         return await fn(*args, **kwargs)
     token = _current.set(cap.capture_id)

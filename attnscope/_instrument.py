@@ -155,14 +155,7 @@ def _wrap_forward(
     sample_rate: float | None,
     make_extractor: Callable[[tuple[str, ...]], Extractor],
 ) -> None:
-    prior = module.__dict__.get("forward", _MISSING)
-    if prior is _MISSING:
-        fn: Callable[..., Any] = type(module).forward
-        names = hf.param_names(fn)
-    else:  # an instance-level forward was there (accelerate hooks, user patches): wrap that one
-        module.__dict__[_PRIOR + "forward"] = prior
-        fn = _through("forward")
-        names = hf.param_names(prior, bound=True)
+    fn, names = _target(module, "forward")
     site = _hotpath.make_site(
         fn,
         name,
@@ -176,6 +169,20 @@ def _wrap_forward(
     wrapper = _hotpath.wrap(fn, site, compile_check=False)
     setattr(wrapper, _MARK, site)
     object.__setattr__(module, "forward", types.MethodType(wrapper, module))
+
+
+def _target(module: torch.nn.Module, attr: str) -> tuple[Callable[..., Any], tuple[str, ...]]:
+    """The method to wrap and its parameter names.
+
+    An instance-level attribute that was already there (accelerate hooks, user patches) is kept on
+    the module and wrapped through :func:`_through`; otherwise the class's method is wrapped.
+    """
+    prior = module.__dict__.get(attr, _MISSING)
+    if prior is _MISSING:
+        fn: Callable[..., Any] = getattr(type(module), attr)
+        return fn, hf.param_names(fn)
+    module.__dict__[_PRIOR + attr] = prior
+    return _through(attr), hf.param_names(prior, bound=True)
 
 
 def _through(attr: str) -> Callable[..., Any]:
@@ -200,15 +207,7 @@ def _wrap_generate(
     Like the core wrapper, plus one step after the call: the returned ids are handed to the
     worker, which counts new tokens up to each row's first end-of-sequence token.
     """
-    prior = model.__dict__.get("generate", _MISSING)
-    fn: Callable[..., Any]
-    if prior is _MISSING:
-        fn = getattr(type(model), "generate")  # noqa: B009 (not declared on nn.Module)
-        names = hf.param_names(fn)
-    else:
-        model.__dict__[_PRIOR + "generate"] = prior
-        fn = _through("generate")
-        names = hf.param_names(prior, bound=True)
+    fn, names = _target(model, "generate")
     site = _hotpath.make_site(
         fn,
         name,
