@@ -231,10 +231,18 @@ def stats() -> dict[str, Any]:
         "overhead_budget": s.budget.budget,
         "overhead_ratio": s.budget.last_ratio,
         "sampled": s.stats_sampled,
-        "profiled": s.stats_profiled,
+        "profile_granted": s.stats_profiled,
         "internal_errors": _safety.error_count(),
     }
     out.update(_worker.stats())
+    try:
+        from . import _profile
+
+        # "profiled": calls that really ran under the profiler; "profile_skipped_<reason>": calls
+        # granted the profile tier that were timed instead.
+        out.update({k if k == "profiled" else "profile_" + k: v for k, v in _profile.stats().items()})
+    except Exception as exc:
+        _safety.internal_error("stats", exc)
     return out
 
 

@@ -98,6 +98,10 @@ def count_tokens(mask: torch.Tensor, batch: int, sq: int) -> int | None:
     """
     if mask.is_meta or mask.numel() == 0:
         return None
+    if mask.is_cuda and torch.cuda.get_sync_debug_mode() != 0:
+        # Reading the count back is a device sync (on the worker, after the call's end event has
+        # passed); with sync debugging on the user asked for none at all: leave tokens unknown.
+        return None
     m = mask.detach()
     if m.dtype == torch.bool:
         attend = m
@@ -222,10 +226,12 @@ def _qkv_ok(qs: tuple[int, ...], ks: tuple[int, ...], vs: tuple[int, ...]) -> bo
 
 
 def _tokens(out: dict[str, Any], mask: Any, batch: int, sq: int, ignores: bool = False) -> None:
-    tokens: int | None = None
-    if isinstance(mask, torch.Tensor):
-        tokens = _real_tokens(mask, ignores, batch, sq, None) if ignores else count_tokens(mask, batch, sq)
-    out["tokens"] = batch * sq if tokens is None else tokens
+    if not isinstance(mask, torch.Tensor):
+        out["tokens"] = batch * sq
+        return
+    tokens = _real_tokens(mask, ignores, batch, sq, None) if ignores else count_tokens(mask, batch, sq)
+    if tokens is not None:  # a mask we could not read: padding unknown, so no token count at all
+        out["tokens"] = tokens
 
 
 def _dtype_name(dtype: Any) -> str:

@@ -308,6 +308,10 @@ def _load() -> bool:
     global _torch
     if _torch is not None:
         return True
+    # Kineto prints two "USDT ... profiler_start/stop" lines per session at its default level;
+    # a service profiling a few calls a minute should not fill its logs with them. Read at
+    # kineto's first use; a value the user set is kept.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     import torch
     from torch._C._autograd import _disable_profiler, _enable_profiler, _prepare_profiler
     from torch._C._profiler import (

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"{'paired ratio B/A':28} {med:10.4f} {statistics.mean(ratios):10.4f}")
     print(f"bootstrap 95% interval of the median ratio: [{boots[25]:.4f}, {boots[975]:.4f}]")
     print(f"overhead (median ratio - 1): {100 * (med - 1):+.2f}%   (target <= +0.5%)")
-    print(f"attnscope: sampled={stats.get('sampled')} profiled={stats.get('profiled')} "
+    print(f"attnscope: sampled={stats.get('sampled')} profiled={stats.get('profiled')} granted={stats.get('profile_granted')} "
           f"emitted={stats.get('emitted')} effective_rate={stats.get('effective_sample_rate'):.4f}")
     attnscope.shutdown()
     return {"median_ratio": med}

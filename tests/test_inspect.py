@@ -138,3 +138,16 @@ def test_key_padding_mask_marks_padding_with_true() -> None:
     with capture_spans() as spans:
         mha_like(q, q, q, key_padding_mask=padding)
     assert attrs(spans[0])["attnscope.tokens"] == 4
+
+
+def test_unreadable_mask_leaves_tokens_unknown_rather_than_wrong() -> None:
+    q = torch.zeros(1, 1, 4, 8)
+    odd_mask = torch.ones(1, 1, 1, 4, 4, dtype=torch.bool)  # a layout attnscope does not read
+    got = derive(summarize((q, q, q), {"attn_mask": odd_mask}, ("q", "k", "v")))
+    assert "tokens" not in got and got["flops"] > 0
+    assert derive(summarize((q, q, q), {}, ("q", "k", "v")))["tokens"] == 4
+
+
+def test_stats_include_profile_counters() -> None:
+    stats = attnscope.stats()
+    assert any(key.startswith("profile_") for key in stats)
