@@ -98,7 +98,12 @@ def begin(
     cap.tier = tier
     cap.start_epoch_ns = time.time_ns()
     if cap.timer is not None:
-        cap.timer.record_start()
+        try:
+            cap.timer.record_start()
+        except BaseException:
+            if cap.profile is not None:  # a session left open would hold the profiler lock forever
+                _profile.stop(cap.profile)
+            raise
     cap.start_perf_ns = _perf_ns()
     return cap
 

@@ -273,3 +273,43 @@ def test_global_provider_and_logging_left_alone() -> None:
     assert logging.getLogger().handlers == before_handlers
     assert logging.getLogger().level == before_level
     assert attnscope.stats()["emitted"] == 1
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork()")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_forked_child_gets_its_own_worker(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import os
+    import signal
+    import time
+
+    @attnscope.trace
+    def step(x: int) -> int:  # no torch compute: OpenMP in a forked child is torch's own problem
+        return x + 1
+
+    out = tmp_path / "child.json"
+    attnscope.configure(exporter=f"jaeger-json:{out}", sample_rate=1.0, warmup_calls=0,
+                        overhead_budget=1.0, profile_rate=0.0, metrics=False)
+    step(1)  # the parent's worker is running
+    assert attnscope.flush(timeout_s=5)
+    pid = os.fork()
+    if pid == 0:  # child: trace, flush, exit without running the parent's atexit handlers
+        code = 1
+        try:
+            step(2)
+            code = 0 if attnscope.shutdown(timeout_s=10) else 2
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 30
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung")
+        time.sleep(0.05)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    spans = [s for trace in json.loads(out.read_text())["data"] for s in trace["spans"]]
+    assert [s["operationName"] for s in spans] == ["test_forked_child_gets_its_own_worker.<locals>.step"]
