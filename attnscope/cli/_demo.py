@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import attnscope
 
-from .. import _config
+from .. import _config, _profile
 
 __all__ = ["run_demo"]
 
@@ -88,6 +88,9 @@ def run_demo(steps: int = 20, seq_len: int = 256, jaeger_json: str | None = None
     previous = _config.current()
     attnscope.configure(tracer_provider=provider, sample_rate=1.0, warmup_calls=0, profile_rate=0.0,
                         profile_max_per_minute=60, overhead_budget=1.0)
+    # A service warms the profiler on attnscope's worker; the demo does it up front so that its
+    # one profiled forward is not timed instead while the profiler is still cold.
+    _profile.warm_up()
     try:
         with torch.inference_mode():
             for impl in (naive_attention, sdpa_attention):
@@ -97,9 +100,9 @@ def run_demo(steps: int = 20, seq_len: int = 256, jaeger_json: str | None = None
                     with attnscope.span("demo.forward", tokens=x.shape[0] * seq_len,
                                         attributes={"demo.implementation": impl.__name__}):
                         model(x, impl)
-                with attnscope.sampling(force=True, profile=True):
-                    with attnscope.span("demo.forward.profiled",
-                                        attributes={"demo.implementation": impl.__name__}):
+                with attnscope.span("demo.forward.profiled", sample=True,
+                                    attributes={"demo.implementation": impl.__name__}):
+                    with attnscope.sampling(force=True, profile=True):  # every layer profiled
                         model(x, impl)
         attnscope.flush(timeout_s=30)
     finally:
