@@ -233,6 +233,34 @@ def _observe_internal_errors(options: Any) -> Iterable[Any]:
         return []
 
 
+def _observe_sampling(options: Any) -> Iterable[Any]:
+    """The effective (budget-scaled) sample and profile rates, by tier."""
+    from opentelemetry.metrics import Observation
+
+    from . import _sampling
+
+    try:
+        s = _sampling.sampler
+        return [Observation(s.effective_rate, {"tier": "timing"}),
+                Observation(s.effective_profile_rate, {"tier": "profile"})]
+    except Exception as exc:
+        _safety.internal_error("metrics.observe", exc)
+        return []
+
+
+def _observe_overhead(options: Any) -> Iterable[Any]:
+    """attnscope's measured calling-thread cost over the wrapped calls' time (last window)."""
+    from opentelemetry.metrics import Observation
+
+    from . import _sampling
+
+    try:
+        return [Observation(_sampling.sampler.budget.last_ratio)]
+    except Exception as exc:
+        _safety.internal_error("metrics.observe", exc)
+        return []
+
+
 class _Instruments:
     """The instruments on one meter provider; :meth:`record` runs on the worker per span."""
 
@@ -263,6 +291,14 @@ class _Instruments:
         meter.create_observable_counter(
             "attnscope.internal_errors", callbacks=[_observe_internal_errors], unit="{error}",
             description="Internal errors attnscope caught and logged",
+        )
+        meter.create_observable_gauge(
+            "attnscope.sampling.effective_rate", callbacks=[_observe_sampling], unit="1",
+            description="Sampling probability in force after the overhead budget, by tier",
+        )
+        meter.create_observable_gauge(
+            "attnscope.overhead.ratio", callbacks=[_observe_overhead], unit="1",
+            description="attnscope's calling-thread cost / wall time of the calls it wraps",
         )
 
     def record(self, cap: Any, attrs: dict[str, Any]) -> None:

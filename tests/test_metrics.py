@@ -329,3 +329,23 @@ def test_prometheus_reader_serves_the_histogram(monkeypatch: pytest.MonkeyPatch)
     assert 'attnscope_module="attention"' in text
     # flush() must not make the pull reader queue extra copies of each series.
     assert text.count("attnscope_attention_duration_seconds_count{") == 1
+
+
+def test_effective_rates_and_overhead_are_gauges(
+    meter_provider: MeterProvider, reader: InMemoryMetricReader
+) -> None:
+    from attnscope import _sampling
+
+    q = torch.randn(1, 1, 4, 4)
+    with capture_spans(meter_provider=meter_provider, sample_rate=0.5, profile_rate=0.2,
+                       overhead_budget=0.01):
+        _sampling.sampler.budget.scale = 0.25  # as if the budget had cut the rates
+        _sampling.sampler.budget.last_ratio = 0.02
+        with attnscope.sampling(force=True):  # one capture, so the worker (and metrics) start
+            attention(q, q, q)
+        attnscope.flush()
+        metrics = _metrics_by_name(reader)
+    rates = {p.attributes["tier"]: p.value for p in _points(metrics["attnscope.sampling.effective_rate"])}
+    assert rates == {"timing": pytest.approx(0.125), "profile": pytest.approx(0.05)}
+    (ratio,) = _points(metrics["attnscope.overhead.ratio"])
+    assert ratio.value == pytest.approx(0.02)
