@@ -1,0 +1,29 @@
+"""The examples run as shipped (the README and docs point newcomers at them)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.mark.parametrize(
+    "script,expect",
+    [
+        ("trace_attention.py", '"name": "my_attention"'),
+        ("trace_model_blocks.py", "'sampled':"),
+        ("instrument_transformers.py", "decode"),
+    ],
+)
+def test_example_runs(script: str, expect: str) -> None:
+    pytest.importorskip("transformers") if script.startswith("instrument") else None
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ATTNSCOPE_", "OTEL_"))}
+    done = subprocess.run([sys.executable, str(EXAMPLES / script)], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=EXAMPLES.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert expect in done.stdout
