@@ -56,6 +56,7 @@ class _ThenRegister(importlib.abc.Loader):
         return self._loader.create_module(spec)
 
     def exec_module(self, module: types.ModuleType) -> None:
+        _hotpath._dynamo_loaded = True  # method wrappers start asking is_compiling() from now on
         try:
             self._loader.exec_module(module)
         finally:

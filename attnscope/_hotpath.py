@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -29,6 +30,9 @@ _current: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "attnscope_current_capture", default=None
 )
 _event_pool: _timing.CudaEventPool | None = None
+# Until the program imports Dynamo nothing can be compiling, so method wrappers skip the
+# is_compiling() call (~50 ns); _dynamo_watch flips this the moment torch._dynamo is imported.
+_dynamo_loaded = "torch._dynamo" in sys.modules
 
 
 def current_capture_id() -> int | None:
@@ -253,11 +257,14 @@ def wrap(fn: F, site: CallSite, compile_check: bool | None = None) -> F:
     if compile_check is None:
         compile_check = site.kind == "method"
     if compile_check:
+        from ._dynamo_watch import register_when_dynamo_loads
+
         is_compiling = _compiling_fn()
+        register_when_dynamo_loads()  # installs the import hook that sets _dynamo_loaded
 
         @functools.wraps(fn)
         def checked_wrapper(*args: Any, **kwargs: Any) -> Any:
-            if is_compiling():
+            if _dynamo_loaded and is_compiling():
                 return fn(*args, **kwargs)
             site.countdown -= 1
             if site.countdown > 0:
