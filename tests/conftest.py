@@ -30,3 +30,15 @@ def _clean_attnscope(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     _config.reset_defaults()
     _config.current()
     _safety.reset()
+
+
+@pytest.fixture
+def bare_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No OTEL_*/ATTNSCOPE_* variables at all, not even the suite's exporter/metrics defaults."""
+    from attnscope import _config
+
+    for var in list(os.environ):
+        if var.startswith(_OURS):
+            monkeypatch.delenv(var, raising=False)
+    _config.reset_defaults()
+    yield

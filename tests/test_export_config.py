@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,24 +16,14 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
 import attnscope
-from attnscope import _config, _provider, _safety
+from attnscope import _config, _provider
 from tests.e2e.otlp_fakes import GRPCCollector, HTTPCollector
 
 
 @pytest.fixture(autouse=True)
-def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in list(os.environ):
-        if name.startswith(("OTEL_", "ATTNSCOPE_")):
-            monkeypatch.delenv(name)
+def clean(bare_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
     # As if the application had not installed an SDK TracerProvider.
     monkeypatch.setattr(otel_trace, "get_tracer_provider", otel_trace.ProxyTracerProvider)
-    attnscope.shutdown(timeout_s=2.0)
-    _config.reset_defaults()
-    _safety.reset()
-    yield
-    attnscope.shutdown(timeout_s=2.0)
-    _config.reset_defaults()
-    _safety.reset()
 
 
 @attnscope.trace

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,17 +24,8 @@ from attnscope.testing import capture_spans
 
 
 @pytest.fixture(autouse=True)
-def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in list(os.environ):
-        if name.startswith(("OTEL_", "ATTNSCOPE_")):
-            monkeypatch.delenv(name)
-    attnscope.shutdown(timeout_s=2.0)
-    _config.reset_defaults()
-    _safety.reset()
-    yield
-    attnscope.shutdown(timeout_s=2.0)
-    _config.reset_defaults()
-    _safety.reset()
+def _bare(bare_env: None) -> None:
+    """No OTEL_*/ATTNSCOPE_* variables from the outside (the root conftest resets attnscope)."""
 
 
 @attnscope.trace

@@ -23,8 +23,6 @@ from typing import Any
 
 import pytest
 
-import attnscope
-from attnscope import _config, _safety
 from tests.e2e.otlp_fakes import GRPCCollector, HTTPCollector, free_port
 
 _PHOENIX_FALLBACK = "/opt/phoenix-venv/bin/phoenix"
@@ -32,18 +30,8 @@ _STARTUP_S = 60.0
 
 
 @pytest.fixture(autouse=True)
-def clean_attnscope(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No OTEL_*/ATTNSCOPE_* variables from the outside; a fresh worker and config per test."""
-    for name in list(os.environ):
-        if name.startswith(("OTEL_", "ATTNSCOPE_")):
-            monkeypatch.delenv(name)
-    attnscope.shutdown(timeout_s=2.0)
-    _config.reset_defaults()
-    _safety.reset()
-    yield
-    attnscope.shutdown(timeout_s=2.0)
-    _config.reset_defaults()
-    _safety.reset()
+def _bare(bare_env: None) -> None:
+    """No OTEL_*/ATTNSCOPE_* variables from the outside (the root conftest resets attnscope)."""
 
 
 def find_phoenix() -> str | None:
