@@ -16,7 +16,9 @@ from attnscope import _kernels, _profile
 from attnscope._kernels import RawEvent
 from attnscope.testing import capture_spans
 
-from .helpers import attrs
+from .helpers import attrs, naive, sdpa
+from .helpers import children_of as _children
+from .helpers import traced_spans as _parents
 
 PROFILE = {"profile_rate": 1.0, "profile_max_per_minute": 1000.0}
 Q = torch.randn(2, 4, 64, 32)
@@ -27,24 +29,6 @@ def _warm() -> Iterator[None]:
     assert _profile.warm_up(), "the profiler must warm up on CPU"
     yield
     assert _profile._active is None and not _profile._lock.locked(), "a session leaked"
-
-
-@attnscope.trace
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return F.scaled_dot_product_attention(q, k, v)
-
-
-@attnscope.trace
-def naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v
-
-
-def _parents(spans: list[Any]) -> list[Any]:
-    return [s for s in spans if "attnscope.tier" in (s.attributes or {})]
-
-
-def _children(spans: list[Any], parent: Any) -> list[Any]:
-    return [s for s in spans if s.parent is not None and s.parent.span_id == parent.context.span_id]
 
 
 def _skips() -> dict[str, int]:

@@ -18,7 +18,9 @@ import attnscope
 from attnscope import _hotpath, _profile
 from attnscope.testing import capture_spans
 
-from ..helpers import attrs
+from ..helpers import attrs, naive, sdpa
+from ..helpers import children_of as _children
+from ..helpers import traced_spans as _parents
 
 SHAPE = (8, 16, 1024, 64)
 PROFILE = {"profile_rate": 1.0, "profile_max_per_minute": 1000.0}
@@ -34,24 +36,6 @@ def _drain() -> Iterator[None]:
     torch.cuda.synchronize()
     yield
     torch.cuda.synchronize()
-
-
-@attnscope.trace
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return F.scaled_dot_product_attention(q, k, v)
-
-
-@attnscope.trace
-def naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v
-
-
-def _parents(spans: list[Any]) -> list[Any]:
-    return [s for s in spans if "attnscope.tier" in (s.attributes or {})]
-
-
-def _children(spans: list[Any], parent: Any) -> list[Any]:
-    return [s for s in spans if s.parent is not None and s.parent.span_id == parent.context.span_id]
 
 
 @contextlib.contextmanager
