@@ -42,7 +42,6 @@ class Capture:
         "profile",
         "memory",
         "overhead_ns",
-        "thread_id",
     )
 
     def __init__(self) -> None:
@@ -64,7 +63,6 @@ class Capture:
         self.profile: Any = None  # profiler session, parsed by the worker
         self.memory: Any = None  # device memory readings
         self.overhead_ns: int = 0
-        self.thread_id: int = 0
 
     @property
     def wall_ns(self) -> int:

@@ -301,8 +301,8 @@ def _hide_from_dynamo(wrapper: Callable[..., Any], fn: Callable[..., Any]) -> No
 
     Dynamo would otherwise trace the countdown and recompile whenever it changes. Importing
     Dynamo costs about a second, so registration waits until the program has imported it:
-    :func:`register_pending_with_dynamo` runs at decoration, from the worker's loop, and when a
-    slow path finds itself being compiled.
+    :func:`register_pending_with_dynamo` runs at decoration if Dynamo is loaded, else from the
+    import hook in :mod:`._dynamo_watch`, and when a slow path finds itself being compiled.
     """
     from ._dynamo_watch import register_when_dynamo_loads
 

@@ -31,8 +31,8 @@ STASH_MAX_AGE_S = 600.0
 def capture_attributes(cap: Capture, derived: dict[str, Any]) -> dict[str, Any]:
     """The span attributes of one capture (derived = _inspect.derive output + worker findings)."""
     attrs: dict[str, Any] = {}
-    for key, value in cap.site.attributes.items():
-        attrs[key if key.startswith(("attnscope.", "code.", "gen_ai.")) else key] = _clean(value)
+    for key, value in cap.site.attributes.items():  # user attributes, names as given
+        attrs[key] = _clean(value)
     attrs[P + "tier"] = TIER_NAMES.get(cap.tier, "timing")
     attrs[P + "sample_rate"] = float(cap.sample_rate)
     for key, value in derived.items():

@@ -22,7 +22,7 @@ from ._capture import Capture
 from ._spans import SpanBuilder, capture_attributes
 from ._timing import Resolver
 
-__all__ = ["Worker", "submit", "flush", "shutdown", "get", "stats", "reset"]
+__all__ = ["Worker", "submit", "flush", "shutdown", "get", "stats"]
 
 _IDLE_WAIT_S = 0.05
 _BUSY_WAIT_S = 0.002
@@ -68,8 +68,6 @@ class Worker:
 
     # -- worker thread ---------------------------------------------------------------------------
     def _run(self) -> None:
-        from ._hotpath import register_pending_with_dynamo
-
         try:
             pipeline = self._build(self._cfg)
             self.builder = SpanBuilder(pipeline.tracer, self._cfg.max_spans_per_trace,
@@ -80,7 +78,6 @@ class Worker:
         _profile.on_worker_start()  # the profiler's first-use cost lands here, not on a user's call
         while True:
             worked = self._step()
-            register_pending_with_dynamo()
             if self._stop.is_set() and not self.queue:
                 break
             if not worked:
@@ -139,9 +136,6 @@ class Worker:
             _safety.internal_error("worker", exc)
         finally:
             self.processed += 1
-
-    def idle(self) -> bool:
-        return not self.queue and not len(self.resolver) and self.processed >= self.submitted - self.dropped_queue
 
     def wait_idle(self, deadline: float) -> bool:
         target = self.submitted
@@ -254,11 +248,6 @@ def stats() -> dict[str, int]:
         "pending": len(worker.queue) + len(worker.resolver) + worker.builder.pending(),
         "worker_errors": worker.worker_errors,
     }
-
-
-def reset() -> None:
-    """Stop the worker without waiting (tests, reconfiguration)."""
-    shutdown(timeout_s=5.0)
 
 
 def _after_fork_in_child() -> None:
