@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any as _Any
 
-from ._api import Span, configure, flush, shutdown, span, stats, trace
+from ._api import configure, flush, sampling, shutdown, stats, step, trace
 from ._config import Config
-from ._instrument import instrument, register_attention, uninstrument
-from ._sampling import sampling, step
 from ._version import __version__
-from .integrations.sdpa import instrument_sdpa, uninstrument_sdpa
+from .capture.block import Span, span
+from .instrument.model import instrument, instrumented_modules, register_attention, uninstrument
+from .instrument.sdpa import instrument_sdpa, uninstrument_sdpa
 
 __all__ = [
     "Config",
@@ -19,6 +19,7 @@ __all__ = [
     "flush",
     "instrument",
     "instrument_sdpa",
+    "instrumented_modules",
     "rank",
     "register_attention",
     "sampling",
@@ -36,7 +37,7 @@ __all__ = [
 def __getattr__(name: str) -> _Any:
     # rank and world_size are read when asked: torch.distributed may initialise after import.
     if name in ("rank", "world_size"):
-        from . import _sampling
+        from . import _dist
 
-        return getattr(_sampling, name)()
+        return getattr(_dist, name)()
     raise AttributeError(f"module 'attnscope' has no attribute {name!r}")

@@ -1,68 +1,111 @@
-"""The public entry points: ``trace``, ``span``, ``configure``, ``flush``, ``shutdown``, ``stats``."""
+"""The public entry points: ``configure``, ``trace``, ``flush``, ``shutdown``, ``stats``,
+``sampling`` and ``step`` (``span`` lives in :mod:`attnscope.capture.block`).
+
+This is the one module that knows both sides: it hands the capture side the function that starts
+the worker, and the worker the profiler's warm-up.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
-import threading
-import time
 import warnings
-from collections.abc import Callable
-from types import TracebackType
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar, overload
 
-from . import _config, _hotpath, _safety, _sampling, _worker
-from ._capture import Capture
-from ._sampling import CallSite
+from . import _log, _state
+from ._config import Config, check_rate, from_env, validate
+from ._state import state
+from .capture import profiler, wrapper
+from .capture.sampling import force as _force
+from .worker import loop
 
-__all__ = ["trace", "span", "configure", "flush", "shutdown", "stats", "Span"]
+__all__ = ["configure", "current", "restore", "reset_defaults", "trace", "flush", "shutdown",
+           "stats", "sampling", "step"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# A change to any of these needs a new pipeline, so the running worker is stopped.
 _PIPELINE_FIELDS = ("exporter", "tracer_provider", "service_name", "max_spans_per_trace",
                     "queue_size", "metrics", "meter_provider")
-_applied: _config.Config | None = None
 
 
-def _apply(cfg: _config.Config) -> None:
-    """Push a new configuration to the sampler; restart the worker if its pipeline changed."""
-    global _applied
-    previous, _applied = _applied, cfg
-    _sampling.sampler.apply(cfg)
-    if previous is not None and any(
-        getattr(previous, f) is not getattr(cfg, f) and getattr(previous, f) != getattr(cfg, f)
-        for f in _PIPELINE_FIELDS
-    ):
-        _worker.shutdown(timeout_s=5.0)
+# ---- configuration ---------------------------------------------------------------------------
 
 
-_config.on_change(_apply)
+def _warn(key: str, message: str, fields: dict[str, Any]) -> None:
+    _log.warn_once(key, message, **fields)
 
 
-def configure(
-    *,
-    service_name: str | None = None,
-    sample_rate: float | None = None,
-    exporter: Any = None,
-    tracer_provider: Any = None,
-    enabled: bool | None = None,
-    **settings: Any,
-) -> _config.Config:
+def current() -> Config:
+    """The effective configuration; built from the environment on first use (never raises)."""
+    cfg = state.config
+    if cfg is None:
+        with state.config_lock:
+            if state.config is None:
+                _set(from_env(strict=False, warn=_warn))
+            cfg = state.config
+    assert cfg is not None  # for mypy: _set always assigns
+    return cfg
+
+
+def configure(**settings: Any) -> Config:
     """Set attnscope's configuration; unset arguments keep their current (or environment) value.
 
     Raises ``ValueError`` naming the setting when a value is invalid. See docs/configuration.md
     for every setting and its environment variable.
     """
-    return _config.configure(
-        service_name=service_name, sample_rate=sample_rate, exporter=exporter,
-        tracer_provider=tracer_provider, enabled=enabled, **settings,
-    )
+    unknown = set(settings) - {f.name for f in dataclasses.fields(Config)}
+    if unknown:
+        raise ValueError(f"attnscope: unknown setting(s): {', '.join(sorted(unknown))}")
+    given = {k: v for k, v in settings.items() if v is not None}
+    with state.config_lock:
+        base = state.config if state.config is not None else from_env(strict=True)
+        cfg = validate(dataclasses.replace(base, **given))
+        _set(cfg)
+        return cfg
+
+
+def restore(cfg: Config) -> None:
+    """Put back a configuration returned by :func:`current` (tests, ``capture_spans``)."""
+    with state.config_lock:
+        _set(cfg)
+
+
+def reset_defaults() -> None:
+    """Stop the worker and forget all state; the next use reads the environment again (tests)."""
+    loop.shutdown(timeout_s=5.0)
+    _state.reset()
+
+
+def _set(cfg: Config) -> None:
+    """Apply ``cfg``: the sampler takes it; a running worker whose pipeline changed stops."""
+    previous, state.applied = state.applied, cfg
+    state.config = cfg
+    state.sampler.apply(cfg)
+    if previous is not None and any(
+        getattr(previous, f) is not getattr(cfg, f) and getattr(previous, f) != getattr(cfg, f)
+        for f in _PIPELINE_FIELDS
+    ):
+        loop.shutdown(timeout_s=5.0)
+
+
+def _start_worker() -> loop.Worker:
+    return loop.start(current(), on_start=profiler.on_worker_start)
+
+
+_state.set_worker_starter(_start_worker)
+
+
+# ---- trace -----------------------------------------------------------------------------------
 
 
 def _checked_rate(sample_rate: Any, where: str) -> float | None:
     if sample_rate is None:
         return None
     try:
-        return _config._check_rate("sample_rate", sample_rate)
+        return check_rate("sample_rate", sample_rate)
     except ValueError as exc:
         warnings.warn(f"{exc} (in {where}); using the configured rate", UserWarning, stacklevel=3)
         return None
@@ -103,8 +146,8 @@ def trace(
             raise TypeError(f"attnscope.trace expects a callable, got {func!r}")
         if getattr(func, "__attnscope_site__", None) is not None:
             return func  # already traced: one wrapper is enough
-        site = _hotpath.make_site(func, name, rate, attributes)
-        wrapped = _hotpath.wrap(func, site)
+        site = wrapper.make_site(func, name, rate, attributes)
+        wrapped = wrapper.wrap(func, site)
         wrapped.__attnscope_site__ = site  # type: ignore[attr-defined]
         return wrapped
 
@@ -113,90 +156,45 @@ def trace(
     return decorate
 
 
-# ---- span() ------------------------------------------------------------------------------------
-
-_SPAN_SITES_MAX = 10_000
-_span_sites: dict[str, CallSite] = {}
-_span_sites_lock = threading.Lock()
+# ---- sampling control --------------------------------------------------------------------------
 
 
-def _span_site(name: str) -> CallSite:
-    site = _span_sites.get(name)
-    if site is not None:
-        return site
-    with _span_sites_lock:
-        site = _span_sites.get(name)
-        if site is None:
-            if len(_span_sites) >= _SPAN_SITES_MAX:
-                _safety.warn_once("span-names", "attnscope: too many distinct span() names; "
-                                  "later ones share one sampling state", limit=_SPAN_SITES_MAX)
-                return _span_sites.setdefault("\x00overflow", CallSite("span:\x00overflow", name))
-            site = CallSite(key="span:" + name, name=name, param_names=(), kind="block")
-            _sampling.sampler.register(site)
-            _span_sites[name] = site
-        return site
+@contextmanager
+def sampling(force: bool = True, profile: bool = False) -> Iterator[None]:
+    """Force (``force=True``) or suppress (``force=False``) capture of every call in the block.
+
+    ``profile=True`` also asks for the profile tier, still limited by ``profile_max_per_minute``.
+    """
+    token = _force.set((bool(force), bool(profile)))
+    sampler = state.sampler
+    sampler.force_enter()
+    try:
+        yield
+    finally:
+        sampler.force_exit()
+        _force.reset(token)
 
 
-class Span:
-    """The block returned by :func:`span`; add attributes known only inside it with :meth:`set`."""
+class _Step:
+    """Declares the current step; usable as a plain call or a context manager."""
 
-    __slots__ = ("_site", "_name", "_sample", "_extra", "_cap", "_token", "_t_enter")
+    def __init__(self, step_no: int | None) -> None:
+        self._previous = state.sampler.step_no
+        state.sampler.set_step(step_no)
 
-    def __init__(self, name: str, sample: bool | None, extra: dict[str, Any]) -> None:
-        self._name = name
-        self._site = _span_site(name)
-        self._sample = sample
-        self._extra = extra
-        self._cap: Capture | None = None
-        self._token: Any = None
-        self._t_enter = 0
-
-    @property
-    def recording(self) -> bool:
-        """True when this block is being captured."""
-        return self._cap is not None
-
-    def set(self, **attributes: Any) -> None:
-        """Add attributes (e.g. ``tokens=``) to the span if this block is captured."""
-        if self._cap is not None:
-            self._extra.update(attributes)
-
-    def __enter__(self) -> Span:
-        site = self._site
-        if self._sample is None:
-            site.countdown -= 1
-            if site.countdown > 0:
-                return self
-        self._t_enter = time.perf_counter_ns()
-        cap = _hotpath.open_capture(site, (), {}, self._sample, self._extra)
-        if cap is not None:
-            cap.name = self._name
-            self._token = _hotpath._current.set(cap.capture_id)
-            self._cap = cap
+    def __enter__(self) -> _Step:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        cap, self._cap = self._cap, None
-        if cap is not None:
-            _hotpath._close(self._site, cap, self._token, exc, self._t_enter)
-        return None
+    def __exit__(self, *exc: object) -> None:
+        state.sampler.set_step(self._previous)
 
 
-def span(name: str, *, tokens: int | None = None, sample: bool | None = None,
-         attributes: dict[str, Any] | None = None) -> Span:
-    """A traced block: ``with attnscope.span("decode-step", tokens=128): ...``.
-
-    ``sample=True`` always captures the block, ``False`` never; None follows the configured rate.
-    ``tokens`` is recorded as ``attnscope.tokens`` (and drives ``attnscope.tokens_per_s``).
-    """
-    extra: dict[str, Any] = dict(attributes or {})
-    if tokens is not None:
-        extra["tokens"] = tokens
-    if not isinstance(name, str) or not name:
-        warnings.warn(f"attnscope.span needs a non-empty name, got {name!r}", UserWarning, stacklevel=2)
-        name = str(name) or "attnscope.span"
-    return Span(name, sample, extra)
+def step(n: int | None) -> _Step:
+    """Declare the current step so sampling is consistent across processes (None: no step)."""
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int)):
+        _log.warn_once("step-type", "attnscope.step() expects an int; ignored", value=repr(n))
+        n = None
+    return _Step(n)
 
 
 # ---- lifecycle ------------------------------------------------------------------------------------
@@ -205,24 +203,24 @@ def span(name: str, *, tokens: int | None = None, sample: bool | None = None,
 def flush(timeout_s: float = 5.0) -> bool:
     """Export everything captured so far; False if ``timeout_s`` ran out first. Never raises."""
     try:
-        return _worker.flush(timeout_s)
+        return loop.flush(timeout_s)
     except Exception as exc:
-        _safety.internal_error("flush", exc)
+        _log.internal_error("flush", exc)
         return False
 
 
 def shutdown(timeout_s: float = 5.0) -> bool:
     """Flush and stop the worker (also done at exit); a later traced call starts a new one."""
     try:
-        return _worker.shutdown(timeout_s)
+        return loop.shutdown(timeout_s)
     except Exception as exc:
-        _safety.internal_error("shutdown", exc)
+        _log.internal_error("shutdown", exc)
         return False
 
 
 def stats() -> dict[str, Any]:
     """Live numbers: configured and effective rates, measured overhead, span and drop counts."""
-    s = _sampling.sampler
+    s = state.sampler
     out: dict[str, Any] = {
         "sample_rate": s.rate,
         "effective_sample_rate": s.effective_rate,
@@ -230,21 +228,16 @@ def stats() -> dict[str, Any]:
         "effective_profile_rate": s.effective_profile_rate,
         "overhead_budget": s.budget.budget,
         "overhead_ratio": s.budget.last_ratio,
-        "sampled": s.stats_sampled,
-        "profile_granted": s.stats_profiled,
-        "internal_errors": _safety.error_count(),
+        "sampled": s.sampled,
+        "profile_granted": s.profile_granted,
+        "internal_errors": _log.error_count(),
     }
-    out.update(_worker.stats())
-    try:
-        from . import _profile
-
-        # "profiled": calls that really ran under the profiler; "profile_skipped_<reason>": calls
-        # granted the profile tier that were timed instead.
-        out.update({k if k == "profiled" else "profile_" + k: v for k, v in _profile.stats().items()})
-    except Exception as exc:
-        _safety.internal_error("stats", exc)
+    out.update(loop.stats())
+    # "profiled": calls that really ran under the profiler; "profile_skipped_<reason>": calls
+    # granted the profile tier that were timed instead.
+    out.update({k if k == "profiled" else "profile_" + k: v for k, v in profiler.stats().items()})
     return out
 
 
 # Read the environment now (never raising), so the sampler starts with it.
-_config.current()
+current()

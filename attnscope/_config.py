@@ -1,9 +1,9 @@
-"""Configuration and the one home of attnscope's global state.
+"""The frozen, validated :class:`Config` and its environment variables.
 
-``configure()`` merges keyword arguments over ``ATTNSCOPE_*`` / ``OTEL_*`` environment variables
-and only overrides what it is given on later calls. Invalid values raise ``ValueError`` naming the
-setting; the implicit configuration made on first use warns and falls back instead, because it
-runs inside a user's call.
+Pure values and parsing, no state: the current configuration lives in :mod:`attnscope._state`
+and changes through :func:`attnscope.configure`. Invalid values raise ``ValueError`` naming the
+setting; ``from_env(strict=False)`` (the implicit configuration made on first use, inside a
+user's call) reports them through ``warn`` and falls back instead.
 """
 
 from __future__ import annotations
@@ -11,25 +11,23 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Union
-
-from . import _safety
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import TracerProvider
 
-__all__ = [
-    "Config", "configure", "current", "from_env", "generation", "on_change", "restore", "reset_defaults",
-]
+__all__ = ["Config", "EXPORTER_NAMES", "EXPORTER_PREFIXES", "Warn", "check_rate", "from_env",
+           "validate"]
 
 ExporterSetting = Union[str, "SpanExporter"]
 
-_EXPORTER_NAMES = ("otlp", "otlp-grpc", "otlp-http", "console", "none")
-_EXPORTER_PREFIXES = ("jaeger-json:", "otlp-json:")
+EXPORTER_NAMES = ("otlp", "otlp-grpc", "otlp-http", "console", "none")
+EXPORTER_PREFIXES = ("jaeger-json:", "otlp-json:")
+# (key, message, fields): how a non-strict parse reports a value it skipped.
+Warn = Callable[[str, str, dict[str, Any]], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +83,7 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
 }
 
 
-def _check_rate(name: str, value: Any) -> float:
+def check_rate(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"attnscope: {name} must be a number in [0, 1], got {value!r}")
     if math.isnan(value) or not 0.0 <= value <= 1.0:
@@ -104,12 +102,12 @@ def _check_exporter(value: Any) -> ExporterSetting | None:
         return None
     if isinstance(value, str):
         name = value.strip()
-        if name.lower() in _EXPORTER_NAMES:
+        if name.lower() in EXPORTER_NAMES:
             return name.lower()
-        if any(name.startswith(p) and len(name) > len(p) for p in _EXPORTER_PREFIXES):
+        if any(name.startswith(p) and len(name) > len(p) for p in EXPORTER_PREFIXES):
             return name
         raise ValueError(
-            f"attnscope: exporter must be one of {', '.join(_EXPORTER_NAMES)}, "
+            f"attnscope: exporter must be one of {', '.join(EXPORTER_NAMES)}, "
             f"'jaeger-json:PATH', 'otlp-json:PATH' or a SpanExporter, got {value!r}"
         )
     if hasattr(value, "export") and hasattr(value, "shutdown"):
@@ -117,14 +115,14 @@ def _check_exporter(value: Any) -> ExporterSetting | None:
     raise ValueError(f"attnscope: exporter must be a name or a SpanExporter, got {value!r}")
 
 
-def _validate(cfg: Config) -> Config:
+def validate(cfg: Config) -> Config:
     if not isinstance(cfg.service_name, str) or not cfg.service_name:
         raise ValueError(f"attnscope: service_name must be a non-empty string, got {cfg.service_name!r}")
     if not isinstance(cfg.enabled, bool):
         raise ValueError(f"attnscope: enabled must be a bool, got {cfg.enabled!r}")
-    _check_rate("sample_rate", cfg.sample_rate)
-    _check_rate("profile_rate", cfg.profile_rate)
-    _check_rate("overhead_budget", cfg.overhead_budget)
+    check_rate("sample_rate", cfg.sample_rate)
+    check_rate("profile_rate", cfg.profile_rate)
+    check_rate("overhead_budget", cfg.overhead_budget)
     if cfg.overhead_budget == 0.0:
         raise ValueError("attnscope: overhead_budget must be > 0 (use enabled=False to turn off)")
     ppm = cfg.profile_max_per_minute
@@ -158,8 +156,9 @@ def _validate(cfg: Config) -> Config:
     )
 
 
-def from_env(environ: Mapping[str, str] | None = None, *, strict: bool = True) -> Config:
-    """Defaults overlaid with the environment. ``strict=False`` warns and skips bad values."""
+def from_env(environ: Mapping[str, str] | None = None, *, strict: bool = True,
+             warn: Warn | None = None) -> Config:
+    """Defaults overlaid with the environment. ``strict=False`` skips bad values, telling ``warn``."""
     env = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     service = env.get("OTEL_SERVICE_NAME", "").strip()
@@ -174,22 +173,24 @@ def from_env(environ: Mapping[str, str] | None = None, *, strict: bool = True) -
         except ValueError as exc:
             if strict:
                 raise ValueError(f"attnscope: {var}={raw!r} is invalid: {exc}") from None
-            _safety.warn_once("env:" + var, "attnscope: ignoring invalid environment value",
-                              variable=var, value=raw)
+            if warn is not None:
+                warn("env:" + var, "attnscope: ignoring invalid environment value",
+                     {"variable": var, "value": raw})
     if _parse_env_bool(env.get("OTEL_SDK_DISABLED")):
         values["enabled"] = False
     cfg = Config()
     for field, value in values.items():
         try:
-            cfg = _validate(dataclasses.replace(cfg, **{field: value}))
+            cfg = validate(dataclasses.replace(cfg, **{field: value}))
         except ValueError:
             if strict:
                 var = _ENV[field][0] if field in _ENV else field
                 raise ValueError(
                     f"attnscope: environment variable {var}={value!r} is invalid for {field}"
                 ) from None
-            _safety.warn_once("env:" + field, "attnscope: ignoring invalid environment value",
-                              setting=field, value=value)
+            if warn is not None:
+                warn("env:" + field, "attnscope: ignoring invalid environment value",
+                     {"setting": field, "value": value})
     return cfg
 
 
@@ -200,72 +201,3 @@ def _parse_env_bool(raw: str | None) -> bool:
         return _parse_bool(raw)
     except ValueError:
         return False
-
-
-# ---- global state ------------------------------------------------------------------------------
-
-_lock = threading.RLock()
-_config: Config | None = None
-_generation = 0
-_listeners: list[Callable[[Config], None]] = []
-
-
-def current() -> Config:
-    """The effective configuration; built from the environment on first use (never raises)."""
-    cfg = _config
-    if cfg is None:
-        with _lock:
-            if _config is None:
-                _set(from_env(strict=False))
-            cfg = _config
-    assert cfg is not None  # for mypy: _set always assigns
-    return cfg
-
-
-def generation() -> int:
-    """Bumped on every configuration change, so caches can tell they are stale."""
-    return _generation
-
-
-def configure(**settings: Any) -> Config:
-    """Merge ``settings`` over the current configuration (or the environment's) and apply it."""
-    unknown = set(settings) - {f.name for f in dataclasses.fields(Config)}
-    if unknown:
-        raise ValueError(f"attnscope: unknown setting(s): {', '.join(sorted(unknown))}")
-    given = {k: v for k, v in settings.items() if v is not None}
-    with _lock:
-        base = _config if _config is not None else from_env(strict=True)
-        cfg = _validate(dataclasses.replace(base, **given))
-        _set(cfg)
-        return cfg
-
-
-def _set(cfg: Config) -> None:
-    global _config, _generation
-    _config = cfg
-    _generation += 1
-    for listener in list(_listeners):
-        try:
-            listener(cfg)
-        except Exception as exc:
-            _safety.internal_error("config-listener", exc)
-
-
-def on_change(listener: Callable[[Config], None]) -> None:
-    """Call ``listener(cfg)`` after every configuration change."""
-    with _lock:
-        _listeners.append(listener)
-
-
-def restore(cfg: Config) -> None:
-    """Put back a configuration returned by :func:`current` (tests, ``capture_spans``)."""
-    with _lock:
-        _set(cfg)
-
-
-def reset_defaults() -> None:
-    """Forget configuration; the next use reads the environment again (tests)."""
-    global _config, _generation
-    with _lock:
-        _config = None
-        _generation += 1

@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from . import _config, _safety, _worker
+from . import _api
 
 __all__ = ["capture_spans"]
 
@@ -26,20 +26,19 @@ def capture_spans(**settings: Any) -> Iterator[list[ReadableSpan]]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    previous = _config.current()
+    previous = _api.current()
     chosen: dict[str, Any] = {"sample_rate": 1.0, "warmup_calls": 0, "overhead_budget": 1.0,
                               "profile_rate": 0.0, "enabled": True}
     chosen.update(settings)
     chosen["tracer_provider"] = provider
-    _worker.shutdown(timeout_s=5.0)
-    _config.configure(**chosen)
+    _api.shutdown(timeout_s=5.0)
+    _api.configure(**chosen)
     spans: list[ReadableSpan] = []
     try:
         yield spans
     finally:
-        _worker.flush(timeout_s=10.0)
+        _api.flush(timeout_s=10.0)
         spans.extend(exporter.get_finished_spans())
-        _worker.shutdown(timeout_s=5.0)
-        _config.restore(previous)
+        _api.shutdown(timeout_s=5.0)
+        _api.restore(previous)
         provider.shutdown()
-        _safety.reset()

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 import attnscope
-from attnscope import _worker
+from attnscope.worker import loop as _worker
 
 
 class Discard(SpanExporter):

@@ -35,7 +35,8 @@ import torch
 import torch.nn.functional as F
 
 import attnscope
-from attnscope import _profile
+from attnscope._state import state
+from attnscope.capture import profiler as _profile
 from attnscope.testing import capture_spans
 
 _COLD_SNIPPET = """
@@ -84,19 +85,20 @@ def cold_reference(shape: tuple[int, ...], device: str, dtype: str) -> tuple[flo
 
 
 class _OwnCost:
-    """Collects attnscope's own calling-thread time per sampled call (``Capture.overhead_ns``)."""
+    """Collects attnscope's own calling-thread time per sampled call (what the overhead budget
+    is charged with)."""
 
     def __init__(self) -> None:
-        from attnscope import _hotpath
+        from attnscope.capture.sampling import OverheadBudget
 
         self.values: list[int] = []
-        real = _hotpath._account
+        real = OverheadBudget.add
 
-        def account(cap: Any, t_enter: int, t_exit: int) -> None:
-            real(cap, t_enter, t_exit)
-            self.values.append(cap.overhead_ns)
+        def add(budget: OverheadBudget, own_ns: int, wall_ns: int, rate: float) -> None:
+            self.values.append(own_ns)
+            real(budget, own_ns, wall_ns, rate)
 
-        _hotpath._account = account  # type: ignore[assignment]
+        OverheadBudget.add = add  # type: ignore[method-assign]
 
     def take(self) -> list[int]:
         out, self.values = self.values, []
@@ -131,7 +133,7 @@ def first_profiled(q: torch.Tensor, device: str, later_n: int) -> dict[str, Any]
         first_sampled = _timed(traced, device)  # starts the worker, which warms the profiler up
     first_sampled_own = own.take()[0]
     t0 = time.perf_counter()
-    while not _profile.is_warm(device == "cuda") and time.perf_counter() - t0 < 60:
+    while not (state.profiler.warm_cuda if device == "cuda" else state.profiler.warm_cpu) and time.perf_counter() - t0 < 60:
         if device == "cuda":
             _profile.warm_up_async(cuda=True)  # the worker warms CUDA only once CUDA is initialised
         time.sleep(0.005)

@@ -16,29 +16,25 @@ _OURS = ("ATTNSCOPE_", "OTEL_")
 
 @pytest.fixture(autouse=True)
 def _clean_attnscope(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    from attnscope import _config, _safety, _worker
+    from attnscope import _api
 
     for var in list(os.environ):
         if var.startswith(_OURS) and var not in ("ATTNSCOPE_EXPORTER", "ATTNSCOPE_METRICS"):
             monkeypatch.delenv(var, raising=False)
-    _worker.shutdown(timeout_s=5.0)
-    _config.reset_defaults()
-    _config.current()
-    _safety.reset()
+    _api.reset_defaults()  # stops the worker, resets every piece of attnscope's state
+    _api.current()
     yield
-    _worker.shutdown(timeout_s=5.0)
-    _config.reset_defaults()
-    _config.current()
-    _safety.reset()
+    _api.reset_defaults()
+    _api.current()
 
 
 @pytest.fixture
 def bare_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No OTEL_*/ATTNSCOPE_* variables at all, not even the suite's exporter/metrics defaults."""
-    from attnscope import _config
+    from attnscope import _api
 
     for var in list(os.environ):
         if var.startswith(_OURS):
             monkeypatch.delenv(var, raising=False)
-    _config.reset_defaults()
+    _api.reset_defaults()
     yield

@@ -7,7 +7,7 @@ import math
 import pytest
 
 import attnscope
-from attnscope import _config
+from attnscope import _api, _config
 
 
 @pytest.mark.parametrize(
@@ -44,8 +44,8 @@ def test_environment_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ATTNSCOPE_WARMUP_CALLS", "0")
     monkeypatch.setenv("ATTNSCOPE_PROFILE_MAX_PER_MINUTE", "7")
     monkeypatch.setenv("OTEL_SERVICE_NAME", "inference")
-    _config.reset_defaults()
-    cfg = _config.current()
+    _api.reset_defaults()
+    cfg = _api.current()
     assert (cfg.sample_rate, cfg.warmup_calls, cfg.profile_max_per_minute) == (0.5, 0, 7.0)
     assert cfg.service_name == "inference"
     # keyword arguments win over the environment
@@ -61,11 +61,11 @@ def test_defaults() -> None:
 
 def test_bad_environment_raises_in_configure_but_not_on_first_use(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ATTNSCOPE_SAMPLE_RATE", "lots")
-    _config.reset_defaults()
+    _api.reset_defaults()
     with pytest.raises(ValueError, match="ATTNSCOPE_SAMPLE_RATE"):
         attnscope.configure(service_name="x")
-    _config.reset_defaults()
-    assert _config.current().sample_rate == 0.01  # implicit configuration falls back
+    _api.reset_defaults()
+    assert _api.current().sample_rate == 0.01  # implicit configuration falls back
 
     @attnscope.trace
     def f(x: int) -> int:
@@ -76,7 +76,7 @@ def test_bad_environment_raises_in_configure_but_not_on_first_use(monkeypatch: p
 
 def test_out_of_range_environment_value(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ATTNSCOPE_SAMPLE_RATE", "3")
-    _config.reset_defaults()
+    _api.reset_defaults()
     with pytest.raises(ValueError, match="sample_rate"):
         attnscope.configure()
 

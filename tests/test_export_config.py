@@ -16,7 +16,9 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
 import attnscope
-from attnscope import _config, _provider
+from attnscope import _config
+from attnscope.export import destinations as _destinations
+from attnscope.export import pipeline as _provider
 from tests.e2e.otlp_fakes import GRPCCollector, HTTPCollector
 
 
@@ -58,7 +60,7 @@ def test_make_exporter_honours_the_protocol(
 ) -> None:
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    exporter = _provider.make_exporter(name)
+    exporter = _destinations.make_exporter(name)
     try:
         assert type(exporter) is expected
     finally:
@@ -67,7 +69,7 @@ def test_make_exporter_honours_the_protocol(
 
 
 def test_none_exporter_means_no_exporter() -> None:
-    assert _provider.make_exporter("none") is None
+    assert _destinations.make_exporter("none") is None
 
 
 @pytest.mark.parametrize(
@@ -91,7 +93,7 @@ def test_otel_traces_exporter_picks_ours_when_the_app_has_no_provider(
 def test_otlp_exporters_read_the_standard_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "3")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://collector.internal:4318/x")
-    exporter = _provider.make_exporter("otlp-http")
+    exporter = _destinations.make_exporter("otlp-http")
     assert isinstance(exporter, HTTPExporter)
     # attnscope passes nothing: every setting comes from the environment (private attributes:
     # where the SDK keeps them moves between releases).
@@ -101,7 +103,7 @@ def test_otlp_exporters_read_the_standard_variables(monkeypatch: pytest.MonkeyPa
     exporter.shutdown()
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-    grpc_exporter = _provider.make_exporter("otlp")
+    grpc_exporter = _destinations.make_exporter("otlp")
     assert isinstance(grpc_exporter, GRPCExporter)
     assert grpc_exporter._endpoint == "127.0.0.1:9" and grpc_exporter._timeout == 3
     grpc_exporter.shutdown()
@@ -111,7 +113,7 @@ def test_otlp_exporters_read_the_standard_variables(monkeypatch: pytest.MonkeyPa
 
 
 def test_resource_carries_service_host_process_versions_and_rank() -> None:
-    attrs = _provider.resource(_config.Config(service_name="trainer")).attributes
+    attrs = _destinations.resource(_config.Config(service_name="trainer")).attributes
     assert attrs["service.name"] == "trainer"
     assert attrs["host.name"] == socket.gethostname()
     assert attrs["process.pid"] == os.getpid()
@@ -140,7 +142,7 @@ def test_service_name_precedence(
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     cfg = attnscope.configure(service_name=configured)
-    assert _provider.resource(cfg).attributes["service.name"] == expected
+    assert _destinations.resource(cfg).attributes["service.name"] == expected
 
 
 def test_otel_resource_attributes_are_added_and_override_detected_ones(
@@ -148,7 +150,7 @@ def test_otel_resource_attributes_are_added_and_override_detected_ones(
 ) -> None:
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES",
                        "deployment.environment=staging,host.name=node-7,team=ml%20infra")
-    attrs = _provider.resource(_config.Config()).attributes
+    attrs = _destinations.resource(_config.Config()).attributes
     assert attrs["deployment.environment"] == "staging"
     assert attrs["host.name"] == "node-7"
     assert attrs["team"] == "ml infra"

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 import attnscope.exporters
-from attnscope.exporters.jaeger_json import JaegerJSONFileExporter
+from attnscope.exporters import JaegerJSONFileExporter
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 HEX16 = re.compile(r"^[0-9a-f]{16}$")

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import attnscope
-from attnscope._inspect import attention_flops, causal_pairs, count_tokens, derive, summarize
+from attnscope.capture.args import summarize
+from attnscope.worker.derive import attention_flops, causal_pairs, count_tokens, derive
 from attnscope.testing import capture_spans
 from tests.helpers import attrs, brute_force_flops
 

@@ -15,8 +15,9 @@ import torch
 from torch import nn
 
 import attnscope
-from attnscope import _inspect
-from attnscope._instrument import instrumented_modules
+from attnscope import instrumented_modules
+from attnscope._state import state
+from attnscope.worker import derive as _inspect
 from attnscope.testing import capture_spans
 
 
@@ -71,12 +72,10 @@ class TinyModel(nn.Module):
 
 @pytest.fixture(autouse=True)
 def _clean_registry() -> Any:
-    from attnscope import _instrument
-
-    saved = dict(_instrument._registry)
+    saved = dict(state.attention_registry)
     yield
-    _instrument._registry.clear()
-    _instrument._registry.update(saved)
+    state.attention_registry.clear()
+    state.attention_registry.update(saved)
 
 
 def test_one_span_per_layer_with_path_index_class_and_exact_flops() -> None:
@@ -219,7 +218,7 @@ def test_not_sampled_calls_pass_through_and_user_errors_propagate() -> None:
 
 
 def test_extractor_errors_are_internal_and_the_call_proceeds() -> None:
-    from attnscope import _safety
+    from attnscope import _log
 
     class Weird(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -234,7 +233,7 @@ def test_extractor_errors_are_internal_and_the_call_proceeds() -> None:
     with capture_spans() as spans:
         for _ in range(7):
             assert torch.equal(m(torch.ones(2)), torch.full((2,), 2.0))
-        errors = _safety.error_count("extract")
+        errors = _log.error_count("extract")
     # the first calls still get a span (without attention facts); then the site switches itself off
     assert errors == 5 and len(spans) == 5
     assert all("attnscope.flops" not in s.attributes for s in spans)
@@ -401,7 +400,7 @@ def test_attnscope_does_not_import_transformers() -> None:
         "import sys, attnscope, torch; m = torch.nn.Transformer(d_model=8, nhead=2, "
         "num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=8); attnscope.instrument(m); "
         "assert 'transformers' not in sys.modules, 'imported'; print(len("
-        "attnscope._instrument.instrumented_modules(m)))"
+        "attnscope.instrumented_modules(m)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

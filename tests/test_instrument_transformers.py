@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import attnscope
-from attnscope._instrument import instrumented_modules
+from attnscope import instrumented_modules
 from attnscope.testing import capture_spans
 
 transformers = pytest.importorskip("transformers")
@@ -403,14 +403,15 @@ def test_static_cache_generate_counts_against_the_filled_part_of_the_buffer() ->
 
 
 def test_output_tokens_stop_at_each_rows_first_eos() -> None:
-    from attnscope import _inspect
+    from attnscope.capture.record import MODEL_KEY, ModelFacts
+    from attnscope.worker.derive import derive
 
-    facts = _inspect.ModelFacts(2, 3)
+    facts = ModelFacts(2, 3)
     facts.generate = True
     facts.eos = (2,)
     facts.mask = torch.tensor([[1, 1, 1], [0, 1, 1]])
     facts.output = torch.tensor([[7, 7, 7, 4, 2, 0, 0], [0, 7, 7, 4, 5, 6, 2]])
-    out = _inspect.derive([(_inspect.MODEL_KEY, facts)])
+    out = derive([(MODEL_KEY, facts)])
     assert out["gen_ai.usage.input_tokens"] == 5
     assert out["gen_ai.usage.output_tokens"] == 2 + 4
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import attnscope
-from attnscope import _memory, _profile
+from attnscope.capture import device, profiler
+from attnscope.worker import loop
 from attnscope.testing import capture_spans
 
 from .helpers import attrs
@@ -39,10 +40,10 @@ class FakeAllocator:
 def test_user_peak_statistics_are_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     alloc = FakeAllocator(allocated=10 * MIB, peak=50 * MIB)
     alloc.install(monkeypatch)
-    mem = _memory.cuda_before("cuda:0", reset_peak=False)
+    mem = device.memory_before("cuda:0", reset_peak=False)
     alloc.alloc(3 * MIB)
     alloc.alloc(-2 * MIB)
-    _memory.cuda_after(mem)
+    device.memory_after(mem)
     assert alloc.resets == 0 and alloc.peak == 50 * MIB
     assert mem.delta_bytes == 1 * MIB
     assert mem.peak_bytes is None  # hidden under the older 50 MiB peak: not claimed
@@ -51,10 +52,10 @@ def test_user_peak_statistics_are_left_alone(monkeypatch: pytest.MonkeyPatch) ->
 def test_new_process_peak_gives_the_calls_peak(monkeypatch: pytest.MonkeyPatch) -> None:
     alloc = FakeAllocator(allocated=10 * MIB, peak=12 * MIB)
     alloc.install(monkeypatch)
-    mem = _memory.cuda_before("cuda:0", reset_peak=False)
+    mem = device.memory_before("cuda:0", reset_peak=False)
     alloc.alloc(8 * MIB)
     alloc.alloc(-8 * MIB)
-    _memory.cuda_after(mem)
+    device.memory_after(mem)
     assert mem.peak_bytes == 8 * MIB
     assert mem.delta_bytes == 0
 
@@ -62,15 +63,15 @@ def test_new_process_peak_gives_the_calls_peak(monkeypatch: pytest.MonkeyPatch) 
 def test_reset_when_configured(monkeypatch: pytest.MonkeyPatch) -> None:
     alloc = FakeAllocator(allocated=10 * MIB, peak=50 * MIB)
     alloc.install(monkeypatch)
-    mem = _memory.cuda_before("cuda:0", reset_peak=True)
+    mem = device.memory_before("cuda:0", reset_peak=True)
     alloc.alloc(1 * MIB)
-    _memory.cuda_after(mem)
+    device.memory_after(mem)
     assert alloc.resets == 1
     assert mem.peak_bytes == 1 * MIB
 
 
 def test_host_rss() -> None:
-    rss = _memory.host_rss_bytes()
+    rss = loop._host_rss_bytes()
     assert isinstance(rss, int) and rss > 0
 
 
@@ -83,7 +84,7 @@ def allocates(q: torch.Tensor, nbytes: int) -> torch.Tensor:
 
 
 def test_profile_tier_memory_peak_of_a_known_buffer() -> None:
-    assert _profile.warm_up()
+    assert profiler.warm_up()
     q = torch.randn(16, 16)
     result_bytes = q.numel() * q.element_size()
     with capture_spans(profile_rate=1.0, profile_max_per_minute=1000.0) as spans:

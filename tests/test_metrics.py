@@ -18,8 +18,12 @@ from opentelemetry.sdk.metrics.export import (
 )
 
 import attnscope
-from attnscope import _config, _metrics, _provider, _safety, _worker
-from attnscope._capture import Capture
+from types import SimpleNamespace
+
+from attnscope import _config, _log
+from attnscope._state import state
+from attnscope.export import metrics as _metrics
+from attnscope.export import pipeline as _provider
 from attnscope.testing import capture_spans
 
 
@@ -75,41 +79,42 @@ def test_duration_tokens_and_labels(
     duration = metrics["attnscope.attention.duration"]
     assert duration.unit == "s"
     points = {tuple(sorted(p.attributes.items())): p for p in _points(duration)}
-    calls = points[(("attnscope.device", "cpu"), ("attnscope.module", "attention"))]
+    calls = points[(("attnscope.device", "cpu"), ("attnscope.module_class", "attention"))]
     assert calls.count == 5
     walls = [s.attributes["attnscope.wall_ns"] for s in spans if s.name == "attention"]
     assert calls.sum == pytest.approx(sum(walls) / 1e9)
     assert list(calls.explicit_bounds) == list(_metrics.DURATION_BUCKETS_S)
     assert calls.explicit_bounds[0] == 1e-5 and calls.explicit_bounds[-1] == 10.0
-    block = points[(("attnscope.backend", "math"), ("attnscope.module", "decode"),
+    block = points[(("attnscope.backend", "math"), ("attnscope.module_class", "decode"),
                     ("attnscope.phase", "decode"))]
     assert block.count == 1
 
     tokens = metrics["attnscope.attention.tokens"]
     assert tokens.unit == "{token}"
-    by_module = {p.attributes["attnscope.module"]: p.value for p in _points(tokens)}
+    by_module = {p.attributes["attnscope.module_class"]: p.value for p in _points(tokens)}
     assert by_module == {"attention": 5 * 2 * 8, "decode": 3}
 
 
-def _cap(name: str = "site") -> Capture:
-    cap = Capture()
-    cap.name = name
-    return cap
+def _result(attrs: dict[str, Any], name: str = "site") -> Any:
+    """What the recorder reads of a built span (a worker.spans.Result)."""
+    return SimpleNamespace(name=name, attrs=attrs)
 
 
 def test_recorder_weights_prefers_device_time_and_records_memory(
     meter_provider: MeterProvider, reader: InMemoryMetricReader
 ) -> None:
     record = _metrics._instruments_for(meter_provider).record
-    record(_cap(), {"attnscope.wall_ns": 5_000_000, "attnscope.device_ns": 2_000_000,
+    record(_result({"attnscope.wall_ns": 5_000_000, "attnscope.device_ns": 2_000_000,
                     "attnscope.tokens": 10, "attnscope.sample_rate": 0.25,
                     "attnscope.memory.peak_bytes": 3 * 2**20, "attnscope.device": "cuda:0",
-                    "attnscope.module": "LlamaAttention", "attnscope.phase": 7})
+                    "attnscope.module": "model.layers.0.self_attn",
+                    "attnscope.module_class": "LlamaAttention", "attnscope.phase": 7}))
     metrics = _metrics_by_name(reader)
     (duration,) = _points(metrics["attnscope.attention.duration"])
     assert duration.sum == pytest.approx(0.002)  # device time wins over wall time
-    assert dict(duration.attributes) == {"attnscope.module": "LlamaAttention",
-                                         "attnscope.device": "cuda:0"}  # non-string label dropped
+    # the class, not the path (one series per layer); a non-string label is dropped
+    assert dict(duration.attributes) == {"attnscope.module_class": "LlamaAttention",
+                                         "attnscope.device": "cuda:0"}
     (tokens,) = _points(metrics["attnscope.attention.tokens"])
     assert tokens.value == pytest.approx(40.0)  # 10 sampled tokens at rate 1/4
     peak = metrics["attnscope.memory.peak"]
@@ -120,9 +125,9 @@ def test_recorder_weights_prefers_device_time_and_records_memory(
 
 def test_recorder_never_raises(meter_provider: MeterProvider, reader: InMemoryMetricReader) -> None:
     record = _metrics._instruments_for(meter_provider).record
-    record(None, {"attnscope.wall_ns": "not a number", "attnscope.tokens": True})
-    record(_cap(), {})
-    assert _safety.error_count() == 0
+    record(_result({"attnscope.wall_ns": "not a number", "attnscope.tokens": True}))
+    record(_result({}))
+    assert _log.error_count() == 0
 
 
 def test_instruments_are_made_once_per_provider(meter_provider: MeterProvider) -> None:
@@ -134,13 +139,13 @@ def test_dropped_spans_and_internal_errors_are_counted(
 ) -> None:
     # Totals are process-wide (they survive worker restarts): compare with what they were.
     reasons = ("queue_full", "trace_cap", "export_failed", "export_queue_full")
-    baseline = {r: _metrics._totals.current("dropped:" + r) for r in reasons}
+    baseline = {r: _metrics._current_total("dropped:" + r) for r in reasons}
     q = torch.randn(1, 1, 4, 4)
     with capture_spans(meter_provider=meter_provider, max_spans_per_trace=1) as spans:
         with attnscope.span("outer"):
             attention(q, q, q)
             attention(q, q, q)
-        _safety.internal_error("test", RuntimeError("boom"))
+        _log.internal_error("test", RuntimeError("boom"))
         attnscope.flush()
         metrics = _metrics_by_name(reader)
     assert [s.name for s in spans] == ["outer"]
@@ -151,11 +156,11 @@ def test_dropped_spans_and_internal_errors_are_counted(
     before = errors.value
     assert before >= 1
     # Counters never go down when the counts they read restart.
-    _safety.reset()
+    state.errors_by_stage.clear()  # as if the count had restarted
     (errors,) = _points(_metrics_by_name(reader)["attnscope.internal_errors"])
     assert errors.value == before
     for _ in range(before + 2):
-        _safety.internal_error("test", RuntimeError("again"))
+        _log.internal_error("test", RuntimeError("again"))
     (errors,) = _points(_metrics_by_name(reader)["attnscope.internal_errors"])
     assert errors.value == 2 * before + 2
 
@@ -179,10 +184,8 @@ class _ListMetricExporter(MetricExporter):
 def test_skipped_profiles_are_counted_by_reason(
     monkeypatch: pytest.MonkeyPatch, meter_provider: MeterProvider, reader: InMemoryMetricReader
 ) -> None:
-    from attnscope import _profile
-
     counts = {"profiled": 4, "skipped_busy": 0, "skipped_warming": 0}
-    monkeypatch.setattr(_profile, "stats", lambda: dict(counts))
+    monkeypatch.setattr(state.profiler, "counts", counts)
     _metrics._instruments_for(meter_provider)
 
     def skipped() -> dict[str, int]:
@@ -286,7 +289,7 @@ def test_own_meter_provider_is_shut_down_with_the_worker(monkeypatch: pytest.Mon
     q = torch.randn(1, 1, 4, 4)
     attention(q, q, q)
     assert attnscope.flush(timeout_s=5.0)  # the worker builds its pipeline on its own thread
-    worker = _worker.get()
+    worker = state.worker
     assert worker is not None and worker.pipeline.meter_owned
     calls: list[Any] = []
     mp = worker.pipeline.meter_provider
@@ -305,7 +308,7 @@ def test_prometheus_reader_serves_the_histogram(monkeypatch: pytest.MonkeyPatch)
 
     port = free_port()
     monkeypatch.setattr(otel_metrics, "get_meter_provider", otel_metrics.NoOpMeterProvider)
-    monkeypatch.setattr(_metrics, "_prometheus_started", False)
+    monkeypatch.setattr(state, "prometheus_started", False)
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", "prometheus")
     monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_HOST", "127.0.0.1")
     monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_PORT", str(port))
@@ -316,7 +319,7 @@ def test_prometheus_reader_serves_the_histogram(monkeypatch: pytest.MonkeyPatch)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
     assert "attnscope_attention_duration_seconds_bucket{" in text
-    assert 'attnscope_module="attention"' in text
+    assert 'attnscope_module_class="attention"' in text
     # flush() must not make the pull reader queue extra copies of each series.
     assert text.count("attnscope_attention_duration_seconds_count{") == 1
 
@@ -324,13 +327,12 @@ def test_prometheus_reader_serves_the_histogram(monkeypatch: pytest.MonkeyPatch)
 def test_effective_rates_and_overhead_are_gauges(
     meter_provider: MeterProvider, reader: InMemoryMetricReader
 ) -> None:
-    from attnscope import _sampling
 
     q = torch.randn(1, 1, 4, 4)
     with capture_spans(meter_provider=meter_provider, sample_rate=0.5, profile_rate=0.2,
                        overhead_budget=0.01):
-        _sampling.sampler.budget.scale = 0.25  # as if the budget had cut the rates
-        _sampling.sampler.budget.last_ratio = 0.02
+        state.sampler.budget.scale = 0.25  # as if the budget had cut the rates
+        state.sampler.budget.last_ratio = 0.02
         with attnscope.sampling(force=True):  # one capture, so the worker (and metrics) start
             attention(q, q, q)
         attnscope.flush()

@@ -12,8 +12,11 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnscope
-from attnscope import _kernels, _profile
-from attnscope._kernels import RawEvent
+from attnscope._state import state
+from attnscope.capture import profiler as _profile
+from attnscope.capture.record import PROFILE_MARKER
+from attnscope.worker import kernels as _kernels
+from attnscope.worker.kernels import RawEvent
 from attnscope.testing import capture_spans
 
 from .helpers import attrs, naive, sdpa
@@ -28,7 +31,8 @@ Q = torch.randn(2, 4, 64, 32)
 def _warm() -> Iterator[None]:
     assert _profile.warm_up(), "the profiler must warm up on CPU"
     yield
-    assert _profile._active is None and not _profile._lock.locked(), "a session leaked"
+    assert state.profiler.active is None and not state.profiler.session_lock.locked(), \
+        "a session leaked"
 
 
 def _skips() -> dict[str, int]:
@@ -164,7 +168,7 @@ def test_users_profiler_active_skips_gracefully() -> None:
     assert _delta(before, _skips()) == {"skipped_user_profiler": 1}
     names = {e.name for e in user.events()}
     assert "aten::scaled_dot_product_attention" in names  # the user's profile is intact
-    assert _profile.MARKER not in names
+    assert PROFILE_MARKER not in names
     assert torch.equal(out, F.scaled_dot_product_attention(Q, Q, Q))
 
 
@@ -240,7 +244,7 @@ def test_kineto_refusal_falls_back_to_timing(monkeypatch: pytest.MonkeyPatch) ->
     def refuse(*args: Any) -> None:
         raise RuntimeError("kineto says no")
 
-    monkeypatch.setitem(_profile._orig, "enable", refuse)
+    monkeypatch.setitem(state.profiler.entry_points, "enable", refuse)
     before = _skips()
     with capture_spans(**PROFILE) as spans:
         out = sdpa(Q, Q, Q)
@@ -255,8 +259,8 @@ def test_kineto_refusal_falls_back_to_timing(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_cuda_refusal_at_warm_up_leaves_cpu_profiling_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(_profile._broken, True, "RuntimeError('no CUPTI')")
-    monkeypatch.setattr(_profile, "_warm_cuda", True)
+    monkeypatch.setitem(state.profiler.broken, True, "RuntimeError('no CUPTI')")
+    monkeypatch.setattr(state.profiler, "warm_cuda", True)
     before = _skips()
     assert _profile.start(torch.device("cuda", 0)) is None
     assert _delta(before, _skips()) == {"skipped_error": 1}
@@ -267,7 +271,7 @@ def test_cuda_refusal_at_warm_up_leaves_cpu_profiling_on(monkeypatch: pytest.Mon
 
 def test_cold_profiler_times_the_call_and_warms_up_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[Any] = []
-    monkeypatch.setattr(_profile, "_warm_cpu", False)
+    monkeypatch.setattr(state.profiler, "warm_cpu", False)
     monkeypatch.setattr(_profile, "warm_up_async", lambda cuda=None: asked.append(cuda))
     before = _skips()
     with capture_spans(**PROFILE) as spans:
@@ -440,7 +444,7 @@ schedule = torch.profiler.schedule(wait=0, warmup=2, active=1, repeat=1)
 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
                             on_trace_ready=lambda p: got.append(len(p.events()))) as user:
     import attnscope
-    from attnscope import _profile
+    from attnscope.capture import profiler as _profile
     from attnscope.testing import capture_spans
     assert _profile.warm_up() is False  # the user's prepared session is seen
     f = attnscope.trace(lambda q: torch.nn.functional.scaled_dot_product_attention(q, q, q))

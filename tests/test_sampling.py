@@ -16,10 +16,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 import attnscope
-from attnscope import _sampling
-from attnscope._capture import TIER_NONE, TIER_PROFILE, TIER_TIMING
 from attnscope._config import Config
-from attnscope._sampling import CallSite, OverheadBudget, Sampler, TokenBucket, geometric_draw
+from attnscope._state import state
+from attnscope.capture import sampling as _sampling
+from attnscope.capture.record import TIER_NONE, TIER_PROFILE, TIER_TIMING
+from attnscope.capture.sampling import CallSite, OverheadBudget, Sampler, TokenBucket, geometric_draw
 from attnscope.testing import capture_spans
 
 
@@ -233,8 +234,8 @@ def test_effective_rate_goes_on_the_span(monkeypatch: pytest.MonkeyPatch) -> Non
         return x
 
     with capture_spans(sample_rate=1.0, overhead_budget=0.01) as spans:
-        _sampling.sampler.budget.scale = 0.5
-        _sampling.sampler._invalidate()
+        state.sampler.budget.scale = 0.5
+        state.sampler._invalidate()
         for i in range(400):
             f(i)
         attnscope.flush(timeout_s=5)
@@ -303,11 +304,12 @@ _PROCESS = textwrap.dedent(
     """
     import json, sys
     import attnscope
-    from attnscope import _sampling
+    from attnscope._state import state
+    from attnscope.capture import sampling as _sampling
     attnscope.configure(exporter="none", sample_rate=0.1, warmup_calls=0, profile_rate=0.2,
                         profile_max_per_minute=1000, overhead_budget=1.0, seed=int(sys.argv[1]))
     site = _sampling.CallSite("model.layers.3.self_attn", "attn")
-    _sampling.sampler.register(site)
+    state.sampler.register(site)
     picked = []
     for step in range(200):
         attnscope.step(step)
@@ -315,7 +317,7 @@ _PROCESS = textwrap.dedent(
             site.countdown -= 1
             if site.countdown > 0:
                 continue
-            tier, _ = _sampling.decide(site)
+            tier, _ = _sampling.decide(state.sampler, site)
             if tier:
                 picked.append([step, call, tier])
     print(json.dumps(picked))
@@ -348,10 +350,10 @@ def test_rank_and_world_size_from_the_environment(monkeypatch: pytest.MonkeyPatc
 
 def test_step_as_context_manager_restores() -> None:
     with attnscope.step(5):
-        assert _sampling.sampler.step_no == 5
-    assert _sampling.sampler.step_no is None
+        assert state.sampler.step_no == 5
+    assert state.sampler.step_no is None
     attnscope.step(9)
-    assert _sampling.sampler.step_no == 9
+    assert state.sampler.step_no == 9
     attnscope.step(None)
 
 

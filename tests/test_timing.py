@@ -10,8 +10,12 @@ import pytest
 import torch
 
 import attnscope
-from attnscope import _hotpath, _memory, _timing, _worker
-from attnscope._timing import CudaEventPool, DeviceTimer, Resolver
+from attnscope._state import state
+from attnscope.capture import args, device
+from attnscope.capture.device import CudaEventPool, DeviceTimer
+from attnscope.capture.record import DeviceMemory
+from attnscope.worker import loop
+from attnscope.worker.resolve import Resolver
 from attnscope.testing import capture_spans
 
 from .helpers import attrs
@@ -177,21 +181,21 @@ def test_device_timer_elapsed_ns() -> None:
 def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGpu]:
     """Make traced calls look like CUDA calls whose device work finishes when the test says."""
     gpu = FakeGpu()
-    device = torch.device("cuda", 0)
-    monkeypatch.setattr(_hotpath, "_first_device", lambda summary: device)
+    cuda0 = torch.device("cuda", 0)
+    monkeypatch.setattr(args, "first_device", lambda summary: cuda0)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(_hotpath, "_event_pool", CudaEventPool(make_event=lambda: FakeEvent(gpu)))
+    monkeypatch.setattr(state, "event_pool", CudaEventPool(make_event=lambda: FakeEvent(gpu)))
     readings = iter(range(1000))
 
-    def before(dev: Any, reset: bool) -> _memory.DeviceMemory:
-        return _memory.DeviceMemory(dev, 1000, 1000 + next(readings), reset)
+    def before(dev: Any, reset: bool) -> DeviceMemory:
+        return DeviceMemory(dev, 1000, 1000 + next(readings), reset)
 
-    def after(mem: _memory.DeviceMemory) -> None:
+    def after(mem: DeviceMemory) -> None:
         mem.allocated_after = mem.allocated_before + 256
         mem.peak_after = mem.allocated_before + 4096
 
-    monkeypatch.setattr(_memory, "cuda_before", before)
-    monkeypatch.setattr(_memory, "cuda_after", after)
+    monkeypatch.setattr(device, "memory_before", before)
+    monkeypatch.setattr(device, "memory_after", after)
     monkeypatch.setattr(torch.cuda, "synchronize", _no_sync, raising=False)
     yield gpu
 
@@ -211,10 +215,10 @@ def test_worker_waits_for_device_time_without_blocking(fake_cuda: FakeGpu) -> No
         t0 = time.perf_counter()
         attention(q, q, q)
         call_s = time.perf_counter() - t0
-        assert not _worker.flush(timeout_s=0.2)  # the device has not finished: span still pending
-        assert _worker.stats()["pending"] == 1
+        assert not loop.flush(timeout_s=0.2)  # the device has not finished: span still pending
+        assert loop.stats()["pending"] == 1
         fake_cuda.finish_all()
-        assert _worker.flush(timeout_s=5.0)
+        assert loop.flush(timeout_s=5.0)
     assert call_s < 0.2
     (span,) = spans
     a = attrs(span)
@@ -225,13 +229,13 @@ def test_worker_waits_for_device_time_without_blocking(fake_cuda: FakeGpu) -> No
     assert a["attnscope.tokens_per_s"] == pytest.approx(a["attnscope.tokens"] * 1e9 / 1_500_000)
     assert a["attnscope.memory.delta_bytes"] == 256
     assert a["attnscope.memory.peak_bytes"] == 4096
-    assert len(_hotpath._event_pool) == 1  # type: ignore[arg-type]  # the pair went back to the pool
+    assert len(state.event_pool) == 1  # the pair went back to the pool
 
 
 def test_device_time_never_arrives_span_still_emitted(fake_cuda: FakeGpu, monkeypatch: pytest.MonkeyPatch) -> None:
     q = torch.randn(1, 2, 16, 8)
     with capture_spans() as spans:
-        worker = _worker.get() or _worker._start()
+        worker = loop.start(attnscope._api.current())
         worker.resolver._timeout = 0.05
         attention(q, q, q)
     (span,) = spans
@@ -267,6 +271,6 @@ def test_torch_compile_tracing_passes_through(monkeypatch: pytest.MonkeyPatch) -
 
 def test_timer_type_satisfies_protocol() -> None:
     gpu = FakeGpu()
-    event: _timing.Event = FakeEvent(gpu)
+    event: device.Event = FakeEvent(gpu)
     event.record()
     assert event.query() is False

@@ -192,11 +192,11 @@ def test_disabled_is_a_pass_through() -> None:
 
 @pytest.mark.parametrize("var,value", [("ATTNSCOPE_ENABLED", "false"), ("OTEL_SDK_DISABLED", "true")])
 def test_disabled_by_environment(monkeypatch: pytest.MonkeyPatch, var: str, value: str) -> None:
-    from attnscope import _config
+    from attnscope import _api
 
     monkeypatch.setenv(var, value)
-    _config.reset_defaults()
-    assert _config.current().enabled is False
+    _api.reset_defaults()
+    assert _api.current().enabled is False
     with capture_spans(enabled=None) as spans:
         attention(*_qkv())
     assert spans == []

@@ -20,7 +20,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import attnscope
 
-from .. import _config, _profile
+from .. import _api
+from ..capture import profiler
 
 __all__ = ["run_demo"]
 
@@ -81,16 +82,16 @@ def run_demo(steps: int = 20, seq_len: int = 256, jaeger_json: str | None = None
     provider.add_span_processor(SimpleSpanProcessor(memory))
     file_exporter = None
     if jaeger_json:
-        from ..exporters.jaeger_json import JaegerJSONFileExporter
+        from ..export.jaeger_json import JaegerJSONFileExporter
 
         file_exporter = JaegerJSONFileExporter(jaeger_json, service_name="attnscope-demo")
         provider.add_span_processor(SimpleSpanProcessor(file_exporter))
-    previous = _config.current()
+    previous = _api.current()
     attnscope.configure(tracer_provider=provider, sample_rate=1.0, warmup_calls=0, profile_rate=0.0,
                         profile_max_per_minute=60, overhead_budget=1.0)
     # A service warms the profiler on attnscope's worker; the demo does it up front so that its
     # one profiled forward is not timed instead while the profiler is still cold.
-    _profile.warm_up()
+    profiler.warm_up()
     try:
         with torch.inference_mode():
             for impl in (naive_attention, sdpa_attention):
@@ -107,7 +108,7 @@ def run_demo(steps: int = 20, seq_len: int = 256, jaeger_json: str | None = None
         attnscope.flush(timeout_s=30)
     finally:
         attnscope.shutdown(timeout_s=10)
-        _config.restore(previous)
+        _api.restore(previous)
     spans = list(memory.get_finished_spans())
     if file_exporter is not None:
         file_exporter.force_flush()

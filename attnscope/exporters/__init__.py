@@ -1,6 +1,6 @@
 """Span exporters that write files, for looking at traces without running a tracing backend."""
 
-from attnscope.exporters.jaeger_json import JaegerJSONFileExporter
-from attnscope.exporters.otlp_json import OTLPJSONFileExporter, read_otlp_json_lines
+from attnscope.export.jaeger_json import JaegerJSONFileExporter
+from attnscope.export.otlp_json import OTLPJSONFileExporter, read_otlp_json_lines
 
 __all__ = ["JaegerJSONFileExporter", "OTLPJSONFileExporter", "read_otlp_json_lines"]

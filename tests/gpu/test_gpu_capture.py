@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnscope
-from attnscope import _hotpath, _profile
+from attnscope._state import state
+from attnscope.capture import profiler as _profile
 from attnscope.testing import capture_spans
 
 from ..helpers import attrs, naive, sdpa
@@ -75,7 +76,7 @@ def test_timing_tier_device_time_without_host_sync(q: torch.Tensor) -> None:
         assert 0 < a["attnscope.tflops"] < 5000
         assert a["attnscope.tokens_per_s"] > 0
         assert a["attnscope.memory.delta_bytes"] >= 0
-    assert len(_hotpath._event_pool or ()) >= 1  # pairs came back to the pool
+    assert len(state.event_pool or ()) >= 1  # pairs came back to the pool
 
 
 def test_users_peak_statistics_untouched(q: torch.Tensor) -> None:

@@ -1,8 +1,10 @@
-"""Captures → OpenTelemetry spans, on the worker thread.
+"""Results → OpenTelemetry spans, on the worker thread.
 
 Spans are built after the calls they describe, with explicit timestamps. A nested capture ends
 before its parent, so the builder holds children until their parent capture arrives, builds the
 parent, then the children under it. Attribute names are the schema in docs/attributes.md.
+What the builder holds is a :class:`Result` (the worker's own object), never the Capture, so
+tensors and handles the calling thread recorded are let go as soon as the worker has read them.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 
-from ._capture import TIER_NAMES, Capture
+from ..capture.record import TIER_NAMES, Capture
 
-__all__ = ["SpanBuilder", "capture_attributes", "BuildStats"]
+__all__ = ["SpanBuilder", "Result", "result_of", "capture_attributes", "BuildStats"]
 
 P = "attnscope."
 MAX_STRING = 256
@@ -29,7 +31,7 @@ STASH_MAX_AGE_S = 600.0
 
 
 def capture_attributes(cap: Capture, derived: dict[str, Any]) -> dict[str, Any]:
-    """The span attributes of one capture (derived = _inspect.derive output + worker findings)."""
+    """The span attributes of one capture (derived: what the worker found, unprefixed)."""
     attrs: dict[str, Any] = {}
     for key, value in cap.site.attributes.items():  # user attributes, names as given
         attrs[key] = _clean(value)
@@ -85,14 +87,27 @@ class BuildStats:
 ChildSpan = tuple[str, int, int, dict[str, Any]]  # name, start epoch ns, end epoch ns, attributes
 
 
-class _Pending:
-    __slots__ = ("cap", "attrs", "children", "added")
+class Result:
+    """What the worker made of one capture: all its span needs, and no live handle."""
+
+    __slots__ = ("capture_id", "parent_id", "name", "otel_parent", "start_ns", "end_ns", "attrs",
+                 "children", "error", "added")
 
     def __init__(self, cap: Capture, attrs: dict[str, Any], children: list[ChildSpan]) -> None:
-        self.cap = cap
+        self.capture_id = cap.capture_id
+        self.parent_id = cap.parent_id
+        self.name = cap.name
+        self.otel_parent = cap.otel_parent
+        self.start_ns = cap.start_epoch_ns
+        self.end_ns = cap.end_epoch_ns
         self.attrs = attrs
         self.children = children
+        self.error = cap.error  # dropped once the span is built (its frames hold user objects)
         self.added = time.monotonic()
+
+
+def result_of(cap: Capture, derived: dict[str, Any], children: list[ChildSpan]) -> Result:
+    return Result(cap, capture_attributes(cap, derived), children)
 
 
 _CUT = "cut"  # the capture's span was not emitted (per-trace cap): its subtree is cut too
@@ -103,22 +118,22 @@ class SpanBuilder:
     """Builds spans parents-first with at most ``max_spans_per_trace`` per trace."""
 
     def __init__(self, tracer: Any, max_spans_per_trace: int,
-                 on_span: Callable[[Capture, dict[str, Any]], None] | None = None) -> None:
+                 on_span: Callable[[Result], None] | None = None) -> None:
         self.tracer = tracer
         self.max_per_trace = max_spans_per_trace
         self.stats = BuildStats()
         self._on_span = on_span
         # capture id -> its SpanContext, _CUT or _LOST (bounded, oldest forgotten first)
         self._fate: OrderedDict[int, Any] = OrderedDict()
-        self._stash: dict[int, list[_Pending]] = {}
+        self._stash: dict[int, list[Result]] = {}
         self._per_trace: OrderedDict[int, int] = OrderedDict()
 
-    def add(self, cap: Capture, attrs: dict[str, Any], children: list[ChildSpan] | None = None) -> None:
+    def add(self, item: Result) -> None:
         """Build now if the parent is settled; otherwise wait for it."""
-        self._place(_Pending(cap, attrs, children or []))
+        self._place(item)
 
-    def _place(self, item: _Pending) -> None:
-        parent_id = item.cap.parent_id
+    def _place(self, item: Result) -> None:
+        parent_id = item.parent_id
         if parent_id is None:
             self._build(item, None)
             return
@@ -150,9 +165,8 @@ class SpanBuilder:
     def pending(self) -> int:
         return sum(len(v) for v in self._stash.values())
 
-    def _build(self, item: _Pending, parent: SpanContext | None) -> None:
-        cap = item.cap
-        target = parent if parent is not None else cap.otel_parent
+    def _build(self, item: Result, parent: SpanContext | None) -> None:
+        target = parent if parent is not None else item.otel_parent
         links = None
         if target is not None and not target.trace_flags.sampled:
             # A forced capture inside a trace the app chose not to record: the app's sampler would
@@ -163,11 +177,11 @@ class SpanBuilder:
         if target is not None and self._over_cap(target.trace_id):
             self._cut(item)
             return
-        end = cap.end_epoch_ns
-        span = self.tracer.start_span(cap.name, context=ctx, kind=SpanKind.INTERNAL,
-                                      attributes=item.attrs, start_time=cap.start_epoch_ns, links=links)
-        if cap.error is not None:
-            err = cap.error
+        end = item.end_ns
+        span = self.tracer.start_span(item.name, context=ctx, kind=SpanKind.INTERNAL,
+                                      attributes=item.attrs, start_time=item.start_ns, links=links)
+        if item.error is not None:
+            err = item.error
             span.record_exception(err, timestamp=end, escaped=True)
             span.set_status(Status(StatusCode.ERROR, f"{type(err).__name__}: {err}"[:MAX_STRING]))
         sc = span.get_span_context()
@@ -179,16 +193,16 @@ class SpanBuilder:
                                            attributes=c_attrs, start_time=c_start)
             child.end(end_time=c_end)
         span.end(end_time=end)
-        cap.error = None  # drop the traceback (and the frames it holds) now
+        item.error = None  # drop the traceback (and the frames it holds) now
         self.stats.emitted += 1
         if self._on_span is not None:
-            self._on_span(cap, item.attrs)
-        self._settle(cap.capture_id, sc)
+            self._on_span(item)
+        self._settle(item.capture_id, sc)
 
-    def _cut(self, item: _Pending) -> None:
+    def _cut(self, item: Result) -> None:
         self.stats.dropped_trace_cap += 1
-        item.cap.error = None
-        self._settle(item.cap.capture_id, _CUT)
+        item.error = None
+        self._settle(item.capture_id, _CUT)
 
     def _settle(self, capture_id: int, fate: Any) -> None:
         self._fate[capture_id] = fate

@@ -1,11 +1,11 @@
 """Profiler events of one call → kernel child spans, backend, memory peak (worker side).
 
 Everything here works on plain :class:`RawEvent` records, so it is tested on CPU with made-up
-events; :mod:`attnscope._profile` turns torch's kineto events into them.
+events; :func:`from_kineto` turns torch's kineto events into them.
 
 Timestamps: a ``RawEvent`` carries the profiler's own clock (nanoseconds). :func:`analyze` maps
 them onto the parent span's clock with one offset, taken from the ``attnscope`` marker that
-:mod:`attnscope._profile` records at the start of the call: the marker's start is the span's start.
+:mod:`attnscope.capture.profiler` records at the start of the call: the marker's start is the span's start.
 """
 
 from __future__ import annotations

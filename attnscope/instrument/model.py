@@ -13,7 +13,6 @@ from __future__ import annotations
 import fnmatch
 import functools
 import re
-import threading
 import types
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -21,12 +20,15 @@ from typing import Any, TypeVar
 
 import torch
 
-from . import _hotpath, _safety, _sampling
-from ._capture import TIER_NONE
-from ._dynamo_watch import register_when_dynamo_loads
-from ._inspect import ATTENTION_KEY, MODEL_KEY, AttentionFacts, ModelFacts
-from .integrations import Extractor, torch_nn
-from .integrations import transformers as hf
+from .. import _log
+from .._state import state
+from ..capture import wrapper
+from ..capture.args import param_names
+from ..capture.compile import register_when_dynamo_loads
+from ..capture.record import ATTENTION_KEY, MODEL_KEY, AttentionFacts, Capture, ModelFacts
+from . import Extractor, torch_nn
+from . import transformers as hf
+from .facts import head_info
 
 __all__ = ["instrument", "instrumented_modules", "register_attention", "uninstrument"]
 
@@ -37,8 +39,6 @@ _MARK = "__attnscope_site__"
 _PRIOR = "_attnscope_prior_"  # + "forward" / "generate": the instance attribute we wrapped
 _MISSING = object()
 _FACT_FIELDS = frozenset(AttentionFacts.__slots__) - {"batch", "seq_q"}
-_registry: dict[type, UserExtractor | None] = {}
-_registry_lock = threading.Lock()
 _LAYER = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
 
 
@@ -56,8 +56,8 @@ def register_attention(cls: type, extractor: UserExtractor | None = None) -> Non
         raise TypeError(f"register_attention expects an nn.Module subclass, got {cls!r}")
     if extractor is not None and not callable(extractor):
         raise TypeError(f"register_attention: extractor must be callable, got {extractor!r}")
-    with _registry_lock:
-        _registry[cls] = extractor
+    with state.registry_lock:
+        state.attention_registry[cls] = extractor
 
 
 def _patterns(value: str | Iterable[str] | None) -> tuple[str, ...] | None:
@@ -73,9 +73,10 @@ def _selected(path: str, include: tuple[str, ...] | None, exclude: tuple[str, ..
 
 
 def _registered(module: torch.nn.Module) -> tuple[bool, UserExtractor | None]:
+    registry = state.attention_registry
     for cls in type(module).__mro__:
-        if cls in _registry:
-            return True, _registry[cls]
+        if cls in registry:
+            return True, registry[cls]
     return False, None
 
 
@@ -118,7 +119,7 @@ def _extractor_for(module: torch.nn.Module, names: tuple[str, ...]) -> Extractor
 
 
 def _wrap_user_extractor(module: torch.nn.Module, user: UserExtractor) -> Extractor:
-    heads, kv_heads, head_dim, head_dim_v = hf.head_info(module)
+    heads, kv_heads, head_dim, head_dim_v = head_info(module)
 
     def extract(
         instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -156,7 +157,7 @@ def _wrap_forward(
     make_extractor: Callable[[tuple[str, ...]], Extractor],
 ) -> None:
     fn, names = _target(module, "forward")
-    site = _hotpath.make_site(
+    site = wrapper.make_site(
         fn,
         name,
         sample_rate,
@@ -166,9 +167,9 @@ def _wrap_forward(
         key=f"attnscope.instrument:{name}:{attributes['attnscope.module_class']}",
     )
     site.extractor = make_extractor(names)
-    wrapper = _hotpath.wrap(fn, site, compile_check=False)
-    setattr(wrapper, _MARK, site)
-    object.__setattr__(module, "forward", types.MethodType(wrapper, module))
+    traced = wrapper.wrap(fn, site, compile_check=False)
+    setattr(traced, _MARK, site)
+    object.__setattr__(module, "forward", types.MethodType(traced, module))
 
 
 def _target(module: torch.nn.Module, attr: str) -> tuple[Callable[..., Any], tuple[str, ...]]:
@@ -180,9 +181,9 @@ def _target(module: torch.nn.Module, attr: str) -> tuple[Callable[..., Any], tup
     prior = module.__dict__.get(attr, _MISSING)
     if prior is _MISSING:
         fn: Callable[..., Any] = getattr(type(module), attr)
-        return fn, hf.param_names(fn)
+        return fn, param_names(fn, self_first=True)
     module.__dict__[_PRIOR + attr] = prior
-    return _through(attr), hf.param_names(prior, bound=True)
+    return _through(attr), param_names(prior, self_first=True, bound=True)
 
 
 def _through(attr: str) -> Callable[..., Any]:
@@ -204,11 +205,11 @@ def _wrap_generate(
 ) -> None:
     """``generate()`` gets a span with gen_ai.usage.input_tokens / output_tokens.
 
-    Like the core wrapper, plus one step after the call: the returned ids are handed to the
-    worker, which counts new tokens up to each row's first end-of-sequence token.
+    The core wrapper, with one step after the call (the site's ``on_result``): the returned ids
+    are handed to the worker, which counts new tokens up to each row's first end-of-sequence.
     """
     fn, names = _target(model, "generate")
-    site = _hotpath.make_site(
+    site = wrapper.make_site(
         fn,
         name,
         sample_rate,
@@ -221,46 +222,16 @@ def _wrap_generate(
     site.extractor = lambda instance, args, kwargs: (
         [] if (f := facts_for(args, kwargs)) is None else [(MODEL_KEY, f)]
     )
-
-    def generate(*args: Any, **kwargs: Any) -> Any:
-        site.countdown -= 1
-        if site.countdown > 0:
-            return fn(*args, **kwargs)
-        return _sampled_generate(site, fn, args, kwargs)
-
-    setattr(generate, _MARK, site)
-    generate.__doc__ = getattr(fn, "__doc__", None)
-    object.__setattr__(model, "generate", types.MethodType(generate, model))
+    site.on_result = _keep_output
+    traced = wrapper.wrap(fn, site, compile_check=False)
+    setattr(traced, _MARK, site)
+    object.__setattr__(model, "generate", types.MethodType(traced, model))
 
 
-def _sampled_generate(
-    site: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    t_enter = _hotpath._perf_ns()
-    cap = None
-    try:
-        tier, rate = _sampling.decide(site)
-        if tier != TIER_NONE:
-            cap = _hotpath.begin(site, tier, rate, args, kwargs)
-    except Exception as exc:
-        _hotpath._on_internal_error(site, "capture", exc)
-        cap = None
-    if cap is None:
-        return fn(*args, **kwargs)
-    token = _hotpath._current.set(cap.capture_id)
-    try:
-        result = fn(*args, **kwargs)
-    except BaseException as exc:
-        _hotpath._close(site, cap, token, exc, t_enter)
-        raise
-    try:
-        for key, value in cap.summary:
-            if key == MODEL_KEY and isinstance(value, ModelFacts):
-                value.output = getattr(result, "sequences", result)
-    except Exception as exc:
-        _safety.internal_error("generate-output", exc)
-    _hotpath._close(site, cap, token, None, t_enter)
-    return result
+def _keep_output(cap: Capture, result: Any) -> None:
+    for key, value in cap.summary:
+        if key == MODEL_KEY and isinstance(value, ModelFacts):
+            value.output = getattr(result, "sequences", result)
 
 
 def _restore(module: torch.nn.Module, attr: str) -> bool:
@@ -271,6 +242,45 @@ def _restore(module: torch.nn.Module, attr: str) -> bool:
     if prior is not _MISSING:
         module.__dict__[attr] = prior
     return True
+
+
+def _instrument_layers(model: torch.nn.Module, inc: tuple[str, ...] | None,
+                       exc: tuple[str, ...] | None, name_prefix: str | None, root_name: str,
+                       sample_rate: float | None) -> int:
+    """Wrap every selected attention layer; returns how many already were."""
+    already = 0
+    for path, module in _targets(model):
+        if not _selected(path, inc, exc):
+            continue
+        if is_instrumented(module):
+            already += 1
+            continue
+        name = (f"{name_prefix}.{path}" if name_prefix else path) if path else root_name
+        attrs: dict[str, Any] = {
+            "attnscope.module": path or root_name,
+            "attnscope.module_class": type(module).__qualname__,
+        }
+        index = _layer_index(path)
+        if index is not None:
+            attrs["attnscope.layer_index"] = index
+        extractor = functools.partial(_extractor_for, module)
+        _wrap_forward(module, name, attrs, sample_rate, extractor)
+    return already
+
+
+def _instrument_root(model: torch.nn.Module, root_name: str, sample_rate: float | None) -> int:
+    """``trace_model=True``: the model's forward and generate(); returns 1 if already done."""
+    already = 0
+    attrs = {"attnscope.module": root_name, "attnscope.module_class": type(model).__qualname__}
+    if is_instrumented(model):  # twice, or the root is itself an attention layer
+        if not any(module is model for _, module in _targets(model)):
+            already = 1
+    else:
+        extract_model = functools.partial(hf.model_extractor, model)
+        _wrap_forward(model, root_name, attrs, sample_rate, extract_model)
+    if callable(getattr(model, "generate", None)) and not is_instrumented(model, "generate"):
+        _wrap_generate(model, root_name + ".generate", attrs, sample_rate)
+    return already
 
 
 def instrument(
@@ -298,44 +308,16 @@ def instrument(
             inner, include, exclude, name_prefix, trace_model=trace_model, sample_rate=sample_rate
         )
         return model
-    inc, exc = _patterns(include), _patterns(exclude)
     root_name = name_prefix or type(model).__name__
     already = 0
     try:
-        for path, module in _targets(model):
-            if not _selected(path, inc, exc):
-                continue
-            if is_instrumented(module):
-                already += 1
-                continue
-            name = (f"{name_prefix}.{path}" if name_prefix else path) if path else root_name
-            attrs: dict[str, Any] = {
-                "attnscope.module": path or root_name,
-                "attnscope.module_class": type(module).__qualname__,
-            }
-            index = _layer_index(path)
-            if index is not None:
-                attrs["attnscope.layer_index"] = index
-            extractor = functools.partial(_extractor_for, module)
-            _wrap_forward(module, name, attrs, sample_rate, extractor)
+        already += _instrument_layers(model, _patterns(include), _patterns(exclude), name_prefix,
+                                      root_name, sample_rate)
         if trace_model:
-            attrs = {
-                "attnscope.module": root_name,
-                "attnscope.module_class": type(model).__qualname__,
-            }
-            if is_instrumented(model):  # twice, or the root is itself an attention layer
-                if not any(module is model for _, module in _targets(model)):
-                    already += 1
-            else:
-                extract_model = functools.partial(hf.model_extractor, model)
-                _wrap_forward(model, root_name, attrs, sample_rate, extract_model)
-            if callable(getattr(model, "generate", None)) and not is_instrumented(
-                model, "generate"
-            ):
-                _wrap_generate(model, root_name + ".generate", attrs, sample_rate)
+            already += _instrument_root(model, root_name, sample_rate)
         register_when_dynamo_loads()
     except Exception as err:  # never break the host program: keep what was done, log the rest
-        _safety.internal_error("instrument", err)
+        _log.internal_error("instrument", err)
     if already:
         warnings.warn(
             f"attnscope.instrument: {type(model).__name__} is already instrumented "
@@ -360,7 +342,7 @@ def uninstrument(model: M) -> M:
             _restore(module, "forward")
             _restore(module, "generate")
         except Exception as err:
-            _safety.internal_error("uninstrument", err)
+            _log.internal_error("uninstrument", err)
     return model
 
 

@@ -1,19 +1,21 @@
-"""Device timers and their deferred resolution.
+"""What the calling thread records on a GPU: CUDA event pairs and allocator readings.
 
 The calling thread records a pair of CUDA events around a call and never waits for them; the
 worker asks :meth:`DeviceTimer.ready` (``event.query()``) until the GPU has passed the end event.
-Everything here except :class:`CudaEventPool` is plain Python and tested on CPU with fake events.
+Allocator readings are host-side queries: no device synchronisation. The timer and pool logic is
+plain Python, tested on CPU with fake events.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Protocol
 
-__all__ = ["Event", "DeviceTimer", "CudaEventPool", "Resolver"]
+from .record import DeviceMemory
+
+__all__ = ["Event", "DeviceTimer", "CudaEventPool", "memory_before", "memory_after"]
 
 
 class Event(Protocol):
@@ -114,65 +116,21 @@ def _make_cuda_event() -> Event:
     return event
 
 
-T = TypeVar("T")
+def memory_before(device: Any, reset_peak: bool) -> DeviceMemory:
+    """Allocator readings before a call (host-side queries only)."""
+    import torch
+
+    allocated = torch.cuda.memory_allocated(device)
+    if reset_peak:
+        torch.cuda.reset_peak_memory_stats(device)
+        peak = allocated
+    else:
+        peak = torch.cuda.max_memory_allocated(device)
+    return DeviceMemory(device, allocated, peak, reset_peak)
 
 
-class Resolver(Generic[T]):
-    """Holds items whose timers are not ready yet; hands them out in order once ready.
+def memory_after(mem: DeviceMemory) -> None:
+    import torch
 
-    An item whose timer stays unready past ``timeout_s`` (a hung stream, a destroyed context) is
-    handed out anyway with ``timed_out=True`` so the worker's memory stays bounded.
-    """
-
-    def __init__(
-        self,
-        timer_of: Callable[[T], DeviceTimer | None],
-        timeout_s: float = 30.0,
-        max_pending: int = 10_000,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._timer_of = timer_of
-        self._timeout = timeout_s
-        self._max = max_pending
-        self._clock = clock
-        self._pending: deque[tuple[float, T]] = deque()
-
-    def __len__(self) -> int:
-        return len(self._pending)
-
-    def add(self, item: T) -> None:
-        self._pending.append((self._clock(), item))
-
-    def poll(self) -> list[tuple[T, bool]]:
-        """Items now resolvable, as ``(item, timed_out)``, oldest first.
-
-        Events on one stream complete in order, but several streams may not: every pending
-        item is checked, not just the head.
-        """
-        now = self._clock()
-        done: list[tuple[T, bool]] = []
-        keep: deque[tuple[float, T]] = deque()
-        overflow = len(self._pending) - self._max
-        for added, item in self._pending:
-            timer = self._timer_of(item)
-            try:
-                ready = timer is None or timer.ready()
-            except Exception:  # a dead CUDA context: give up on device time, keep the span
-                ready = False
-                added = -float("inf")
-            if ready:
-                done.append((item, False))
-            elif now - added > self._timeout or overflow > 0:
-                overflow -= 1
-                done.append((item, True))
-            else:
-                keep.append((added, item))
-        self._pending = keep
-        return done
-
-    def drain(self) -> list[tuple[T, bool]]:
-        """Everything pending, resolved or not (shutdown)."""
-        items = self.poll()
-        items.extend((item, True) for _, item in self._pending)
-        self._pending.clear()
-        return items
+    mem.allocated_after = torch.cuda.memory_allocated(mem.device)
+    mem.peak_after = torch.cuda.max_memory_allocated(mem.device)

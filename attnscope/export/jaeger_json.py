@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import StatusCode
 
-from attnscope._safety import internal_error, warn_once
+from .._log import internal_error, warn_once
 
 __all__ = ["JaegerJSONFileExporter"]
 
@@ -72,29 +72,15 @@ def _process_json(resource: Resource, service_name: str | None) -> str:
     return _dumps({"serviceName": service_name, "tags": tags})
 
 
-def _span_fields(span: ReadableSpan) -> dict[str, object]:
-    """Everything about ``span`` except its processID, which depends on the document."""
-    ctx = span.context
-    trace_id = f"{ctx.trace_id:032x}"
-    references: list[dict[str, str]] = []
+def _references(span: ReadableSpan) -> list[dict[str, str]]:
     # The UI takes the first reference as the parent, so the parent goes first.
-    if span.parent is not None:
-        references.append(
-            {
-                "refType": "CHILD_OF",
-                "traceID": f"{span.parent.trace_id:032x}",
-                "spanID": f"{span.parent.span_id:016x}",
-            }
-        )
-    for link in span.links:
-        references.append(
-            {
-                "refType": "FOLLOWS_FROM",
-                "traceID": f"{link.context.trace_id:032x}",
-                "spanID": f"{link.context.span_id:016x}",
-            }
-        )
+    refs = [(span.parent, "CHILD_OF")] if span.parent is not None else []
+    refs += [(link.context, "FOLLOWS_FROM") for link in span.links]
+    return [{"refType": kind, "traceID": f"{ctx.trace_id:032x}", "spanID": f"{ctx.span_id:016x}"}
+            for ctx, kind in refs]
 
+
+def _tags(span: ReadableSpan) -> list[dict[str, object]]:
     tags = [_tag(k, v) for k, v in (span.attributes or {}).items()]
     scope = span.instrumentation_scope
     if scope is not None:
@@ -110,7 +96,12 @@ def _span_fields(span: ReadableSpan) -> dict[str, object]:
             tags.append(_tag("otel.status_description", status.description))
     elif status.status_code is StatusCode.OK:
         tags.append(_tag("otel.status_code", "OK"))
+    return tags
 
+
+def _span_fields(span: ReadableSpan) -> dict[str, object]:
+    """Everything about ``span`` except its processID, which depends on the document."""
+    ctx = span.context
     logs = [
         {
             "timestamp": event.timestamp // 1000,
@@ -119,7 +110,6 @@ def _span_fields(span: ReadableSpan) -> dict[str, object]:
         }
         for event in span.events
     ]
-
     warnings = [
         f"{count} {what} dropped by the SDK's span limits"
         for count, what in (
@@ -129,18 +119,17 @@ def _span_fields(span: ReadableSpan) -> dict[str, object]:
         )
         if count
     ]
-
     start_ns = span.start_time or 0
     end_ns = span.end_time or start_ns
     return {
-        "traceID": trace_id,
+        "traceID": f"{ctx.trace_id:032x}",
         "spanID": f"{ctx.span_id:016x}",
         # The UI rejects the whole file if any operationName is empty.
         "operationName": span.name or _UNNAMED,
-        "references": references,
+        "references": _references(span),
         "startTime": start_ns // 1000,
         "duration": max(0, end_ns - start_ns) // 1000,
-        "tags": tags,
+        "tags": _tags(span),
         "logs": logs,
         "processID": "",
         "warnings": warnings or None,

@@ -12,14 +12,13 @@ a reference to the attention mask. Head counts and head size are read once, when
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from .._inspect import ATTENTION_KEY, MODEL_KEY, AttentionFacts, ModelFacts
+from ..capture.record import ATTENTION_KEY, MODEL_KEY, AttentionFacts, ModelFacts
 from . import Extractor
+from .facts import head_info, pos_int
 
 __all__ = [
     "generate_facts",
@@ -27,7 +26,6 @@ __all__ = [
     "hidden_state_extractor",
     "is_attention_module",
     "model_extractor",
-    "param_names",
     "recorded_attention_classes",
 ]
 
@@ -41,76 +39,10 @@ _SEPARATE = (
     ("query_proj", "key_proj", "value_proj"),
 )
 _FUSED = ("c_attn", "query_key_value", "qkv_proj", "qkv", "Wqkv", "W_pack", "in_proj")
-_K_PROJ = ("k_proj", "key", "k", "wk", "to_k", "k_lin", "key_proj")
-_HEADS = ("num_heads", "num_attention_heads", "n_heads", "n_head", "num_q_heads")
-_KV_HEADS = (
-    "num_key_value_heads",
-    "num_kv_heads",
-    "n_kv_heads",
-    "n_head_kv",
-    "multi_query_group_num",
-)
-_HEAD_DIM = (
-    "qk_head_dim",
-    "head_dim",
-    "attention_head_size",
-    "key_value_proj_dim",
-    "head_size",
-    "d_kv",
-    "kv_channels",
-)
-_WIDTH = ("embed_dim", "hidden_size", "d_model", "n_embd", "all_head_size", "inner_dim")
 _CACHE = ("cache", "past_key_values", "past_key_value", "layer_past")
 _SOURCE = ("key_value_states", "encoder_hidden_states")
 _MASK = ("attention_mask", "mask")
 _HIDDEN = ("hidden_states", "hidden", "x", "query")
-
-
-def _pos_int(value: Any) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    return None
-
-
-def _first_int(owners: Iterable[Any], names: Iterable[str]) -> int | None:
-    for owner in owners:
-        if owner is None:
-            continue
-        for name in names:
-            try:
-                value = _pos_int(getattr(owner, name, None))
-            except Exception:
-                value = None
-            if value is not None:
-                return value
-    return None
-
-
-def head_info(module: Any) -> tuple[int | None, int | None, int | None, int | None]:
-    """(query heads, kv heads, q/k head size, v head size): the module first, then its config."""
-    config = getattr(module, "config", None)
-    owners = (module, config)
-    heads = _first_int(owners, _HEADS)
-    head_dim = _first_int(owners, _HEAD_DIM)
-    if heads and not head_dim:
-        width = _first_int(owners, _WIDTH)
-        if width and width % heads == 0:
-            head_dim = width // heads
-    kv_heads = _first_int(owners, _KV_HEADS)
-    if kv_heads is None and heads:
-        groups = _pos_int(getattr(module, "num_key_value_groups", None))
-        if groups and heads % groups == 0:
-            kv_heads = heads // groups
-        elif getattr(config, "multi_query", False) is True:
-            kv_heads = 1
-    if kv_heads is None and head_dim:
-        for name in _K_PROJ:  # a key projection's width is kv_heads * head_dim
-            out = _pos_int(getattr(getattr(module, name, None), "out_features", None))
-            if out and out % head_dim == 0 and heads and heads % (out // head_dim) == 0:
-                kv_heads = out // head_dim
-                break
-    head_dim_v = _first_int(owners, ("v_head_dim",)) or head_dim
-    return heads, kv_heads or heads, head_dim, head_dim_v
 
 
 def _has_projections(module: torch.nn.Module) -> bool:
@@ -143,20 +75,6 @@ def is_attention_module(module: torch.nn.Module, declared: tuple[type, ...] = ()
         return False
     heads, _, head_dim, _ = head_info(module)
     return heads is not None and head_dim is not None
-
-
-def param_names(fn: Any, bound: bool = False) -> tuple[str, ...]:
-    """Positional parameter names of ``fn``, with ``self`` first (added when ``bound``)."""
-    names = _signature_names(fn)
-    return ("self", *names) if bound or names[:1] != ("self",) else names
-
-
-def _signature_names(fn: Any) -> tuple[str, ...]:
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return ()
-    return tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
 def _lookup(names: tuple[str, ...]) -> Any:
@@ -207,11 +125,11 @@ def _past_length(cache: Any, layer_idx: int | None) -> Any:
 
 def _window(module: Any) -> int | None:
     if "sliding_window" in vars(module):  # per-layer setting; None means full attention
-        return _pos_int(module.sliding_window)
+        return pos_int(module.sliding_window)
     config = getattr(module, "config", None)
     if getattr(config, "use_sliding_window", True) is False:
         return None
-    return _pos_int(getattr(config, "sliding_window", None)) if config is not None else None
+    return pos_int(getattr(config, "sliding_window", None)) if config is not None else None
 
 
 def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
@@ -222,7 +140,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
     heads, kv_heads, head_dim, head_dim_v = head_info(module)
     get = _lookup(names)
     hidden_names = tuple(n for n in (*_HIDDEN, *names[1:2]) if n)
-    layer_idx = _pos_int(getattr(module, "layer_idx", None))
+    layer_idx = pos_int(getattr(module, "layer_idx", None))
     if layer_idx is None and getattr(module, "layer_idx", None) == 0:
         layer_idx = 0
     window = _window(module)

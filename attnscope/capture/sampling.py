@@ -13,17 +13,17 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import math
-import os
 import random
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
-from ._capture import TIER_NONE, TIER_PROFILE, TIER_TIMING
-from ._config import Config
+from opentelemetry import trace as otel_trace
+
+from .._config import Config
+from .record import TIER_NONE, TIER_PROFILE, TIER_TIMING
 
 __all__ = [
     "CallSite",
@@ -31,11 +31,8 @@ __all__ = [
     "TokenBucket",
     "OverheadBudget",
     "geometric_draw",
-    "sampler",
-    "sampling",
-    "step",
-    "rank",
-    "world_size",
+    "force",
+    "decide",
 ]
 
 # "Never" for a countdown; large enough that no process reaches it.
@@ -67,7 +64,8 @@ class CallSite:
 
     __slots__ = (
         "countdown", "key", "name", "forced_rate", "attributes", "param_names", "kind",
-        "rng", "gen", "calls", "errors", "disabled", "step_no", "extractor", "__weakref__",
+        "rng", "gen", "calls", "errors", "disabled", "step_no", "extractor", "on_result",
+        "__weakref__",
     )
 
     def __init__(
@@ -97,6 +95,9 @@ class CallSite:
         self.extractor: (
             Callable[[Any, tuple[Any, ...], dict[str, Any]], list[tuple[str, Any]]] | None
         ) = None
+        # Optional (capture, result) -> None run on the calling thread after a call that
+        # returned, before the capture is handed over (generate(): the returned ids).
+        self.on_result: Callable[[Any, Any], None] | None = None
 
 
 class TokenBucket:
@@ -113,6 +114,9 @@ class TokenBucket:
             self.capacity = max(1.0, per_minute) if per_minute > 0 else 0.0
             self.tokens = self.capacity
             self.stamp = self._clock()
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()
 
     def take(self) -> bool:
         with self._lock:
@@ -147,42 +151,49 @@ class OverheadBudget:
         self._window_start = clock()
         self._lock = threading.Lock()
 
-    def add(self, own_ns: int, wall_ns: int, rate: float, calls: int = 1) -> None:
+    def add(self, own_ns: int, wall_ns: int, rate: float) -> None:
         """One sampled call: our cost, its wall time, the rate that sampled it."""
         if self.budget >= 1.0:  # 1.0 means "no budget": nothing to adapt
             return
         weight = 1.0 / rate if rate > 0 else 1.0
-        # Unsampled siblings cost only the fast path; the sampled call costs what we measured.
-        self._own_ns += own_ns + FAST_PATH_NS * max(0.0, weight - 1.0)
-        self._wall_ns += wall_ns * weight
         now = self._clock()
-        if now - self._window_start >= self.window_s:
-            self._adjust(now)
+        with self._lock:  # sampled calls on several threads: no lost additions
+            # Unsampled siblings cost only the fast path; the sampled call costs what we measured.
+            self._own_ns += own_ns + FAST_PATH_NS * max(0.0, weight - 1.0)
+            self._wall_ns += wall_ns * weight
+            if now - self._window_start >= self.window_s:
+                self._adjust(now)
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()
 
     def _adjust(self, now: float) -> None:
-        with self._lock:
-            if now - self._window_start < self.window_s:
-                return
-            own, wall = self._own_ns, self._wall_ns
-            self._own_ns = self._wall_ns = 0.0
-            self._window_start = now
-            if wall <= 0:
-                return
-            ratio = own / wall
-            self.last_ratio = ratio
-            if ratio > self.budget:
-                self.scale = max(self.MIN_SCALE, self.scale * max(0.1, 0.8 * self.budget / ratio))
-            elif ratio < 0.5 * self.budget and self.scale < 1.0:
-                self.scale = min(1.0, self.scale * 1.5)
+        """Close the window and move the scale (lock held)."""
+        own, wall = self._own_ns, self._wall_ns
+        self._own_ns = self._wall_ns = 0.0
+        self._window_start = now
+        if wall <= 0:
+            return
+        ratio = own / wall
+        self.last_ratio = ratio
+        if ratio > self.budget:
+            self.scale = max(self.MIN_SCALE, self.scale * max(0.1, 0.8 * self.budget / ratio))
+        elif ratio < 0.5 * self.budget and self.scale < 1.0:
+            self.scale = min(1.0, self.scale * 1.5)
 
 
-_force: contextvars.ContextVar[tuple[bool, bool] | None] = contextvars.ContextVar(
+# A context key, not process state: (sample, profile) forced by attnscope.sampling() blocks.
+force: contextvars.ContextVar[tuple[bool, bool] | None] = contextvars.ContextVar(
     "attnscope_force", default=None
 )
 
 
 class Sampler:
-    """Process-wide sampling state: rates, budget, profile bucket, step, forced blocks."""
+    """Process-wide sampling state: rates, budget, profile bucket, step, forced blocks.
+
+    ``sampled`` and ``profile_granted`` are exact under threads (counted under the lock, which
+    only sampled calls take).
+    """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -192,9 +203,30 @@ class Sampler:
         self.gen = 0
         self.force_blocks = 0
         self.step_no: int | None = None
-        self.stats_sampled = 0
-        self.stats_profiled = 0
+        self.sampled = 0
+        self.profile_granted = 0
         self.apply(Config())
+
+    def reset(self) -> None:
+        """Defaults and zero counts; registered call sites are kept (they live in user code)."""
+        with self._lock:
+            self.force_blocks = 0
+            self.step_no = None
+            self.sampled = 0
+            self.profile_granted = 0
+        self.apply(Config())
+
+    def after_fork(self) -> None:
+        """New locks: a forked child may have inherited them held."""
+        self._lock = threading.Lock()
+        self.bucket.after_fork()
+        self.budget.after_fork()
+
+    def _count(self, profile: bool) -> None:
+        with self._lock:
+            self.sampled += 1
+            if profile:
+                self.profile_granted += 1
 
     # -- configuration -----------------------------------------------------------------------
     def apply(self, cfg: Config) -> None:
@@ -204,6 +236,7 @@ class Sampler:
         self.profile_rate = cfg.profile_rate
         self.warmup = cfg.warmup_calls
         self.seed = cfg.seed
+        self.reset_peak = cfg.reset_peak_memory_stats
         self.bucket = TokenBucket(cfg.profile_max_per_minute, self._clock)
         self.budget = OverheadBudget(cfg.overhead_budget, clock=self._clock)
         self._invalidate()
@@ -252,17 +285,17 @@ class Sampler:
         if not self.enabled or site.disabled:
             site.countdown = NEVER
             return TIER_NONE, 0.0
-        force = _force.get() if self.force_blocks else None
-        if force is not None or forced_sample is not None:
+        forced = force.get() if self.force_blocks else None
+        if forced is not None or forced_sample is not None:
             if self.force_blocks:
                 site.countdown = 1  # stay on the slow path while a forced block is open
-            sample = forced_sample if forced_sample is not None else force[0]  # type: ignore[index]
+            sample = forced_sample if forced_sample is not None else forced[0]  # type: ignore[index]
             if not sample:
                 return TIER_NONE, 0.0
-            self.stats_sampled += 1
-            if force is not None and force[1] and self.bucket.take():
-                self.stats_profiled += 1
+            if forced is not None and forced[1] and self.bucket.take():
+                self._count(profile=True)
                 return TIER_PROFILE, 1.0
+            self._count(profile=False)
             return TIER_TIMING, 1.0
         forced_rate = site.forced_rate
         rate = self.effective_rate if forced_rate is None else forced_rate
@@ -286,11 +319,11 @@ class Sampler:
             site.calls += draw
         if forced_rate is None and _parent_not_sampled():
             return TIER_NONE, 0.0
-        self.stats_sampled += 1
         profile_rate = self.effective_profile_rate if forced_rate is None else self.profile_rate
         if profile_rate > 0 and rng.random() < profile_rate and self.bucket.take():
-            self.stats_profiled += 1
+            self._count(profile=True)
             return TIER_PROFILE, rate
+        self._count(profile=False)
         return TIER_TIMING, rate
 
     def _refresh(self, site: CallSite, rate: float) -> random.Random:
@@ -331,17 +364,7 @@ class _Skip(Exception):
     """Internal: the call that triggered a refresh is inside warm-up."""
 
 
-def _parent_not_sampled() -> bool:
-    from opentelemetry import trace
-
-    ctx = trace.get_current_span().get_span_context()
-    return bool(ctx.is_valid and not ctx.trace_flags.sampled)
-
-
-sampler = Sampler()
-
-
-def decide(site: CallSite, forced_sample: bool | None = None) -> tuple[int, float]:
+def decide(sampler: Sampler, site: CallSite, forced_sample: bool | None = None) -> tuple[int, float]:
     """Entry used by the hot path: a call that loses the lottery is tier none."""
     try:
         return sampler.decide(site, forced_sample)
@@ -349,64 +372,6 @@ def decide(site: CallSite, forced_sample: bool | None = None) -> tuple[int, floa
         return TIER_NONE, 0.0
 
 
-@contextmanager
-def sampling(force: bool = True, profile: bool = False) -> Iterator[None]:
-    """Force (``force=True``) or suppress (``force=False``) capture of every call in the block.
-
-    ``profile=True`` also asks for the profile tier, still limited by ``profile_max_per_minute``.
-    """
-    token = _force.set((bool(force), bool(profile)))
-    sampler.force_enter()
-    try:
-        yield
-    finally:
-        sampler.force_exit()
-        _force.reset(token)
-
-
-class _Step:
-    """Declares the current step; usable as a plain call or a context manager."""
-
-    def __init__(self, step_no: int) -> None:
-        self._previous = sampler.step_no
-        sampler.set_step(step_no)
-
-    def __enter__(self) -> _Step:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        sampler.set_step(self._previous)
-
-
-def step(n: int | None) -> _Step:
-    """Declare the current step so sampling is consistent across processes (None: no step)."""
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int)):
-        from ._safety import warn_once
-
-        warn_once("step-type", "attnscope.step() expects an int; ignored", value=repr(n))
-        n = None
-    return _Step(n)  # type: ignore[arg-type]
-
-
-def rank() -> int:
-    """This process's rank: torch.distributed when initialised, else $RANK, else 0."""
-    return _dist_value("get_rank", "RANK", 0)
-
-
-def world_size() -> int:
-    """Number of processes: torch.distributed when initialised, else $WORLD_SIZE, else 1."""
-    return _dist_value("get_world_size", "WORLD_SIZE", 1)
-
-
-def _dist_value(fn: str, env: str, default: int) -> int:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return int(getattr(dist, fn)())
-    except Exception:
-        pass
-    try:
-        return int(os.environ.get(env, default))
-    except ValueError:
-        return default
+def _parent_not_sampled() -> bool:
+    ctx = otel_trace.get_current_span().get_span_context()
+    return bool(ctx.is_valid and not ctx.trace_flags.sampled)

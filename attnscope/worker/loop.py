@@ -2,13 +2,13 @@
 
 The calling thread only appends a Capture to a deque (dropping and counting when full). The worker
 thread resolves device timers without blocking anyone, derives attributes, parses profiles and
-builds spans. ``flush()`` and ``shutdown()`` wait at most their timeout.
+builds spans. It sleeps on an event while there is nothing to do, and polls (every 2 ms) only
+while CUDA events are pending. ``flush()`` and ``shutdown()`` wait at most their timeout.
 """
 
 from __future__ import annotations
 
 import atexit
-import os
 import threading
 import time
 from collections import deque
@@ -17,27 +17,33 @@ from typing import Any
 
 from opentelemetry.trace import NoOpTracer
 
-from . import _config, _inspect, _memory, _metrics, _profile, _provider, _safety
-from ._capture import Capture
-from ._spans import SpanBuilder, capture_attributes
-from ._timing import Resolver
+from .. import _log
+from .._config import Config
+from .._state import state
+from ..capture.record import Capture
+from ..export import metrics, pipeline
+from . import derive, profile
+from .resolve import Resolver
+from .spans import SpanBuilder, result_of
 
-__all__ = ["Worker", "submit", "flush", "shutdown", "get", "stats"]
+__all__ = ["Worker", "start", "flush", "shutdown", "stats"]
 
-_IDLE_WAIT_S = 0.05
-_BUSY_WAIT_S = 0.002
+_BUSY_WAIT_S = 0.002  # poll interval while CUDA events are pending
+_STASH_CHECK_S = 1.0  # children waiting for a parent: look at their age this often
 
 
 class Worker:
     """One background thread that turns captures into spans."""
 
-    def __init__(self, cfg: _config.Config,
-                 build: Callable[[_config.Config], _provider.Pipeline] = _provider.build) -> None:
+    def __init__(self, cfg: Config,
+                 build: Callable[[Config], pipeline.Pipeline] = pipeline.build,
+                 on_start: Callable[[Config], None] | None = None) -> None:
         # The real pipeline (exporter imports, gRPC channel: up to hundreds of ms) is built on the
         # worker thread, never on the calling thread of the first sampled call.
-        self.pipeline = _provider.Pipeline(NoOpTracer(), None, owned=False)
+        self.pipeline = pipeline.Pipeline(NoOpTracer(), None, owned=False)
         self._cfg = cfg
         self._build = build
+        self._on_start = on_start
         self.max_queue = cfg.queue_size
         self.queue: deque[Capture] = deque()
         self.dropped_ids: deque[int] = deque(maxlen=1024)
@@ -50,6 +56,8 @@ class Worker:
         self._cond = threading.Condition()
         self._submit_lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._sleeping = False
         self.thread = threading.Thread(target=self._run, name="attnscope-worker", daemon=True)
         self.thread.start()
 
@@ -57,31 +65,49 @@ class Worker:
     def submit(self, cap: Capture) -> bool:
         with self._submit_lock:  # exact counts: stats promise emitted + dropped == captured
             self.submitted += 1
-            if len(self.queue) < self.max_queue and not self._stop.is_set():
+            accepted = len(self.queue) < self.max_queue and not self._stop.is_set()
+            if accepted:
                 self.queue.append(cap)
-                return True
-            self.dropped_queue += 1
-        self.dropped_ids.append(cap.capture_id)
-        if cap.timer is not None:
-            cap.timer.release()
-        return False
+            else:
+                self.dropped_queue += 1
+        if not accepted:
+            self.dropped_ids.append(cap.capture_id)
+            if cap.timer is not None:
+                cap.timer.release()
+        # Read after the append: a worker that saw an empty queue has already said it sleeps.
+        if self._sleeping:
+            self._wake.set()
+        return accepted
 
     # -- worker thread ---------------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            pipeline = self._build(self._cfg)
-            self.builder = SpanBuilder(pipeline.tracer, self._cfg.max_spans_per_trace,
-                                       _metrics.recorder(self._cfg, pipeline))
-            self.pipeline = pipeline
+            built = self._build(self._cfg)
+            self.builder = SpanBuilder(built.tracer, self._cfg.max_spans_per_trace,
+                                       metrics.recorder(self._cfg, built))
+            self.pipeline = built
         except Exception as exc:  # spans go nowhere, but captures are still drained and counted
-            _safety.internal_error("pipeline", exc)
-        _profile.on_worker_start()  # the profiler's first-use cost lands here, not on a user's call
+            _log.internal_error("pipeline", exc)
+        if self._on_start is not None:
+            self._on_start(self._cfg)  # e.g. the profiler's first-use cost: here, not in a call
         while True:
             worked = self._step()
             if self._stop.is_set() and not self.queue:
                 break
             if not worked:
-                self._stop.wait(_BUSY_WAIT_S if len(self.resolver) else _IDLE_WAIT_S)
+                self._idle()
+
+    def _idle(self) -> None:
+        if len(self.resolver):
+            self._stop.wait(_BUSY_WAIT_S)
+            return
+        self._wake.clear()
+        self._sleeping = True
+        try:
+            if not self.queue and not self.dropped_ids and not self._stop.is_set():
+                self._wake.wait(_STASH_CHECK_S if self.builder.pending() else None)
+        finally:
+            self._sleeping = False
 
     def _step(self) -> bool:
         worked = False
@@ -108,34 +134,39 @@ class Worker:
 
     def _finish(self, cap: Capture, timed_out: bool) -> None:
         try:
-            derived = _inspect.derive(cap.summary, cap.instance)
-            cap.summary = []
-            cap.instance = None
+            found = derive.derive(cap.summary, cap.instance)
             if cap.timer is not None:
                 if not timed_out:
-                    derived["device_ns"] = cap.timer.elapsed_ns()
+                    found["device_ns"] = cap.timer.elapsed_ns()
                 cap.timer.release()
-                cap.timer = None
             if cap.memory is not None:
-                derived["memory.delta_bytes"] = cap.memory.delta_bytes
+                found["memory.delta_bytes"] = cap.memory.delta_bytes
                 peak = cap.memory.peak_bytes
                 if peak is not None:
-                    derived["memory.peak_bytes"] = peak
-            rss = _memory.host_rss_bytes()
+                    found["memory.peak_bytes"] = peak
+            rss = _host_rss_bytes()
             if rss is not None:
-                derived["memory.host_rss_bytes"] = rss
+                found["memory.host_rss_bytes"] = rss
             children: list[Any] = []
             if cap.profile is not None:
-                found, children = _profile.finish(cap)
-                derived.update(found)
-                cap.profile = None
-            attrs = capture_attributes(cap, derived)
-            self.builder.add(cap, attrs, children)
+                attrs, children = profile.finish(cap, self._cfg)
+                found.update(attrs)
+            self.builder.add(result_of(cap, found, children))
         except Exception as exc:
             self.worker_errors += 1
-            _safety.internal_error("worker", exc)
+            _log.internal_error("worker", exc)
         finally:
             self.processed += 1
+
+    def drop_counts(self) -> dict[str, int]:
+        """Spans lost so far, by reason (read by the metrics callbacks)."""
+        delivery = self.pipeline.delivery
+        return {
+            "queue_full": self.dropped_queue,
+            "trace_cap": self.builder.stats.dropped_trace_cap,
+            "export_failed": delivery.export_failed,
+            "export_queue_full": delivery.export_queue_full,
+        }
 
     def wait_idle(self, deadline: float) -> bool:
         target = self.submitted
@@ -144,12 +175,14 @@ class Worker:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self.thread.is_alive():
                     return False
+                self._wake.set()
                 self._cond.wait(min(remaining, 0.05))
         return True
 
     def stop(self, deadline: float) -> bool:
         done = self.wait_idle(deadline)
         self._stop.set()
+        self._wake.set()
         self.thread.join(max(0.0, deadline - time.monotonic()))
         if not self.thread.is_alive():
             for cap, _ in self.resolver.drain():
@@ -157,38 +190,37 @@ class Worker:
         return done and not self.thread.is_alive()
 
 
+def _host_rss_bytes() -> int | None:
+    """Resident set size of this process (psutil costs ~10 µs: worker side only)."""
+    try:
+        if state.process is None:
+            import psutil
+
+            state.process = psutil.Process()
+        return int(state.process.memory_info().rss)
+    except Exception:
+        return None
+
+
 # ---- the process's worker ------------------------------------------------------------------------
 
-_lock = threading.Lock()
-_worker: Worker | None = None
-_atexit_registered = False
 
-
-def get() -> Worker | None:
-    return _worker
-
-
-def _start() -> Worker:
-    global _worker, _atexit_registered
-    with _lock:
-        if _worker is None:
-            _worker = Worker(_config.current())
-            if not _atexit_registered:
+def start(cfg: Config, on_start: Callable[[Config], None] | None = None) -> Worker:
+    """The process's worker, started now if there is none."""
+    with state.worker_lock:
+        if state.worker is None:
+            state.worker = Worker(cfg, on_start=on_start)
+            if not state.atexit_registered:
                 atexit.register(_at_exit)
-                _atexit_registered = True
-        return _worker
-
-
-def submit(cap: Capture) -> bool:
-    """Hand a capture to the worker (starting it on first use). False: dropped, queue full."""
-    worker = _worker or _start()
-    return worker.submit(cap)
+                state.atexit_registered = True
+        worker: Worker = state.worker
+        return worker
 
 
 def flush(timeout_s: float = 5.0) -> bool:
     """Process everything captured so far and flush the exporters, within ``timeout_s``."""
     deadline = time.monotonic() + max(0.0, timeout_s)
-    worker = _worker
+    worker: Worker | None = state.worker
     if worker is None:
         return True
     ok = worker.wait_idle(deadline)
@@ -196,17 +228,17 @@ def flush(timeout_s: float = 5.0) -> bool:
     try:
         ok = worker.pipeline.force_flush(remaining_ms) and ok
     except Exception as exc:
-        _safety.internal_error("flush", exc)
+        _log.internal_error("flush", exc)
         ok = False
     return ok
 
 
 def shutdown(timeout_s: float = 5.0) -> bool:
     """Flush, stop the worker and shut down a provider attnscope created. Safe to call twice."""
-    global _worker
     deadline = time.monotonic() + max(0.0, timeout_s)
-    with _lock:
-        worker, _worker = _worker, None
+    with state.worker_lock:
+        worker: Worker | None = state.worker
+        state.worker = None
     if worker is None:
         return True
     ok = worker.stop(deadline)
@@ -215,14 +247,14 @@ def shutdown(timeout_s: float = 5.0) -> bool:
         ok = worker.pipeline.force_flush(remaining_ms) and ok
         _shutdown_pipeline(worker.pipeline, deadline)
     except Exception as exc:
-        _safety.internal_error("shutdown", exc)
+        _log.internal_error("shutdown", exc)
         ok = False
     return ok
 
 
-def _shutdown_pipeline(pipeline: _provider.Pipeline, deadline: float) -> None:
+def _shutdown_pipeline(built: pipeline.Pipeline, deadline: float) -> None:
     """Provider shutdown can block on a hanging exporter: give it a thread and the remaining time."""
-    t = threading.Thread(target=pipeline.shutdown, name="attnscope-shutdown", daemon=True)
+    t = threading.Thread(target=built.shutdown, name="attnscope-shutdown", daemon=True)
     t.start()
     t.join(max(0.0, deadline - time.monotonic()))
 
@@ -235,7 +267,7 @@ def _at_exit() -> None:
 
 
 def stats() -> dict[str, int]:
-    worker = _worker
+    worker: Worker | None = state.worker
     if worker is None:
         return {}
     b = worker.builder.stats
@@ -248,14 +280,3 @@ def stats() -> dict[str, int]:
         "pending": len(worker.queue) + len(worker.resolver) + worker.builder.pending(),
         "worker_errors": worker.worker_errors,
     }
-
-
-def _after_fork_in_child() -> None:
-    # The worker thread does not exist in the child; a new one starts on the next capture.
-    global _worker, _lock
-    _worker = None
-    _lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

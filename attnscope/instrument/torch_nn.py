@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._inspect import ATTENTION_KEY, AttentionFacts
+from ..capture.record import ATTENTION_KEY, AttentionFacts
 from . import Extractor
 
 __all__ = ["is_multihead_attention", "multihead_extractor"]

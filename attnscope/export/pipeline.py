@@ -1,38 +1,31 @@
-"""Where attnscope's spans and metrics go: the app's providers, or ones attnscope creates.
+"""The pipeline the worker builds spans into: the app's providers, or ones attnscope creates.
 
 Traces: ``tracer_provider=`` → an explicit ``exporter=`` (our own provider) → the application's
 global SDK provider → our own provider with ``OTEL_TRACES_EXPORTER`` (default "otlp").
-Metrics: see :func:`attnscope._metrics.meter_provider_for`. attnscope never sets a global provider
-and never shuts down one it did not create. The OTLP exporters read the standard
-``OTEL_EXPORTER_OTLP_*`` variables themselves; attnscope only picks gRPC or HTTP.
+Metrics: see :func:`attnscope.export.destinations.meter_provider_for`. attnscope never sets a
+global provider and never shuts down one it did not create.
 """
 
 from __future__ import annotations
 
 import inspect
-import os
-import platform
-import socket
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry import trace as otel_trace
-from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from . import _safety, _sampling
-from ._config import Config
-from ._version import __version__
+from .. import _log
+from .._config import Config
+from .._version import __version__
+from .destinations import make_exporter, meter_provider_for, resource, traces_exporter_from_env
 
-__all__ = ["Delivery", "Pipeline", "build", "make_exporter", "otlp_protocol", "resource",
-           "resource_attributes"]
+__all__ = ["Delivery", "Pipeline", "build"]
 
 INSTRUMENTATION_NAME = "attnscope"
-_DEFAULT_SERVICE = Config.service_name
-_TRACES_EXPORTERS = ("otlp", "otlp-grpc", "otlp-http", "console", "none")
 
 
 class Delivery:
@@ -56,7 +49,7 @@ class _CountingExporter(SpanExporter):
         try:
             result = self.inner.export(spans)
         except Exception as exc:
-            _safety.internal_error("exporter", exc)
+            _log.internal_error("exporter", exc)
             result = SpanExportResult.FAILURE
         if result is not SpanExportResult.SUCCESS:
             self.delivery.export_failed += len(spans)
@@ -147,7 +140,7 @@ class Pipeline:
             try:
                 ok = (step() is not False) and ok
             except Exception as exc:
-                _safety.internal_error(stage, exc)
+                _log.internal_error(stage, exc)
                 ok = False
         return ok
 
@@ -157,12 +150,12 @@ class Pipeline:
             try:
                 self.provider.shutdown()
             except Exception as exc:
-                _safety.internal_error("shutdown.provider", exc)
+                _log.internal_error("shutdown.provider", exc)
         if self.meter_owned and self.meter_provider is not None:
             try:
                 self.meter_provider.shutdown(timeout_millis=timeout_ms)
             except Exception as exc:
-                _safety.internal_error("shutdown.metrics", exc)
+                _log.internal_error("shutdown.metrics", exc)
 
 
 def _flush_metrics(meter_provider: Any, timeout_ms: int) -> bool:
@@ -184,118 +177,8 @@ def _flush_metrics(meter_provider: Any, timeout_ms: int) -> bool:
     return ok
 
 
-# ---- resource ------------------------------------------------------------------------------------
-
-
-def resource_attributes(cfg: Config) -> dict[str, Any]:
-    """attnscope's own resource attributes (before ``OTEL_RESOURCE_ATTRIBUTES`` is merged in)."""
-    attrs: dict[str, Any] = {
-        "service.name": cfg.service_name,
-        "attnscope.version": __version__,
-        "host.name": socket.gethostname(),
-        "process.pid": os.getpid(),
-        "process.executable.name": os.path.basename(sys.executable),
-        "process.runtime.name": platform.python_implementation().lower(),
-        "process.runtime.version": platform.python_version(),
-        "attnscope.rank": _sampling.rank(),
-        "attnscope.world_size": _sampling.world_size(),
-    }
-    try:
-        import torch
-
-        attrs["attnscope.torch.version"] = str(torch.__version__)
-        # Only name the GPU when CUDA is already up: initialising it here would cost the app.
-        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-            attrs["attnscope.device.name"] = torch.cuda.get_device_name()
-    except Exception:
-        pass
-    return attrs
-
-
-def resource(cfg: Config) -> Resource:
-    """The Resource of providers attnscope creates.
-
-    ``OTEL_RESOURCE_ATTRIBUTES`` overrides attnscope's detected attributes. ``service.name``:
-    a ``service_name`` configured to something other than the default, else ``OTEL_SERVICE_NAME``,
-    else ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``, else "attnscope".
-    """
-    attrs = resource_attributes(cfg)
-    try:
-        env_attrs = dict(OTELResourceDetector().detect().attributes)
-    except Exception as exc:
-        _safety.internal_error("resource", exc)
-        env_attrs = {}
-    attrs.update(env_attrs)
-    if cfg.service_name != _DEFAULT_SERVICE or not env_attrs.get("service.name"):
-        attrs["service.name"] = cfg.service_name
-    return Resource.create(attrs)
-
-
-# ---- exporters -----------------------------------------------------------------------------------
-
-
-def otlp_protocol(signal: str = "TRACES") -> str:
-    """``grpc`` or ``http/protobuf``, from ``OTEL_EXPORTER_OTLP_{signal}_PROTOCOL``, else
-    ``OTEL_EXPORTER_OTLP_PROTOCOL``, else grpc."""
-    raw = (os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL", "").strip()
-           or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "").strip() or "grpc").lower()
-    if raw == "grpc":
-        return "grpc"
-    if raw == "http/protobuf":
-        return raw
-    if raw.startswith("http"):
-        _safety.warn_once("otlp-protocol", "attnscope: only OTLP http/protobuf is supported over "
-                          "HTTP; using it", value=raw)
-        return "http/protobuf"
-    _safety.warn_once("otlp-protocol", "attnscope: unknown OTLP protocol; using grpc", value=raw)
-    return "grpc"
-
-
-def make_exporter(name: str) -> SpanExporter | None:
-    """A SpanExporter for a configured name; None for "none"."""
-    if name == "none":
-        return None
-    if name == "console":
-        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-
-        return ConsoleSpanExporter()
-    if name.startswith("jaeger-json:"):
-        from .exporters.jaeger_json import JaegerJSONFileExporter
-
-        return JaegerJSONFileExporter(name.split(":", 1)[1])
-    if name.startswith("otlp-json:"):
-        from .exporters.otlp_json import OTLPJSONFileExporter
-
-        return OTLPJSONFileExporter(name.split(":", 1)[1])
-    if name == "otlp-http" or (name == "otlp" and otlp_protocol() == "http/protobuf"):
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-            OTLPSpanExporter as HTTPExporter,
-        )
-
-        return HTTPExporter()
-    if name in ("otlp", "otlp-grpc"):
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-            OTLPSpanExporter as GRPCExporter,
-        )
-
-        return GRPCExporter()
-    raise ValueError(f"attnscope: unknown exporter {name!r}")
-
-
-def traces_exporter_from_env() -> str:
-    """The first supported name in ``OTEL_TRACES_EXPORTER`` (default "otlp")."""
-    name = os.environ.get("OTEL_TRACES_EXPORTER", "").split(",")[0].strip().lower() or "otlp"
-    if name not in _TRACES_EXPORTERS:
-        _safety.warn_once("traces-exporter",
-                          "attnscope: unsupported OTEL_TRACES_EXPORTER; using otlp", value=name)
-        name = "otlp"
-    return name
-
-
 def build(cfg: Config) -> Pipeline:
     """Resolve the configured destinations (see the module docstring for the order)."""
-    from . import _metrics
-
     traces_via: str | None = None  # the exporter name when attnscope owns the provider
     res: Resource | None = None
     span_exporter: Any = None
@@ -316,10 +199,10 @@ def build(cfg: Config) -> Pipeline:
     meter_provider, meter_owned = (None, False)
     if cfg.metrics:
         try:
-            meter_provider, meter_owned = _metrics.meter_provider_for(
+            meter_provider, meter_owned = meter_provider_for(
                 cfg, traces_via, res if res is not None else resource(cfg))
         except Exception as exc:
-            _safety.internal_error("metrics.provider", exc)
+            _log.internal_error("metrics.provider", exc)
     pipeline = Pipeline(provider.get_tracer(INSTRUMENTATION_NAME, __version__), provider, owned,
                         exporter=span_exporter, meter_provider=meter_provider,
                         meter_owned=meter_owned)

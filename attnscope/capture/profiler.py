@@ -1,7 +1,7 @@
 """torch.profiler around one sampled call (profile tier).
 
 The calling thread only starts and stops a kineto session (:func:`start`, :func:`stop`); the
-worker parses it (:func:`finish`, via :mod:`attnscope._kernels`). Sessions use torch's profiler
+worker parses it (:mod:`attnscope.worker.kernels`). Sessions use torch's profiler
 entry points directly (``torch._C._autograd._prepare_profiler`` / ``_enable_profiler`` /
 ``_disable_profiler``, what ``torch.profiler.profile`` runs underneath) so that no call pays for
 ``torch.profiler.profile``'s first-use import of Dynamo/Inductor (about a second).
@@ -18,7 +18,7 @@ Only one profiler may run in a process, and a second kineto session crashes it. 
   calls are timed instead; a user's profiler that starts while attnscope's session runs on another
   thread waits for that one call to end (at most ``_USER_WAIT_S``); one started inside a traced
   call on the same thread ends attnscope's session first. Every skip is counted (:func:`stats`)
-  and logged once per reason.
+  and logged at DEBUG, once per reason (it is normal operation).
 - The first kineto session of a process (and CUPTI's start-up on a GPU) is slow; it is paid by
   :func:`warm_up` on the worker thread or a helper thread, never by a user's call. Until the
   profiler is warm, profile-tier calls are timed (reason ``warming``).
@@ -29,228 +29,164 @@ from __future__ import annotations
 import functools
 import gc
 import os
-import re
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import _config, _kernels, _safety
+from .. import _log
+from .._state import state
+from .record import PROFILE_MARKER, ProfileSession
 
-__all__ = ["start", "stop", "finish", "warm_up", "warm_up_async", "on_worker_start", "is_warm",
-           "install_hooks", "stats", "Session"]
+if TYPE_CHECKING:
+    from .._config import Config
 
-MARKER = "attnscope"
+__all__ = ["start", "stop", "warm_up", "warm_up_async", "on_worker_start", "install_hooks",
+           "stats"]
+
 _USER_WAIT_S = 5.0
-_SKIP_REASONS = ("warming", "user_profiler", "busy", "sync_debug", "error")
-
-_lock = threading.Lock()  # held for the whole of one attnscope session
-_state = threading.Lock()  # counters, warm-up thread
-_owner: int | None = None  # thread ident of the running session
-_active: Session | None = None
-_foreign = False  # a user's profiler is prepared or running (seen through the hooks)
-_hooked = False
-_warm_cpu = False
-_warm_cuda = False
-_broken: dict[bool, str] = {}  # on_cuda -> why kineto refused at warm-up (tier off for those calls)
-_warming: threading.Thread | None = None
-_counts: dict[str, int] = {"profiled": 0, **{"skipped_" + r: 0 for r in _SKIP_REASONS}}
-_logged: set[str] = set()
-_torch: Any = None
-_orig: dict[str, Callable[..., Any]] = {}
-_configs: dict[bool, tuple[Any, Any]] = {}
-
-
-class Session:
-    """One running (then finished) profiler session; filled on the calling thread."""
-
-    __slots__ = ("result", "marker", "device", "on_cuda", "aborted")
-
-    def __init__(self, device: Any, on_cuda: bool) -> None:
-        self.result: Any = None  # torch's _ProfilerResult once stopped
-        self.marker: Any = None
-        self.device = device
-        self.on_cuda = on_cuda
-        self.aborted = False
-
 
 # ---- calling thread --------------------------------------------------------------------------
 
-def start(device: Any) -> Session | None:
+def start(device: Any) -> ProfileSession | None:
     """Start a profiler session for one call, or return None to fall back to timing."""
-    global _owner, _active
+    p = state.profiler
     on_cuda = getattr(device, "type", None) == "cuda"
-    if on_cuda in _broken:
+    if on_cuda in p.broken:
         _skip("error")
         return None
-    if not (_warm_cuda if on_cuda else _warm_cpu):
+    if not (p.warm_cuda if on_cuda else p.warm_cpu):
         _skip("warming")
         warm_up_async(cuda=on_cuda)
         return None
-    if _foreign or _user_profiler_active():
+    if p.foreign or _user_profiler_active():
         _skip("user_profiler")
         return None
     if on_cuda and _sync_debug_on():
         _skip("sync_debug")  # stopping CUPTI needs a stream sync, which the user asked to flag
         return None
-    if not _lock.acquire(blocking=False):
+    if not p.session_lock.acquire(blocking=False):
         _skip("busy")
         return None
-    if _foreign:  # a user's profiler claimed it between the check and the lock
-        _lock.release()
+    if p.foreign:  # a user's profiler claimed it between the check and the lock
+        p.session_lock.release()
         _skip("user_profiler")
         return None
-    session = Session(device, on_cuda)
+    session = ProfileSession(device, on_cuda)
     try:
-        config, activities = _configs[on_cuda]
-        _owner = threading.get_ident()
-        _active = session
-        _orig["prepare"](config, activities)
-        _orig["enable"](config, activities)
-        session.marker = _torch.ops.profiler._record_function_enter_new(MARKER, None)
-    except Exception as exc:
+        config, activities = p.configs[on_cuda]
+        p.owner = threading.get_ident()
+        p.active = session
+        p.entry_points["prepare"](config, activities)
+        p.entry_points["enable"](config, activities)
+        session.marker = p.torch.ops.profiler._record_function_enter_new(
+            PROFILE_MARKER, None)
+    except BaseException as exc:  # Ctrl-C included: never leave the lock held or kineto on
         _release(disable=True)
+        if not isinstance(exc, Exception):
+            raise
         _skip("error", exc)
         return None
     return session
 
 
-def stop(session: Session) -> None:
+def stop(session: ProfileSession) -> None:
     """Stop the session started by :func:`start` (calling thread; parsing is the worker's)."""
-    if session.aborted or _active is not session:
+    if session.aborted or state.profiler.active is not session:
         return
+    p = state.profiler
+    stopped = False
     try:
         if session.marker is not None:
-            _torch.ops.profiler._record_function_exit._RecordFunction(session.marker)
+            p.torch.ops.profiler._record_function_exit._RecordFunction(session.marker)
             session.marker = None
         if session.on_cuda:
             # Kernels still queued when CUPTI stops are never reported: wait for this stream's
             # work, as torch.profiler waits for the device. The one host wait attnscope makes,
             # on profile-tier calls only (profile_max_per_minute); the timing tier never waits.
-            _torch.cuda.current_stream(session.device).synchronize()
-        session.result = _orig["disable"]()
-        with _state:
-            _counts["profiled"] += 1
+            p.torch.cuda.current_stream(session.device).synchronize()
+        session.result = p.entry_points["disable"]()
+        stopped = True
     except Exception as exc:
-        session.result = None
-        _release(disable=True)
-        _safety.internal_error("profile-stop", exc)
-        return
-    _release(disable=False)
+        _log.internal_error("profile-stop", exc)
+    finally:  # Ctrl-C included: the lock is released and kineto stopped on every path
+        if not stopped:
+            session.result = None
+        _release(disable=not stopped)
+    if stopped:
+        with p.lock:
+            p.counts["profiled"] += 1
 
 
 def _release(disable: bool) -> None:
-    global _owner, _active
+    p = state.profiler
     if disable:
         try:
-            if _torch is not None and _torch._C._autograd._profiler_enabled():
-                _orig["disable"]()
+            if p.torch is not None and p.torch._C._autograd._profiler_enabled():
+                p.entry_points["disable"]()
         except Exception:
             pass
-    _owner = None
-    _active = None
-    _lock.release()
+    p.owner = None
+    p.active = None
+    p.session_lock.release()
 
 
 def _user_profiler_active() -> bool:
+    p = state.profiler
     try:
-        return bool(_torch.autograd.profiler._is_profiler_enabled
-                    or _torch._C._autograd._profiler_enabled())
+        return bool(p.torch.autograd.profiler._is_profiler_enabled
+                    or p.torch._C._autograd._profiler_enabled())
     except Exception:
         return True
 
 
 def _sync_debug_on() -> bool:
     try:
-        return bool(_torch.cuda.get_sync_debug_mode())
+        return bool(state.profiler.torch.cuda.get_sync_debug_mode())
     except Exception:
         return False
 
 
 def _skip(reason: str, exc: BaseException | None = None) -> None:
-    with _state:
-        _counts["skipped_" + reason] += 1
-        first = reason not in _logged
-        _logged.add(reason)
+    p = state.profiler
+    with p.lock:
+        p.counts["skipped_" + reason] += 1
     if exc is not None:
-        _safety.internal_error("profile-start", exc)
-    if first:
-        _safety.warn_once("profile-skip:" + reason,
-                          "attnscope: a profile-tier call was timed instead (counted in "
-                          "attnscope's profile stats; logged once per reason)", reason=reason)
+        _log.internal_error("profile-start", exc)
+    _log.debug_once("profile-skip:" + reason, "attnscope: a profile-tier call was timed instead "
+                    "(counted in attnscope.stats())", reason=reason)
 
 
 def stats() -> dict[str, int]:
     """Profiled sessions and profile-tier calls that were timed instead, by reason."""
-    with _state:
-        return dict(_counts)
-
-
-# ---- worker thread ---------------------------------------------------------------------------
-
-def finish(cap: Any) -> tuple[dict[str, Any], list[Any]]:
-    """Worker side: parse a finished session into span attributes and kernel child spans."""
-    session: Session = cap.profile
-    result, session.result = session.result, None
-    if result is None:  # aborted for a user's profiler, or stopping failed: nothing was measured
-        return {"tier": "timing"}, []
-    cfg = _config.current()
-    try:
-        events = _kernels.from_kineto(result, MARKER)
-        report = _kernels.analyze(events, span_start_ns=cap.start_epoch_ns,
-                                  span_end_ns=cap.end_epoch_ns, max_spans=cfg.max_kernel_spans,
-                                  on_device=session.on_cuda)
-    except Exception as exc:  # the span still goes out, without kernel data
-        _safety.internal_error("profile-parse", exc)
-        return {"tier": "timing"}, []
-    attrs = report.attributes
-    if cfg.profile_dir:
-        try:
-            attrs["profile.path"] = _save(result, cfg.profile_dir, cap)
-        except Exception as exc:
-            _safety.internal_error("profile-save", exc)
-    return attrs, report.children
-
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-
-
-def _save(result: Any, directory: str, cap: Any) -> str:
-    os.makedirs(directory, exist_ok=True)
-    name = _UNSAFE.sub("_", cap.name)[:64] or "call"
-    path = os.path.abspath(os.path.join(directory, f"{name}-{os.getpid()}-{cap.capture_id}.pt.trace.json"))
-    result.save(path)
-    return path
+    p = state.profiler
+    with p.lock:
+        return dict(p.counts)
 
 
 # ---- warm-up and the user's profiler ---------------------------------------------------------
 
-def is_warm(cuda: bool = False) -> bool:
-    return _warm_cuda if cuda else _warm_cpu
-
-
-def on_worker_start() -> None:
+def on_worker_start(cfg: Config) -> None:
     """Worker thread: warm the profiler up when the configuration can ask for the profile tier."""
     try:
-        cfg = _config.current()
         if cfg.enabled and cfg.profile_rate > 0 and cfg.profile_max_per_minute > 0:
             warm_up()
     except Exception as exc:
-        _safety.internal_error("profile-warmup", exc)
+        _log.internal_error("profile-warmup", exc)
 
 
 def warm_up_async(cuda: bool | None = None) -> None:
     """Warm the profiler up on a helper thread (at most one at a time). Never raises."""
-    global _warming
+    p = state.profiler
     try:
-        with _state:
-            if _warming is not None and _warming.is_alive():
+        with p.lock:
+            if p.warming is not None and p.warming.is_alive():
                 return
             thread = threading.Thread(target=warm_up, args=(cuda,), daemon=True,
                                       name="attnscope-profiler-warmup")
-            _warming = thread
+            p.warming = thread
         thread.start()
     except Exception as exc:
-        _safety.internal_error("profile-warmup", exc)
+        _log.internal_error("profile-warmup", exc)
 
 
 def warm_up(cuda: bool | None = None) -> bool:
@@ -259,54 +195,54 @@ def warm_up(cuda: bool | None = None) -> bool:
     ``cuda=None`` includes CUDA activity only when CUDA is already initialised (warming CUPTI
     must not create a CUDA context the program did not ask for). Never raises.
     """
-    global _warm_cpu, _warm_cuda, _owner
+    p = state.profiler
     try:
         if not _load():
             return False
         if cuda is None:
-            cuda = bool(_torch.cuda.is_available() and _torch.cuda.is_initialized())
-        if cuda and True in _broken:
+            cuda = bool(p.torch.cuda.is_available() and p.torch.cuda.is_initialized())
+        if cuda and True in p.broken:
             cuda = False  # CUPTI refused once: keep the CPU side warm only
-        if _warm_cpu and (_warm_cuda or not cuda):
+        if p.warm_cpu and (p.warm_cuda or not cuda):
             return True
-        if _foreign or _user_profiler_active() or not _lock.acquire(blocking=False):
+        if p.foreign or _user_profiler_active() or not p.session_lock.acquire(blocking=False):
             return False
     except Exception as exc:
-        _safety.internal_error("profile-warmup", exc)
+        _log.internal_error("profile-warmup", exc)
         return False
     try:
-        if _foreign:
+        if p.foreign:
             return False
-        _owner = threading.get_ident()
-        config, activities = _configs[bool(cuda)]
-        _orig["prepare"](config, activities)
-        _orig["enable"](config, activities)
-        handle = _torch.ops.profiler._record_function_enter_new(MARKER, None)
-        _torch.ops.profiler._record_function_exit._RecordFunction(handle)
-        result = _orig["disable"]()
+        p.owner = threading.get_ident()
+        config, activities = p.configs[bool(cuda)]
+        p.entry_points["prepare"](config, activities)
+        p.entry_points["enable"](config, activities)
+        handle = p.torch.ops.profiler._record_function_enter_new(PROFILE_MARKER, None)
+        p.torch.ops.profiler._record_function_exit._RecordFunction(handle)
+        result = p.entry_points["disable"]()
         result.events()
-        _warm_cpu = True
+        p.warm_cpu = True
         if cuda:
-            _warm_cuda = True
+            p.warm_cuda = True
         return True
     except Exception as exc:
-        _broken[bool(cuda)] = repr(exc)
-        _safety.internal_error("profile-warmup", exc)
+        p.broken[bool(cuda)] = repr(exc)
+        _log.internal_error("profile-warmup", exc)
         try:
-            if _torch._C._autograd._profiler_enabled():
-                _orig["disable"]()
+            if p.torch._C._autograd._profiler_enabled():
+                p.entry_points["disable"]()
         except Exception:
             pass
         return False
     finally:
-        _owner = None
-        _lock.release()
+        p.owner = None
+        p.session_lock.release()
 
 
 def _load() -> bool:
     """Import torch's profiler pieces, build the configs, install the hooks (once)."""
-    global _torch
-    if _torch is not None:
+    p = state.profiler
+    if p.torch is not None:
         return True
     # Kineto prints two "USDT ... profiler_start/stop" lines per session at its default level;
     # a service profiling a few calls a minute should not fill its logs with them. Read at
@@ -327,10 +263,10 @@ def _load() -> bool:
         activities = {ProfilerActivity.CPU}
         if on_cuda:
             activities.add(ProfilerActivity.CUDA)
-        _configs[on_cuda] = (config, activities)
-    _orig.update(prepare=_prepare_profiler, enable=_enable_profiler, disable=_disable_profiler)
+        p.configs[on_cuda] = (config, activities)
+    p.entry_points.update(prepare=_prepare_profiler, enable=_enable_profiler, disable=_disable_profiler)
     install_hooks()
-    _torch = torch
+    p.torch = torch
     return True
 
 
@@ -340,8 +276,8 @@ def install_hooks() -> None:
     Runs at import (attnscope imports torch anyway): patching costs microseconds. A session that
     predates it is looked for only when torch's own flags say there may be one. Never raises.
     """
-    global _hooked, _foreign
-    if _hooked:
+    p = state.profiler
+    if p.hooked:
         return
     try:
         import torch.autograd.profiler as module
@@ -354,11 +290,11 @@ def install_hooks() -> None:
             wrapped = hook(current)
             wrapped.__attnscope_hook__ = True  # type: ignore[attr-defined]
             setattr(module, attr, wrapped)
-        _hooked = True
+        p.hooked = True
         if _maybe_open(module) and _open_session_exists(module.profile):
-            _foreign = True  # cleared by that session's own _disable_profiler call
+            p.foreign = True  # cleared by that session's own _disable_profiler call
     except Exception as exc:
-        _safety.internal_error("profile-hooks", exc)
+        _log.internal_error("profile-hooks", exc)
 
 
 def _maybe_open(module: Any) -> bool:
@@ -391,47 +327,34 @@ def _claiming(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _releasing(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def release(*args: Any, **kwargs: Any) -> Any:
-        global _foreign
         try:
             return fn(*args, **kwargs)
         finally:
-            _foreign = False
+            state.profiler.foreign = False
 
     return release
 
 
 def _claim_for_user() -> None:
     """A user's profiler is starting: make room for it, then keep attnscope's sessions out."""
-    global _foreign
+    p = state.profiler
     try:
-        session = _active
-        if session is not None and _owner == threading.get_ident():
+        session = p.active
+        if session is not None and p.owner == threading.get_ident():
             # Started inside a traced call on this thread: end attnscope's session first
             # (claimed before the lock is let go, so no other thread starts one meanwhile).
-            _foreign = True
+            p.foreign = True
             session.aborted = True
             _release(disable=True)
             _skip("user_profiler")
-        elif _lock.acquire(timeout=_USER_WAIT_S):
-            _foreign = True  # set under the lock: a session starting now sees it and backs off
-            _lock.release()
+        elif p.session_lock.acquire(timeout=_USER_WAIT_S):
+            p.foreign = True  # set under the lock: a session starting now sees it and backs off
+            p.session_lock.release()
         else:
-            _foreign = True
-            _safety.warn_once("profile-user-wait", "attnscope: profiler lock not released in time")
+            p.foreign = True
+            _log.warn_once("profile-user-wait", "attnscope: profiler lock not released in time")
     except Exception as exc:
-        _safety.internal_error("profile-hook", exc)
+        _log.internal_error("profile-hook", exc)
 
 
-def _after_fork_in_child() -> None:
-    # A session running in another thread of the parent does not exist in the child.
-    global _lock, _state, _owner, _active, _warming
-    _lock = threading.Lock()
-    _state = threading.Lock()
-    _owner = None
-    _active = None
-    _warming = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 install_hooks()

@@ -7,24 +7,18 @@ itself before :func:`instrument_sdpa` keeps the original.
 
 from __future__ import annotations
 
-import threading
 import warnings
-from typing import Any
 
 import torch.nn.functional as F
 
-from .. import _hotpath, _safety
-from .._dynamo_watch import register_when_dynamo_loads
+from .. import _log
+from .._state import state
+from ..capture import wrapper
+from ..capture.compile import register_when_dynamo_loads
 
-__all__ = ["instrument_sdpa", "sdpa_instrumented", "uninstrument_sdpa"]
+__all__ = ["instrument_sdpa", "uninstrument_sdpa"]
 
 _PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-_lock = threading.Lock()
-_original: Any = None
-
-
-def sdpa_instrumented() -> bool:
-    return _original is not None
 
 
 def instrument_sdpa(sample_rate: float | None = None) -> None:
@@ -32,9 +26,8 @@ def instrument_sdpa(sample_rate: float | None = None) -> None:
 
     Idempotent: a second call warns once and keeps the existing wrapper.
     """
-    global _original
-    with _lock:
-        if _original is not None:
+    with state.sdpa_lock:
+        if state.sdpa_original is not None:
             warnings.warn(
                 "attnscope: scaled_dot_product_attention is already instrumented; "
                 "keeping the existing wrapper",
@@ -43,7 +36,7 @@ def instrument_sdpa(sample_rate: float | None = None) -> None:
             )
             return
         fn = F.scaled_dot_product_attention
-        site = _hotpath.make_site(
+        site = wrapper.make_site(
             fn,
             "scaled_dot_product_attention",
             sample_rate,
@@ -52,25 +45,24 @@ def instrument_sdpa(sample_rate: float | None = None) -> None:
             param_names=_PARAMS,
             key="attnscope.sdpa",
         )
-        wrapper = _hotpath.wrap(fn, site, compile_check=False)
-        wrapper.__attnscope_site__ = site  # type: ignore[attr-defined]
-        _original = fn
-        F.scaled_dot_product_attention = wrapper
+        traced = wrapper.wrap(fn, site, compile_check=False)
+        traced.__attnscope_site__ = site  # type: ignore[attr-defined]
+        state.sdpa_original = fn
+        F.scaled_dot_product_attention = traced
     register_when_dynamo_loads()
 
 
 def uninstrument_sdpa() -> None:
     """Put the original ``scaled_dot_product_attention`` back (no-op when not instrumented)."""
-    global _original
-    with _lock:
-        if _original is None:
+    with state.sdpa_lock:
+        if state.sdpa_original is None:
             return
         if getattr(F.scaled_dot_product_attention, "__attnscope_site__", None) is not None:
-            F.scaled_dot_product_attention = _original
+            F.scaled_dot_product_attention = state.sdpa_original
         else:
-            _safety.warn_once(
+            _log.warn_once(
                 "sdpa-replaced",
                 "attnscope: scaled_dot_product_attention was replaced "
                 "by someone else after instrument_sdpa(); leaving theirs in place",
             )
-        _original = None
+        state.sdpa_original = None

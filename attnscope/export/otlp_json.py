@@ -27,7 +27,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from attnscope._safety import internal_error, warn_once
+from .._log import internal_error, warn_once
 
 __all__ = ["OTLPJSONFileExporter", "read_otlp_json_lines"]
 

@@ -1,9 +1,8 @@
-"""Recognise attention inputs and derive shapes, tokens and FLOPs from them.
+"""Shapes, heads, tokens and exact FLOPs of one call, from what the calling thread recorded.
 
-Two halves: :func:`summarize` runs on the calling thread and only copies shapes, dtypes and devices
-(plus a reference to a mask tensor, whose *count* of real tokens the worker derives later);
-:func:`derive` runs on the worker and turns a summary into span attributes. Tensor values are
-never recorded.
+Runs on the worker. The inputs are a call's argument summary (:class:`TensorMeta`, scalars, mask
+references) or the facts an instrument() extractor gathered. Token counts read masks here, after
+the call; no tensor value is ever recorded, only counts.
 """
 
 from __future__ import annotations
@@ -13,46 +12,26 @@ from typing import Any
 
 import torch
 
-__all__ = [
-    "summarize", "derive", "causal_pairs", "window_pairs", "attention_flops", "count_tokens",
-    "AttentionFacts", "ModelFacts", "ATTENTION_KEY", "MODEL_KEY",
-]
+from ..capture.record import (
+    ATTENTION_KEY,
+    MASK_NAMES,
+    MODEL_KEY,
+    AttentionFacts,
+    ModelFacts,
+    TensorMeta,
+)
+from ..instrument.facts import head_info
 
-_Tensor = torch.Tensor
-_MASK_NAMES = frozenset({"attention_mask", "attn_mask", "mask", "key_padding_mask", "padding_mask"})
+__all__ = ["derive", "causal_pairs", "window_pairs", "attention_flops", "count_tokens"]
+
 _Q_NAMES = ("query", "q", "query_states")
 _K_NAMES = ("key", "k", "key_states")
 _V_NAMES = ("value", "v", "value_states")
 _HIDDEN_NAMES = ("hidden_states", "hidden", "x", "inputs_embeds")
 _CAUSAL_NAMES = ("is_causal", "causal")
-# A float mask entry at or below this is "masked": covers -inf, finfo.min and the -10000 of older models.
+# A float mask entry at or below this is "masked": covers -inf, finfo.min and the -10000 of
+# older models.
 _MASKED_BELOW = -5000.0
-_MAX_POSITIONAL = 8
-
-
-def summarize(args: Sequence[Any], kwargs: Mapping[str, Any], names: Sequence[str]) -> list[tuple[str, Any]]:
-    """Cheap metadata of a call's arguments: ``(name, value)`` pairs for the worker.
-
-    A tensor becomes ``(shape, dtype, device)``; a mask tensor is kept by reference so that the
-    worker can count unpadded tokens; bools and numbers are kept; anything else is dropped.
-    """
-    out: list[tuple[str, Any]] = []
-    n = len(names)
-    for i, value in enumerate(args[:_MAX_POSITIONAL]):
-        _add(out, names[i] if i < n else f"arg{i}", value)
-    for key, value in kwargs.items():
-        _add(out, key, value)
-    return out
-
-
-def _add(out: list[tuple[str, Any]], key: str, value: Any) -> None:
-    if isinstance(value, _Tensor):
-        if key in _MASK_NAMES:
-            out.append((key, value))
-        else:
-            out.append((key, (tuple(value.shape), value.dtype, value.device)))
-    elif value is None or isinstance(value, (bool, int, float)):
-        out.append((key, value))
 
 
 # ---- exact counts -------------------------------------------------------------------------------
@@ -81,11 +60,17 @@ def causal_pairs(sq: int, skv: int) -> int:
 
 def attention_flops(
     batch: int, heads: int, sq: int, skv: int, head_dim: int, head_dim_v: int | None = None,
-    causal: bool = False,
+    causal: bool = False, window: int | None = None,
 ) -> int:
-    """FLOPs of QKᵀ and PV (2 per multiply-add); only unmasked pairs when ``causal``."""
+    """FLOPs of QKᵀ and PV (2 per multiply-add), counting only the pairs a causal (and
+    sliding-window) mask leaves visible."""
     dv = head_dim if head_dim_v is None else head_dim_v
-    pairs = causal_pairs(sq, skv) if causal else sq * skv
+    if causal and window:
+        pairs = window_pairs(sq, skv, window)
+    elif causal:
+        pairs = causal_pairs(sq, skv)
+    else:
+        pairs = sq * skv
     return 2 * batch * heads * pairs * (head_dim + dv)
 
 
@@ -137,24 +122,6 @@ def _find(summary: Mapping[str, Any], names: Sequence[str]) -> Any:
     return None
 
 
-def _is_meta(v: Any) -> bool:
-    return isinstance(v, tuple) and len(v) == 3 and isinstance(v[0], tuple)
-
-
-def _module_int(instance: Any, *names: str) -> int | None:
-    if instance is None:
-        return None
-    config = getattr(instance, "config", None)
-    for owner in (instance, config):
-        if owner is None:
-            continue
-        for name in names:
-            value = getattr(owner, name, None)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    return None
-
-
 def derive(summary_list: Sequence[tuple[str, Any]], instance: Any = None) -> dict[str, Any]:
     """Attention attributes (attnscope.* without the prefix) from a call summary."""
     summary = dict(summary_list)
@@ -168,8 +135,8 @@ def derive(summary_list: Sequence[tuple[str, Any]], instance: Any = None) -> dic
     q = _find(summary, _Q_NAMES)
     k = _find(summary, _K_NAMES)
     v = _find(summary, _V_NAMES)
-    if not (_is_meta(q) and _is_meta(k) and _is_meta(v)):
-        positional = [val for key, val in summary_list if key not in _MASK_NAMES and _is_meta(val)]
+    if not (_meta(q) and _meta(k) and _meta(v)):
+        positional = [val for key, val in summary_list if key not in MASK_NAMES and _meta(val)]
         four_d = [val for val in positional if len(val[0]) == 4]
         if q is None and len(four_d) >= 3:
             q, k, v = four_d[:3]
@@ -177,10 +144,10 @@ def derive(summary_list: Sequence[tuple[str, Any]], instance: Any = None) -> dic
     if not isinstance(causal, bool):
         inst_causal = getattr(instance, "is_causal", None) if instance is not None else None
         causal = inst_causal if isinstance(inst_causal, bool) else None
-    mask = _find(summary, tuple(_MASK_NAMES))
+    mask = _find(summary, tuple(MASK_NAMES))
     # nn.MultiheadAttention's key_padding_mask marks padding with True: the opposite of the rest.
     ignores = "key_padding_mask" in summary and mask is summary["key_padding_mask"]
-    if _is_meta(q) and _is_meta(k) and _is_meta(v) and _qkv_ok(q[0], k[0], v[0]):
+    if _meta(q) and _meta(k) and _meta(v) and _qkv_ok(q[0], k[0], v[0]):
         b, hq, sq, d = q[0]
         _, hkv, skv, _ = k[0]
         dv = v[0][3]
@@ -193,12 +160,11 @@ def derive(summary_list: Sequence[tuple[str, Any]], instance: Any = None) -> dic
         _tokens(out, mask, b, sq, ignores)
     else:
         hidden = _find(summary, _HIDDEN_NAMES)
-        if _is_meta(hidden) and len(hidden[0]) == 3:
+        if _meta(hidden) and len(hidden[0]) == 3:
             b, s, width = hidden[0]
             out.update(batch_size=b, seq_len_q=s, dtype=_dtype_name(hidden[1]), device=str(hidden[2]))
-            heads = _module_int(instance, "num_heads", "num_attention_heads", "n_head", "n_heads")
-            kv_heads = _module_int(instance, "num_key_value_heads", "num_kv_heads") or heads
-            head_dim = _module_int(instance, "head_dim")
+            heads, kv_heads, head_dim, _ = head_info(instance) if instance is not None else (
+                None, None, None, None)
             if heads and not head_dim and width % heads == 0:
                 head_dim = width // heads
             if heads and head_dim:
@@ -206,7 +172,7 @@ def derive(summary_list: Sequence[tuple[str, Any]], instance: Any = None) -> dic
             _tokens(out, mask, b, s, ignores)
         elif q is not None or hidden is not None:
             for meta in (q, hidden):
-                if _is_meta(meta):
+                if _meta(meta):
                     out.update(dtype=_dtype_name(meta[1]), device=str(meta[2]))
                     break
     if causal is not None and "seq_len_q" in out:
@@ -234,63 +200,12 @@ def _tokens(out: dict[str, Any], mask: Any, batch: int, sq: int, ignores: bool =
         out["tokens"] = tokens
 
 
+def _meta(value: Any) -> bool:
+    return isinstance(value, TensorMeta)
+
+
 def _dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-# ---- facts gathered by instrument() extractors -------------------------------------------------
-
-ATTENTION_KEY = "\x00attention"
-MODEL_KEY = "\x00model"
-
-
-class AttentionFacts:
-    """What an instrumented attention layer knew on the calling thread: ints, dtypes, handles.
-
-    ``past`` is the KV-cache length before the call: an int, or a 0-d tensor copy the worker reads
-    (static caches keep it on the device). ``seq_kv`` is set for cross-attention (the source
-    length); otherwise the keys are the cache plus this call's tokens. ``mask`` is kept by reference
-    and counted on the worker; ``mask_ignores`` flips its meaning (True/nonzero = padding, as in
-    ``nn.MultiheadAttention``'s ``key_padding_mask``).
-    """
-
-    __slots__ = ("batch", "seq_q", "seq_kv", "past", "cached", "heads", "kv_heads", "head_dim",
-                 "head_dim_v", "causal", "window", "dtype", "device", "mask", "mask_ignores")
-
-    def __init__(self, batch: int, seq_q: int) -> None:
-        self.batch = batch
-        self.seq_q = seq_q
-        self.seq_kv: int | None = None
-        self.past: Any = None
-        self.cached = False
-        self.heads: int | None = None
-        self.kv_heads: int | None = None
-        self.head_dim: int | None = None
-        self.head_dim_v: int | None = None
-        self.causal = False
-        self.window: int | None = None
-        self.dtype: Any = None
-        self.device: Any = None
-        self.mask: Any = None
-        self.mask_ignores = False
-
-
-class ModelFacts:
-    """What a traced model forward or generate() call knew on the calling thread."""
-
-    __slots__ = ("batch", "seq_q", "past", "cached", "mask", "generate", "output", "eos",
-                 "prompt_len")
-
-    def __init__(self, batch: int, seq_q: int) -> None:
-        self.batch = batch
-        self.seq_q = seq_q
-        self.past: Any = None
-        self.cached = False
-        self.mask: Any = None  # (batch, keys) padding mask (1 = real) or a 4-D attention mask
-        self.generate = False
-        self.output: Any = None  # generate(): the returned ids, set after the call
-        self.eos: tuple[int, ...] = ()
-        self.prompt_len: int | None = None  # leading ids of the output that are not new tokens
 
 
 def window_pairs(sq: int, skv: int, window: int) -> int:
@@ -348,13 +263,7 @@ def derive_attention(f: AttentionFacts) -> dict[str, Any]:
         out.update(num_heads=f.heads, num_kv_heads=kv_heads, head_dim=f.head_dim)
         if f.window:
             out["sliding_window"] = f.window
-        if f.causal and f.window:
-            pairs = window_pairs(sq, skv, f.window)
-        elif f.causal:
-            pairs = causal_pairs(sq, skv)
-        else:
-            pairs = sq * skv
-        out["flops"] = 2 * b * f.heads * pairs * (f.head_dim + dv)
+        out["flops"] = attention_flops(b, f.heads, sq, skv, f.head_dim, dv, f.causal, f.window)
     tokens = _real_tokens(f.mask, f.mask_ignores, b, sq, skv) if f.seq_kv is None else None
     out["tokens"] = b * sq if tokens is None else tokens
     return out

@@ -1,0 +1,160 @@
+"""Every piece of attnscope's process state, in one object, with one reset and one fork handler.
+
+Modules keep no mutable globals of their own (a test walks them to make sure): what must outlive
+a call lives on :data:`state`, either as a plain field here or in an object this module holds
+(the sampler). Context variables are keys, not state, and stay with the code that sets them.
+
+:func:`reset` puts everything back as at import (tests); the call sites, the hooks installed in
+torch and the profiler's warm-up survive it, because they live in user code and in torch.
+:func:`after_fork` runs in a forked child: threads and sessions of the parent do not exist there,
+and any lock another parent thread held would stay held forever, so every lock is new.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .capture.sampling import CallSite, Sampler
+
+if TYPE_CHECKING:
+    from ._config import Config
+    from .capture.record import Capture, ProfileSession
+
+__all__ = ["State", "ProfilerState", "state", "reset", "after_fork", "submit"]
+
+_PROFILE_SKIP_REASONS = ("warming", "user_profiler", "busy", "sync_debug", "error")
+
+
+class ProfilerState:
+    """The profile tier's process-wide facts: one session at a time, the user's profiler, warm-up."""
+
+    def __init__(self) -> None:
+        self.session_lock = threading.Lock()  # held for the whole of one attnscope session
+        self.lock = threading.Lock()  # counters and the warm-up thread
+        self.owner: int | None = None  # thread ident of the running session
+        self.active: ProfileSession | None = None
+        self.foreign = False  # a user's profiler is prepared or running (seen through the hooks)
+        self.warming: threading.Thread | None = None
+        self.reset_counts()
+        # Process-lifetime facts, kept by reset(): torch's pieces, and what warm-up learnt.
+        self.torch: Any = None
+        self.entry_points: dict[str, Callable[..., Any]] = {}
+        self.configs: dict[bool, tuple[Any, Any]] = {}
+        self.hooked = False
+        self.warm_cpu = False
+        self.warm_cuda = False
+        self.broken: dict[bool, str] = {}  # on_cuda -> why kineto refused at warm-up
+
+    def reset_counts(self) -> None:
+        self.counts: dict[str, int] = {"profiled": 0,
+                                       **{"skipped_" + r: 0 for r in _PROFILE_SKIP_REASONS}}
+
+    def after_fork(self) -> None:
+        self.session_lock = threading.Lock()
+        self.lock = threading.Lock()
+        self.owner = None
+        self.active = None
+        self.warming = None
+
+
+class State:
+    """attnscope's process state. One instance, :data:`state`."""
+
+    def __init__(self) -> None:
+        # configuration: the effective Config (None until first use) and the last one applied
+        self.config_lock = threading.RLock()
+        self.config: Config | None = None
+        self.applied: Config | None = None
+        # calling thread: sampling, span() call sites, CUDA events, torch.compile registration
+        self.sampler = Sampler()
+        self.span_sites: dict[str, CallSite] = {}
+        self.span_sites_lock = threading.Lock()
+        self.event_pool: Any = None  # capture.device.CudaEventPool, made on the first CUDA call
+        # Until the program imports Dynamo nothing can be compiling: method wrappers skip the
+        # is_compiling() call (~50 ns) until capture.compile's import hook sets this.
+        self.dynamo_loaded = "torch._dynamo" in sys.modules
+        self.dynamo_pending: list[tuple[Callable[..., Any], Callable[..., Any]]] = []
+        self.dynamo_hook: Any = None
+        self.profiler = ProfilerState()
+        # worker side: the running worker and what it reads per span
+        self.worker: Any = None  # worker.loop.Worker
+        self.worker_lock = threading.Lock()
+        self.atexit_registered = False
+        self.process: Any = None  # psutil.Process, for host RSS
+        # logging: rate limits and internal-error counts
+        self.log_lock = threading.Lock()
+        self.last_logged: dict[str, float] = {}
+        self.errors_by_stage: dict[str, int] = {}
+        # metrics: totals that survive worker restarts, instruments per meter provider
+        self.metrics_lock = threading.Lock()
+        self.metric_last: dict[str, tuple[Any, int]] = {}
+        self.metric_totals: dict[str, int] = {}
+        self.instruments: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self.prometheus_started = False
+        # instrumentation: register_attention() classes, the original SDPA function
+        self.registry_lock = threading.Lock()
+        self.attention_registry: dict[type, Any] = {}
+        self.sdpa_lock = threading.Lock()
+        self.sdpa_original: Any = None
+
+
+state = State()
+# The one seam between the two sides: the capture side hands a Capture to whatever the worker
+# side installed here (attnscope._api wires it), so neither imports the other.
+_start_worker: Callable[[], Any] | None = None
+
+
+def set_worker_starter(start: Callable[[], Any]) -> None:
+    """Install the function that starts the worker on the first :func:`submit`."""
+    global _start_worker
+    _start_worker = start
+
+
+def submit(cap: Capture) -> bool:
+    """Hand a capture to the worker (starting it on first use). False: dropped."""
+    worker = state.worker
+    if worker is None:
+        if _start_worker is None:
+            return False
+        worker = _start_worker()
+    return bool(worker.submit(cap))
+
+
+def reset() -> None:
+    """Everything back to its state at import, but call sites, torch hooks and warm-up (tests).
+
+    Stop the worker first (``attnscope.shutdown()``): a running one is forgotten, not stopped.
+    """
+    fresh = State()
+    sampler, profiler = state.sampler, state.profiler
+    # The sampler knows every call site (decorated functions live on in user code) and the
+    # instrumentation registry and SDPA wrapper are installed in user-visible places.
+    keep = {"sampler", "profiler", "dynamo_loaded", "dynamo_pending", "dynamo_hook",
+            "attention_registry", "sdpa_original", "instruments", "prometheus_started"}
+    for name, value in vars(fresh).items():
+        if name not in keep:
+            setattr(state, name, value)
+    sampler.reset()
+    profiler.reset_counts()
+
+
+def after_fork() -> None:
+    """In a forked child: no worker, no session, no warm-up thread, every lock new."""
+    for name, value in list(vars(state).items()):
+        if isinstance(value, type(threading.Lock())):
+            setattr(state, name, threading.Lock())
+        elif isinstance(value, type(threading.RLock())):
+            setattr(state, name, threading.RLock())
+    state.worker = None
+    state.event_pool = None  # CUDA events of the parent are not valid in a child
+    state.sampler.after_fork()
+    state.profiler.after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=after_fork)

@@ -1,0 +1,69 @@
+"""The argument summary of a sampled call: shapes, dtypes, devices and scalars, never values.
+
+A tensor becomes a :class:`TensorMeta`; a mask tensor is kept by reference so that the worker can
+count unpadded tokens later; bools, numbers and None are kept; anything else is dropped.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from .record import MASK_NAMES, TensorMeta
+
+__all__ = ["summarize", "first_device", "param_names"]
+
+_MAX_POSITIONAL = 8
+_Tensor = torch.Tensor
+
+
+def summarize(args: Sequence[Any], kwargs: Mapping[str, Any],
+              names: Sequence[str]) -> list[tuple[str, Any]]:
+    """``(name, value)`` pairs for the worker, cheap enough for the calling thread."""
+    out: list[tuple[str, Any]] = []
+    n = len(names)
+    for i, value in enumerate(args[:_MAX_POSITIONAL]):
+        _add(out, names[i] if i < n else f"arg{i}", value)
+    for key, value in kwargs.items():
+        _add(out, key, value)
+    return out
+
+
+def _add(out: list[tuple[str, Any]], key: str, value: Any) -> None:
+    if isinstance(value, _Tensor):
+        if key in MASK_NAMES:
+            out.append((key, value))
+        else:
+            out.append((key, TensorMeta(tuple(value.shape), value.dtype, value.device)))
+    elif value is None or isinstance(value, (bool, int, float)):
+        out.append((key, value))
+
+
+def first_device(summary: list[tuple[str, Any]]) -> Any:
+    """The device of the first tensor argument, or None."""
+    for _, value in summary:
+        if isinstance(value, TensorMeta):
+            return value.device
+    return None
+
+
+def param_names(fn: Callable[..., Any], self_first: bool = False,
+                bound: bool = False) -> tuple[str, ...]:
+    """Positional parameter names of ``fn``.
+
+    ``self_first``: the names as the instance's method sees its arguments, ``self`` first (added
+    when ``fn`` is ``bound`` or does not name it).
+    """
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        names: tuple[str, ...] = ()
+    else:
+        names = tuple(p.name for p in params
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    if self_first and (bound or names[:1] != ("self",)):
+        return ("self", *names)
+    return names

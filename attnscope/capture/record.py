@@ -1,0 +1,186 @@
+"""The plain records the calling thread fills for one sampled call: the interface of the two sides.
+
+A :class:`Capture` is written on the calling thread only, then handed to the worker, which reads
+it and never writes to it (what it derives goes into its own result object). It holds no
+OpenTelemetry SDK objects, but it does hold live references: the application span's
+``SpanContext`` (an immutable API value), a mask tensor or 0-d cache-length tensor kept for the
+worker to count (never their values on this thread), the module instance, a device timer and a
+profiler session. The worker drops the Capture once it has built the span.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, NamedTuple
+
+__all__ = [
+    "Capture", "TensorMeta", "AttentionFacts", "ModelFacts", "DeviceMemory", "ProfileSession",
+    "next_id", "PROFILE_MARKER", "TIER_NONE", "TIER_TIMING", "TIER_PROFILE", "TIER_NAMES",
+    "ATTENTION_KEY", "MODEL_KEY", "MASK_NAMES",
+]
+
+TIER_NONE = 0
+TIER_TIMING = 1
+TIER_PROFILE = 2
+TIER_NAMES = {TIER_TIMING: "timing", TIER_PROFILE: "profile"}
+# The record_function name around a profiled call; the worker aligns clocks on it.
+PROFILE_MARKER = "attnscope"
+# Argument names whose tensor is kept by reference (the worker counts real tokens in it).
+MASK_NAMES = frozenset({"attention_mask", "attn_mask", "mask", "key_padding_mask", "padding_mask"})
+# Summary keys under which instrument() extractors put their facts.
+ATTENTION_KEY = "\x00attention"
+MODEL_KEY = "\x00model"
+
+# itertools.count is atomic under the GIL: ids are unique across threads without a lock.
+next_id = itertools.count(1).__next__
+
+
+class TensorMeta(NamedTuple):
+    """What the calling thread keeps of a tensor argument: never its values."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+    device: Any
+
+
+class Capture:
+    """One sampled call, as the calling thread recorded it."""
+
+    __slots__ = (
+        "capture_id",
+        "parent_id",
+        "site",
+        "name",
+        "tier",
+        "sample_rate",
+        "otel_parent",
+        "start_epoch_ns",
+        "start_perf_ns",
+        "end_perf_ns",
+        "summary",
+        "instance",
+        "extra",
+        "error",
+        "timer",
+        "profile",
+        "memory",
+    )
+
+    def __init__(self) -> None:
+        self.capture_id: int = 0
+        self.parent_id: int | None = None
+        self.site: Any = None
+        self.name: str = ""
+        self.tier: int = TIER_TIMING
+        self.sample_rate: float = 1.0
+        self.otel_parent: Any = None  # SpanContext of the app's current span, if valid
+        self.start_epoch_ns: int = 0
+        self.start_perf_ns: int = 0
+        self.end_perf_ns: int = 0
+        self.summary: list[tuple[str, Any]] = []
+        self.instance: Any = None  # the module for method/forward calls (to read its config)
+        self.extra: dict[str, Any] | None = None  # attributes given by span(..., tokens=...)
+        self.error: BaseException | None = None
+        self.timer: Any = None  # device timer handle, resolved later by the worker
+        self.profile: ProfileSession | None = None
+        self.memory: DeviceMemory | None = None
+
+    @property
+    def wall_ns(self) -> int:
+        return self.end_perf_ns - self.start_perf_ns
+
+    @property
+    def end_epoch_ns(self) -> int:
+        return self.start_epoch_ns + self.wall_ns
+
+
+class ProfileSession:
+    """One profiler session around one call; ``result`` is torch's profile once stopped."""
+
+    __slots__ = ("result", "marker", "device", "on_cuda", "aborted")
+
+    def __init__(self, device: Any, on_cuda: bool) -> None:
+        self.result: Any = None
+        self.marker: Any = None
+        self.device = device
+        self.on_cuda = on_cuda
+        self.aborted = False
+
+
+class DeviceMemory:
+    """Allocator readings taken on the calling thread around one call."""
+
+    __slots__ = ("device", "allocated_before", "peak_before", "allocated_after", "peak_after",
+                 "reset")
+
+    def __init__(self, device: Any, allocated_before: int, peak_before: int, reset: bool) -> None:
+        self.device = device
+        self.allocated_before = allocated_before
+        self.peak_before = peak_before
+        self.allocated_after = 0
+        self.peak_after = 0
+        self.reset = reset
+
+    @property
+    def delta_bytes(self) -> int:
+        return self.allocated_after - self.allocated_before
+
+    @property
+    def peak_bytes(self) -> int | None:
+        """Peak allocated during the call above what was allocated before it.
+
+        Exact when the peak statistics were reset before the call or when the call set a new
+        process-wide peak; otherwise the call's own peak is hidden under an older one: None.
+        """
+        if self.reset or self.peak_after > self.peak_before:
+            return max(0, self.peak_after - self.allocated_before)
+        return None
+
+
+class AttentionFacts:
+    """What an instrumented attention layer knew on the calling thread: ints, dtypes, handles.
+
+    ``past`` is the KV-cache length before the call: an int, or a 0-d tensor copy the worker reads
+    (static caches keep it on the device). ``seq_kv`` is set for cross-attention (the source
+    length); otherwise the keys are the cache plus this call's tokens. ``mask`` is kept by reference
+    and counted on the worker; ``mask_ignores`` flips its meaning (True/nonzero = padding, as in
+    ``nn.MultiheadAttention``'s ``key_padding_mask``).
+    """
+
+    __slots__ = ("batch", "seq_q", "seq_kv", "past", "cached", "heads", "kv_heads", "head_dim",
+                 "head_dim_v", "causal", "window", "dtype", "device", "mask", "mask_ignores")
+
+    def __init__(self, batch: int, seq_q: int) -> None:
+        self.batch = batch
+        self.seq_q = seq_q
+        self.seq_kv: int | None = None
+        self.past: Any = None
+        self.cached = False
+        self.heads: int | None = None
+        self.kv_heads: int | None = None
+        self.head_dim: int | None = None
+        self.head_dim_v: int | None = None
+        self.causal = False
+        self.window: int | None = None
+        self.dtype: Any = None
+        self.device: Any = None
+        self.mask: Any = None
+        self.mask_ignores = False
+
+
+class ModelFacts:
+    """What a traced model forward or generate() call knew on the calling thread."""
+
+    __slots__ = ("batch", "seq_q", "past", "cached", "mask", "generate", "output", "eos",
+                 "prompt_len")
+
+    def __init__(self, batch: int, seq_q: int) -> None:
+        self.batch = batch
+        self.seq_q = seq_q
+        self.past: Any = None
+        self.cached = False
+        self.mask: Any = None  # (batch, keys) padding mask (1 = real) or a 4-D attention mask
+        self.generate = False
+        self.output: Any = None  # generate(): the returned ids, set after the call
+        self.eos: tuple[int, ...] = ()
+        self.prompt_len: int | None = None  # leading ids of the output that are not new tokens

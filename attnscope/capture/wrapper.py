@@ -1,0 +1,262 @@
+"""The one fast path every traced call runs through, and the one enter → call → close around it.
+
+The unsampled path is a countdown decrement and a compare. A call whose countdown ran out enters
+:func:`enter`, which decides a tier and, when sampled, opens a :class:`Capture` (shapes, clocks,
+CUDA events, a profiler session); the user's call runs outside every attnscope guard; then
+:func:`leave` closes the capture and hands it to the worker. ``trace`` on functions, methods and
+async functions, ``span()`` blocks, instrumented forwards and ``generate`` all use these two;
+their differences are parameters of the call site (an extractor, an ``on_result`` hook).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from opentelemetry import trace as otel_trace
+
+from .. import _log, _state
+from .._state import state
+from . import args as _args
+from . import compile as _compile
+from . import device as _device
+from . import profiler as _profiler
+from .record import TIER_NONE, TIER_PROFILE, TIER_TIMING, Capture, next_id
+from .sampling import CallSite, decide
+
+__all__ = ["current", "enter", "leave", "make_site", "wrap"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+Active = tuple[Capture, "contextvars.Token[int | None]", int]
+
+_perf_ns = time.perf_counter_ns
+# A context key, not process state: the innermost sampled call, so children know their parent.
+current: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "attnscope_current_capture", default=None
+)
+
+
+def make_site(fn: Callable[..., Any], name: str | None, sample_rate: float | None,
+              attributes: dict[str, Any] | None, kind: str | None = None,
+              param_names: tuple[str, ...] | None = None, key: str | None = None) -> CallSite:
+    """A registered call site for ``fn`` (kind "method" when its first parameter is ``self``)."""
+    qualname = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    names = _args.param_names(fn) if param_names is None else param_names
+    if kind is None:
+        kind = "method" if names[:1] == ("self",) else "function"
+    site = CallSite(
+        key=key or f"{getattr(fn, '__module__', '')}.{qualname}:{name or ''}",
+        name=name or qualname,
+        forced_rate=sample_rate,
+        attributes=dict(attributes or {}),
+        param_names=names,
+        kind=kind,
+    )
+    site.attributes.setdefault("code.function.name", qualname)
+    state.sampler.register(site)
+    return site
+
+
+# ---- enter / leave: the sampled path ------------------------------------------------------------
+
+
+def enter(site: CallSite, args: tuple[Any, ...], kwargs: dict[str, Any],
+          forced: bool | None = None, extra: dict[str, Any] | None = None) -> Active | None:
+    """Decide and, when sampled, open a capture and make it current. None: call through.
+
+    Never raises: an internal error is counted against the site and the call goes through.
+    """
+    t_enter = _perf_ns()
+    try:
+        if state.dynamo_loaded and _compile.is_compiling():
+            site.countdown = 1  # decide again on the next eager call
+            _compile.register_pending()
+            return None
+        tier, rate = decide(state.sampler, site, forced)
+        if tier == TIER_NONE:
+            return None
+        cap = _open(site, tier, rate, args, kwargs, extra)
+        if cap is None:
+            return None
+        return cap, current.set(cap.capture_id), t_enter
+    except Exception as exc:
+        _site_error(site, "capture", exc)
+        return None
+
+
+def leave(site: CallSite, active: Active, error: BaseException | None, result: Any = None) -> None:
+    """Close the capture right after the user's call and hand it to the worker. Never raises."""
+    cap, token, t_enter = active
+    try:
+        current.reset(token)
+    except Exception as exc:  # token from another context (e.g. a generator resumed elsewhere)
+        _log.internal_error("context", exc)
+    try:
+        cap.end_perf_ns = _perf_ns()
+        if cap.timer is not None:
+            cap.timer.record_end()
+        if cap.profile is not None:
+            _profiler.stop(cap.profile)
+        if cap.memory is not None:
+            _device.memory_after(cap.memory)
+        cap.error = error
+        if error is None and site.on_result is not None:
+            try:
+                site.on_result(cap, result)
+            except Exception as exc:  # the span still goes out, without what the hook adds
+                _log.internal_error("on-result", exc)
+        _state.submit(cap)
+        own = (cap.start_perf_ns - t_enter) + (_perf_ns() - cap.end_perf_ns)
+        state.sampler.budget.add(own, cap.wall_ns, cap.sample_rate or 1.0)
+    except Exception as exc:
+        _site_error(site, "capture-end", exc)
+
+
+def _open(site: CallSite, tier: int, rate: float, args: tuple[Any, ...], kwargs: dict[str, Any],
+          extra: dict[str, Any] | None) -> Capture | None:
+    cap = Capture()
+    cap.capture_id = next_id()
+    cap.parent_id = current.get()
+    cap.site = site
+    cap.name = site.name
+    cap.sample_rate = rate
+    cap.extra = extra
+    span_ctx = otel_trace.get_current_span().get_span_context()
+    if span_ctx.is_valid:
+        cap.otel_parent = span_ctx
+    summary = _args.summarize(args, kwargs, site.param_names)
+    cap.summary = summary
+    if site.kind == "method" and args:
+        cap.instance = args[0]
+    device = _args.first_device(summary)
+    if device is not None and device.type == "cuda" and not _open_cuda(cap, device):
+        return None
+    if site.extractor is not None:  # instrument(): shapes, cache length (after the capture check)
+        try:
+            summary.extend(site.extractor(cap.instance, args, kwargs))
+        except Exception as exc:  # the span goes out without the facts; the site counts the error
+            _site_error(site, "extract", exc)
+    if tier == TIER_PROFILE:
+        cap.profile = _profiler.start(device)
+        if cap.profile is None:
+            tier = TIER_TIMING
+    cap.tier = tier
+    cap.start_epoch_ns = time.time_ns()
+    if cap.timer is not None:
+        try:
+            cap.timer.record_start()
+        except BaseException:
+            if cap.profile is not None:  # a session left open would hold the profiler lock forever
+                _profiler.stop(cap.profile)
+            raise
+    cap.start_perf_ns = _perf_ns()
+    return cap
+
+
+def _open_cuda(cap: Capture, device: Any) -> bool:
+    """Allocator readings and an event pair; False during CUDA-graph capture (call through)."""
+    import torch
+
+    if torch.cuda.is_current_stream_capturing():
+        return False  # events and allocator queries would be recorded into the graph
+    cap.memory = _device.memory_before(device, state.sampler.reset_peak)
+    pool = state.event_pool
+    if pool is None:
+        pool = state.event_pool = _device.CudaEventPool()
+    cap.timer = pool.get(device)
+    return True
+
+
+def _site_error(site: CallSite, stage: str, exc: Exception) -> None:
+    _log.internal_error(stage, exc)
+    try:
+        if state.sampler.site_error(site):
+            _log.warn_once(
+                "site-off:" + site.key,
+                "attnscope: too many internal errors at this call site; it is no longer traced",
+                site=site.name,
+            )
+    except Exception:
+        pass
+
+
+# ---- the wrappers: countdown in front, enter/leave behind ---------------------------------------
+
+
+def _sampled(site: CallSite, fn: Callable[..., Any], args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> Any:
+    active = enter(site, args, kwargs)
+    if active is None:
+        return fn(*args, **kwargs)
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as exc:
+        leave(site, active, exc)
+        raise
+    leave(site, active, None, result)
+    return result
+
+
+async def _sampled_async(site: CallSite, fn: Callable[..., Any], args: tuple[Any, ...],
+                         kwargs: dict[str, Any]) -> Any:
+    # _sampled, awaiting: Python cannot share one body between a function and a coroutine.
+    active = enter(site, args, kwargs)
+    if active is None:
+        return await fn(*args, **kwargs)
+    try:
+        result = await fn(*args, **kwargs)
+    except BaseException as exc:
+        leave(site, active, exc)
+        raise
+    leave(site, active, None, result)
+    return result
+
+
+def wrap(fn: F, site: CallSite, compile_check: bool | None = None) -> F:
+    """The traced version of ``fn``: same signature, name, docstring and results.
+
+    ``compile_check`` (default: for methods) adds a ``torch.compiler.is_compiling()`` test in
+    front of the countdown, once the program has imported Dynamo; it is needed where Dynamo
+    would trace the wrapper itself (methods looked up on a class). Elsewhere the wrapper is
+    registered so that Dynamo inlines ``fn`` instead (:func:`capture.compile.hide_from_dynamo`).
+    """
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            site.countdown -= 1
+            if site.countdown > 0:
+                return await fn(*args, **kwargs)
+            return await _sampled_async(site, fn, args, kwargs)
+
+        return async_wrapper  # type: ignore[return-value]
+
+    if compile_check is None:
+        compile_check = site.kind == "method"
+    if compile_check:
+        is_compiling = _compile.is_compiling_fn()
+        _compile.register_when_dynamo_loads()  # the import hook that sets state.dynamo_loaded
+
+        @functools.wraps(fn)
+        def checked_wrapper(*args: Any, **kwargs: Any) -> Any:
+            if state.dynamo_loaded and is_compiling():
+                return fn(*args, **kwargs)
+            site.countdown -= 1
+            if site.countdown > 0:
+                return fn(*args, **kwargs)
+            return _sampled(site, fn, args, kwargs)
+
+        return checked_wrapper  # type: ignore[return-value]
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        site.countdown -= 1
+        if site.countdown > 0:
+            return fn(*args, **kwargs)
+        return _sampled(site, fn, args, kwargs)
+
+    _compile.hide_from_dynamo(wrapper, fn)
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,227 @@
+"""Where spans and metrics go: the resource, span exporters by name, meter providers and readers.
+
+The OTLP exporters read the standard ``OTEL_EXPORTER_OTLP_*`` variables themselves; attnscope only
+picks gRPC or HTTP. Metrics: ``meter_provider=`` → the application's global SDK MeterProvider →
+our own, with the readers named in ``OTEL_METRICS_EXPORTER``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import socket
+import sys
+from typing import Any
+
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+from opentelemetry.sdk.trace.export import SpanExporter
+
+from .. import _dist, _log
+from .._config import EXPORTER_NAMES, Config
+from .._state import state
+from .._version import __version__
+
+__all__ = ["make_exporter", "meter_provider_for", "otlp_protocol", "resource",
+           "resource_attributes", "traces_exporter_from_env"]
+
+_DEFAULT_SERVICE = Config.service_name
+_OTLP_NAMES = ("otlp", "otlp-grpc", "otlp-http")
+
+
+# ---- resource ------------------------------------------------------------------------------------
+
+
+def resource_attributes(cfg: Config) -> dict[str, Any]:
+    """attnscope's own resource attributes (before ``OTEL_RESOURCE_ATTRIBUTES`` is merged in)."""
+    attrs: dict[str, Any] = {
+        "service.name": cfg.service_name,
+        "attnscope.version": __version__,
+        "host.name": socket.gethostname(),
+        "process.pid": os.getpid(),
+        "process.executable.name": os.path.basename(sys.executable),
+        "process.runtime.name": platform.python_implementation().lower(),
+        "process.runtime.version": platform.python_version(),
+        "attnscope.rank": _dist.rank(),
+        "attnscope.world_size": _dist.world_size(),
+    }
+    try:
+        import torch
+
+        attrs["attnscope.torch.version"] = str(torch.__version__)
+        # Only name the GPU when CUDA is already up: initialising it here would cost the app.
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            attrs["attnscope.device.name"] = torch.cuda.get_device_name()
+    except Exception:
+        pass
+    return attrs
+
+
+def resource(cfg: Config) -> Resource:
+    """The Resource of providers attnscope creates.
+
+    ``OTEL_RESOURCE_ATTRIBUTES`` overrides attnscope's detected attributes. ``service.name``:
+    a ``service_name`` configured to something other than the default, else ``OTEL_SERVICE_NAME``,
+    else ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``, else "attnscope".
+    """
+    attrs = resource_attributes(cfg)
+    try:
+        env_attrs = dict(OTELResourceDetector().detect().attributes)
+    except Exception as exc:
+        _log.internal_error("resource", exc)
+        env_attrs = {}
+    attrs.update(env_attrs)
+    if cfg.service_name != _DEFAULT_SERVICE or not env_attrs.get("service.name"):
+        attrs["service.name"] = cfg.service_name
+    return Resource.create(attrs)
+
+
+# ---- exporters -----------------------------------------------------------------------------------
+
+
+def otlp_protocol(signal: str = "TRACES") -> str:
+    """``grpc`` or ``http/protobuf``, from ``OTEL_EXPORTER_OTLP_{signal}_PROTOCOL``, else
+    ``OTEL_EXPORTER_OTLP_PROTOCOL``, else grpc."""
+    raw = (os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL", "").strip()
+           or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "").strip() or "grpc").lower()
+    if raw == "grpc":
+        return "grpc"
+    if raw == "http/protobuf":
+        return raw
+    if raw.startswith("http"):
+        _log.warn_once("otlp-protocol", "attnscope: only OTLP http/protobuf is supported over "
+                          "HTTP; using it", value=raw)
+        return "http/protobuf"
+    _log.warn_once("otlp-protocol", "attnscope: unknown OTLP protocol; using grpc", value=raw)
+    return "grpc"
+
+
+def make_exporter(name: str) -> SpanExporter | None:
+    """A SpanExporter for a configured name; None for "none"."""
+    if name == "none":
+        return None
+    if name == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    if name.startswith("jaeger-json:"):
+        from .jaeger_json import JaegerJSONFileExporter
+
+        return JaegerJSONFileExporter(name.split(":", 1)[1])
+    if name.startswith("otlp-json:"):
+        from .otlp_json import OTLPJSONFileExporter
+
+        return OTLPJSONFileExporter(name.split(":", 1)[1])
+    if name == "otlp-http" or (name == "otlp" and otlp_protocol() == "http/protobuf"):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HTTPExporter,
+        )
+
+        return HTTPExporter()
+    if name in ("otlp", "otlp-grpc"):
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GRPCExporter,
+        )
+
+        return GRPCExporter()
+    raise ValueError(f"attnscope: unknown exporter {name!r}")
+
+
+def traces_exporter_from_env() -> str:
+    """The first supported name in ``OTEL_TRACES_EXPORTER`` (default "otlp")."""
+    name = os.environ.get("OTEL_TRACES_EXPORTER", "").split(",")[0].strip().lower() or "otlp"
+    if name not in EXPORTER_NAMES:
+        _log.warn_once("traces-exporter",
+                          "attnscope: unsupported OTEL_TRACES_EXPORTER; using otlp", value=name)
+        name = "otlp"
+    return name
+
+
+# ---- metrics ----------------------------------------------------------------------------
+
+
+def meter_provider_for(cfg: Config, traces_via: str | None, resource: Any, *,
+                       own: bool = True) -> tuple[Any, bool]:
+    """``(meter provider, owned)`` for ``cfg``, or ``(None, False)`` when metrics go nowhere.
+
+    Order: ``meter_provider=`` → the application's global SDK MeterProvider → our own, with the
+    readers named in ``OTEL_METRICS_EXPORTER`` (otlp, prometheus, console, none). When that is
+    unset, ours exports over OTLP only if attnscope's spans do (``traces_via`` is an OTLP name), so
+    ``exporter="jaeger-json:..."`` or an injected ``tracer_provider`` never opens a connection.
+    """
+    if not cfg.metrics:
+        return None, False
+    if cfg.meter_provider is not None:
+        return cfg.meter_provider, False
+    from opentelemetry import metrics as otel_metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    global_provider = otel_metrics.get_meter_provider()
+    if isinstance(global_provider, MeterProvider):
+        return global_provider, False
+    if not own:
+        return None, False
+    raw = os.environ.get("OTEL_METRICS_EXPORTER", "").strip().lower()
+    if raw:
+        names = [n.strip() for n in raw.split(",") if n.strip()]
+    else:
+        names = ["otlp"] if traces_via in _OTLP_NAMES else []
+    readers = [r for r in (_reader(n, traces_via) for n in names) if r is not None]
+    if not readers:
+        return None, False
+    return MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False), True
+
+
+def _reader(name: str, traces_via: str | None) -> Any:
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    if name == "none":
+        return None
+    if name == "otlp":
+        return PeriodicExportingMetricReader(_otlp_metric_exporter(traces_via))
+    if name == "console":
+        from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
+
+        return PeriodicExportingMetricReader(ConsoleMetricExporter())
+    if name == "prometheus":
+        return _prometheus_reader()
+    _log.warn_once("metrics-exporter", "attnscope: unsupported OTEL_METRICS_EXPORTER entry; "
+                      "skipped", value=name)
+    return None
+
+
+def _otlp_metric_exporter(traces_via: str | None) -> Any:
+    http = traces_via == "otlp-http" or (traces_via != "otlp-grpc"
+                                         and otlp_protocol("METRICS") == "http/protobuf")
+    if http:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+            OTLPMetricExporter as HTTPMetricExporter,
+        )
+
+        return HTTPMetricExporter()
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+        OTLPMetricExporter as GRPCMetricExporter,
+    )
+
+    return GRPCMetricExporter()
+
+
+def _prometheus_reader() -> Any:
+    """A Prometheus reader served on OTEL_EXPORTER_PROMETHEUS_HOST:PORT (localhost:9464)."""
+    try:  # optional extra: imported by name so type checking does not need it installed
+        exporter_module = importlib.import_module("opentelemetry.exporter.prometheus")
+        reader_cls = exporter_module.PrometheusMetricReader
+        start_http_server = importlib.import_module("prometheus_client").start_http_server
+    except ImportError:
+        _log.warn_once("prometheus", "attnscope: OTEL_METRICS_EXPORTER=prometheus needs the "
+                          "extra: pip install 'attnscope[prometheus]'")
+        return None
+    reader = reader_cls()
+    if not state.prometheus_started:
+        host = os.environ.get("OTEL_EXPORTER_PROMETHEUS_HOST", "localhost")
+        port = int(os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464"))
+        start_http_server(port=port, addr=host)
+        state.prometheus_started = True
+    return reader
+
+

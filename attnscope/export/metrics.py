@@ -1,0 +1,242 @@
+"""OpenTelemetry metrics, recorded on the worker for every emitted span.
+
+Instruments (see docs/exporting.md):
+
+- ``attnscope.attention.duration`` histogram, seconds (device time when measured, else wall),
+  explicit buckets from 10 µs to 10 s;
+- ``attnscope.attention.tokens`` counter, tokens of sampled calls divided by their sample rate;
+- ``attnscope.memory.peak`` histogram, bytes;
+- ``attnscope.spans.dropped`` (by ``reason``), ``attnscope.profiles.skipped`` and
+  ``attnscope.internal_errors``: observable counters read from attnscope's own counts;
+- ``attnscope.sampling.effective_rate`` (by ``tier``) and ``attnscope.overhead.ratio``:
+  observable gauges.
+
+The first three carry ``attnscope.module_class`` (the span name where there is no module) /
+``attnscope.backend`` / ``attnscope.device`` / ``attnscope.phase`` when the span has them.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any, TypeGuard
+
+from .. import _log
+from .._config import Config
+from .._state import state
+from .._version import __version__
+from .destinations import meter_provider_for
+
+__all__ = ["DURATION_BUCKETS_S", "MEMORY_BUCKETS_BYTES", "recorder"]
+
+P = "attnscope."
+DURATION_BUCKETS_S = (
+    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+MEMORY_BUCKETS_BYTES = tuple(float(4**k) for k in range(8, 19))  # 64 KiB .. 64 GiB
+# Low-cardinality labels only: the module class, not its path (one series per layer would
+# multiply every histogram by the depth of the model); spans carry the path.
+_LABELS = (P + "module_class", P + "backend", P + "device", P + "phase")
+
+
+# ---- instruments ---------------------------------------------------------------------------------
+
+
+def _total(key: str, source: Any, value: int) -> int:
+    """Process-lifetime total of a count that restarts (a new worker, a reset)."""
+    with state.metrics_lock:
+        last_ref, last_value = state.metric_last.get(key, (None, 0))
+        same = last_ref is not None and last_ref() is source
+        delta = value - last_value if same and value >= last_value else value
+        state.metric_last[key] = (weakref.ref(source) if source is not None else _none_ref, value)
+        state.metric_totals[key] = state.metric_totals.get(key, 0) + max(0, delta)
+        return state.metric_totals[key]
+
+
+def _current_total(key: str) -> int:
+    with state.metrics_lock:
+        return state.metric_totals.get(key, 0)
+
+
+def _none_ref() -> Any:
+    return None
+
+
+_DROP_REASONS = ("queue_full", "trace_cap", "export_failed", "export_queue_full")
+
+
+def _observe_dropped(options: Any) -> Iterable[Any]:
+    from opentelemetry.metrics import Observation
+
+    try:
+        worker = state.worker
+        counts: dict[str, int] = worker.drop_counts() if worker is not None else {}
+        out = []
+        for reason in _DROP_REASONS:
+            key = "dropped:" + reason
+            value = _total(key, worker, counts[reason]) if worker is not None else \
+                _current_total(key)
+            out.append(Observation(value, {"reason": reason}))
+        return out
+    except Exception as exc:
+        _log.internal_error("metrics.observe", exc)
+        return []
+
+
+def _observe_profiles_skipped(options: Any) -> Iterable[Any]:
+    from opentelemetry.metrics import Observation
+
+    try:
+        with state.profiler.lock:
+            skips = {key[len("skipped_"):]: value for key, value in state.profiler.counts.items()
+                     if key.startswith("skipped_")}
+        return [Observation(_total("profiles_skipped:" + reason, state.profiler, value),
+                            {"reason": reason})
+                for reason, value in sorted(skips.items())]
+    except Exception as exc:
+        _log.internal_error("metrics.observe", exc)
+        return []
+
+
+def _observe_internal_errors(options: Any) -> Iterable[Any]:
+    from opentelemetry.metrics import Observation
+
+    try:
+        return [Observation(_total("internal_errors", state, _log.error_count()))]
+    except Exception:
+        return []
+
+
+def _observe_sampling(options: Any) -> Iterable[Any]:
+    """The effective (budget-scaled) sample and profile rates, by tier."""
+    from opentelemetry.metrics import Observation
+
+    try:
+        s = state.sampler
+        return [Observation(s.effective_rate, {"tier": "timing"}),
+                Observation(s.effective_profile_rate, {"tier": "profile"})]
+    except Exception as exc:
+        _log.internal_error("metrics.observe", exc)
+        return []
+
+
+def _observe_overhead(options: Any) -> Iterable[Any]:
+    """attnscope's measured calling-thread cost over the wrapped calls' time (last window)."""
+    from opentelemetry.metrics import Observation
+
+    try:
+        return [Observation(state.sampler.budget.last_ratio)]
+    except Exception as exc:
+        _log.internal_error("metrics.observe", exc)
+        return []
+
+
+class _Instruments:
+    """The instruments on one meter provider; :meth:`record` runs on the worker per span."""
+
+    def __init__(self, meter_provider: Any) -> None:
+        meter = meter_provider.get_meter("attnscope", __version__)
+        self.duration = meter.create_histogram(
+            "attnscope.attention.duration", unit="s",
+            description="Duration of sampled attention calls (device time when measured)",
+            explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS_S),
+        )
+        self.tokens = meter.create_counter(
+            "attnscope.attention.tokens", unit="{token}",
+            description="Tokens processed by attention calls (sampled calls / sample rate)",
+        )
+        self.memory_peak = meter.create_histogram(
+            "attnscope.memory.peak", unit="By",
+            description="Peak device memory allocated during sampled calls",
+            explicit_bucket_boundaries_advisory=list(MEMORY_BUCKETS_BYTES),
+        )
+        meter.create_observable_counter(
+            "attnscope.spans.dropped", callbacks=[_observe_dropped], unit="{span}",
+            description="attnscope spans not delivered, by reason",
+        )
+        meter.create_observable_counter(
+            "attnscope.profiles.skipped", callbacks=[_observe_profiles_skipped], unit="{profile}",
+            description="Profile-tier captures that fell back to timing, by reason",
+        )
+        meter.create_observable_counter(
+            "attnscope.internal_errors", callbacks=[_observe_internal_errors], unit="{error}",
+            description="Internal errors attnscope caught and logged",
+        )
+        meter.create_observable_gauge(
+            "attnscope.sampling.effective_rate", callbacks=[_observe_sampling], unit="1",
+            description="Sampling probability in force after the overhead budget, by tier",
+        )
+        meter.create_observable_gauge(
+            "attnscope.overhead.ratio", callbacks=[_observe_overhead], unit="1",
+            description="attnscope's calling-thread cost / wall time of the calls it wraps",
+        )
+
+    def record(self, result: Any) -> None:
+        """Record one built span (a ``worker.spans.Result``): its name and attributes."""
+        try:
+            attrs: dict[str, Any] = result.attrs
+            labels: dict[str, str] = {}
+            for key in _LABELS:
+                value = attrs.get(key)
+                if isinstance(value, str) and value:
+                    labels[key] = value
+            if P + "module_class" not in labels and getattr(result, "name", None):
+                labels[P + "module_class"] = str(result.name)[:128]
+            device_ns = attrs.get(P + "device_ns")
+            wall_ns = attrs.get(P + "wall_ns")
+            ns = device_ns if _positive_int(device_ns) else wall_ns
+            if _count(ns):
+                self.duration.record(ns / 1e9, labels)
+            tokens = attrs.get(P + "tokens")
+            if _count(tokens) and tokens > 0:
+                rate = attrs.get(P + "sample_rate")
+                weight = 1.0 / rate if isinstance(rate, float) and 0.0 < rate <= 1.0 else 1.0
+                self.tokens.add(tokens * weight, labels)
+            peak = attrs.get(P + "memory.peak_bytes")
+            if _count(peak):
+                self.memory_peak.record(peak, labels)
+        except Exception as exc:
+            _log.internal_error("metrics", exc)
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _count(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _instruments_for(meter_provider: Any) -> _Instruments:
+    """One set of instruments per provider: a restarted worker reuses them (no duplicates)."""
+    with state.metrics_lock:
+        try:
+            found: _Instruments | None = state.instruments.get(meter_provider)
+        except TypeError:  # not weak-referenceable: build each time
+            return _Instruments(meter_provider)
+        if found is None:
+            found = state.instruments[meter_provider] = _Instruments(meter_provider)
+        return found
+
+
+def recorder(cfg: Config, pipeline: Any = None) -> Callable[[Any], None] | None:
+    """A callable ``(result)`` that records a built span's metrics; None when metrics are off.
+
+    ``pipeline`` (an ``export.pipeline.Pipeline``) supplies the meter provider it resolved, which it also
+    flushes and shuts down. Without one, only ``meter_provider=`` or the app's global SDK provider
+    is used: a provider nobody would shut down is never created here.
+    """
+    if not cfg.metrics:
+        return None
+    try:
+        if pipeline is not None:
+            meter_provider = pipeline.meter_provider
+        else:
+            meter_provider, _ = meter_provider_for(cfg, None, None, own=False)
+        if meter_provider is None:
+            return None
+        return _instruments_for(meter_provider).record
+    except Exception as exc:
+        _log.internal_error("metrics", exc)
+        return None

@@ -1,0 +1,79 @@
+"""Facts about an attention module that every integration reads the same way: its head counts.
+
+Read once, when instrumenting (and by the worker for ``@trace``'d forwards): the module first,
+then its ``config``, under the attribute names used across model families.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["head_info", "pos_int"]
+
+_K_PROJ = ("k_proj", "key", "k", "wk", "to_k", "k_lin", "key_proj")
+_HEADS = ("num_heads", "num_attention_heads", "n_heads", "n_head", "num_q_heads")
+_KV_HEADS = (
+    "num_key_value_heads",
+    "num_kv_heads",
+    "n_kv_heads",
+    "n_head_kv",
+    "multi_query_group_num",
+)
+_HEAD_DIM = (
+    "qk_head_dim",
+    "head_dim",
+    "attention_head_size",
+    "key_value_proj_dim",
+    "head_size",
+    "d_kv",
+    "kv_channels",
+)
+_WIDTH = ("embed_dim", "hidden_size", "d_model", "n_embd", "all_head_size", "inner_dim")
+
+
+def pos_int(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
+
+
+def _first_int(owners: Iterable[Any], names: Iterable[str]) -> int | None:
+    for owner in owners:
+        if owner is None:
+            continue
+        for name in names:
+            try:
+                value = pos_int(getattr(owner, name, None))
+            except Exception:
+                value = None
+            if value is not None:
+                return value
+    return None
+
+
+def head_info(module: Any) -> tuple[int | None, int | None, int | None, int | None]:
+    """(query heads, kv heads, q/k head size, v head size): the module first, then its config."""
+    config = getattr(module, "config", None)
+    owners = (module, config)
+    heads = _first_int(owners, _HEADS)
+    head_dim = _first_int(owners, _HEAD_DIM)
+    if heads and not head_dim:
+        width = _first_int(owners, _WIDTH)
+        if width and width % heads == 0:
+            head_dim = width // heads
+    kv_heads = _first_int(owners, _KV_HEADS)
+    if kv_heads is None and heads:
+        groups = pos_int(getattr(module, "num_key_value_groups", None))
+        if groups and heads % groups == 0:
+            kv_heads = heads // groups
+        elif getattr(config, "multi_query", False) is True:
+            kv_heads = 1
+    if kv_heads is None and head_dim:
+        for name in _K_PROJ:  # a key projection's width is kv_heads * head_dim
+            out = pos_int(getattr(getattr(module, name, None), "out_features", None))
+            if out and out % head_dim == 0 and heads and heads % (out // head_dim) == 0:
+                kv_heads = out // head_dim
+                break
+    head_dim_v = _first_int(owners, ("v_head_dim",)) or head_dim
+    return heads, kv_heads or heads, head_dim, head_dim_v

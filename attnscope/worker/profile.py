@@ -1,0 +1,50 @@
+"""A finished profiler session → kernel/operator child spans and attributes (worker side)."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import TYPE_CHECKING, Any
+
+from .. import _log
+from ..capture.record import PROFILE_MARKER, Capture
+from . import kernels
+
+if TYPE_CHECKING:
+    from .._config import Config
+
+__all__ = ["finish"]
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def finish(cap: Capture, cfg: Config) -> tuple[dict[str, Any], list[Any]]:
+    """Span attributes (no prefix) and kernel child spans of a profiled capture."""
+    session = cap.profile
+    result = session.result if session is not None else None
+    if session is None or result is None:  # aborted for a user's profiler, or stopping failed
+        return {"tier": "timing"}, []
+    try:
+        events = kernels.from_kineto(result, PROFILE_MARKER)
+        report = kernels.analyze(events, span_start_ns=cap.start_epoch_ns,
+                                 span_end_ns=cap.end_epoch_ns, max_spans=cfg.max_kernel_spans,
+                                 on_device=session.on_cuda)
+    except Exception as exc:  # the span still goes out, without kernel data
+        _log.internal_error("profile-parse", exc)
+        return {"tier": "timing"}, []
+    attrs = report.attributes
+    if cfg.profile_dir:
+        try:
+            attrs["profile.path"] = _save(result, cfg.profile_dir, cap)
+        except Exception as exc:
+            _log.internal_error("profile-save", exc)
+    return attrs, report.children
+
+
+def _save(result: Any, directory: str, cap: Capture) -> str:
+    os.makedirs(directory, exist_ok=True)
+    name = _UNSAFE.sub("_", cap.name)[:64] or "call"
+    path = os.path.abspath(
+        os.path.join(directory, f"{name}-{os.getpid()}-{cap.capture_id}.pt.trace.json"))
+    result.save(path)
+    return path

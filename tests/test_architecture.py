@@ -1,0 +1,212 @@
+"""The layout's rules, checked on the source: who may import whom, one home for state, sizes."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pathlib
+import threading
+import weakref
+from collections import deque
+from typing import Any
+
+import pytest
+
+import attnscope
+from attnscope import _state
+from attnscope.capture.sampling import OverheadBudget
+
+ROOT = pathlib.Path(attnscope.__file__).parent
+MAX_FILE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(module: str, path: pathlib.Path) -> set[str]:
+    """Every module ``module`` imports at run time (function-level imports included)."""
+    tree = ast.parse(path.read_text())
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            for alias in node.names:  # "from . import x" may name a submodule
+                found.add(f"{target}.{alias.name}")
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+MODULES = _modules()
+GRAPH = {name: {i for i in _imports(name, path) if i in MODULES and i != name}
+         for name, path in MODULES.items()}
+RAW = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _side(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_capture_never_imports_the_worker_side_or_the_sdk() -> None:
+    for name, imported in RAW.items():
+        if _side(name) != "capture":
+            continue
+        bad = {i for i in imported if i.startswith(("attnscope.worker", "attnscope.export",
+                                                     "attnscope.instrument", "attnscope._api",
+                                                     "opentelemetry.sdk"))}
+        assert not bad, f"{name} imports {sorted(bad)}"
+
+
+def test_worker_reads_only_the_capture_record() -> None:
+    for name, imported in GRAPH.items():
+        if _side(name) != "worker":
+            continue
+        bad = {i for i in imported if i.startswith("attnscope.capture")
+               and i not in ("attnscope.capture", "attnscope.capture.record")}
+        assert not bad, f"{name} imports capture internals {sorted(bad)}"
+
+
+def test_no_import_cycles() -> None:
+    # Package __init__ edges to their own children are how Python loads packages, not cycles.
+    graph = {name: {i for i in deps if not i.startswith(name + ".")} for name, deps in GRAPH.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                cycle = stack[stack.index(dep):] + [dep]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep)
+        stack.pop()
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+
+
+def test_files_and_functions_stay_small() -> None:
+    for name, path in MODULES.items():
+        source = path.read_text()
+        assert len(source.splitlines()) <= MAX_FILE_LINES, f"{name} is over {MAX_FILE_LINES} lines"
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                assert length <= MAX_FUNCTION_LINES, f"{name}.{node.name} is {length} lines"
+
+
+_MUTABLE = (dict, list, set, deque, weakref.WeakSet, weakref.WeakKeyDictionary,
+            weakref.WeakValueDictionary, type(threading.Lock()), type(threading.RLock()))
+
+
+def test_process_state_lives_in_state_only() -> None:
+    """No module but _state keeps a mutable global or rebinds one with ``global``."""
+    for name, path in MODULES.items():
+        if name == "attnscope._state":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            assert not isinstance(node, ast.Global), f"{name} rebinds a module global"
+        if name.endswith("__main__"):
+            continue  # running it is the command line
+        module = importlib.import_module(name)
+        for attr, value in vars(module).items():
+            if attr.startswith("__") or attr.isupper() or attr.lstrip("_").isupper():
+                continue  # constants: UPPER_CASE by convention, never mutated
+            assert not isinstance(value, _MUTABLE), f"{name}.{attr} is mutable process state"
+
+
+def _locks(obj: Any) -> dict[str, Any]:
+    return {k: v for k, v in vars(obj).items()
+            if isinstance(v, (type(threading.Lock()), type(threading.RLock())))}
+
+
+def test_after_fork_makes_every_lock_new() -> None:
+    state = _state.state
+    holders = [state, state.profiler, state.sampler, state.sampler.bucket, state.sampler.budget]
+    before = [_locks(h) for h in holders]
+    assert all(before)
+    _state.after_fork()
+    for holder, old in zip(holders, before, strict=True):
+        new = _locks(holder)
+        assert set(new) == set(old)
+        assert all(new[k] is not old[k] for k in old), type(holder).__name__
+
+
+def test_counters_are_exact_under_eight_threads() -> None:
+    from attnscope.testing import capture_spans
+
+    @attnscope.trace
+    def f(x: int) -> int:
+        return x
+
+    threads, calls = 8, 500
+    barrier = threading.Barrier(threads)
+
+    def run() -> None:
+        barrier.wait()
+        for i in range(calls):
+            f(i)
+
+    with capture_spans(queue_size=threads * calls):
+        sampled_before = attnscope.stats()["sampled"]
+        pool = [threading.Thread(target=run) for _ in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        assert attnscope.flush(timeout_s=30)
+        stats = attnscope.stats()
+    assert stats["sampled"] - sampled_before == threads * calls
+    assert stats["captured"] == stats["emitted"] == threads * calls
+
+
+def test_overhead_budget_adds_are_exact_under_eight_threads() -> None:
+    budget = OverheadBudget(0.5, window_s=1e9)  # the window never closes: sums stay readable
+    barrier = threading.Barrier(8)
+
+    def run() -> None:
+        barrier.wait()
+        for _ in range(2000):
+            budget.add(3, 7, 1.0)
+
+    pool = [threading.Thread(target=run) for _ in range(8)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert (budget._own_ns, budget._wall_ns) == (8 * 2000 * 3, 8 * 2000 * 7)
