@@ -2,7 +2,9 @@
 ``sampling`` and ``step`` (``span`` lives in :mod:`attnscope.capture.block`).
 
 This is the one module that knows both sides: it hands the capture side the function that starts
-the worker, and the worker the profiler's warm-up.
+the worker, and the worker the profiler's warm-up. The worker side (and with it the OpenTelemetry
+SDK, exporters and psutil) is imported when the worker first starts, not with ``import attnscope``:
+an inference process that loads attnscope pays for what it uses.
 """
 
 from __future__ import annotations
@@ -12,14 +14,16 @@ import inspect
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from . import _log, _state
 from ._config import Config, check_rate, from_env, validate
 from ._state import state
 from .capture import profiler, wrapper
 from .capture.sampling import force as _force
-from .worker import loop
+
+if TYPE_CHECKING:
+    from .worker.loop import Worker
 
 __all__ = ["configure", "current", "restore", "reset_defaults", "trace", "flush", "shutdown",
            "stats", "sampling", "step"]
@@ -75,7 +79,7 @@ def restore(cfg: Config) -> None:
 
 def reset_defaults() -> None:
     """Stop the worker and forget all state; the next use reads the environment again (tests)."""
-    loop.shutdown(timeout_s=5.0)
+    shutdown(timeout_s=5.0)
     _state.reset()
 
 
@@ -88,10 +92,12 @@ def _set(cfg: Config) -> None:
         getattr(previous, f) is not getattr(cfg, f) and getattr(previous, f) != getattr(cfg, f)
         for f in _PIPELINE_FIELDS
     ):
-        loop.shutdown(timeout_s=5.0)
+        shutdown(timeout_s=5.0)
 
 
-def _start_worker() -> loop.Worker:
+def _start_worker() -> Worker:
+    from .worker import loop
+
     return loop.start(current(), on_start=profiler.on_worker_start)
 
 
@@ -192,7 +198,7 @@ class _Step:
 def step(n: int | None) -> _Step:
     """Declare the current step so sampling is consistent across processes (None: no step)."""
     if n is not None and (isinstance(n, bool) or not isinstance(n, int)):
-        _log.warn_once("step-type", "attnscope.step() expects an int; ignored", value=repr(n))
+        _log.warn_once("step-type", "attnscope.step() expects an int; ignored", value=n)
         n = None
     return _Step(n)
 
@@ -202,7 +208,11 @@ def step(n: int | None) -> _Step:
 
 def flush(timeout_s: float = 5.0) -> bool:
     """Export everything captured so far; False if ``timeout_s`` ran out first. Never raises."""
+    if state.worker is None:
+        return True  # nothing was ever captured (or it was all exported at shutdown)
     try:
+        from .worker import loop
+
         return loop.flush(timeout_s)
     except Exception as exc:
         _log.internal_error("flush", exc)
@@ -211,7 +221,11 @@ def flush(timeout_s: float = 5.0) -> bool:
 
 def shutdown(timeout_s: float = 5.0) -> bool:
     """Flush and stop the worker (also done at exit); a later traced call starts a new one."""
+    if state.worker is None:
+        return True
     try:
+        from .worker import loop
+
         return loop.shutdown(timeout_s)
     except Exception as exc:
         _log.internal_error("shutdown", exc)
@@ -232,7 +246,10 @@ def stats() -> dict[str, Any]:
         "profile_granted": s.profile_granted,
         "internal_errors": _log.error_count(),
     }
-    out.update(loop.stats())
+    if state.worker is not None:
+        from .worker import loop
+
+        out.update(loop.stats())
     # "profiled": calls that really ran under the profiler; "profile_skipped_<reason>": calls
     # granted the profile tier that were timed instead.
     out.update({k if k == "profiled" else "profile_" + k: v for k, v in profiler.stats().items()})

@@ -171,6 +171,8 @@ def test_existing_instance_forward_is_wrapped_and_restored() -> None:
     with capture_spans() as spans:
         model(torch.randn(1, 3, 16))
     assert calls == [1] and len(spans) == 1 and spans[0].attributes["attnscope.tokens"] == 3
+    # named after the class's forward, not after the adapter that calls the instance's one
+    assert spans[0].attributes["code.function.name"] == f"{type(attn).__qualname__}.forward"
     attnscope.uninstrument(model)
     assert attn.__dict__["forward"] is patched and set(attn.__dict__) == keys
 

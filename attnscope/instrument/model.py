@@ -161,7 +161,7 @@ def _wrap_forward(
         fn,
         name,
         sample_rate,
-        attributes,
+        _named(attributes, module, "forward"),
         kind="method",
         param_names=names,
         key=f"attnscope.instrument:{name}:{attributes['attnscope.module_class']}",
@@ -170,6 +170,13 @@ def _wrap_forward(
     traced = wrapper.wrap(fn, site, compile_check=False)
     setattr(traced, _MARK, site)
     object.__setattr__(module, "forward", types.MethodType(traced, module))
+
+
+def _named(attributes: dict[str, Any], module: torch.nn.Module, attr: str) -> dict[str, Any]:
+    """``code.function.name``: the class's method, also when an instance-level one was wrapped."""
+    method = getattr(type(module), attr, None)
+    name = getattr(method, "__qualname__", None) or f"{type(module).__qualname__}.{attr}"
+    return {**attributes, "code.function.name": name}
 
 
 def _target(module: torch.nn.Module, attr: str) -> tuple[Callable[..., Any], tuple[str, ...]]:
@@ -213,7 +220,7 @@ def _wrap_generate(
         fn,
         name,
         sample_rate,
-        attributes,
+        _named(attributes, model, "generate"),
         kind="method",
         param_names=names,
         key=f"attnscope.instrument:{name}",

@@ -1,0 +1,117 @@
+"""attnscope logs like a library: stdlib logger "attnscope", never stdout, the app decides."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import attnscope
+from attnscope import _log
+from attnscope.capture import profiler
+from attnscope.testing import capture_spans
+
+# Runs every warning path attnscope has in a fresh process: a bad environment value read on first
+# use, an internal error at a call site (until the site switches itself off), a bad step(), an
+# unsupported OTEL_TRACES_EXPORTER, and a profile-tier call timed instead while the profiler warms.
+_EVERY_WARNING = textwrap.dedent(
+    """
+    import logging, os, sys
+    os.environ["ATTNSCOPE_SAMPLE_RATE"] = "lots"
+    os.environ["OTEL_TRACES_EXPORTER"] = "carrier-pigeon"
+    SETUP
+    import torch
+    import attnscope
+    from attnscope.capture import args
+
+    def boom(*a, **k):
+        raise RuntimeError("injected")
+
+    args.summarize = boom
+    attnscope.configure(sample_rate=1.0, warmup_calls=0, overhead_budget=1.0,
+                        profile_rate=1.0, profile_max_per_minute=1000.0, metrics=False)
+    attnscope.step("seven")
+
+    @attnscope.trace
+    def f(q):
+        return q * 2
+
+    q = torch.ones(2, 2)
+    for _ in range(10):
+        assert torch.equal(f(q), q * 2)
+    attnscope.flush(timeout_s=10)
+    """
+)
+
+
+def _run(setup: str) -> subprocess.CompletedProcess[str]:
+    code = _EVERY_WARNING.replace("SETUP", setup)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+
+
+def test_app_logging_at_error_silences_every_warning_path() -> None:
+    out = _run('logging.basicConfig(level=logging.WARNING)\n'
+               'logging.getLogger("attnscope").setLevel(logging.ERROR)')
+    assert out.stdout == ""
+    assert "attnscope" not in out.stderr, out.stderr
+
+
+def test_without_configuration_warnings_go_to_stderr_one_line_each() -> None:
+    out = _run("")
+    assert out.stdout == ""
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert any("attnscope internal error" in line and "stage='capture'" in line
+               for line in lines), out.stderr
+    assert any("no longer traced" in line for line in lines), out.stderr
+    assert any("ATTNSCOPE_SAMPLE_RATE" in line for line in lines), out.stderr
+    assert "Traceback" not in out.stderr  # tracebacks are for DEBUG
+    assert "timed instead" not in out.stderr  # normal operation: DEBUG
+
+
+def test_debug_shows_the_traceback_and_normal_operation() -> None:
+    out = _run('logging.basicConfig(level=logging.DEBUG)')
+    assert out.stdout == ""
+    assert "Traceback" in out.stderr and "RuntimeError: injected" in out.stderr
+
+
+def test_records_carry_the_fields(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="attnscope")
+    _log.internal_error("unit", ValueError("bad"))
+    _log.internal_error("unit", ValueError("rate-limited"))
+    [record] = [r for r in caplog.records if r.name == "attnscope"]
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == (
+        "attnscope internal error; the call proceeds uninstrumented stage='unit' "
+        "error=\"ValueError('bad')\"")
+    assert record.attnscope == {"stage": "unit", "error": "ValueError('bad')"}  # type: ignore[attr-defined]
+    assert record.exc_info is None
+    assert _log.error_count("unit") == 2  # counted even when not logged
+
+
+def test_profile_skips_are_debug(caplog: pytest.LogCaptureFixture,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    caplog.set_level(logging.DEBUG, logger="attnscope")
+    monkeypatch.setattr(attnscope._state.state.profiler, "warm_cpu", False)
+    monkeypatch.setattr(profiler, "warm_up_async", lambda cuda=None: None)
+
+    @attnscope.trace
+    def f(q: torch.Tensor) -> torch.Tensor:
+        return q + 1
+
+    with capture_spans(profile_rate=1.0, profile_max_per_minute=1000.0):
+        f(torch.ones(1))
+    skips = [r for r in caplog.records if "timed instead" in r.getMessage()]
+    assert skips and all(r.levelno == logging.DEBUG for r in skips)
+
+
+def test_import_adds_no_handler_and_leaves_logging_alone() -> None:
+    code = ("import logging; before = list(logging.getLogger().handlers); import attnscope; "
+            "assert logging.getLogger('attnscope').handlers == []; "
+            "assert logging.getLogger().handlers == before; "
+            "import sys; assert 'structlog' not in sys.modules, 'structlog loads on first log'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
