@@ -128,6 +128,17 @@ def test_profile_dir_writes_chrome_trace(tmp_path: Any) -> None:
     assert "aten::scaled_dot_product_attention" in names
 
 
+def test_profile_dir_set_while_the_worker_runs_applies_at_once(tmp_path: Any) -> None:
+    with capture_spans(**PROFILE) as spans:
+        sdpa(Q, Q, Q)
+        assert attnscope.flush(timeout_s=10)
+        attnscope.configure(profile_dir=str(tmp_path))  # not a pipeline setting: no restart
+        sdpa(Q, Q, Q)
+    first, second = _parents(spans)
+    assert "attnscope.profile.path" not in attrs(first)
+    assert attrs(second)["attnscope.profile.path"].startswith(str(tmp_path))
+
+
 def test_parse_failure_still_emits_the_span(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(result: Any, marker: str) -> list[RawEvent]:
         raise RuntimeError("unexpected event layout")

@@ -149,7 +149,8 @@ class Worker:
                 found["memory.host_rss_bytes"] = rss
             children: list[Any] = []
             if cap.profile is not None:
-                attrs, children = profile.finish(cap, self._cfg)
+                # the configuration in force now: profile_dir and max_kernel_spans apply at once
+                attrs, children = profile.finish(cap, state.config or self._cfg)
                 found.update(attrs)
             self.builder.add(result_of(cap, found, children))
         except Exception as exc:
