@@ -86,6 +86,8 @@ class State:
         self.worker_lock = threading.Lock()
         self.atexit_registered = False
         self.process: Any = None  # psutil.Process, for host RSS
+        self.rss_bytes: int | None = None  # the last reading, and when (monotonic seconds)
+        self.rss_read_at = float("-inf")
         # logging: rate limits and internal-error counts
         self.log_lock = threading.Lock()
         self.last_logged: dict[str, float] = {}

@@ -255,6 +255,8 @@ def test_cuda_graph_capture_passes_through(fake_cuda: FakeGpu, monkeypatch: pyte
 
 def test_torch_compile_tracing_passes_through(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    # Tracing needs Dynamo imported; attnscope asks is_compiling() only from then on.
+    monkeypatch.setattr(state, "dynamo_loaded", True)
 
     class Attn(torch.nn.Module):
         @attnscope.trace

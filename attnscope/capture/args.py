@@ -14,7 +14,7 @@ import torch
 
 from .record import MASK_NAMES, TensorMeta
 
-__all__ = ["summarize", "first_device", "param_names"]
+__all__ = ["summarize", "first_device", "tensor_device", "param_names"]
 
 _MAX_POSITIONAL = 8
 _Tensor = torch.Tensor
@@ -40,6 +40,17 @@ def _add(out: list[tuple[str, Any]], key: str, value: Any) -> None:
             out.append((key, TensorMeta(tuple(value.shape), value.dtype, value.device)))
     elif value is None or isinstance(value, (bool, int, float)):
         out.append((key, value))
+
+
+def tensor_device(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """The device of the first tensor argument, without summarising the others."""
+    for value in args[:_MAX_POSITIONAL]:
+        if isinstance(value, _Tensor):
+            return value.device
+    for value in kwargs.values():
+        if isinstance(value, _Tensor):
+            return value.device
+    return None
 
 
 def first_device(summary: list[tuple[str, Any]]) -> Any:

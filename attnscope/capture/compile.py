@@ -14,9 +14,10 @@ import importlib.abc
 import importlib.machinery
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
-from collections.abc import Callable
+import torch
 
 from .. import _log
 from .._state import state
@@ -37,7 +38,7 @@ def is_compiling_fn() -> Callable[[], bool]:
 
 def is_compiling() -> bool:
     try:
-        return bool(is_compiling_fn()())
+        return bool(torch.compiler.is_compiling())
     except Exception:
         return False
 

@@ -128,18 +128,25 @@ def _open(site: CallSite, tier: int, rate: float, args: tuple[Any, ...], kwargs:
     span_ctx = otel_trace.get_current_span().get_span_context()
     if span_ctx.is_valid:
         cap.otel_parent = span_ctx
-    summary = _args.summarize(args, kwargs, site.param_names)
-    cap.summary = summary
     if site.kind == "method" and args:
         cap.instance = args[0]
-    device = _args.first_device(summary)
+    extractor = site.extractor
+    if extractor is None:
+        summary = _args.summarize(args, kwargs, site.param_names)
+        device = _args.first_device(summary)
+    else:  # instrument(): the extractor's facts replace the generic summary
+        summary = []
+        device = _args.tensor_device(args, kwargs)
+    cap.summary = summary
     if device is not None and device.type == "cuda" and not _open_cuda(cap, device):
         return None
-    if site.extractor is not None:  # instrument(): shapes, cache length (after the capture check)
+    if extractor is not None:  # after the capture check: it may read a device tensor
         try:
-            summary.extend(site.extractor(cap.instance, args, kwargs))
+            summary.extend(extractor(cap.instance, args, kwargs))
         except Exception as exc:  # the span goes out without the facts; the site counts the error
             _site_error(site, "extract", exc)
+        if not summary:  # nothing it recognised: the shapes of the arguments, as for @trace
+            summary.extend(_args.summarize(args, kwargs, site.param_names))
     if tier == TIER_PROFILE:
         cap.profile = _profiler.start(device)
         if cap.profile is None:

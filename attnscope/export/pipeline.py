@@ -100,6 +100,7 @@ class Pipeline:
         self.exporter = exporter
         self.meter_provider = meter_provider
         self.meter_owned = meter_owned
+        self.processor: Any = None  # the span processor attnscope added to a provider it owns
         self.delivery = Delivery()
         self._flush_lock = threading.Lock()
         self._flushing: threading.Thread | None = None
@@ -207,6 +208,7 @@ def build(cfg: Config) -> Pipeline:
                         exporter=span_exporter, meter_provider=meter_provider,
                         meter_owned=meter_owned)
     if owned and span_exporter is not None:
-        provider.add_span_processor(_CountingBatchSpanProcessor(
-            _CountingExporter(span_exporter, pipeline.delivery), pipeline.delivery))
+        pipeline.processor = _CountingBatchSpanProcessor(
+            _CountingExporter(span_exporter, pipeline.delivery), pipeline.delivery)
+        provider.add_span_processor(pipeline.processor)
     return pipeline

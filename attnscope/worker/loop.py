@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -20,16 +21,19 @@ from opentelemetry.trace import NoOpTracer
 from .. import _log
 from .._config import Config
 from .._state import state
+from .._version import __version__
 from ..capture.record import Capture
 from ..export import metrics, pipeline
-from . import derive, profile
+from . import derive, emit, profile
 from .resolve import Resolver
-from .spans import SpanBuilder, result_of
+from .spans import SpanBuilder, result_of, site_attributes
 
 __all__ = ["Worker", "start", "flush", "shutdown", "stats"]
 
 _BUSY_WAIT_S = 0.002  # poll interval while CUDA events are pending
 _STASH_CHECK_S = 1.0  # children waiting for a parent: look at their age this often
+_RSS_EVERY_S = 0.25
+_YIELD_EVERY_S = 0.0005
 
 
 class Worker:
@@ -58,6 +62,8 @@ class Worker:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._sleeping = False
+        # a call site's attributes, cleaned once (sites are weakly held: they live in user code)
+        self._sites: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
         self.thread = threading.Thread(target=self._run, name="attnscope-worker", daemon=True)
         self.thread.start()
 
@@ -83,8 +89,9 @@ class Worker:
     def _run(self) -> None:
         try:
             built = self._build(self._cfg)
-            self.builder = SpanBuilder(built.tracer, self._cfg.max_spans_per_trace,
-                                       metrics.recorder(self._cfg, built))
+            self.builder = SpanBuilder(
+                emit.for_pipeline(built, pipeline.INSTRUMENTATION_NAME, __version__),
+                self._cfg.max_spans_per_trace, metrics.recorder(self._cfg, built))
             self.pipeline = built
         except Exception as exc:  # spans go nowhere, but captures are still drained and counted
             _log.internal_error("pipeline", exc)
@@ -113,6 +120,7 @@ class Worker:
         worked = False
         while self.dropped_ids:
             self.builder.parent_dropped(self.dropped_ids.popleft())
+        yielded = time.perf_counter()
         while self.queue:
             cap = self.queue.popleft()
             worked = True
@@ -120,9 +128,14 @@ class Worker:
                 self.resolver.add(cap)
             else:
                 self._finish(cap, False)
-                # Hand the GIL back after each span: a calling thread waits for at most one span's
-                # work, not for the interpreter's 5 ms switch interval.
-                time.sleep(0)
+                # Hand the GIL back now and then: a calling thread waits for at most
+                # _YIELD_EVERY_S of the worker's work, not for the interpreter's 5 ms switch
+                # interval. Not after every span: each hand-over costs both threads more CPU
+                # (futex and scheduler work) than building a span does.
+                now = time.perf_counter()
+                if now - yielded > _YIELD_EVERY_S:
+                    time.sleep(0)
+                    yielded = now
         if len(self.resolver):
             for cap, timed_out in self.resolver.poll():
                 worked = True
@@ -152,12 +165,18 @@ class Worker:
                 # the configuration in force now: profile_dir and max_kernel_spans apply at once
                 attrs, children = profile.finish(cap, state.config or self._cfg)
                 found.update(attrs)
-            self.builder.add(result_of(cap, found, children))
+            self.builder.add(result_of(cap, found, children, self._site_attrs(cap.site)))
         except Exception as exc:
             self.worker_errors += 1
             _log.internal_error("worker", exc)
         finally:
             self.processed += 1
+
+    def _site_attrs(self, site: Any) -> dict[str, Any]:
+        found = self._sites.get(site)
+        if found is None:
+            found = self._sites[site] = site_attributes(site.attributes)
+        return found
 
     def drop_counts(self) -> dict[str, int]:
         """Spans lost so far, by reason (read by the metrics callbacks)."""
@@ -192,15 +211,24 @@ class Worker:
 
 
 def _host_rss_bytes() -> int | None:
-    """Resident set size of this process (psutil costs ~10 µs: worker side only)."""
+    """Resident set size of this process, read at most every ``_RSS_EVERY_S``.
+
+    One read costs psutil a /proc read (tens of µs): as much as the rest of a span. The value is
+    the process's, not the call's, so a reading a fraction of a second old says the same.
+    """
+    now = time.monotonic()
+    if now - state.rss_read_at < _RSS_EVERY_S:
+        return state.rss_bytes
+    state.rss_read_at = now
     try:
         if state.process is None:
             import psutil
 
             state.process = psutil.Process()
-        return int(state.process.memory_info().rss)
+        state.rss_bytes = int(state.process.memory_info().rss)
     except Exception:
-        return None
+        state.rss_bytes = None
+    return state.rss_bytes
 
 
 # ---- the process's worker ------------------------------------------------------------------------

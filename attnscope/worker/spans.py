@@ -9,18 +9,19 @@ tensors and handles the calling thread recorded are let go as soon as the worker
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from opentelemetry import trace as otel_trace
-from opentelemetry.context import Context
-from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import INVALID_SPAN_CONTEXT, Link, SpanContext
 
 from ..capture.record import TIER_NAMES, Capture
+from .emit import Emitter, SdkEmitter
 
-__all__ = ["SpanBuilder", "Result", "result_of", "capture_attributes", "BuildStats"]
+__all__ = ["SpanBuilder", "Result", "result_of", "capture_attributes", "site_attributes",
+           "BuildStats"]
 
 P = "attnscope."
 MAX_STRING = 256
@@ -30,16 +31,31 @@ _BUILT_KEEP = 4096
 STASH_MAX_AGE_S = 600.0
 
 
-def capture_attributes(cap: Capture, derived: dict[str, Any]) -> dict[str, Any]:
-    """The span attributes of one capture (derived: what the worker found, unprefixed)."""
-    attrs: dict[str, Any] = {}
-    for key, value in cap.site.attributes.items():  # user attributes, names as given
-        attrs[key] = _clean(value)
+def site_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
+    """A call site's own attributes (names as given), cleaned once per site, not per span."""
+    return {key: _clean(value) for key, value in attributes.items()}
+
+
+@functools.lru_cache(maxsize=1024)
+def _name(key: str) -> str:
+    return key if key.startswith("gen_ai.") else P + key
+
+
+_PLAIN = frozenset((int, float, bool))
+
+
+def capture_attributes(cap: Capture, derived: dict[str, Any],
+                       site_attrs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The span attributes of one capture (derived: what the worker found, unprefixed).
+
+    ``site_attrs``: :func:`site_attributes` of the capture's site, when the caller keeps them.
+    """
+    attrs = dict(site_attrs if site_attrs is not None else site_attributes(cap.site.attributes))
     attrs[P + "tier"] = TIER_NAMES.get(cap.tier, "timing")
     attrs[P + "sample_rate"] = float(cap.sample_rate)
     for key, value in derived.items():
         if value is not None:
-            attrs[key if key.startswith("gen_ai.") else P + key] = _clean(value)
+            attrs[_name(key)] = value if type(value) in _PLAIN else _clean(value)
     if cap.extra:
         for key, value in cap.extra.items():
             if value is None:
@@ -106,8 +122,9 @@ class Result:
         self.added = time.monotonic()
 
 
-def result_of(cap: Capture, derived: dict[str, Any], children: list[ChildSpan]) -> Result:
-    return Result(cap, capture_attributes(cap, derived), children)
+def result_of(cap: Capture, derived: dict[str, Any], children: list[ChildSpan],
+              site_attrs: dict[str, Any] | None = None) -> Result:
+    return Result(cap, capture_attributes(cap, derived, site_attrs), children)
 
 
 _CUT = "cut"  # the capture's span was not emitted (per-trace cap): its subtree is cut too
@@ -117,9 +134,10 @@ _LOST = "lost"  # the capture never reached the worker (queue full): children go
 class SpanBuilder:
     """Builds spans parents-first with at most ``max_spans_per_trace`` per trace."""
 
-    def __init__(self, tracer: Any, max_spans_per_trace: int,
+    def __init__(self, emitter: Any, max_spans_per_trace: int,
                  on_span: Callable[[Result], None] | None = None) -> None:
-        self.tracer = tracer
+        """``emitter``: an :class:`~attnscope.worker.emit.Emitter`, or a tracer to go through."""
+        self.emitter: Emitter = emitter if isinstance(emitter, Emitter) else SdkEmitter(emitter)
         self.max_per_trace = max_spans_per_trace
         self.stats = BuildStats()
         self._on_span = on_span
@@ -173,27 +191,19 @@ class SpanBuilder:
             # drop a child, so this span starts its own trace and links to the app's span.
             links = [Link(target)]
             target = None
-        ctx = otel_trace.set_span_in_context(NonRecordingSpan(target), Context()) if target else Context()
         if target is not None and self._over_cap(target.trace_id):
             self._cut(item)
             return
-        end = item.end_ns
-        span = self.tracer.start_span(item.name, context=ctx, kind=SpanKind.INTERNAL,
-                                      attributes=item.attrs, start_time=item.start_ns, links=links)
-        if item.error is not None:
-            err = item.error
-            span.record_exception(err, timestamp=end, escaped=True)
-            span.set_status(Status(StatusCode.ERROR, f"{type(err).__name__}: {err}"[:MAX_STRING]))
-        sc = span.get_span_context()
-        if target is None:
-            self._over_cap(sc.trace_id)  # a new trace: count its root
-        child_ctx = otel_trace.set_span_in_context(span, Context())
-        for name, c_start, c_end, c_attrs in item.children:
-            child = self.tracer.start_span(name, context=child_ctx, kind=SpanKind.INTERNAL,
-                                           attributes=c_attrs, start_time=c_start)
-            child.end(end_time=c_end)
-        span.end(end_time=end)
+        emit = self.emitter.emit
+        sc = emit(item.name, target, item.attrs, item.start_ns, item.end_ns, links, item.error)
         item.error = None  # drop the traceback (and the frames it holds) now
+        if sc is None:
+            sc = INVALID_SPAN_CONTEXT
+        elif target is None:
+            self._over_cap(sc.trace_id)  # a new trace: count its root
+        if sc.is_valid and sc.trace_flags.sampled:
+            for name, c_start, c_end, c_attrs in item.children:
+                emit(name, sc, c_attrs, c_start, c_end)
         self.stats.emitted += 1
         if self._on_span is not None:
             self._on_span(item)

@@ -1,0 +1,135 @@
+"""How a finished span reaches the span processors: through the SDK's tracer, or directly.
+
+Spans are built after the call, complete: name, times, attributes, status and events are all known
+at once. The SDK's ``Tracer.start_span`` / ``Span.end`` path exists for spans that are still
+running (a mutable span, its lock, attribute limits re-checked per value) and costs most of the
+worker's time per span. So:
+
+- :class:`SdkEmitter` goes through ``tracer.start_span`` — used for any provider attnscope does not
+  own (``tracer_provider=``, the application's global provider), whose span processors and hooks
+  are the application's business;
+- :class:`DirectEmitter` — used for the provider attnscope creates itself — asks that provider's
+  sampler, makes the ids with its id generator, and hands a finished ``ReadableSpan`` (the public
+  type every span processor and exporter receives) straight to attnscope's own processor.
+  Attribute values are already bounded by attnscope (strings to 256 characters, sequences to 64).
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from opentelemetry import trace as otel_trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
+
+__all__ = ["Emitter", "SdkEmitter", "DirectEmitter", "for_pipeline", "error_status"]
+
+MAX_STRING = 256
+_INTERNAL = SpanKind.INTERNAL
+_EMPTY = Context()
+
+
+def error_status(err: BaseException) -> Status:
+    return Status(StatusCode.ERROR, f"{type(err).__name__}: {err}"[:MAX_STRING])
+
+
+def _parent_context(parent: SpanContext | None) -> Context:
+    return otel_trace.set_span_in_context(NonRecordingSpan(parent), _EMPTY) if parent else _EMPTY
+
+
+class Emitter:
+    """``emit`` one finished span; returns its context (for children), or None if not recorded."""
+
+    def emit(self, name: str, parent: SpanContext | None, attrs: dict[str, Any], start_ns: int,
+             end_ns: int, links: Sequence[Link] | None = None,
+             error: BaseException | None = None) -> SpanContext | None:
+        raise NotImplementedError
+
+
+class SdkEmitter(Emitter):
+    """Through ``tracer.start_span``: the application's provider, its sampler and processors."""
+
+    def __init__(self, tracer: Any) -> None:
+        self.tracer = tracer
+
+    def emit(self, name: str, parent: SpanContext | None, attrs: dict[str, Any], start_ns: int,
+             end_ns: int, links: Sequence[Link] | None = None,
+             error: BaseException | None = None) -> SpanContext | None:
+        span = self.tracer.start_span(name, context=_parent_context(parent), kind=_INTERNAL,
+                                      attributes=attrs, start_time=start_ns, links=links)
+        if error is not None:
+            span.record_exception(error, timestamp=end_ns, escaped=True)
+            span.set_status(error_status(error))
+        span.end(end_time=end_ns)
+        sc: SpanContext = span.get_span_context()
+        return sc
+
+
+class DirectEmitter(Emitter):
+    """Finished ``ReadableSpan``s straight to the processor of a provider attnscope owns."""
+
+    def __init__(self, provider: Any, processor: Any, scope_name: str, version: str) -> None:
+        self.sampler = provider.sampler
+        self.ids = provider.id_generator
+        self.resource = provider.resource
+        self.processor = processor
+        self.scope = InstrumentationScope(scope_name, version)
+
+    def emit(self, name: str, parent: SpanContext | None, attrs: dict[str, Any], start_ns: int,
+             end_ns: int, links: Sequence[Link] | None = None,
+             error: BaseException | None = None) -> SpanContext | None:
+        trace_id = parent.trace_id if parent is not None else self.ids.generate_trace_id()
+        links = links or ()
+        result = self.sampler.should_sample(_parent_context(parent), trace_id, name, _INTERNAL,
+                                            attrs, links)
+        flags = TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT
+        sc = SpanContext(trace_id, self.ids.generate_span_id(), is_remote=False,
+                         trace_flags=TraceFlags(flags), trace_state=result.trace_state)
+        if not result.decision.is_recording():
+            return sc
+        if result.attributes and result.attributes is not attrs:
+            attrs = {**attrs, **result.attributes}
+        events: tuple[Event, ...] = ()
+        status = Status(StatusCode.UNSET)
+        if error is not None:
+            events = (_exception_event(error, end_ns),)
+            status = error_status(error)
+        self.processor.on_end(ReadableSpan(
+            name=name, context=sc, parent=parent, resource=self.resource, attributes=attrs,
+            events=events, links=links, kind=_INTERNAL, status=status, start_time=start_ns,
+            end_time=end_ns, instrumentation_scope=self.scope))
+        return sc
+
+
+def _exception_event(exc: BaseException, timestamp: int) -> Event:
+    """The event ``Span.record_exception(escaped=True)`` records, with the same attributes."""
+    module = type(exc).__module__
+    qualname = type(exc).__qualname__
+    return Event("exception", {
+        "exception.type": f"{module}.{qualname}" if module and module != "builtins" else qualname,
+        "exception.message": str(exc),
+        "exception.stacktrace": "".join(traceback.format_exception(exc)),
+        "exception.escaped": "True",
+    }, timestamp=timestamp)
+
+
+def for_pipeline(pipeline: Any, scope_name: str, version: str) -> Emitter:
+    """The direct path for a provider attnscope owns and exports from, else the SDK's."""
+    processor = getattr(pipeline, "processor", None)
+    provider = pipeline.provider
+    if pipeline.owned and processor is not None and all(
+            hasattr(provider, a) for a in ("sampler", "id_generator", "resource")):
+        return DirectEmitter(provider, processor, scope_name, version)
+    return SdkEmitter(pipeline.tracer)

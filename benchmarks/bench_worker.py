@@ -1,0 +1,161 @@
+"""The worker thread's cost, measured side by side in one run.
+
+Prints, per emitted timing-tier span, the worker thread's CPU time (what it takes from the
+application: the GIL and a core) next to the cost of building the same span directly with the
+OpenTelemetry SDK (same attributes, same provider, processor and exporter) — the floor. Also the
+worker's wake-ups and CPU while the process is idle (target: none).
+
+By default attnscope exports through a provider of its own (``exporter=`` a SpanExporter), the
+usual set-up; ``--app-provider`` hands it the application's provider instead (``tracer_provider=``),
+where spans go through the SDK's ``Tracer.start_span``.
+
+Run: python benchmarks/bench_worker.py [--spans 5000] [--rounds 5] [--metrics] [--app-provider]
+Linux only (reads /proc for per-thread figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+import attnscope
+from attnscope._state import state
+
+
+class Keep(SpanExporter):
+    """Drops spans but remembers the last one (to copy its attributes for the reference)."""
+
+    def __init__(self) -> None:
+        self.last: ReadableSpan | None = None
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if spans:
+            self.last = spans[-1]
+        return SpanExportResult.SUCCESS
+
+
+def _thread_cpu_ns(native_id: int) -> int:
+    """User + system CPU of one thread of this process, from /proc (clock ticks)."""
+    with open(f"/proc/self/task/{native_id}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def _switches(native_id: int) -> int:
+    with open(f"/proc/self/task/{native_id}/status") as fh:
+        for line in fh:
+            if line.startswith("voluntary_ctxt_switches"):
+                return int(line.split()[1])
+    return 0
+
+
+@attnscope.trace
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = True) -> Any:
+    return q
+
+
+def worker_round(n: int) -> float:
+    """Worker CPU ns per span for ``n`` spans (CPU ticks are 10 ms: keep n large)."""
+    q = torch.zeros(1, 8, 128, 64)
+    worker = state.worker
+    assert worker is not None
+    tid = worker.thread.native_id
+    before_cpu, before_emitted = _thread_cpu_ns(tid), worker.builder.stats.emitted
+    for _ in range(n):
+        attention(q, q, q)
+    assert attnscope.flush(timeout_s=60)
+    emitted = worker.builder.stats.emitted - before_emitted
+    return (_thread_cpu_ns(tid) - before_cpu) / max(1, emitted)
+
+
+def reference_round(tracer: Any, name: str, attrs: dict[str, Any], n: int) -> float:
+    """CPU ns per span to build the same span directly, on a thread of its own."""
+    out: list[float] = []
+
+    def run() -> None:
+        t0 = time.thread_time_ns()
+        for _ in range(n):
+            start = time.time_ns()
+            span = tracer.start_span(name, attributes=attrs, start_time=start)
+            span.end(end_time=start + 1000)
+        out.append((time.thread_time_ns() - t0) / n)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    return out[0]
+
+
+def idle_figures(seconds: float) -> tuple[int, float]:
+    worker = state.worker
+    assert worker is not None
+    tid = worker.thread.native_id
+    s0, c0 = _switches(tid), _thread_cpu_ns(tid)
+    time.sleep(seconds)
+    return _switches(tid) - s0, (_thread_cpu_ns(tid) - c0) / 1e6
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--spans", type=int, default=5000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--metrics", action="store_true", help="record metrics too (in memory)")
+    parser.add_argument("--app-provider", action="store_true",
+                        help="give attnscope the application's TracerProvider")
+    args = parser.parse_args(argv)
+
+    exporter = Keep()
+    # The reference: the same exporter behind the SDK's own provider and batch processor.
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=1 << 16))
+    meter = MeterProvider(metric_readers=[InMemoryMetricReader()]) if args.metrics else None
+    destination: dict[str, Any] = (
+        {"tracer_provider": provider} if args.app_provider else {"exporter": exporter})
+    attnscope.configure(sample_rate=1.0, warmup_calls=0, overhead_budget=1.0, profile_rate=0.0,
+                        queue_size=1 << 16, metrics=args.metrics, meter_provider=meter,
+                        **destination)
+    q = torch.zeros(1, 8, 128, 64)
+    attention(q, q, q)  # starts the worker
+    assert attnscope.flush(timeout_s=30)
+    worker_round(500)  # warm
+    last = exporter.last
+    assert last is not None
+    attrs = dict(last.attributes or {})
+    tracer = provider.get_tracer("reference")
+    ours, ref = [], []
+    for _ in range(args.rounds):
+        ours.append(worker_round(args.spans))
+        ref.append(reference_round(tracer, last.name, attrs, args.spans))
+    idle_switches, idle_cpu_ms = idle_figures(2.0)
+    attnscope.shutdown()
+    provider.shutdown()
+
+    print(f"python {platform.python_version()}  torch {torch.__version__}  "
+          f"attnscope {attnscope.__version__}  {args.spans} spans x {args.rounds} rounds  "
+          f"metrics={'on' if args.metrics else 'off'}  span attributes: {len(attrs)}  "
+          f"provider={'application' if args.app_provider else 'attnscope'}")
+    print(f"{'':48} {'median':>9} {'min':>9} {'max':>9}")
+    for label, values in (("worker CPU per emitted span (us)", ours),
+                          ("OTel SDK span, same attributes (us)", ref)):
+        print(f"{label:48} {statistics.median(values) / 1e3:9.1f} {min(values) / 1e3:9.1f} "
+              f"{max(values) / 1e3:9.1f}")
+    print(f"ratio worker / OTel span (median of rounds): "
+          f"{statistics.median(o / r for o, r in zip(ours, ref, strict=True)):.2f}")
+    print(f"idle 2 s: worker wake-ups {idle_switches}, worker CPU {idle_cpu_ms:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
