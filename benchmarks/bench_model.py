@@ -57,18 +57,22 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--every-call", action="store_true", help="trace every attention call")
     parser.add_argument("--calling-thread-only", action="store_true",
                         help="drop captures at the hand-off (no worker work)")
+    parser.add_argument("--app-provider", action="store_true",
+                        help="give attnscope the application's TracerProvider instead of an exporter")
     args = parser.parse_args(argv)
 
     plain = build_model()
     traced = copy.deepcopy(plain)
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(Discard(), max_queue_size=1 << 16))
+    # The usual set-up: attnscope's own provider and exporter; or the application's provider.
+    destination: dict[str, Any] = (
+        {"tracer_provider": provider} if args.app_provider else {"exporter": Discard()})
     if args.every_call:
-        attnscope.configure(tracer_provider=provider, sample_rate=1.0, warmup_calls=0,
-                            overhead_budget=1.0, profile_rate=0.0, metrics=False,
-                            queue_size=1 << 16)
+        attnscope.configure(sample_rate=1.0, warmup_calls=0, overhead_budget=1.0,
+                            profile_rate=0.0, metrics=False, queue_size=1 << 16, **destination)
     else:
-        attnscope.configure(tracer_provider=provider)  # everything else: the defaults
+        attnscope.configure(**destination)  # everything else: the defaults
     if args.calling_thread_only:
         from attnscope import _state
 

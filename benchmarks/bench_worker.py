@@ -31,7 +31,17 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 import attnscope
-from attnscope._state import state
+
+
+def _worker() -> Any:
+    """The running worker (also of attnscope versions before the reshaping, for A/B runs)."""
+    try:
+        from attnscope._state import state
+    except ImportError:
+        from attnscope import _worker as old  # type: ignore[attr-defined]
+
+        return old.get()
+    return state.worker
 
 
 class Keep(SpanExporter):
@@ -70,7 +80,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool
 def worker_round(n: int) -> float:
     """Worker CPU ns per span for ``n`` spans (CPU ticks are 10 ms: keep n large)."""
     q = torch.zeros(1, 8, 128, 64)
-    worker = state.worker
+    worker = _worker()
     assert worker is not None
     tid = worker.thread.native_id
     before_cpu, before_emitted = _thread_cpu_ns(tid), worker.builder.stats.emitted
@@ -100,7 +110,7 @@ def reference_round(tracer: Any, name: str, attrs: dict[str, Any], n: int) -> fl
 
 
 def idle_figures(seconds: float) -> tuple[int, float]:
-    worker = state.worker
+    worker = _worker()
     assert worker is not None
     tid = worker.thread.native_id
     s0, c0 = _switches(tid), _thread_cpu_ns(tid)

@@ -26,6 +26,7 @@ from ..capture import wrapper
 from ..capture.args import param_names
 from ..capture.compile import register_when_dynamo_loads
 from ..capture.record import ATTENTION_KEY, MODEL_KEY, AttentionFacts, Capture, ModelFacts
+from ..capture.sampling import CallSite
 from . import Extractor, torch_nn
 from . import transformers as hf
 from .facts import head_info
@@ -156,20 +157,26 @@ def _wrap_forward(
     sample_rate: float | None,
     make_extractor: Callable[[tuple[str, ...]], Extractor],
 ) -> None:
-    fn, names = _target(module, "forward")
-    site = wrapper.make_site(
-        fn,
-        name,
-        sample_rate,
-        _named(attributes, module, "forward"),
-        kind="method",
-        param_names=names,
-        key=f"attnscope.instrument:{name}:{attributes['attnscope.module_class']}",
-    )
+    key = f"attnscope.instrument:{name}:{attributes['attnscope.module_class']}"
+    site, names, fn = _site_for(module, "forward", name, attributes, sample_rate, key)
     site.extractor = make_extractor(names)
+    _install(module, "forward", fn, site)
+
+
+def _site_for(module: torch.nn.Module, attr: str, name: str, attributes: dict[str, Any],
+              sample_rate: float | None, key: str) -> tuple[CallSite, tuple[str, ...], Any]:
+    """The call site for ``module.<attr>``, its parameter names and the function to wrap."""
+    fn, names = _target(module, attr)
+    site = wrapper.make_site(fn, name, sample_rate, _named(attributes, module, attr),
+                             kind="method", param_names=names, key=key)
+    return site, names, fn
+
+
+def _install(module: torch.nn.Module, attr: str, fn: Callable[..., Any], site: CallSite) -> None:
+    """An instance-level ``attr``: the core wrapper around ``fn``, bound to ``module``."""
     traced = wrapper.wrap(fn, site, compile_check=False)
     setattr(traced, _MARK, site)
-    object.__setattr__(module, "forward", types.MethodType(traced, module))
+    object.__setattr__(module, attr, types.MethodType(traced, module))
 
 
 def _named(attributes: dict[str, Any], module: torch.nn.Module, attr: str) -> dict[str, Any]:
@@ -215,24 +222,14 @@ def _wrap_generate(
     The core wrapper, with one step after the call (the site's ``on_result``): the returned ids
     are handed to the worker, which counts new tokens up to each row's first end-of-sequence.
     """
-    fn, names = _target(model, "generate")
-    site = wrapper.make_site(
-        fn,
-        name,
-        sample_rate,
-        _named(attributes, model, "generate"),
-        kind="method",
-        param_names=names,
-        key=f"attnscope.instrument:{name}",
-    )
+    site, names, fn = _site_for(model, "generate", name, attributes, sample_rate,
+                                f"attnscope.instrument:{name}")
     facts_for = hf.generate_facts(model, names)
     site.extractor = lambda instance, args, kwargs: (
         [] if (f := facts_for(args, kwargs)) is None else [(MODEL_KEY, f)]
     )
     site.on_result = _keep_output
-    traced = wrapper.wrap(fn, site, compile_check=False)
-    setattr(traced, _MARK, site)
-    object.__setattr__(model, "generate", types.MethodType(traced, model))
+    _install(model, "generate", fn, site)
 
 
 def _keep_output(cap: Capture, result: Any) -> None:

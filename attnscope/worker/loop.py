@@ -33,7 +33,8 @@ __all__ = ["Worker", "start", "flush", "shutdown", "stats"]
 _BUSY_WAIT_S = 0.002  # poll interval while CUDA events are pending
 _STASH_CHECK_S = 1.0  # children waiting for a parent: look at their age this often
 _RSS_EVERY_S = 0.25
-_YIELD_EVERY_S = 0.0005
+_YIELD_EVERY_S = 0.002
+_GATHER_S = 0.1
 
 
 class Worker:
@@ -61,6 +62,7 @@ class Worker:
         self._submit_lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._hurry = threading.Event()
         self._sleeping = False
         # a call site's attributes, cleaned once (sites are weakly held: they live in user code)
         self._sites: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
@@ -115,6 +117,12 @@ class Worker:
                 self._wake.wait(_STASH_CHECK_S if self.builder.pending() else None)
         finally:
             self._sleeping = False
+        # Woken by a capture: let a few more arrive before taking the GIL, so a program making
+        # captures back to back is interrupted once per batch, not once per capture. flush()
+        # and shutdown() cut the wait short.
+        if self.queue and not self._hurry.is_set():
+            self._hurry.wait(_GATHER_S)
+        self._hurry.clear()
 
     def _step(self) -> bool:
         worked = False
@@ -131,7 +139,8 @@ class Worker:
                 # Hand the GIL back now and then: a calling thread waits for at most
                 # _YIELD_EVERY_S of the worker's work, not for the interpreter's 5 ms switch
                 # interval. Not after every span: each hand-over costs both threads more CPU
-                # (futex and scheduler work) than building a span does.
+                # (futex and scheduler work) than building a span does, and on a model that
+                # keeps the GIL busy, fewer and longer slices cost it less in all.
                 now = time.perf_counter()
                 if now - yielded > _YIELD_EVERY_S:
                     time.sleep(0)
@@ -195,6 +204,7 @@ class Worker:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self.thread.is_alive():
                     return False
+                self._hurry.set()
                 self._wake.set()
                 self._cond.wait(min(remaining, 0.05))
         return True
@@ -202,6 +212,7 @@ class Worker:
     def stop(self, deadline: float) -> bool:
         done = self.wait_idle(deadline)
         self._stop.set()
+        self._hurry.set()
         self._wake.set()
         self.thread.join(max(0.0, deadline - time.monotonic()))
         if not self.thread.is_alive():
