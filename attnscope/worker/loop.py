@@ -83,7 +83,10 @@ class Worker:
             if cap.timer is not None:
                 cap.timer.release()
         # Read after the append: a worker that saw an empty queue has already said it sleeps.
+        # Only the first capture after it fell asleep wakes it: waking costs this thread a
+        # lock hand-over, and the worker takes whatever has arrived by the time it runs.
         if self._sleeping:
+            self._sleeping = False
             self._wake.set()
         return accepted
 
@@ -111,6 +114,7 @@ class Worker:
             self._stop.wait(_BUSY_WAIT_S)
             return
         self._wake.clear()
+        self._hurry.clear()  # a flush that asked earlier has been served
         self._sleeping = True
         try:
             if not self.queue and not self.dropped_ids and not self._stop.is_set():
@@ -120,9 +124,8 @@ class Worker:
         # Woken by a capture: let a few more arrive before taking the GIL, so a program making
         # captures back to back is interrupted once per batch, not once per capture. flush()
         # and shutdown() cut the wait short.
-        if self.queue and not self._hurry.is_set():
+        if self.queue and not self._stop.is_set():
             self._hurry.wait(_GATHER_S)
-        self._hurry.clear()
 
     def _step(self) -> bool:
         worked = False
