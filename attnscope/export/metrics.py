@@ -4,7 +4,8 @@ Instruments (see docs/exporting.md):
 
 - ``attnscope.attention.duration`` histogram, seconds (device time when measured, else wall),
   explicit buckets from 10 µs to 10 s;
-- ``attnscope.attention.tokens`` counter, tokens of sampled calls divided by their sample rate;
+- ``attnscope.attention.tokens`` observable counter (summed on the worker, read at collection),
+  tokens of sampled calls divided by their sample rate;
 - ``attnscope.memory.peak`` histogram, bytes;
 - ``attnscope.spans.dropped`` (by ``reason``), ``attnscope.profiles.skipped`` and
   ``attnscope.internal_errors``: observable counters read from attnscope's own counts;
@@ -63,6 +64,9 @@ def _none_ref() -> Any:
     return None
 
 
+# Label combinations of the token total kept per meter provider (the labels are low-cardinality;
+# this bounds the table if an application's span names are not).
+_MAX_TOKEN_SERIES = 2048
 _DROP_REASONS = ("queue_full", "trace_cap", "export_failed", "export_queue_full")
 
 
@@ -142,8 +146,12 @@ class _Instruments:
             description="Duration of sampled attention calls (device time when measured)",
             explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS_S),
         )
-        self.tokens = meter.create_counter(
-            "attnscope.attention.tokens", unit="{token}",
+        # Token totals are summed here and read when metrics are collected: a synchronous
+        # counter's add() costs the worker as much per span as the histogram record does.
+        # Written by the worker thread only; the reader's callback takes a snapshot.
+        self._token_totals: dict[tuple[tuple[str, str], ...], float] = {}
+        meter.create_observable_counter(
+            "attnscope.attention.tokens", callbacks=[self._observe_tokens], unit="{token}",
             description="Tokens processed by attention calls (sampled calls / sample rate)",
         )
         self.memory_peak = meter.create_histogram(
@@ -172,6 +180,15 @@ class _Instruments:
             description="attnscope's calling-thread cost / wall time of the calls it wraps",
         )
 
+    def _observe_tokens(self, options: Any) -> Iterable[Any]:
+        from opentelemetry.metrics import Observation
+
+        try:
+            return [Observation(total, dict(key)) for key, total in list(self._token_totals.items())]
+        except Exception as exc:
+            _log.internal_error("metrics.observe", exc)
+            return []
+
     def record(self, result: Any) -> None:
         """Record one built span (a ``worker.spans.Result``): its name and attributes."""
         try:
@@ -192,7 +209,10 @@ class _Instruments:
             if _count(tokens) and tokens > 0:
                 rate = attrs.get(P + "sample_rate")
                 weight = 1.0 / rate if isinstance(rate, float) and 0.0 < rate <= 1.0 else 1.0
-                self.tokens.add(tokens * weight, labels)
+                series = tuple(sorted(labels.items()))
+                totals = self._token_totals
+                if series in totals or len(totals) < _MAX_TOKEN_SERIES:
+                    totals[series] = totals.get(series, 0.0) + tokens * weight
             peak = attrs.get(P + "memory.peak_bytes")
             if _count(peak):
                 self.memory_peak.record(peak, labels)
