@@ -95,7 +95,7 @@ def _set(cfg: Config) -> None:
         shutdown(timeout_s=5.0)
 
 
-def _start_worker() -> Worker:
+def _start_worker() -> Worker | None:
     from .worker import loop
 
     return loop.start(current(), on_start=profiler.on_worker_start)

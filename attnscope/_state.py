@@ -85,6 +85,7 @@ class State:
         self.worker: Any = None  # worker.loop.Worker
         self.worker_lock = threading.Lock()
         self.atexit_registered = False
+        self.exiting = False  # the exit flush has begun: no new worker (it could not export)
         self.process: Any = None  # psutil.Process, for host RSS
         self.rss_bytes: int | None = None  # the last reading, and when (monotonic seconds)
         self.rss_read_at = float("-inf")
@@ -124,6 +125,8 @@ def submit(cap: Capture) -> bool:
         if _start_worker is None:
             return False
         worker = _start_worker()
+        if worker is None:  # the process is exiting
+            return False
     return bool(worker.submit(cap))
 
 

@@ -35,6 +35,7 @@ _STASH_CHECK_S = 1.0  # children waiting for a parent: look at their age this of
 _RSS_EVERY_S = 0.25
 _YIELD_EVERY_S = 0.002
 _GATHER_S = 0.1
+_EXIT_TIMEOUT_S = 5.0
 
 
 class Worker:
@@ -64,6 +65,7 @@ class Worker:
         self._wake = threading.Event()
         self._hurry = threading.Event()
         self._sleeping = False
+        self.built = threading.Event()  # set once the pipeline build has finished (or failed)
         # a call site's attributes, cleaned once (sites are weakly held: they live in user code)
         self._sites: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
         self.thread = threading.Thread(target=self._run, name="attnscope-worker", daemon=True)
@@ -100,6 +102,8 @@ class Worker:
             self.pipeline = built
         except Exception as exc:  # spans go nowhere, but captures are still drained and counted
             _log.internal_error("pipeline", exc)
+        finally:
+            self.built.set()
         if self._on_start is not None:
             self._on_start(self._cfg)  # e.g. the profiler's first-use cost: here, not in a call
         while True:
@@ -248,16 +252,48 @@ def _host_rss_bytes() -> int | None:
 # ---- the process's worker ------------------------------------------------------------------------
 
 
-def start(cfg: Config, on_start: Callable[[Config], None] | None = None) -> Worker:
-    """The process's worker, started now if there is none."""
+def start(cfg: Config, on_start: Callable[[Config], None] | None = None) -> Worker | None:
+    """The process's worker, started now if there is none; None once the process is exiting.
+
+    Exiting: the main thread has returned or the exit flush has begun. A worker started then (a
+    daemon thread still tracing) could not build its pipeline, as ``concurrent.futures`` refuses
+    work by then: its captures are dropped and counted nowhere.
+    """
     with state.worker_lock:
         if state.worker is None:
+            if state.exiting or not threading.main_thread().is_alive():
+                return None
             state.worker = Worker(cfg, on_start=on_start)
             if not state.atexit_registered:
-                atexit.register(_at_exit)
+                _register_exit_hook()
                 state.atexit_registered = True
         worker: Worker = state.worker
         return worker
+
+
+def _register_exit_hook() -> None:
+    """Export at exit: the pipeline built while the interpreter still accepts work, then flushed.
+
+    ``atexit`` handlers run after ``threading._shutdown()``, which has already run
+    ``concurrent.futures``' own exit hook: from then on no executor accepts work, and the
+    OpenTelemetry SDK's resource detection (``Resource.create``, part of building the pipeline)
+    submits to one. A worker still building its pipeline then lost every span. So
+    :func:`_before_threads_join` goes where ``concurrent.futures`` puts its own hook,
+    ``threading._register_atexit`` (CPython 3.9+; hooks run in reverse order of registration,
+    before non-daemon threads are joined), and waits for the build. Its ``thread`` module is
+    imported first (``concurrent.futures`` loads it lazily), so its hook is registered before ours
+    and runs after it. The flush stays in ``atexit`` (:func:`_at_exit`): spans of non-daemon
+    threads still running after the main thread returned are exported too.
+    """
+    import concurrent.futures.thread  # noqa: F401  (registers its exit hook now, before ours)
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        try:
+            register(_before_threads_join)
+        except Exception:  # RuntimeError: threading's shutdown has begun
+            pass
+    atexit.register(_at_exit)
 
 
 def flush(timeout_s: float = 5.0) -> bool:
@@ -302,10 +338,24 @@ def _shutdown_pipeline(built: pipeline.Pipeline, deadline: float) -> None:
     t.join(max(0.0, deadline - time.monotonic()))
 
 
-def _at_exit() -> None:
+def _before_threads_join() -> None:
+    """Wait (bounded) until the worker has built its pipeline; never raises (a hook of threading's
+    shutdown that raised would skip the hooks after it and the joining of threads)."""
     try:
-        shutdown(timeout_s=5.0)
-    except Exception:
+        worker: Worker | None = state.worker
+        if worker is not None:
+            worker.built.wait(_EXIT_TIMEOUT_S)
+    except BaseException:
+        pass
+
+
+def _at_exit() -> None:
+    """Export what was captured, within ``_EXIT_TIMEOUT_S``; never raises. No worker starts after
+    this (a daemon thread still tracing): it could not build a pipeline any more."""
+    state.exiting = True
+    try:
+        shutdown(timeout_s=_EXIT_TIMEOUT_S)
+    except BaseException:  # a second Ctrl-C included: exit goes on
         pass
 
 
