@@ -139,7 +139,11 @@ def trace(
     Usable bare (``@trace``) or with options. ``sample_rate`` overrides the configured rate for this
     function and skips warm-up and the parent's sampling decision. The wrapper keeps the signature,
     name, docstring and return value. Async functions are supported; generators are refused.
+    ``name`` (default: the function's qualified name) must be a non-empty ``str``: anything else
+    raises ``TypeError`` here; spans carry at most its first 128 characters.
     """
+    if name is not None and (not isinstance(name, str) or not name):
+        raise TypeError(f"attnscope.trace needs a non-empty str name, got {name!r}")
     rate = _checked_rate(sample_rate, "attnscope.trace")
 
     def decorate(func: F) -> F:

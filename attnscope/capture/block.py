@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from types import TracebackType
 from typing import Any
 
@@ -80,14 +79,14 @@ def span(name: str, *, tokens: int | None = None, sample: bool | None = None,
          attributes: dict[str, Any] | None = None) -> Span:
     """A traced block: ``with attnscope.span("decode-step", tokens=128): ...``.
 
-    ``sample=True`` always captures the block, ``False`` never; None follows the configured rate.
-    ``tokens`` is recorded as ``attnscope.tokens`` (and drives ``attnscope.tokens_per_s``).
+    ``name`` must be a non-empty ``str`` (``TypeError`` otherwise); spans carry at most its first
+    128 characters. ``sample=True`` always captures the block, ``False`` never; None follows the
+    configured rate. ``tokens`` is recorded as ``attnscope.tokens`` (and drives
+    ``attnscope.tokens_per_s``).
     """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"attnscope.span needs a non-empty str name, got {name!r}")
     extra: dict[str, Any] = dict(attributes or {})
     if tokens is not None:
         extra["tokens"] = tokens
-    if not isinstance(name, str) or not name:
-        warnings.warn(f"attnscope.span needs a non-empty name, got {name!r}", UserWarning,
-                      stacklevel=2)
-        name = str(name) or "attnscope.span"
     return Span(name, sample, extra)

@@ -12,6 +12,9 @@ worker's time per span. So:
   sampler, makes the ids with its id generator, and hands a finished ``ReadableSpan`` (the public
   type every span processor and exporter receives) straight to attnscope's own processor.
   Attribute values are already bounded by attnscope (strings to 256 characters, sequences to 64).
+
+Both take the span name through :func:`span_name`: always a ``str`` of at most 128 characters. One
+span an exporter cannot encode (a name that is not a string) would fail its whole batch.
 """
 
 from __future__ import annotations
@@ -34,15 +37,27 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 
-__all__ = ["Emitter", "SdkEmitter", "DirectEmitter", "for_pipeline", "error_status"]
+__all__ = ["Emitter", "SdkEmitter", "DirectEmitter", "for_pipeline", "error_status", "span_name"]
 
 MAX_STRING = 256
+MAX_NAME = 128
 _INTERNAL = SpanKind.INTERNAL
 _EMPTY = Context()
 
 
 def error_status(err: BaseException) -> Status:
     return Status(StatusCode.ERROR, f"{type(err).__name__}: {err}"[:MAX_STRING])
+
+
+def span_name(name: Any) -> str:
+    """``name`` as a span name: a ``str`` (anything else through ``str()``), at most ``MAX_NAME``
+    characters, never empty."""
+    if type(name) is not str:
+        try:
+            name = str(name)
+        except Exception:
+            name = ""
+    return name[:MAX_NAME] or "attnscope.span"
 
 
 def _parent_context(parent: SpanContext | None) -> Context:
@@ -67,7 +82,7 @@ class SdkEmitter(Emitter):
     def emit(self, name: str, parent: SpanContext | None, attrs: dict[str, Any], start_ns: int,
              end_ns: int, links: Sequence[Link] | None = None,
              error: BaseException | None = None) -> SpanContext | None:
-        span = self.tracer.start_span(name, context=_parent_context(parent), kind=_INTERNAL,
+        span = self.tracer.start_span(span_name(name), context=_parent_context(parent), kind=_INTERNAL,
                                       attributes=attrs, start_time=start_ns, links=links)
         if error is not None:
             span.record_exception(error, timestamp=end_ns, escaped=True)
@@ -90,6 +105,7 @@ class DirectEmitter(Emitter):
     def emit(self, name: str, parent: SpanContext | None, attrs: dict[str, Any], start_ns: int,
              end_ns: int, links: Sequence[Link] | None = None,
              error: BaseException | None = None) -> SpanContext | None:
+        name = span_name(name)
         trace_id = parent.trace_id if parent is not None else self.ids.generate_trace_id()
         links = links or ()
         result = self.sampler.should_sample(_parent_context(parent), trace_id, name, _INTERNAL,

@@ -18,7 +18,7 @@ from typing import Any
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, Link, SpanContext
 
 from ..capture.record import TIER_NAMES, Capture
-from .emit import Emitter, SdkEmitter
+from .emit import Emitter, SdkEmitter, span_name
 
 __all__ = ["SpanBuilder", "Result", "result_of", "capture_attributes", "site_attributes",
            "BuildStats"]
@@ -112,7 +112,7 @@ class Result:
     def __init__(self, cap: Capture, attrs: dict[str, Any], children: list[ChildSpan]) -> None:
         self.capture_id = cap.capture_id
         self.parent_id = cap.parent_id
-        self.name = cap.name
+        self.name = span_name(cap.name)  # a str, capped: an exporter could refuse the batch
         self.otel_parent = cap.otel_parent
         self.start_ns = cap.start_epoch_ns
         self.end_ns = cap.end_epoch_ns

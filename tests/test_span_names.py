@@ -1,0 +1,57 @@
+"""Span names: refused when they are not a non-empty str, capped at 128 characters when built."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import attnscope
+from attnscope.testing import capture_spans
+from attnscope.worker.emit import MAX_NAME, span_name
+
+
+@pytest.mark.parametrize("bad", [123, "", b"name", None.__class__])
+def test_trace_refuses_a_name_that_is_not_a_non_empty_str(bad: Any) -> None:
+    with pytest.raises(TypeError, match="non-empty str name"):
+        attnscope.trace(name=bad)
+    with pytest.raises(TypeError, match="non-empty str name"):
+        attnscope.trace(lambda: None, name=bad)  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize("bad", [123, "", None, b"block"])
+def test_span_refuses_a_name_that_is_not_a_non_empty_str(bad: Any) -> None:
+    with pytest.raises(TypeError, match="non-empty str name"):
+        attnscope.span(bad)
+
+
+def test_a_very_long_name_is_capped_on_the_span() -> None:
+    long = "n" * 10_000
+
+    @attnscope.trace(name=long)
+    def f(x: int) -> int:
+        return x + 1
+
+    with capture_spans(sample_rate=1.0, warmup_calls=0) as spans:
+        assert f(1) == 2
+        with attnscope.span("b" * 500, sample=True):
+            pass
+    assert sorted(s.name for s in spans) == sorted(["b" * MAX_NAME, "n" * MAX_NAME])
+
+
+def test_a_name_that_got_past_validation_reaches_the_exporter_as_a_str() -> None:
+    @attnscope.trace
+    def f(x: int) -> int:
+        return x + 1
+
+    f.__attnscope_site__.name = 123  # type: ignore[attr-defined]  # e.g. an internal call site
+    with capture_spans(sample_rate=1.0, warmup_calls=0) as spans:
+        assert f(1) == 2
+    assert [s.name for s in spans] == ["123"]
+
+
+def test_span_name_helper() -> None:
+    assert span_name("ok") == "ok"
+    assert span_name(7) == "7"
+    assert span_name("x" * 1000) == "x" * MAX_NAME
+    assert span_name("") == "attnscope.span"
