@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 import attnscope
 from attnscope.capture.args import summarize
-from attnscope.worker.derive import attention_flops, causal_pairs, count_tokens, derive
 from attnscope.testing import capture_spans
+from attnscope.worker.derive import attention_flops, causal_pairs, count_tokens, derive
 from tests.helpers import attrs, brute_force_flops
 
 

@@ -17,8 +17,8 @@ from torch import nn
 import attnscope
 from attnscope import instrumented_modules
 from attnscope._state import state
-from attnscope.worker import derive as _inspect
 from attnscope.testing import capture_spans
+from attnscope.worker import derive as _inspect
 
 
 class TinyAttention(nn.Module):

@@ -9,8 +9,8 @@ import torch
 
 import attnscope
 from attnscope.capture import device, profiler
-from attnscope.worker import loop
 from attnscope.testing import capture_spans
+from attnscope.worker import loop
 
 from .helpers import attrs
 

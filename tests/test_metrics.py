@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,8 +19,6 @@ from opentelemetry.sdk.metrics.export import (
 )
 
 import attnscope
-from types import SimpleNamespace
-
 from attnscope import _config, _log
 from attnscope._state import state
 from attnscope.export import metrics as _metrics

@@ -15,9 +15,9 @@ import attnscope
 from attnscope._state import state
 from attnscope.capture import profiler as _profile
 from attnscope.capture.record import PROFILE_MARKER
+from attnscope.testing import capture_spans
 from attnscope.worker import kernels as _kernels
 from attnscope.worker.kernels import RawEvent
-from attnscope.testing import capture_spans
 
 from .helpers import attrs, naive, sdpa
 from .helpers import children_of as _children

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
-
-import logging
 
 import pytest
 import torch
@@ -15,8 +14,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 import attnscope
 from attnscope import _log, _state
 from attnscope.capture import args, sampling, wrapper
-from attnscope.worker import derive, spans
 from attnscope.testing import capture_spans
+from attnscope.worker import derive, spans
 
 
 def attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fail: bool = False) -> torch.Tensor:

@@ -20,7 +20,13 @@ from attnscope._config import Config
 from attnscope._state import state
 from attnscope.capture import sampling as _sampling
 from attnscope.capture.record import TIER_NONE, TIER_PROFILE, TIER_TIMING
-from attnscope.capture.sampling import CallSite, OverheadBudget, Sampler, TokenBucket, geometric_draw
+from attnscope.capture.sampling import (
+    CallSite,
+    OverheadBudget,
+    Sampler,
+    TokenBucket,
+    geometric_draw,
+)
 from attnscope.testing import capture_spans
 
 

@@ -14,9 +14,9 @@ from attnscope._state import state
 from attnscope.capture import args, device
 from attnscope.capture.device import CudaEventPool, DeviceTimer
 from attnscope.capture.record import DeviceMemory
+from attnscope.testing import capture_spans
 from attnscope.worker import loop
 from attnscope.worker.resolve import Resolver
-from attnscope.testing import capture_spans
 
 from .helpers import attrs
 
