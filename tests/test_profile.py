@@ -314,6 +314,32 @@ def test_user_exception_propagates_and_session_closes() -> None:
     assert "aten::relu" in [k.name for k in _children(spans, parent)]
 
 
+@pytest.mark.parametrize("entry_point", ["enable", "disable"])
+def test_ctrl_c_inside_start_or_stop_releases_the_profiler(
+    entry_point: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A KeyboardInterrupt landing while attnscope starts or stops a session propagates, and
+    leaves neither the lock held nor kineto running: the next call is profiled again."""
+    real = state.profiler.entry_points[entry_point]
+    fired: list[bool] = []
+
+    def interrupted(*args: Any) -> Any:
+        result = real(*args)  # the signal lands right after torch's call returned
+        if not fired:
+            fired.append(True)
+            raise KeyboardInterrupt
+        return result
+
+    monkeypatch.setitem(state.profiler.entry_points, entry_point, interrupted)
+    with capture_spans(**PROFILE) as spans:
+        with pytest.raises(KeyboardInterrupt):
+            sdpa(Q, Q, Q)
+        assert not state.profiler.session_lock.locked()
+        assert not torch._C._autograd._profiler_enabled()
+        sdpa(Q, Q, Q)
+    assert [attrs(p)["attnscope.tier"] for p in _parents(spans)][-1] == "profile"
+
+
 # ---- parsing on made-up events (what a GPU run produces) ------------------------------------------
 
 def _ev(name: str, kind: str, start: int, end: int, device: str = "cpu", nbytes: int = 0) -> RawEvent:
