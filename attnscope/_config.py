@@ -9,7 +9,6 @@ user's call) reports them through ``warn`` and falls back instead.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Union
@@ -62,7 +61,7 @@ def _parse_bool(raw: str) -> bool:
         return True
     if value in ("0", "false", "no", "off", ""):
         return False
-    raise ValueError(f"expected true/false, got {raw!r}")
+    raise ValueError(f"expected true/false, got {_shown(raw)}")
 
 
 _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
@@ -85,15 +84,28 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
 
 def check_rate(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"attnscope: {name} must be a number in [0, 1], got {value!r}")
-    if math.isnan(value) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"attnscope: {name} must be in [0, 1], got {value!r}")
+        raise ValueError(f"attnscope: {name} must be a number in [0, 1], got {_shown(value)}")
+    # A comparison, not math.isnan(): NaN fails it too, and a huge int does not overflow.
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"attnscope: {name} must be in [0, 1], got {_shown(value)}")
     return float(value)
+
+
+def _shown(value: Any) -> str:
+    """A value for an error message: its repr, bounded."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _check_bool(name: str, value: Any) -> None:
+    # A string such as "false" is truthy: accepting it would turn the setting on.
+    if not isinstance(value, bool):
+        raise ValueError(f"attnscope: {name} must be True or False, got {_shown(value)}")
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"attnscope: {name} must be an integer >= {minimum}, got {value!r}")
+        raise ValueError(f"attnscope: {name} must be an integer >= {minimum}, got {_shown(value)}")
     return value
 
 
@@ -108,26 +120,32 @@ def _check_exporter(value: Any) -> ExporterSetting | None:
             return name
         raise ValueError(
             f"attnscope: exporter must be one of {', '.join(EXPORTER_NAMES)}, "
-            f"'jaeger-json:PATH', 'otlp-json:PATH' or a SpanExporter, got {value!r}"
+            f"'jaeger-json:PATH', 'otlp-json:PATH' or a SpanExporter, got {_shown(value)}"
         )
+    if isinstance(value, type):
+        raise ValueError(f"attnscope: exporter must be a SpanExporter instance, not the class "
+                         f"{value.__name__} (write {value.__name__}(...))")
     if hasattr(value, "export") and hasattr(value, "shutdown"):
         return value  # type: ignore[no-any-return]
-    raise ValueError(f"attnscope: exporter must be a name or a SpanExporter, got {value!r}")
+    raise ValueError(f"attnscope: exporter must be a name or a SpanExporter, got {_shown(value)}")
 
 
 def validate(cfg: Config) -> Config:
     if not isinstance(cfg.service_name, str) or not cfg.service_name:
-        raise ValueError(f"attnscope: service_name must be a non-empty string, got {cfg.service_name!r}")
-    if not isinstance(cfg.enabled, bool):
-        raise ValueError(f"attnscope: enabled must be a bool, got {cfg.enabled!r}")
+        raise ValueError(f"attnscope: service_name must be a non-empty string, got {_shown(cfg.service_name)}")
+    _check_bool("enabled", cfg.enabled)
+    _check_bool("metrics", cfg.metrics)
+    _check_bool("reset_peak_memory_stats", cfg.reset_peak_memory_stats)
     check_rate("sample_rate", cfg.sample_rate)
     check_rate("profile_rate", cfg.profile_rate)
     check_rate("overhead_budget", cfg.overhead_budget)
     if cfg.overhead_budget == 0.0:
         raise ValueError("attnscope: overhead_budget must be > 0 (use enabled=False to turn off)")
     ppm = cfg.profile_max_per_minute
-    if isinstance(ppm, bool) or not isinstance(ppm, (int, float)) or math.isnan(ppm) or ppm < 0:
-        raise ValueError(f"attnscope: profile_max_per_minute must be a number >= 0, got {ppm!r}")
+    if isinstance(ppm, bool) or not isinstance(ppm, (int, float)) or not ppm >= 0 \
+            or not isinstance(ppm, float) and ppm > 1e18:  # NaN fails >= 0; a huge int, float()
+        raise ValueError(f"attnscope: profile_max_per_minute must be a number from 0 to 1e18 "
+                         f"(or inf), got {_shown(ppm)}")
     _check_int("warmup_calls", cfg.warmup_calls, 0)
     _check_int("max_spans_per_trace", cfg.max_spans_per_trace, 1)
     _check_int("max_kernel_spans", cfg.max_kernel_spans, 1)
@@ -137,15 +155,15 @@ def validate(cfg: Config) -> Config:
     if cfg.tracer_provider is not None and not hasattr(cfg.tracer_provider, "get_tracer"):
         raise ValueError(
             f"attnscope: tracer_provider must be an OpenTelemetry TracerProvider, "
-            f"got {cfg.tracer_provider!r}"
+            f"got {_shown(cfg.tracer_provider)}"
         )
     if cfg.meter_provider is not None and not hasattr(cfg.meter_provider, "get_meter"):
         raise ValueError(
             f"attnscope: meter_provider must be an OpenTelemetry MeterProvider, "
-            f"got {cfg.meter_provider!r}"
+            f"got {_shown(cfg.meter_provider)}"
         )
     if cfg.profile_dir is not None and not isinstance(cfg.profile_dir, str):
-        raise ValueError(f"attnscope: profile_dir must be a path string, got {cfg.profile_dir!r}")
+        raise ValueError(f"attnscope: profile_dir must be a path string, got {_shown(cfg.profile_dir)}")
     return dataclasses.replace(
         cfg,
         sample_rate=float(cfg.sample_rate),
@@ -176,8 +194,16 @@ def from_env(environ: Mapping[str, str] | None = None, *, strict: bool = True,
             if warn is not None:
                 warn("env:" + var, "attnscope: ignoring invalid environment value",
                      {"variable": var, "value": raw})
-    if _parse_env_bool(env.get("OTEL_SDK_DISABLED")):
-        values["enabled"] = False
+    disabled = env.get("OTEL_SDK_DISABLED")
+    if disabled is not None and disabled.strip():
+        try:
+            if _parse_bool(disabled):
+                values["enabled"] = False
+        except ValueError:  # the SDK reads anything but "true" as false: say so, do the same
+            if warn is not None:
+                warn("env:OTEL_SDK_DISABLED", "attnscope: ignoring invalid environment value "
+                     "(expected true or false; attnscope stays enabled)",
+                     {"variable": "OTEL_SDK_DISABLED", "value": disabled})
     cfg = Config()
     for field, value in values.items():
         try:
@@ -192,12 +218,3 @@ def from_env(environ: Mapping[str, str] | None = None, *, strict: bool = True,
                 warn("env:" + field, "attnscope: ignoring invalid environment value",
                      {"setting": field, "value": value})
     return cfg
-
-
-def _parse_env_bool(raw: str | None) -> bool:
-    if raw is None:
-        return False
-    try:
-        return _parse_bool(raw)
-    except ValueError:
-        return False

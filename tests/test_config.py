@@ -84,3 +84,41 @@ def test_out_of_range_environment_value(monkeypatch: pytest.MonkeyPatch) -> None
 def test_exporter_names_are_accepted() -> None:
     for name in ("otlp", "otlp-http", "console", "none", "jaeger-json:/tmp/x.json", "otlp-json:/tmp/x"):
         assert attnscope.configure(exporter=name).exporter == name
+
+
+@pytest.mark.parametrize("settings,named", [
+    ({"metrics": "false"}, "metrics"),  # a truthy string would have turned metrics on
+    ({"reset_peak_memory_stats": "false"}, "reset_peak_memory_stats"),
+    ({"enabled": 1}, "enabled"),
+    ({"sample_rate": 10**400}, "sample_rate"),  # was OverflowError
+    ({"profile_rate": float("nan")}, "profile_rate"),
+    ({"profile_max_per_minute": 10**400}, "profile_max_per_minute"),
+    ({"profile_max_per_minute": float("nan")}, "profile_max_per_minute"),
+])
+def test_wrong_types_and_values_raise_value_error_naming_the_setting(
+    settings: dict[str, object], named: str
+) -> None:
+    with pytest.raises(ValueError, match=named) as info:
+        attnscope.configure(**settings)
+    assert len(str(info.value)) < 200  # a huge value is not printed whole
+
+
+def test_an_exporter_class_instead_of_an_instance_is_refused() -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    with pytest.raises(ValueError, match=r"InMemorySpanExporter\(\.\.\.\)"):
+        attnscope.configure(exporter=InMemorySpanExporter)
+    attnscope.configure(exporter=InMemorySpanExporter())
+
+
+def test_unparsable_otel_sdk_disabled_warns_and_stays_enabled(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="attnscope")
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "maybe")
+    _api.reset_defaults()
+    assert _api.current().enabled is True
+    [record] = [r for r in caplog.records if "OTEL_SDK_DISABLED" in r.getMessage()]
+    assert "maybe" in record.getMessage()
