@@ -54,12 +54,22 @@ def current() -> Config:
     return cfg
 
 
-def configure(**settings: Any) -> Config:
+def configure(
+    *,
+    service_name: str | None = None,
+    sample_rate: float | None = None,
+    exporter: Any = None,
+    tracer_provider: Any = None,
+    enabled: bool | None = None,
+    **settings: Any,
+) -> Config:
     """Set attnscope's configuration; unset arguments keep their current (or environment) value.
 
     Raises ``ValueError`` naming the setting when a value is invalid. See docs/configuration.md
     for every setting and its environment variable.
     """
+    settings.update(service_name=service_name, sample_rate=sample_rate, exporter=exporter,
+                    tracer_provider=tracer_provider, enabled=enabled)
     unknown = set(settings) - {f.name for f in dataclasses.fields(Config)}
     if unknown:
         raise ValueError(f"attnscope: unknown setting(s): {', '.join(sorted(unknown))}")
@@ -85,8 +95,7 @@ def reset_defaults() -> None:
 
 def _set(cfg: Config) -> None:
     """Apply ``cfg``: the sampler takes it; a running worker whose pipeline changed stops."""
-    previous, state.applied = state.applied, cfg
-    state.config = cfg
+    previous, state.config = state.config, cfg
     state.sampler.apply(cfg)
     if previous is not None and any(
         getattr(previous, f) is not getattr(cfg, f) and getattr(previous, f) != getattr(cfg, f)

@@ -66,10 +66,9 @@ class State:
     """attnscope's process state. One instance, :data:`state`."""
 
     def __init__(self) -> None:
-        # configuration: the effective Config (None until first use) and the last one applied
+        # configuration: the effective Config (None until first use)
         self.config_lock = threading.RLock()
         self.config: Config | None = None
-        self.applied: Config | None = None
         # calling thread: sampling, span() call sites, CUDA events, torch.compile registration
         self.sampler = Sampler()
         self.span_sites: dict[str, CallSite] = {}

@@ -21,9 +21,15 @@ def _clean_attnscope(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for var in list(os.environ):
         if var.startswith(_OURS) and var not in ("ATTNSCOPE_EXPORTER", "ATTNSCOPE_METRICS"):
             monkeypatch.delenv(var, raising=False)
+    from attnscope._state import state
+
     _api.reset_defaults()  # stops the worker, resets every piece of attnscope's state
     _api.current()
+    # register_attention() classes outlive reset (they are user code's): a test's go with it
+    registered = dict(state.attention_registry)
     yield
+    state.attention_registry.clear()
+    state.attention_registry.update(registered)
     _api.reset_defaults()
     _api.current()
 

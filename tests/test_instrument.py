@@ -16,7 +16,6 @@ from torch import nn
 
 import attnscope
 from attnscope import instrumented_modules
-from attnscope._state import state
 from attnscope.testing import capture_spans
 from attnscope.worker import derive as _inspect
 
@@ -68,14 +67,6 @@ class TinyModel(nn.Module):
         for layer in self.layers:
             x = layer(x)
         return x
-
-
-@pytest.fixture(autouse=True)
-def _clean_registry() -> Any:
-    saved = dict(state.attention_registry)
-    yield
-    state.attention_registry.clear()
-    state.attention_registry.update(saved)
 
 
 def test_one_span_per_layer_with_path_index_class_and_exact_flops() -> None:

@@ -18,21 +18,11 @@ from torch import nn
 
 import attnscope
 from attnscope._config import Config
-from attnscope._state import state
 from attnscope.capture import sampling as _sampling
 from attnscope.capture.record import TIER_NONE, TIER_TIMING
 from attnscope.capture.sampling import CallSite, Sampler
 from attnscope.testing import capture_spans
 from attnscope.worker import loop as _loop
-
-
-@pytest.fixture(autouse=True)
-def _clean_registry() -> Any:
-    saved = dict(state.attention_registry)
-    yield
-    state.attention_registry.clear()
-    state.attention_registry.update(saved)
-
 
 # ---- 1. instrument() FLOPs with a value head size different from the key head size ------------
 

@@ -182,7 +182,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGpu]:
     """Make traced calls look like CUDA calls whose device work finishes when the test says."""
     gpu = FakeGpu()
     cuda0 = torch.device("cuda", 0)
-    monkeypatch.setattr(args, "first_device", lambda summary: cuda0)
+    monkeypatch.setattr(args, "tensor_device", lambda args, kwargs: cuda0)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(state, "event_pool", CudaEventPool(make_event=lambda: FakeEvent(gpu)))
     readings = iter(range(1000))

@@ -14,7 +14,7 @@ import torch
 
 from .record import MASK_NAMES, TensorMeta
 
-__all__ = ["summarize", "first_device", "tensor_device", "param_names"]
+__all__ = ["summarize", "tensor_device", "param_names"]
 
 _MAX_POSITIONAL = 8
 _Tensor = torch.Tensor
@@ -49,14 +49,6 @@ def tensor_device(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
             return value.device
     for value in kwargs.values():
         if isinstance(value, _Tensor):
-            return value.device
-    return None
-
-
-def first_device(summary: list[tuple[str, Any]]) -> Any:
-    """The device of the first tensor argument, or None."""
-    for _, value in summary:
-        if isinstance(value, TensorMeta):
             return value.device
     return None
 

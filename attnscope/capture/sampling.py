@@ -201,11 +201,8 @@ class Sampler:
         self._lock = threading.Lock()
         self._rng = random.Random()
         self.gen = 0
-        self.force_blocks = 0
         self.step_no: int | None = None
-        self.sampled = 0
-        self.profile_granted = 0
-        self.apply(Config())
+        self.reset()
 
     def reset(self) -> None:
         """Defaults and zero counts; registered call sites are kept (they live in user code)."""

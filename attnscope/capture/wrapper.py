@@ -131,12 +131,9 @@ def _open(site: CallSite, tier: int, rate: float, args: tuple[Any, ...], kwargs:
     if site.kind == "method" and args:
         cap.instance = args[0]
     extractor = site.extractor
-    if extractor is None:
-        summary = _args.summarize(args, kwargs, site.param_names)
-        device = _args.first_device(summary)
-    else:  # instrument(): the extractor's facts replace the generic summary
-        summary = []
-        device = _args.tensor_device(args, kwargs)
+    # instrument(): the extractor's facts replace the generic summary
+    summary = _args.summarize(args, kwargs, site.param_names) if extractor is None else []
+    device = _args.tensor_device(args, kwargs)
     cap.summary = summary
     if device is not None and device.type == "cuda" and not _open_cuda(cap, device):
         return None

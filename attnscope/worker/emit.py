@@ -37,10 +37,11 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 
+from .kernels import MAX_NAME  # the same bound as kernel child span names
+
 __all__ = ["Emitter", "SdkEmitter", "DirectEmitter", "for_pipeline", "error_status", "span_name"]
 
-MAX_STRING = 256
-MAX_NAME = 128
+MAX_STRING = 256  # attribute string values and status descriptions
 _INTERNAL = SpanKind.INTERNAL
 _EMPTY = Context()
 

@@ -57,7 +57,7 @@ class Worker:
         self.processed = 0
         self.dropped_queue = 0
         self.worker_errors = 0
-        self.builder = SpanBuilder(self.pipeline.tracer, cfg.max_spans_per_trace, None)
+        self.builder = SpanBuilder(emit.SdkEmitter(self.pipeline.tracer), cfg.max_spans_per_trace)
         self.resolver: Resolver[Capture] = Resolver(lambda cap: cap.timer)
         self._cond = threading.Condition()
         self._submit_lock = threading.Lock()

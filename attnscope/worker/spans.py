@@ -18,13 +18,12 @@ from typing import Any
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, Link, SpanContext
 
 from ..capture.record import TIER_NAMES, Capture
-from .emit import Emitter, SdkEmitter, span_name
+from .emit import MAX_STRING, Emitter, span_name
 
 __all__ = ["SpanBuilder", "Result", "result_of", "capture_attributes", "site_attributes",
            "BuildStats"]
 
 P = "attnscope."
-MAX_STRING = 256
 # Built span contexts kept so late children (other threads) still find their parent.
 _BUILT_KEEP = 4096
 # Children wait at most this long for a parent that never arrives (dropped, or a very long call).
@@ -134,10 +133,9 @@ _LOST = "lost"  # the capture never reached the worker (queue full): children go
 class SpanBuilder:
     """Builds spans parents-first with at most ``max_spans_per_trace`` per trace."""
 
-    def __init__(self, emitter: Any, max_spans_per_trace: int,
+    def __init__(self, emitter: Emitter, max_spans_per_trace: int,
                  on_span: Callable[[Result], None] | None = None) -> None:
-        """``emitter``: an :class:`~attnscope.worker.emit.Emitter`, or a tracer to go through."""
-        self.emitter: Emitter = emitter if isinstance(emitter, Emitter) else SdkEmitter(emitter)
+        self.emitter = emitter
         self.max_per_trace = max_spans_per_trace
         self.stats = BuildStats()
         self._on_span = on_span
