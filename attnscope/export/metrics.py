@@ -159,26 +159,21 @@ class _Instruments:
             description="Peak device memory allocated during sampled calls",
             explicit_bucket_boundaries_advisory=list(MEMORY_BUCKETS_BYTES),
         )
-        meter.create_observable_counter(
-            "attnscope.spans.dropped", callbacks=[_observe_dropped], unit="{span}",
-            description="attnscope spans not delivered, by reason",
-        )
-        meter.create_observable_counter(
-            "attnscope.profiles.skipped", callbacks=[_observe_profiles_skipped], unit="{profile}",
-            description="Profile-tier captures that fell back to timing, by reason",
-        )
-        meter.create_observable_counter(
-            "attnscope.internal_errors", callbacks=[_observe_internal_errors], unit="{error}",
-            description="Internal errors attnscope caught and logged",
-        )
-        meter.create_observable_gauge(
-            "attnscope.sampling.effective_rate", callbacks=[_observe_sampling], unit="1",
-            description="Sampling probability in force after the overhead budget, by tier",
-        )
-        meter.create_observable_gauge(
-            "attnscope.overhead.ratio", callbacks=[_observe_overhead], unit="1",
-            description="attnscope's calling-thread cost / wall time of the calls it wraps",
-        )
+        for create, name, callback, unit, description in (
+            (meter.create_observable_counter, "attnscope.spans.dropped", _observe_dropped,
+             "{span}", "attnscope spans not delivered, by reason"),
+            (meter.create_observable_counter, "attnscope.profiles.skipped",
+             _observe_profiles_skipped, "{profile}",
+             "Profile-tier captures that fell back to timing, by reason"),
+            (meter.create_observable_counter, "attnscope.internal_errors",
+             _observe_internal_errors, "{error}", "Internal errors attnscope caught and logged"),
+            (meter.create_observable_gauge, "attnscope.sampling.effective_rate",
+             _observe_sampling, "1",
+             "Sampling probability in force after the overhead budget, by tier"),
+            (meter.create_observable_gauge, "attnscope.overhead.ratio", _observe_overhead, "1",
+             "attnscope's calling-thread cost / wall time of the calls it wraps"),
+        ):
+            create(name, callbacks=[callback], unit=unit, description=description)
 
     def _observe_tokens(self, options: Any) -> Iterable[Any]:
         from opentelemetry.metrics import Observation
