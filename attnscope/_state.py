@@ -25,7 +25,11 @@ if TYPE_CHECKING:
     from ._config import Config
     from .capture.record import Capture, ProfileSession
 
-__all__ = ["State", "ProfilerState", "state", "reset", "after_fork", "submit"]
+__all__ = ["State", "ProfilerState", "state", "reset", "after_fork", "submit", "COUNT_KEYS"]
+
+# The span counts of attnscope.stats(), over every worker of the process (docs/sampling.md).
+COUNT_KEYS = ("captured", "emitted", "dropped_queue_full", "dropped_trace_cap", "orphaned",
+              "pending", "worker_errors", "exported", "export_failed", "export_dropped")
 
 _PROFILE_SKIP_REASONS = ("warming", "user_profiler", "busy", "sync_debug", "error")
 
@@ -85,6 +89,7 @@ class State:
         self.worker_lock = threading.Lock()
         self.atexit_registered = False
         self.exiting = False  # the exit flush has begun: no new worker (it could not export)
+        self.retired_counts: dict[str, int] = {}  # stats() counts of workers already shut down
         self.process: Any = None  # psutil.Process, for host RSS
         self.rss_bytes: int | None = None  # the last reading, and when (monotonic seconds)
         self.rss_read_at = float("-inf")
@@ -155,6 +160,7 @@ def after_fork() -> None:
         elif isinstance(value, type(threading.RLock())):
             setattr(state, name, threading.RLock())
     state.worker = None
+    state.retired_counts = {}  # the child counts its own spans
     state.event_pool = None  # CUDA events of the parent are not valid in a child
     state.sampler.after_fork()
     state.profiler.after_fork()

@@ -21,6 +21,7 @@ from .. import _dist, _log
 from .._config import EXPORTER_NAMES, Config
 from .._state import state
 from .._version import __version__
+from .otel_env import exporter_kwargs, reader_kwargs
 
 __all__ = ["make_exporter", "meter_provider_for", "otlp_protocol", "resource",
            "resource_attributes", "traces_exporter_from_env"]
@@ -117,13 +118,13 @@ def make_exporter(name: str) -> SpanExporter | None:
             OTLPSpanExporter as HTTPExporter,
         )
 
-        return HTTPExporter()
+        return HTTPExporter(**exporter_kwargs("TRACES", grpc=False))
     if name in ("otlp", "otlp-grpc"):
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
             OTLPSpanExporter as GRPCExporter,
         )
 
-        return GRPCExporter()
+        return GRPCExporter(**exporter_kwargs("TRACES", grpc=True))
     raise ValueError(f"attnscope: unknown exporter {name!r}")
 
 
@@ -178,11 +179,11 @@ def _reader(name: str, traces_via: str | None) -> Any:
     if name == "none":
         return None
     if name == "otlp":
-        return PeriodicExportingMetricReader(_otlp_metric_exporter(traces_via))
+        return PeriodicExportingMetricReader(_otlp_metric_exporter(traces_via), **reader_kwargs())
     if name == "console":
         from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
 
-        return PeriodicExportingMetricReader(ConsoleMetricExporter())
+        return PeriodicExportingMetricReader(ConsoleMetricExporter(), **reader_kwargs())
     if name == "prometheus":
         return _prometheus_reader()
     _log.warn_once("metrics-exporter", "attnscope: unsupported OTEL_METRICS_EXPORTER entry; "
@@ -198,12 +199,12 @@ def _otlp_metric_exporter(traces_via: str | None) -> Any:
             OTLPMetricExporter as HTTPMetricExporter,
         )
 
-        return HTTPMetricExporter()
+        return HTTPMetricExporter(**exporter_kwargs("METRICS", grpc=False))
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
         OTLPMetricExporter as GRPCMetricExporter,
     )
 
-    return GRPCMetricExporter()
+    return GRPCMetricExporter(**exporter_kwargs("METRICS", grpc=True))
 
 
 def _prometheus_reader() -> Any:

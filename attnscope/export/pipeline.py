@@ -22,6 +22,7 @@ from .. import _log
 from .._config import Config
 from .._version import __version__
 from .destinations import make_exporter, meter_provider_for, resource, traces_exporter_from_env
+from .otel_env import batch_kwargs
 
 __all__ = ["Delivery", "Pipeline", "build"]
 
@@ -29,13 +30,23 @@ INSTRUMENTATION_NAME = "attnscope"
 
 
 class Delivery:
-    """What happened to spans after attnscope built them (our own provider only)."""
+    """What happened to spans after attnscope built them (our own provider only).
 
-    __slots__ = ("export_failed", "export_queue_full")
+    Counts spans, kernel child spans included. A provider attnscope does not own delivers the
+    application's way: its losses are the application's exporter's to report.
+    """
+
+    __slots__ = ("exported", "export_failed", "export_queue_full", "no_pipeline")
 
     def __init__(self) -> None:
+        self.exported = 0  # spans in batches the exporter accepted
         self.export_failed = 0  # spans in batches the exporter reported as failed
         self.export_queue_full = 0  # spans the batch processor dropped: its queue was full
+        self.no_pipeline = 0  # spans built while no pipeline could be built: sent nowhere
+
+    @property
+    def lost(self) -> int:
+        return self.export_failed + self.export_queue_full + self.no_pipeline
 
 
 class _CountingExporter(SpanExporter):
@@ -51,7 +62,9 @@ class _CountingExporter(SpanExporter):
         except Exception as exc:
             _log.internal_error("exporter", exc)
             result = SpanExportResult.FAILURE
-        if result is not SpanExportResult.SUCCESS:
+        if result is SpanExportResult.SUCCESS:
+            self.delivery.exported += len(spans)
+        else:
             self.delivery.export_failed += len(spans)
         return result
 
@@ -73,7 +86,7 @@ class _CountingBatchSpanProcessor(BatchSpanProcessor):
     """A BatchSpanProcessor that counts the spans it drops on a full queue."""
 
     def __init__(self, exporter: SpanExporter, delivery: Delivery) -> None:
-        super().__init__(exporter)
+        super().__init__(exporter, **batch_kwargs())
         self.delivery = delivery
 
     def on_end(self, span: ReadableSpan) -> None:

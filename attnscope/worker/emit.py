@@ -39,7 +39,8 @@ from opentelemetry.trace import (
 
 from .kernels import MAX_NAME  # the same bound as kernel child span names
 
-__all__ = ["Emitter", "SdkEmitter", "DirectEmitter", "for_pipeline", "error_status", "span_name"]
+__all__ = ["Emitter", "SdkEmitter", "DirectEmitter", "NowhereEmitter", "for_pipeline",
+           "error_status", "span_name"]
 
 MAX_STRING = 256  # attribute string values and status descriptions
 _INTERNAL = SpanKind.INTERNAL
@@ -91,6 +92,19 @@ class SdkEmitter(Emitter):
         span.end(end_time=end_ns)
         sc: SpanContext = span.get_span_context()
         return sc
+
+
+class NowhereEmitter(Emitter):
+    """No pipeline could be built: each span is counted as lost (``stats()["export_dropped"]``)."""
+
+    def __init__(self, delivery: Any) -> None:
+        self.delivery = delivery
+
+    def emit(self, name: str, parent: SpanContext | None, attrs: dict[str, Any], start_ns: int,
+             end_ns: int, links: Sequence[Link] | None = None,
+             error: BaseException | None = None) -> SpanContext | None:
+        self.delivery.no_pipeline += 1
+        return None
 
 
 class DirectEmitter(Emitter):

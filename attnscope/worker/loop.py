@@ -20,7 +20,7 @@ from opentelemetry.trace import NoOpTracer
 
 from .. import _log
 from .._config import Config
-from .._state import state
+from .._state import COUNT_KEYS, state
 from .._version import __version__
 from ..capture.record import Capture
 from ..export import metrics, pipeline
@@ -102,6 +102,8 @@ class Worker:
             self.pipeline = built
         except Exception as exc:  # spans go nowhere, but captures are still drained and counted
             _log.internal_error("pipeline", exc)
+            self.builder = SpanBuilder(emit.NowhereEmitter(self.pipeline.delivery),
+                                       self._cfg.max_spans_per_trace)
         finally:
             self.built.set()
         if self._on_start is not None:
@@ -201,7 +203,24 @@ class Worker:
             "queue_full": self.dropped_queue,
             "trace_cap": self.builder.stats.dropped_trace_cap,
             "export_failed": delivery.export_failed,
-            "export_queue_full": delivery.export_queue_full,
+            "export_queue_full": delivery.export_queue_full + delivery.no_pipeline,
+        }
+
+    def counts(self) -> dict[str, int]:
+        """This worker's counters of :func:`attnscope.stats` (``COUNT_KEYS``)."""
+        b = self.builder.stats
+        delivery = self.pipeline.delivery
+        return {
+            "captured": self.submitted,
+            "emitted": b.emitted,
+            "dropped_queue_full": self.dropped_queue,
+            "dropped_trace_cap": b.dropped_trace_cap,
+            "orphaned": b.orphaned,
+            "pending": len(self.queue) + len(self.resolver) + self.builder.pending(),
+            "worker_errors": self.worker_errors,
+            "exported": delivery.exported,
+            "export_failed": delivery.export_failed,
+            "export_dropped": delivery.export_queue_full + delivery.no_pipeline,
         }
 
     def wait_idle(self, deadline: float) -> bool:
@@ -302,6 +321,7 @@ def flush(timeout_s: float = 5.0) -> bool:
     worker: Worker | None = state.worker
     if worker is None:
         return True
+    lost_before = worker.pipeline.delivery.lost
     ok = worker.wait_idle(deadline)
     remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
     try:
@@ -309,7 +329,8 @@ def flush(timeout_s: float = 5.0) -> bool:
     except Exception as exc:
         _log.internal_error("flush", exc)
         ok = False
-    return ok
+    # spans failed or dropped while this flush ran: what it flushed did not all arrive
+    return ok and worker.pipeline.delivery.lost == lost_before
 
 
 def shutdown(timeout_s: float = 5.0) -> bool:
@@ -320,6 +341,7 @@ def shutdown(timeout_s: float = 5.0) -> bool:
         state.worker = None
     if worker is None:
         return True
+    lost_before = worker.pipeline.delivery.lost
     ok = worker.stop(deadline)
     try:
         remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
@@ -328,7 +350,17 @@ def shutdown(timeout_s: float = 5.0) -> bool:
     except Exception as exc:
         _log.internal_error("shutdown", exc)
         ok = False
-    return ok
+    finally:
+        _retire(worker)
+    return ok and worker.pipeline.delivery.lost == lost_before
+
+
+def _retire(worker: Worker) -> None:
+    """Keep a stopped worker's counts: stats() totals cover every worker of the process."""
+    with state.worker_lock:
+        for key, value in worker.counts().items():
+            if key != "pending":
+                state.retired_counts[key] = state.retired_counts.get(key, 0) + value
 
 
 def _shutdown_pipeline(built: pipeline.Pipeline, deadline: float) -> None:
@@ -360,16 +392,8 @@ def _at_exit() -> None:
 
 
 def stats() -> dict[str, int]:
+    """Counts over every worker of this process: every key of ``COUNT_KEYS``."""
     worker: Worker | None = state.worker
-    if worker is None:
-        return {}
-    b = worker.builder.stats
-    return {
-        "captured": worker.submitted,
-        "emitted": b.emitted,
-        "dropped_queue_full": worker.dropped_queue,
-        "dropped_trace_cap": b.dropped_trace_cap,
-        "orphaned": b.orphaned,
-        "pending": len(worker.queue) + len(worker.resolver) + worker.builder.pending(),
-        "worker_errors": worker.worker_errors,
-    }
+    live = worker.counts() if worker is not None else {}
+    retired = state.retired_counts
+    return {k: live.get(k, 0) + retired.get(k, 0) for k in COUNT_KEYS}
