@@ -89,6 +89,7 @@ class State:
         self.worker_lock = threading.Lock()
         self.atexit_registered = False
         self.exiting = False  # the exit flush has begun: no new worker (it could not export)
+        self.exit_wait_s = 0.0  # what exit already spent waiting for the worker's pipeline
         self.retired_counts: dict[str, int] = {}  # stats() counts of workers already shut down
         self.process: Any = None  # psutil.Process, for host RSS
         self.rss_bytes: int | None = None  # the last reading, and when (monotonic seconds)

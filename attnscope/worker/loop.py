@@ -35,7 +35,7 @@ _STASH_CHECK_S = 1.0  # children waiting for a parent: look at their age this of
 _RSS_EVERY_S = 0.25
 _YIELD_EVERY_S = 0.002
 _GATHER_S = 0.1
-_EXIT_TIMEOUT_S = 5.0
+_EXIT_TIMEOUT_S = 2.0  # all that exit waits for attnscope: the pipeline build and the flush
 
 
 class Worker:
@@ -376,17 +376,19 @@ def _before_threads_join() -> None:
     try:
         worker: Worker | None = state.worker
         if worker is not None:
+            started = time.monotonic()
             worker.built.wait(_EXIT_TIMEOUT_S)
+            state.exit_wait_s = time.monotonic() - started
     except BaseException:
         pass
 
 
 def _at_exit() -> None:
-    """Export what was captured, within ``_EXIT_TIMEOUT_S``; never raises. No worker starts after
-    this (a daemon thread still tracing): it could not build a pipeline any more."""
+    """Export what was captured, within what is left of ``_EXIT_TIMEOUT_S``; never raises. No
+    worker starts after this (a daemon thread still tracing): it could not build a pipeline."""
     state.exiting = True
     try:
-        shutdown(timeout_s=_EXIT_TIMEOUT_S)
+        shutdown(timeout_s=max(0.0, _EXIT_TIMEOUT_S - state.exit_wait_s))
     except BaseException:  # a second Ctrl-C included: exit goes on
         pass
 
