@@ -117,6 +117,9 @@ def _check_exporter(value: Any) -> ExporterSetting | None:
         if name.lower() in EXPORTER_NAMES:
             return name.lower()
         if any(name.startswith(p) and len(name) > len(p) for p in EXPORTER_PREFIXES):
+            from .export.files import check_target  # no directory, device or link: ValueError
+
+            check_target(name.split(":", 1)[1], "exporter")
             return name
         raise ValueError(
             f"attnscope: exporter must be one of {', '.join(EXPORTER_NAMES)}, "

@@ -323,7 +323,8 @@ def test_each_flush_rewrites_a_complete_file_atomically(tmp_path: Path) -> None:
         assert exporter.force_flush()
         doc = load(path)
         assert sum(len(t["spans"]) for t in doc["data"]) == n
-        assert os.listdir(tmp_path) == ["t.json"]  # no temp file left behind
+        # No temp file left behind; the lock file lives as long as the exporter.
+        assert sorted(os.listdir(tmp_path)) == ["t.json", "t.json.lock"]
     exporter.shutdown()
     assert os.listdir(tmp_path) == ["t.json"]
 
@@ -390,14 +391,18 @@ def test_export_after_shutdown_fails_quietly(tmp_path: Path) -> None:
 
 def test_export_never_raises(tmp_path: Path) -> None:
     blocked = tmp_path / "dir-in-the-way"
-    blocked.mkdir()
     exporter = JaegerJSONFileExporter(blocked, flush_interval_s=0)
+    blocked.mkdir()  # after the constructor's check, which refuses a directory
     provider, memory = make_provider()
     emit_two_traces(provider)
     assert exporter.export(memory.get_finished_spans()) is SpanExportResult.FAILURE
     assert exporter.force_flush() is False
+    exporter.shutdown()
+    assert exporter.dropped_spans == 4
     bad: Any = [object()]
-    assert JaegerJSONFileExporter(tmp_path / "x.json").export(bad) is SpanExportResult.FAILURE
+    other = JaegerJSONFileExporter(tmp_path / "x.json")
+    assert other.export(bad) is SpanExportResult.FAILURE
+    other.shutdown()
     assert [p.name for p in tmp_path.iterdir()] == ["dir-in-the-way"]
 
 

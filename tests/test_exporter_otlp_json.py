@@ -219,10 +219,16 @@ def test_export_after_shutdown_and_unwritable_path_fail_quietly(tmp_path: Path) 
     exporter.shutdown()
     assert exporter.export(spans) is SpanExportResult.FAILURE
     blocked = tmp_path / "dir-in-the-way"
-    blocked.mkdir()
-    assert OTLPJSONFileExporter(blocked).export(spans) is SpanExportResult.FAILURE
+    in_the_way = OTLPJSONFileExporter(blocked)
+    blocked.mkdir()  # after the constructor's check, which refuses a directory
+    assert in_the_way.export(spans) is SpanExportResult.FAILURE
+    assert in_the_way.dropped_spans == len(spans)
+    assert in_the_way.force_flush() is False
+    in_the_way.shutdown()
     bad: Any = [object()]
-    assert OTLPJSONFileExporter(tmp_path / "x.jsonl").export(bad) is SpanExportResult.FAILURE
+    other = OTLPJSONFileExporter(tmp_path / "x.jsonl")
+    assert other.export(bad) is SpanExportResult.FAILURE
+    other.shutdown()
     assert [p.name for p in tmp_path.iterdir()] == ["dir-in-the-way"]
 
 

@@ -5,7 +5,8 @@ per trace, each with its spans and its own process table. Jaeger UI's "Upload" /
 search tab renders it.
 
 The whole file is rewritten atomically (temp file in the same directory, fsync, ``os.replace``),
-so a reader never sees half a document. Writes happen on ``force_flush()``, ``shutdown()``, on
+so a reader never sees half a document. Which paths are accepted, permissions and the one-writer
+lock: :mod:`attnscope.export.files`. Writes happen on ``force_flush()``, ``shutdown()``, on
 rotation, and from ``export()`` at most once per ``flush_interval_s``: the SDK's span processors
 never call an exporter's ``force_flush()``, so without the interval the file would only appear at
 shutdown.
@@ -16,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -28,6 +28,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import StatusCode
 
 from .._log import internal_error, warn_once
+from . import files
 
 __all__ = ["JaegerJSONFileExporter"]
 
@@ -152,24 +153,6 @@ _EMPTY_DOCUMENT_BYTES = len('{"data":[]}')
 _TRACE_OVERHEAD_BYTES = len(_trace_json("0" * 32, _Trace())) + 1
 
 
-def _atomic_write(path: str, text: str) -> None:
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="ascii") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 class JaegerJSONFileExporter(SpanExporter):
     """Keep exported spans in memory and write them to ``path`` as one Jaeger JSON document.
 
@@ -181,6 +164,13 @@ class JaegerJSONFileExporter(SpanExporter):
     overrides the resource's ``service.name``. ``export()`` rewrites the file at most once per
     ``flush_interval_s`` seconds (``None``: only on flush, shutdown and rotation); each rewrite
     costs time proportional to the document, up to ``max_bytes``.
+
+    ``path`` must be a regular file or not exist, in an existing directory (``ValueError``
+    otherwise); while another process writes it, this one writes ``path`` with its pid before
+    the extension (:mod:`attnscope.export.files`). A failed write (full disk, read-only file
+    system, ...) makes ``export()`` return FAILURE and the next ``force_flush()`` False; the
+    spans stay in memory for the next write. Spans that end in no file are counted in
+    ``dropped_spans``.
     """
 
     def __init__(
@@ -202,7 +192,8 @@ class JaegerJSONFileExporter(SpanExporter):
             or not flush_interval_s >= 0  # also rejects NaN
         ):
             raise ValueError(f"flush_interval_s must be >= 0 or None, got {flush_interval_s!r}")
-        self._path = os.fspath(path)
+        requested = os.path.abspath(os.fspath(path))
+        files.check_target(requested, f"{type(self).__name__} path")
         self._max_bytes = max_bytes
         self._backups = backups
         self._service_name = service_name
@@ -214,15 +205,20 @@ class JaegerJSONFileExporter(SpanExporter):
         self._size = _EMPTY_DOCUMENT_BYTES
         self._span_count = 0
         self._dirty = False
+        self._written = 0  # spans of the document in the file now
         self._last_write = -math.inf
         self._backup_counts: list[int] = []  # spans in path.1, path.2, ... written by us
         self._dropped = 0
+        self._lost = False  # spans lost to a failure since the last force_flush()
         # Most programs have one Resource, so a one-entry identity cache avoids re-serialising it.
         self._last_process: tuple[Resource, str] | None = None
+        # Last: the one-writer lock, held until shutdown() (or garbage collection).
+        self._claim = files.claim(requested, warn_once)
+        self._path = self._claim.path
 
     @property
     def path(self) -> str:
-        """The file the current document is written to."""
+        """The file written: the given path, or this process's own when another one held it."""
         return self._path
 
     @property
@@ -245,34 +241,49 @@ class JaegerJSONFileExporter(SpanExporter):
                     ok = ok and added
                     rotated = rotated or did_rotate
                 if self._dirty and (rotated or self._interval_passed()):
-                    self._write_current()
+                    ok = self._write_current() and ok
             return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
         except Exception as exc:
             internal_error(_STAGE, exc)
             return SpanExportResult.FAILURE
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Write the document now. Returns False if the write failed."""
+        """Write the document now. False if that failed or spans were lost since the last call."""
         with self._lock:
-            return self._flush_locked()
+            ok = self._write_current() if self._dirty else True
+            ok = ok and not self._lost
+            self._lost = False
+            return ok
 
     def shutdown(self) -> None:
-        """Write the document and refuse later exports. Safe to call twice."""
+        """Write the document, release the file and refuse later exports. Safe to call twice."""
         with self._lock:
             # Under the same lock as the flag, so no export can slip in between and be lost.
-            self._flush_locked()
+            if self._shut_down:
+                return
+            if self._dirty and not self._write_current():
+                self._count_lost(self._span_count - self._written)
             self._shut_down = True
+            self._traces = {}
+            self._claim.release()
 
     # -- internals; all run with self._lock held ---------------------------------------------
 
-    def _flush_locked(self) -> bool:
-        try:
-            if self._dirty:
-                self._write_current()
-            return True
-        except Exception as exc:
+    def _count_lost(self, spans: int) -> None:
+        self._dropped += spans
+        self._lost = True
+        if spans:
+            warn_once(_STAGE + ".lost", "attnscope: spans lost: the Jaeger JSON file could not "
+                      "be written", path=self._path, spans=spans)
+
+    def _report(self, exc: Exception) -> None:
+        """A failed write: logged (rate-limited), never raised. OSError is the disk's, not ours."""
+        if isinstance(exc, OSError):
+            warn_once(_STAGE + ".write", "attnscope: cannot write the Jaeger JSON file; spans "
+                      "stay in memory for the next write", path=self._path,
+                      error=files.describe(exc))
+        else:
             internal_error(_STAGE, exc)
-            return False
 
     def _interval_passed(self) -> bool:
         interval = self._flush_interval_s
@@ -326,10 +337,18 @@ class JaegerJSONFileExporter(SpanExporter):
         body = ",".join(_trace_json(tid, trace) for tid, trace in self._traces.items())
         return '{"data":[' + body + "]}"
 
-    def _write_current(self) -> None:
-        _atomic_write(self._path, self._document())
-        self._dirty = False
+    def _write_current(self) -> bool:
+        """Replace the file with the current document; False (reported) if that failed."""
+        # Also after a failure: a full disk is retried at the interval, not on every export.
         self._last_write = time.monotonic()
+        try:
+            files.write_atomically(self._path, self._document().encode("ascii"))
+        except Exception as exc:
+            self._report(exc)
+            return False
+        self._dirty = False
+        self._written = self._span_count
+        return True
 
     def _rotate(self) -> bool:
         """Seal the current document into ``path.1`` and start an empty one.
@@ -341,28 +360,25 @@ class JaegerJSONFileExporter(SpanExporter):
         ok = True
         try:
             if self._backups == 0:
-                self._dropped += count
+                self._dropped += count  # rotated out, as configured: not a failure
             else:
-                _atomic_write(self._path, self._document())
-                self._shift_backups()
-                os.replace(self._path, f"{self._path}.1")
-                self._backup_counts.insert(0, count)
+                files.write_atomically(self._path, self._document().encode("ascii"))
+                files.rotate(self._path, self._backups)
+                self._keep_backup(count)
         except Exception as exc:
-            internal_error(_STAGE + ".rotate", exc)
-            self._dropped += count
+            self._report(exc)
+            self._count_lost(count)
             ok = False
         self._traces = {}
         self._size = _EMPTY_DOCUMENT_BYTES
         self._span_count = 0
+        self._written = 0
         self._dirty = False
         return ok
 
-    def _shift_backups(self) -> None:
-        # path.(n-1) -> path.n first, so nothing is overwritten before it has moved.
+    def _keep_backup(self, count: int) -> None:
+        """Account for a rotation: ``count`` spans now in path.1; what fell off the end is lost."""
         if len(self._backup_counts) >= self._backups:
             self._dropped += sum(self._backup_counts[self._backups - 1 :])
             del self._backup_counts[self._backups - 1 :]
-        for i in range(self._backups - 1, 0, -1):
-            src = f"{self._path}.{i}"
-            if os.path.exists(src):
-                os.replace(src, f"{self._path}.{i + 1}")
+        self._backup_counts.insert(0, count)

@@ -14,7 +14,6 @@ Plain ``google.protobuf.json_format.Parse`` therefore rejects the ids; use
 from __future__ import annotations
 
 import base64
-import io
 import json
 import os
 import threading
@@ -28,6 +27,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from .._log import internal_error, warn_once
+from . import files
 
 __all__ = ["OTLPJSONFileExporter", "read_otlp_json_lines"]
 
@@ -90,6 +90,12 @@ class OTLPJSONFileExporter(SpanExporter):
     When a line would take the file past ``max_bytes``, ``path`` moves to ``path.1`` (older ones
     to ``.2`` ... up to ``backups``; ``backups=0`` keeps none) and a new file starts. A line
     larger than ``max_bytes`` gets a file to itself. An existing file at ``path`` is appended to.
+
+    ``path`` must be a regular file or not exist, in an existing directory (``ValueError``
+    otherwise); while another process writes it, this one writes ``path`` with its pid before
+    the extension (:mod:`attnscope.export.files`). A line that cannot be written (full disk,
+    read-only file system, ...) is lost: ``export()`` returns FAILURE, the spans are counted in
+    ``dropped_spans`` and the next ``force_flush()`` returns False.
     """
 
     def __init__(
@@ -103,18 +109,30 @@ class OTLPJSONFileExporter(SpanExporter):
             raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
         if isinstance(backups, bool) or not isinstance(backups, int) or backups < 0:
             raise ValueError(f"backups must be an int >= 0, got {backups!r}")
-        self._path = os.fspath(path)
+        requested = os.path.abspath(os.fspath(path))
+        files.check_target(requested, f"{type(self).__name__} path")
         self._max_bytes = max_bytes
         self._backups = backups
         self._lock = threading.Lock()
-        self._file: io.FileIO | None = None
+        self._fd: int | None = None
         self._size = 0
         self._shut_down = False
+        self._dropped = 0
+        self._lost = False  # spans lost since the last force_flush()
+        # Last: the one-writer lock, held until shutdown() (or garbage collection).
+        self._claim = files.claim(requested, warn_once)
+        self._path = self._claim.path
 
     @property
     def path(self) -> str:
-        """The file lines are appended to."""
+        """The file lines are appended to: the given path, or this process's own (see above)."""
         return self._path
+
+    @property
+    def dropped_spans(self) -> int:
+        """Spans in lines that could not be written."""
+        with self._lock:
+            return self._dropped
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         """Append ``spans`` as one line. Never raises."""
@@ -126,79 +144,84 @@ class OTLPJSONFileExporter(SpanExporter):
                 return SpanExportResult.FAILURE
             # Encoding is the expensive part and needs no lock.
             data = _encode_line(spans).encode("utf-8")
-            with self._lock:
-                if self._shut_down:  # shutdown() won the race while we encoded
-                    return SpanExportResult.FAILURE
-                self._write(data)
-            return SpanExportResult.SUCCESS
         except Exception as exc:
-            internal_error(_STAGE, exc)
+            with self._lock:
+                self._report(exc, len(spans))
             return SpanExportResult.FAILURE
+        with self._lock:
+            if self._shut_down:  # shutdown() won the race while we encoded
+                return SpanExportResult.FAILURE
+            try:
+                self._write(data)
+            except Exception as exc:
+                self._report(exc, len(spans))
+                return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Push written lines to disk (fsync). Returns False if that failed."""
-        try:
-            with self._lock:
-                if self._file is not None:
-                    os.fsync(self._file.fileno())
-            return True
-        except Exception as exc:
-            internal_error(_STAGE, exc)
-            return False
+        """fsync the file. False if that failed or spans were lost since the last call."""
+        with self._lock:
+            ok = not self._lost
+            self._lost = False
+            try:
+                if self._fd is not None:
+                    os.fsync(self._fd)
+            except Exception as exc:
+                self._report(exc, 0)
+                ok = False
+            return ok
 
     def shutdown(self) -> None:
-        """Flush, close the file and refuse later exports. Safe to call twice."""
+        """Flush, close and release the file, refuse later exports. Safe to call twice."""
         self.force_flush()
         with self._lock:
             self._shut_down = True
             self._close()
+            self._claim.release()
 
     # -- internals; all run with self._lock held ---------------------------------------------
 
-    def _open(self) -> io.FileIO:
-        directory = os.path.dirname(self._path) or "."
-        os.makedirs(directory, exist_ok=True)
-        # Unbuffered, so a failed write leaves nothing behind in a buffer to land later.
-        f = open(self._path, "ab", buffering=0)
-        self._size = os.fstat(f.fileno()).st_size
-        self._file = f
-        return f
+    def _count_lost(self, spans: int) -> None:
+        self._dropped += spans
+        self._lost = True
+
+    def _report(self, exc: Exception, lost: int) -> None:
+        """A failed write or fsync: counted, logged (rate-limited), never raised."""
+        self._count_lost(lost)
+        if isinstance(exc, OSError):  # the disk's failure, not attnscope's
+            warn_once(_STAGE + ".write", "attnscope: cannot write the OTLP/JSON file; spans lost",
+                      path=self._path, error=files.describe(exc), spans=lost)
+        else:
+            internal_error(_STAGE, exc)
+
+    def _open(self) -> int:
+        # A raw descriptor: a failed write leaves nothing behind in a buffer to land later.
+        fd = files.open_append(self._path)
+        self._size = os.fstat(fd).st_size
+        self._fd = fd
+        return fd
 
     def _close(self) -> None:
-        f, self._file = self._file, None
-        if f is not None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
             try:
-                f.close()
+                os.close(fd)
             except OSError as exc:
-                internal_error(_STAGE, exc)
+                self._report(exc, 0)
 
     def _write(self, data: bytes) -> None:
-        f = self._file if self._file is not None else self._open()
+        fd = self._fd if self._fd is not None else self._open()
         if self._size > 0 and self._size + len(data) > self._max_bytes:
-            self._rotate()
-            f = self._open()
+            self._close()
+            files.rotate(self._path, self._backups)
+            fd = self._open()
         try:
-            view = memoryview(data)
-            while view:
-                written = f.write(view)
-                view = view[written if written is not None else 0 :]
+            files.write_all(fd, data)
         except BaseException:
             # Cut off a partial line so the next one does not start glued to garbage.
             try:
-                f.truncate(self._size)
+                os.ftruncate(fd, self._size)
             except OSError:
                 pass
             raise
         self._size += len(data)
-
-    def _rotate(self) -> None:
-        self._close()
-        if self._backups == 0:
-            os.unlink(self._path)
-            return
-        # path.(n-1) -> path.n first, so nothing is overwritten before it has moved.
-        for i in range(self._backups - 1, 0, -1):
-            src = f"{self._path}.{i}"
-            if os.path.exists(src):
-                os.replace(src, f"{self._path}.{i + 1}")
-        os.replace(self._path, f"{self._path}.1")

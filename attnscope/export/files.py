@@ -1,0 +1,276 @@
+"""The rules every trace file attnscope writes follows (``jaeger-json:`` and ``otlp-json:``).
+
+- **Only regular files.** The path must be a regular file or not exist yet, and its directory
+  must exist: attnscope creates no directories. Anything else at the path -- a directory, a
+  device node, a FIFO, a socket, or a symbolic link wherever it points -- is refused with
+  ``ValueError`` when the exporter is configured or built, and as a failed write (``OSError``)
+  if it appears later. The same holds for the rotated files (``PATH.1`` ...) and ``PATH.lock``.
+  attnscope never writes through a link: new files are opened with ``O_NOFOLLOW``/``O_EXCL`` and
+  ``os.replace`` renames onto the path itself. (Directories above the file may be links: those
+  are the directory the user chose.)
+- **Usual permissions.** Files are created with mode ``0o666`` and the process umask applied by
+  the kernel, as ``open()`` does: 0644 under umask 022.
+- **One writer per file.** While an exporter lives it holds an exclusive ``flock`` on
+  ``PATH.lock`` (taken without waiting; removed when the exporter shuts down). When another
+  process holds it, the exporter writes ``PATH`` with its process id before the extension instead
+  (``t.json`` -> ``t.1234.json``) and logs one warning. Without ``fcntl`` (Windows) there is no
+  lock and no detection.
+
+This module is pure: it logs nothing itself (callers pass ``warn``), so ``_config`` can use
+:func:`check_target` at ``configure()`` time.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+import weakref
+from collections.abc import Callable
+from types import ModuleType
+
+__all__ = ["Claim", "check_target", "claim", "describe", "ensure_safe", "open_append", "rotate",
+           "write_all", "write_atomically"]
+
+# (key, message, **fields), as attnscope._log.warn_once.
+Warn = Callable[..., None]
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NOCTTY = getattr(os, "O_NOCTTY", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO must fail to open, not block the worker
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC | _NOCTTY | _NONBLOCK
+_LOCK = os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC | _NOCTTY | _NONBLOCK
+_MODE = 0o666  # the kernel applies the umask
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+)
+_LOCK_ATTEMPTS = 3
+_PER_PROCESS_NAMES = 8  # t.<pid>.json, t.<pid>-2.json, ...
+
+
+def _kind(mode: int) -> str | None:
+    """None for a regular file, else what the path is."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _problem(path: str) -> str | None:
+    """Why ``path`` cannot be a trace file, or None. Permissions are left to the writes."""
+    if not path:
+        return "the path is empty"
+    try:
+        kind = _kind(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        directory = os.path.dirname(path) or "."
+        if not os.path.isdir(directory):
+            return (f"{path!r}: its directory does not exist or is not a directory "
+                    f"(attnscope creates no directories)")
+        return None
+    except OSError as exc:
+        return f"{path!r} cannot be used: {describe(exc)}"
+    if kind is None:
+        return None
+    return f"{path!r} is {kind}, not a regular file (attnscope writes regular files only)"
+
+
+def check_target(path: str, setting: str) -> None:
+    """Raise ``ValueError`` naming ``setting`` when ``path`` cannot be a trace file."""
+    problem = _problem(path)
+    if problem is not None:
+        raise ValueError(f"attnscope: {setting}: {problem}")
+
+
+def ensure_safe(path: str) -> None:
+    """Raise ``OSError`` unless ``path`` is missing or a regular file (checked before each write)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    kind = _kind(mode)
+    if kind is not None:
+        code = errno.EISDIR if stat.S_ISDIR(mode) else errno.EEXIST
+        raise OSError(code, f"refused: it is {kind}, not a regular file", path)
+
+
+def describe(exc: BaseException) -> str:
+    """``ENOSPC: No space left on device`` for an OSError; the repr, bounded, otherwise."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        name = errno.errorcode.get(exc.errno, str(exc.errno))
+        return f"{name}: {exc.strerror or exc}"
+    return repr(exc)[:300]
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """Write ``data`` to a new file beside ``path``, fsync it and rename it onto ``path``.
+
+    A reader sees the old file or the new one, never half of one. A failure leaves the old file
+    and no temporary file behind, and raises.
+    """
+    ensure_safe(path)
+    directory, base = os.path.split(path)
+    tmp = os.path.join(directory, f".{base}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, _NEW_FILE, _MODE)
+    try:
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        ensure_safe(path)  # rename would replace a directory entry of any kind
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def open_append(path: str) -> int:
+    """A descriptor appending to ``path`` (created if missing); refuses anything but a file."""
+    ensure_safe(path)
+    fd = os.open(path, _APPEND, _MODE)
+    try:
+        ensure_regular(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def ensure_regular(fd: int, path: str) -> None:
+    kind = _kind(os.fstat(fd).st_mode)
+    if kind is not None:
+        raise OSError(errno.EEXIST, f"refused: it is {kind}, not a regular file", path)
+
+
+def rotate(path: str, backups: int) -> None:
+    """``path`` -> ``path.1`` -> ``path.2`` ... up to ``backups``; ``backups=0`` deletes it."""
+    if backups == 0:
+        ensure_safe(path)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        return
+    # path.(n-1) -> path.n first, so nothing is overwritten before it has moved.
+    moves = [(f"{path}.{i}", f"{path}.{i + 1}") for i in range(backups - 1, 0, -1)]
+    for src, dst in [*moves, (path, f"{path}.1")]:
+        if os.path.lexists(src):
+            ensure_safe(src)
+            ensure_safe(dst)
+            os.replace(src, dst)
+
+
+class Claim:
+    """The path an exporter writes, and the lock that makes it that file's only writer."""
+
+    def __init__(self, path: str, requested: str, lock_fd: int | None) -> None:
+        self.path = path
+        self.requested = requested
+        self.locked = lock_fd is not None
+        # Also runs when the exporter is garbage-collected or at interpreter exit.
+        self._finalizer = (weakref.finalize(self, _unlock, lock_fd, path + ".lock", os.getpid())
+                           if lock_fd is not None else None)
+
+    def release(self) -> None:
+        """Remove the lock file and release the lock. Safe to call twice."""
+        if self._finalizer is not None:
+            self._finalizer()
+
+
+def claim(path: str, warn: Warn) -> Claim:
+    """Become the only writer of ``path``, or of a per-process path beside it (module docstring).
+
+    Raises ``OSError`` if every candidate path is held by another writer or unusable.
+    """
+    fcntl = _fcntl()
+    if fcntl is None:
+        return Claim(path, path, None)
+    stem, ext = os.path.splitext(path)
+    pid = os.getpid()
+    names = [path, f"{stem}.{pid}{ext}"]
+    names += [f"{stem}.{pid}-{n}{ext}" for n in range(2, _PER_PROCESS_NAMES + 1)]
+    for name in names:
+        if _problem(name) is not None:
+            continue
+        try:
+            fd = _lock(fcntl, name + ".lock")
+        except OSError as exc:
+            warn("files.lock", "attnscope: cannot lock the trace file; a second process writing "
+                 "it would not be noticed", path=name, error=describe(exc))
+            return Claim(name, path, None)
+        if fd is None:
+            continue
+        if name != path:
+            warn("files.contended", "attnscope: another writer (another process, or an exporter "
+                 "not shut down yet) holds this trace file; writing this process's own file "
+                 "beside it", path=path, writing=name)
+        return Claim(name, path, fd)
+    raise OSError(errno.EBUSY, "every trace file name is held by another writer", path)
+
+
+def _fcntl() -> ModuleType | None:
+    try:
+        import fcntl
+    except ImportError:  # Windows: no lock, no detection
+        return None
+    return fcntl
+
+
+def _lock(fcntl: ModuleType, lock_path: str) -> int | None:
+    """A descriptor holding ``lock_path``'s exclusive lock; None while another writer holds it."""
+    for _ in range(_LOCK_ATTEMPTS):
+        ensure_safe(lock_path)
+        fd = os.open(lock_path, _LOCK, _MODE)
+        try:
+            ensure_regular(fd, lock_path)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        # A writer that finishes deletes the lock file: ours must still be the one at the path.
+        if _same_file(fd, lock_path):
+            return fd
+        os.close(fd)
+    return None
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        held, named = os.fstat(fd), os.lstat(path)
+    except OSError:
+        return False
+    return (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
+
+
+def _unlock(fd: int, lock_path: str, pid: int) -> None:
+    try:
+        # A forked child shares the parent's lock: it only closes its copy of the descriptor.
+        if os.getpid() == pid and _same_file(fd, lock_path):
+            os.unlink(lock_path)  # still locked, so nobody can take this file in between
+    except OSError:
+        pass
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
