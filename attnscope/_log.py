@@ -5,7 +5,7 @@ application's logging configuration decides what is shown and where. attnscope a
 and never writes to stdout: with no configuration at all, Python's last-resort handler prints
 WARNING and above to stderr. One line per event, ``message key=value ...``, with the same
 key/values in ``record.attnscope`` for structured handlers; tracebacks only when the logger is
-enabled for DEBUG. structlog is imported on the first line actually logged, not at import.
+enabled for DEBUG, as text (never local variables). structlog is imported on the first line actually logged, not at import.
 
 Everything attnscope does around a user's call reports failures through :func:`internal_error`:
 counted, logged once per stage (then at most once a minute), and the call proceeds.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+import traceback
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -47,9 +48,12 @@ def _render(_: Any, __: str, event: MutableMapping[str, Any]) -> dict[str, Any]:
     fields = {k: v for k, v in event.items() if not k.startswith("_")}
     line = " ".join([message, *(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
                                 for k, v in fields.items())])
-    # A traceback is many lines and can hold the user's frames: only when asked for DEBUG.
-    show = exc if exc is not None and logger.isEnabledFor(logging.DEBUG) else None
-    return {"msg": line, "extra": {"attnscope": fields}, "exc_info": show}
+    # A traceback is many lines: only when asked for DEBUG. As text, never the exception: a
+    # formatter given the frames (rich, structlog's) may print their local variables, the call's
+    # tensors among them.
+    if isinstance(exc, BaseException) and logger.isEnabledFor(logging.DEBUG):
+        line += "\n" + "".join(traceback.format_exception(exc)).rstrip()
+    return {"msg": line, "extra": {"attnscope": fields}}
 
 
 @functools.cache

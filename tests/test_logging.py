@@ -115,3 +115,23 @@ def test_import_adds_no_handler_and_leaves_logging_alone() -> None:
             "assert logging.getLogger().handlers == before; "
             "import sys; assert 'structlog' not in sys.modules, 'structlog loads on first log'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_debug_tracebacks_are_text_without_locals(caplog: pytest.LogCaptureFixture) -> None:
+    """A formatter given the exception (rich, structlog's) could print the frames' locals."""
+    caplog.set_level(logging.DEBUG, logger="attnscope")
+    marker = 1234567.25
+
+    def failing(x: torch.Tensor) -> None:
+        held = x * 2  # noqa: F841  (a local a locals-printing formatter would show)
+        raise RuntimeError("inside attnscope")
+
+    try:
+        failing(torch.full((3,), marker))
+    except RuntimeError as exc:
+        _log.internal_error("unit-locals", exc)
+    [record] = [r for r in caplog.records if "unit-locals" in r.getMessage()]
+    assert record.exc_info is None and record.exc_text is None
+    text = record.getMessage()
+    assert "Traceback" in text and "in failing" in text
+    assert "1234567" not in text and "2469134" not in text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -126,6 +127,22 @@ def test_profile_dir_writes_chrome_trace(tmp_path: Any) -> None:
         trace = json.load(fh)
     names = {ev.get("name") for ev in trace["traceEvents"]}
     assert "aten::scaled_dot_product_attention" in names
+    assert os.listdir(tmp_path / "traces") == [os.path.basename(path)]
+
+
+def test_profile_dir_traces_keep_no_argument_values(tmp_path: Any) -> None:
+    """The profiler records scalar arguments ("Concrete Inputs"): attnscope keeps only shapes."""
+    @attnscope.trace
+    def scaled(q: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, q, q, scale=0.0123456789, dropout_p=0.0)
+
+    with capture_spans(profile_dir=str(tmp_path), **PROFILE) as spans:
+        scaled(Q)
+    (parent,) = _parents(spans)
+    with open(attrs(parent)["attnscope.profile.path"]) as fh:
+        text = fh.read()
+    assert "Input Dims" in text  # shapes are kept
+    assert "Concrete Inputs" not in text and "0.0123456789" not in text
 
 
 def test_profile_dir_set_while_the_worker_runs_applies_at_once(tmp_path: Any) -> None:

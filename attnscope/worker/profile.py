@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from typing import TYPE_CHECKING, Any
@@ -41,10 +42,30 @@ def finish(cap: Capture, cfg: Config) -> tuple[dict[str, Any], list[Any]]:
     return attrs, report.children
 
 
+# Chrome-trace event args that hold argument values (scalars such as a softmax scale or a dropout
+# probability) rather than shapes and types: attnscope records no values, here either.
+_VALUE_ARGS = ("Concrete Inputs",)
+
+
 def _save(result: Any, directory: str, cap: Capture) -> str:
     os.makedirs(directory, exist_ok=True)
     name = _UNSAFE.sub("_", cap.name)[:64] or "call"
     path = os.path.abspath(
         os.path.join(directory, f"{name}-{os.getpid()}-{cap.capture_id}.pt.trace.json"))
-    result.save(path)
+    partial = path + ".partial"
+    try:
+        result.save(partial)
+        with open(partial, encoding="utf-8") as f:
+            trace = json.load(f)
+        for event in trace.get("traceEvents", ()):
+            args = event.get("args") if isinstance(event, dict) else None
+            if isinstance(args, dict):
+                for key in _VALUE_ARGS:
+                    args.pop(key, None)
+        with open(partial, "w", encoding="utf-8") as f:
+            json.dump(trace, f)
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
     return path
