@@ -25,7 +25,11 @@ if TYPE_CHECKING:
     from ._config import Config
     from .capture.record import Capture, ProfileSession
 
-__all__ = ["State", "ProfilerState", "state", "reset", "after_fork", "submit", "COUNT_KEYS"]
+__all__ = ["State", "ProfilerState", "state", "reset", "after_fork", "submit", "COUNT_KEYS",
+           "take_bytes", "give_bytes", "KEEP_TOTAL_BYTES"]
+
+# Tensors all captures together may keep alive by reference (masks until the worker counts them).
+KEEP_TOTAL_BYTES = 64 << 20
 
 # The span counts of attnscope.stats(), over every worker of the process (docs/sampling.md).
 COUNT_KEYS = ("captured", "emitted", "dropped_queue_full", "dropped_trace_cap", "orphaned",
@@ -77,11 +81,16 @@ class State:
         self.sampler = Sampler()
         self.span_sites: dict[str, CallSite] = {}
         self.span_sites_lock = threading.Lock()
+        self.kept_lock = threading.Lock()
+        self.kept_bytes = 0  # bytes of tensors captures keep by reference, within KEEP_TOTAL_BYTES
         self.event_pool: Any = None  # capture.device.CudaEventPool, made on the first CUDA call
         # Until the program imports Dynamo nothing can be compiling: method wrappers skip the
         # is_compiling() call (~50 ns) until capture.compile's import hook sets this.
         self.dynamo_loaded = "torch._dynamo" in sys.modules
-        self.dynamo_pending: list[tuple[Callable[..., Any], Callable[..., Any]]] = []
+        # wrapper -> the function it wraps, until Dynamo loads; weak: a wrapper the program lets go
+        # of (a runtime trace(fn) per request) leaves no trace here
+        self.dynamo_pending: weakref.WeakKeyDictionary[Callable[..., Any], Callable[..., Any]] = (
+            weakref.WeakKeyDictionary())
         self.dynamo_hook: Any = None
         self.profiler = ProfilerState()
         # worker side: the running worker and what it reads per span
@@ -133,6 +142,22 @@ def submit(cap: Capture) -> bool:
         if worker is None:  # the process is exiting
             return False
     return bool(worker.submit(cap))
+
+
+def take_bytes(n: int) -> bool:
+    """Reserve ``n`` bytes of the tensor-keeping budget; False if that would exceed it."""
+    with state.kept_lock:
+        if state.kept_bytes + n > KEEP_TOTAL_BYTES:
+            return False
+        state.kept_bytes += n
+        return True
+
+
+def give_bytes(n: int) -> None:
+    """Return bytes reserved with :func:`take_bytes` (the tensors are no longer kept)."""
+    if n:
+        with state.kept_lock:
+            state.kept_bytes = max(0, state.kept_bytes - n)
 
 
 def reset() -> None:

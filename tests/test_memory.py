@@ -10,7 +10,7 @@ import torch
 import attnscope
 from attnscope.capture import device, profiler
 from attnscope.testing import capture_spans
-from attnscope.worker import loop
+from attnscope.worker import derive
 
 from .helpers import attrs
 
@@ -71,7 +71,7 @@ def test_reset_when_configured(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_host_rss() -> None:
-    rss = loop._host_rss_bytes()
+    rss = derive.host_rss_bytes()
     assert isinstance(rss, int) and rss > 0
 
 

@@ -14,7 +14,7 @@ import torch
 
 from .record import MASK_NAMES, TensorMeta
 
-__all__ = ["summarize", "tensor_device", "param_names"]
+__all__ = ["summarize", "tensor_device", "param_names", "attribute_value"]
 
 _MAX_POSITIONAL = 8
 _Tensor = torch.Tensor
@@ -36,6 +36,8 @@ def _add(out: list[tuple[str, Any]], key: str, value: Any) -> None:
     if isinstance(value, _Tensor):
         if key in MASK_NAMES:
             out.append((key, value))
+        elif value.is_nested:  # strided nested tensors have no shape; jagged ones a symbolic one
+            out.append((key, TensorMeta((), value.dtype, value.device)))
         else:
             out.append((key, TensorMeta(tuple(value.shape), value.dtype, value.device)))
     elif value is None or isinstance(value, (bool, int, float)):
@@ -70,3 +72,21 @@ def param_names(fn: Callable[..., Any], self_first: bool = False,
     if self_first and (bound or names[:1] != ("self",)):
         return ("self", *names)
     return names
+
+
+def attribute_value(value: Any) -> Any:
+    """A user-given attribute value as attnscope keeps it: a tensor or array (anything with a
+    shape and a dtype) as a description of both, never its values, nor a reference to it."""
+    if isinstance(value, (str, bool, int, float)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [attribute_value(v) for v in value[:64]]
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        try:
+            shape = tuple(int(n) for n in value.shape)
+        except Exception:  # nested / jagged tensors: no single shape
+            shape = None
+        kind = type(value).__name__
+        dtype = str(value.dtype).removeprefix("torch.")
+        return f"{kind}(shape={shape}, dtype={dtype})" if shape is not None else f"{kind}(dtype={dtype})"
+    return value

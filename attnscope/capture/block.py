@@ -7,12 +7,16 @@ from typing import Any
 
 from .. import _log
 from .._state import state
+from .args import attribute_value
+from .record import MAX_EXTRA, MAX_NAME
 from .sampling import CallSite
 from .wrapper import Active, enter, leave
 
 __all__ = ["Span", "span"]
 
-_SPAN_SITES_MAX = 10_000
+_SPAN_SITES_MAX = 10_000  # distinct names, each at most MAX_NAME characters: about 2 MB in all
+_PREFIX = "attnscope."
+_TOKENS = _PREFIX + "tokens"
 
 
 def _span_site(name: str) -> CallSite:
@@ -51,9 +55,10 @@ class Span:
         return self._active is not None
 
     def set(self, **attributes: Any) -> None:
-        """Add attributes (e.g. ``tokens=``) to the span if this block is captured."""
+        """Add attributes to the span if this block is captured, as ``attnscope.<keyword>``
+        (``tokens=`` is ``attnscope.tokens``)."""
         if self._active is not None:
-            self._extra.update(attributes)
+            _add(self._extra, attributes, prefix=True)
 
     def __enter__(self) -> Span:
         site = self._site
@@ -82,11 +87,23 @@ def span(name: str, *, tokens: int | None = None, sample: bool | None = None,
     ``name`` must be a non-empty ``str`` (``TypeError`` otherwise); spans carry at most its first
     128 characters. ``sample=True`` always captures the block, ``False`` never; None follows the
     configured rate. ``tokens`` is recorded as ``attnscope.tokens`` (and drives
-    ``attnscope.tokens_per_s``).
+    ``attnscope.tokens_per_s``); ``attributes`` under the names given (at most 64).
     """
     if not isinstance(name, str) or not name:
         raise TypeError(f"attnscope.span needs a non-empty str name, got {name!r}")
-    extra: dict[str, Any] = dict(attributes or {})
+    extra: dict[str, Any] = {}
+    _add(extra, attributes or {})
     if tokens is not None:
-        extra["tokens"] = tokens
-    return Span(name, sample, extra)
+        extra[_TOKENS] = tokens
+    return Span(name[:MAX_NAME], sample, extra)
+
+
+def _add(extra: dict[str, Any], attributes: dict[str, Any], prefix: bool = False) -> None:
+    """User attributes under the names given, or as ``attnscope.<name>`` with ``prefix``; at most
+    ``MAX_EXTRA``."""
+    for key, value in attributes.items():
+        key = str(key)[:MAX_NAME]
+        if prefix:
+            key = _PREFIX + key
+        if key in extra or len(extra) < MAX_EXTRA:
+            extra[key] = attribute_value(value)

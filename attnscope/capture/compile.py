@@ -45,7 +45,7 @@ def is_compiling() -> bool:
 
 def hide_from_dynamo(wrapper: Callable[..., Any], fn: Callable[..., Any]) -> None:
     """Make torch.compile inline ``fn`` where it meets ``wrapper`` (now, or once Dynamo loads)."""
-    state.dynamo_pending.append((wrapper, fn))
+    state.dynamo_pending[wrapper] = fn
     register_when_dynamo_loads()
 
 
@@ -69,8 +69,8 @@ def register_pending() -> None:
         substitute = None
     while pending:
         try:
-            wrapper, fn = pending.pop()
-        except IndexError:
+            wrapper, fn = pending.popitem()
+        except KeyError:
             return
         if substitute is None:
             continue

@@ -11,12 +11,14 @@ profiler session. The worker drops the Capture once it has built the span.
 from __future__ import annotations
 
 import itertools
+import traceback
 from typing import Any, NamedTuple
 
 __all__ = [
     "Capture", "TensorMeta", "AttentionFacts", "ModelFacts", "DeviceMemory", "ProfileSession",
     "next_id", "PROFILE_MARKER", "TIER_NONE", "TIER_TIMING", "TIER_PROFILE", "TIER_NAMES",
-    "ATTENTION_KEY", "MODEL_KEY", "MASK_NAMES",
+    "ATTENTION_KEY", "MODEL_KEY", "MASK_NAMES", "MAX_NAME", "MAX_EXTRA", "MAX_ERROR_TEXT",
+    "ErrorInfo", "error_info",
 ]
 
 TIER_NONE = 0
@@ -27,6 +29,11 @@ TIER_NAMES = {TIER_TIMING: "timing", TIER_PROFILE: "profile"}
 PROFILE_MARKER = "attnscope"
 # Argument names whose tensor is kept by reference (the worker counts real tokens in it).
 MASK_NAMES = frozenset({"attention_mask", "attn_mask", "mask", "key_padding_mask", "padding_mask"})
+# Bounds of what a capture keeps of user-given text (docs/attributes.md, "Bounds").
+MAX_NAME = 128  # span names, attribute names
+MAX_EXTRA = 64  # attributes given to one span() block
+MAX_ERROR_TEXT = 4096  # an exception's message, and its stack trace (the innermost part)
+_MAX_FRAMES = 64
 # Summary keys under which instrument() extractors put their facts.
 ATTENTION_KEY = "\x00attention"
 MODEL_KEY = "\x00model"
@@ -64,6 +71,7 @@ class Capture:
         "timer",
         "profile",
         "memory",
+        "kept_bytes",
     )
 
     def __init__(self) -> None:
@@ -80,10 +88,11 @@ class Capture:
         self.summary: list[tuple[str, Any]] = []
         self.instance: Any = None  # the module for method/forward calls (to read its config)
         self.extra: dict[str, Any] | None = None  # attributes given by span(..., tokens=...)
-        self.error: BaseException | None = None
+        self.error: ErrorInfo | None = None
         self.timer: Any = None  # device timer handle, resolved later by the worker
         self.profile: ProfileSession | None = None
         self.memory: DeviceMemory | None = None
+        self.kept_bytes = 0  # of tensors this capture keeps by reference (see capture.retain)
 
     @property
     def wall_ns(self) -> int:
@@ -92,6 +101,44 @@ class Capture:
     @property
     def end_epoch_ns(self) -> int:
         return self.start_epoch_ns + self.wall_ns
+
+
+class ErrorInfo:
+    """The exception a call raised, as text: never the exception, its traceback or frames (they
+    hold the call's tensors alive)."""
+
+    __slots__ = ("type_name", "message", "frames")
+
+    def __init__(self, type_name: str, message: str, frames: traceback.StackSummary) -> None:
+        self.type_name = type_name
+        self.message = message
+        self.frames = frames
+
+    def stacktrace(self) -> str:
+        """The traceback as Python prints it (without chained exceptions), at most
+        ``MAX_ERROR_TEXT`` characters: its end, where the error is. Reads source lines: for the
+        worker."""
+        # the message's start only: it is exported whole (capped) as exception.message
+        text = "".join(["Traceback (most recent call last):\n", *self.frames.format(),
+                        f"{self.type_name}: {self.message[:256]}\n"])
+        return text if len(text) <= MAX_ERROR_TEXT else "..." + text[-(MAX_ERROR_TEXT - 3):]
+
+
+def error_info(exc: BaseException) -> ErrorInfo | None:
+    """What a span keeps of ``exc``; None when it is not an error (``sys.exit(0)``, ``exit()``)."""
+    if isinstance(exc, SystemExit) and exc.code in (None, 0):
+        return None
+    cls = type(exc)
+    module = cls.__module__
+    type_name = f"{module}.{cls.__qualname__}" if module and module != "builtins" else cls.__qualname__
+    try:
+        message = str(exc)[:MAX_ERROR_TEXT]
+    except Exception:
+        message = "<unprintable>"
+    # the innermost frames; no source read here (lookup_lines=False) and no frame kept
+    walked = list(traceback.walk_tb(exc.__traceback__))[-_MAX_FRAMES:]
+    return ErrorInfo(type_name, message, traceback.StackSummary.extract(iter(walked),
+                                                                        lookup_lines=False))
 
 
 class ProfileSession:

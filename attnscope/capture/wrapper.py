@@ -25,7 +25,17 @@ from . import args as _args
 from . import compile as _compile
 from . import device as _device
 from . import profiler as _profiler
-from .record import TIER_NONE, TIER_PROFILE, TIER_TIMING, Capture, next_id
+from . import retain as _retain
+from .record import (
+    MAX_EXTRA,
+    MAX_NAME,
+    TIER_NONE,
+    TIER_PROFILE,
+    TIER_TIMING,
+    Capture,
+    error_info,
+    next_id,
+)
 from .sampling import CallSite, decide
 
 __all__ = ["current", "enter", "leave", "make_site", "wrap"]
@@ -48,11 +58,14 @@ def make_site(fn: Callable[..., Any], name: str | None, sample_rate: float | Non
     names = _args.param_names(fn) if param_names is None else param_names
     if kind is None:
         kind = "method" if names[:1] == ("self",) else "function"
+    if name is not None:
+        name = name[:MAX_NAME]
     site = CallSite(
         key=key or f"{getattr(fn, '__module__', '')}.{qualname}:{name or ''}",
-        name=name or qualname,
+        name=name or str(qualname)[:MAX_NAME],
         forced_rate=sample_rate,
-        attributes=dict(attributes or {}),
+        attributes={str(k)[:MAX_NAME]: _args.attribute_value(v)
+                    for k, v in list((attributes or {}).items())[:MAX_EXTRA]},
         param_names=names,
         kind=kind,
     )
@@ -103,16 +116,19 @@ def leave(site: CallSite, active: Active, error: BaseException | None, result: A
             _profiler.stop(cap.profile)
         if cap.memory is not None:
             _device.memory_after(cap.memory)
-        cap.error = error
+        if error is not None:
+            cap.error = error_info(error)
         if error is None and site.on_result is not None:
             try:
                 site.on_result(cap, result)
             except Exception as exc:  # the span still goes out, without what the hook adds
                 _log.internal_error("on-result", exc)
-        _state.submit(cap)
+        if not _state.submit(cap):
+            _retain.release(cap)
         own = (cap.start_perf_ns - t_enter) + (_perf_ns() - cap.end_perf_ns)
         state.sampler.budget.add(own, cap.wall_ns, cap.sample_rate or 1.0)
     except Exception as exc:
+        _retain.release(cap)
         _site_error(site, "capture-end", exc)
 
 
@@ -157,6 +173,7 @@ def _open(site: CallSite, tier: int, rate: float, args: tuple[Any, ...], kwargs:
             if cap.profile is not None:  # a session left open would hold the profiler lock forever
                 _profiler.stop(cap.profile)
             raise
+    _retain.keep_summary(cap)  # last: a capture given up before this holds no budget
     cap.start_perf_ns = _perf_ns()
     return cap
 

@@ -27,6 +27,7 @@ from .otel_env import batch_kwargs
 __all__ = ["Delivery", "Pipeline", "build"]
 
 INSTRUMENTATION_NAME = "attnscope"
+_LOCAL = ("jaeger-json:", "otlp-json:", "console", "none")
 
 
 class Delivery:
@@ -115,6 +116,8 @@ class Pipeline:
         self.meter_owned = meter_owned
         self.processor: Any = None  # the span processor attnscope added to a provider it owns
         self.delivery = Delivery()
+        # spans leave through a file, the console or nowhere: exporting waits on no network
+        self.local = False
         self._flush_lock = threading.Lock()
         self._flushing: threading.Thread | None = None
 
@@ -220,6 +223,7 @@ def build(cfg: Config) -> Pipeline:
     pipeline = Pipeline(provider.get_tracer(INSTRUMENTATION_NAME, __version__), provider, owned,
                         exporter=span_exporter, meter_provider=meter_provider,
                         meter_owned=meter_owned)
+    pipeline.local = traces_via is not None and traces_via.startswith(_LOCAL)
     if owned and span_exporter is not None:
         pipeline.processor = _CountingBatchSpanProcessor(
             _CountingExporter(span_exporter, pipeline.delivery), pipeline.delivery)

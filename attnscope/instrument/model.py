@@ -22,7 +22,7 @@ import torch
 
 from .. import _log
 from .._state import state
-from ..capture import wrapper
+from ..capture import retain, wrapper
 from ..capture.args import param_names
 from ..capture.compile import register_when_dynamo_loads
 from ..capture.record import ATTENTION_KEY, MODEL_KEY, AttentionFacts, Capture, ModelFacts
@@ -235,7 +235,7 @@ def _wrap_generate(
 def _keep_output(cap: Capture, result: Any) -> None:
     for key, value in cap.summary:
         if key == MODEL_KEY and isinstance(value, ModelFacts):
-            value.output = getattr(result, "sequences", result)
+            value.output = retain.keep(cap, getattr(result, "sequences", result))
 
 
 def _restore(module: torch.nn.Module, attr: str) -> bool:

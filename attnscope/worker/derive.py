@@ -7,11 +7,13 @@ the call; no tensor value is ever recorded, only counts.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from .._state import state
 from ..capture.record import (
     ATTENTION_KEY,
     MASK_NAMES,
@@ -22,7 +24,8 @@ from ..capture.record import (
 )
 from ..instrument.facts import head_info
 
-__all__ = ["derive", "causal_pairs", "window_pairs", "attention_flops", "count_tokens"]
+__all__ = ["derive", "causal_pairs", "window_pairs", "attention_flops", "count_tokens",
+           "host_rss_bytes"]
 
 _Q_NAMES = ("query", "q", "query_states")
 _K_NAMES = ("key", "k", "key_states")
@@ -32,6 +35,7 @@ _CAUSAL_NAMES = ("is_causal", "causal")
 # A float mask entry at or below this is "masked": covers -inf, finfo.min and the -10000 of
 # older models.
 _MASKED_BELOW = -5000.0
+_RSS_EVERY_S = 0.25
 
 
 # ---- exact counts -------------------------------------------------------------------------------
@@ -192,6 +196,8 @@ def _qkv_ok(qs: tuple[int, ...], ks: tuple[int, ...], vs: tuple[int, ...]) -> bo
 
 
 def _tokens(out: dict[str, Any], mask: Any, batch: int, sq: int, ignores: bool = False) -> None:
+    if isinstance(mask, TensorMeta):  # a mask over the keeping budget: padding unknown
+        return
     if not isinstance(mask, torch.Tensor):
         out["tokens"] = batch * sq
         return
@@ -264,6 +270,8 @@ def derive_attention(f: AttentionFacts) -> dict[str, Any]:
         if f.window:
             out["sliding_window"] = f.window
         out["flops"] = attention_flops(b, f.heads, sq, skv, f.head_dim, dv, f.causal, f.window)
+    if isinstance(f.mask, TensorMeta):  # a mask over the keeping budget: padding unknown
+        return out
     tokens = _real_tokens(f.mask, f.mask_ignores, b, sq, skv) if f.seq_kv is None else None
     out["tokens"] = b * sq if tokens is None else tokens
     return out
@@ -273,25 +281,23 @@ def derive_model(f: ModelFacts) -> dict[str, Any]:
     """Span attributes of a traced model forward (tokens, phase) or generate() call (usage)."""
     past = _as_int(f.past)
     skv = (past or 0) + f.seq_q if f.cached else None
-    tokens = _real_tokens(f.mask, False, f.batch, f.seq_q, skv)
-    tokens = f.batch * f.seq_q if tokens is None else tokens
+    tokens: int | None = None
+    if not isinstance(f.mask, TensorMeta):  # else a mask over the keeping budget: padding unknown
+        tokens = _real_tokens(f.mask, False, f.batch, f.seq_q, skv)
+        tokens = f.batch * f.seq_q if tokens is None else tokens
     out: dict[str, Any] = {"batch_size": f.batch, "seq_len_q": f.seq_q}
     if f.generate:
         out["gen_ai.usage.input_tokens"] = tokens
         prompt = f.seq_q if f.prompt_len is None else f.prompt_len
-        generated = _generated_tokens(f.output, prompt, f.eos)
-        if generated is not None:
-            out["gen_ai.usage.output_tokens"] = generated
+        out["gen_ai.usage.output_tokens"] = _generated_tokens(f.output, prompt, f.eos)
         return out
     out["tokens"] = tokens
+    phase = None
     if f.cached:
         out["kv_cache_len"] = past or 0
         out["seq_len_kv"] = (past or 0) + f.seq_q
-        phase = "decode" if past and f.seq_q == 1 else "prefill"
-        out["phase"] = phase
-        if phase == "prefill":
-            out["gen_ai.usage.input_tokens"] = tokens
-    else:
+        phase = out["phase"] = "decode" if past and f.seq_q == 1 else "prefill"
+    if phase != "decode":
         out["gen_ai.usage.input_tokens"] = tokens
     return out
 
@@ -306,3 +312,24 @@ def _generated_tokens(ids: Any, prompt_len: int, eos: tuple[int, ...]) -> int | 
     is_eos = torch.isin(new, torch.tensor(eos, device=new.device, dtype=new.dtype))
     after_first = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
     return int(new.numel() - int(after_first.sum().item()))
+
+
+def host_rss_bytes() -> int | None:
+    """Resident set size of this process, read at most every ``_RSS_EVERY_S``.
+
+    One read costs psutil a /proc read (tens of µs): as much as the rest of a span. The value is
+    the process's, not the call's, so a reading a fraction of a second old says the same.
+    """
+    now = time.monotonic()
+    if now - state.rss_read_at < _RSS_EVERY_S:
+        return state.rss_bytes
+    state.rss_read_at = now
+    try:
+        if state.process is None:
+            import psutil
+
+            state.process = psutil.Process()
+        state.rss_bytes = int(state.process.memory_info().rss)
+    except Exception:
+        state.rss_bytes = None
+    return state.rss_bytes

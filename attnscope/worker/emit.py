@@ -19,7 +19,6 @@ span an exporter cannot encode (a name that is not a string) would fail its whol
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,7 +36,7 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 
-from .kernels import MAX_NAME  # the same bound as kernel child span names
+from ..capture.record import MAX_NAME, ErrorInfo
 
 __all__ = ["Emitter", "SdkEmitter", "DirectEmitter", "NowhereEmitter", "for_pipeline",
            "error_status", "span_name"]
@@ -47,8 +46,8 @@ _INTERNAL = SpanKind.INTERNAL
 _EMPTY = Context()
 
 
-def error_status(err: BaseException) -> Status:
-    return Status(StatusCode.ERROR, f"{type(err).__name__}: {err}"[:MAX_STRING])
+def error_status(err: ErrorInfo) -> Status:
+    return Status(StatusCode.ERROR, f"{err.type_name.rpartition('.')[2]}: {err.message}"[:MAX_STRING])
 
 
 def span_name(name: Any) -> str:
@@ -71,7 +70,7 @@ class Emitter:
 
     def emit(self, name: str, parent: SpanContext | None, attrs: dict[str, Any], start_ns: int,
              end_ns: int, links: Sequence[Link] | None = None,
-             error: BaseException | None = None) -> SpanContext | None:
+             error: ErrorInfo | None = None) -> SpanContext | None:
         raise NotImplementedError
 
 
@@ -83,11 +82,11 @@ class SdkEmitter(Emitter):
 
     def emit(self, name: str, parent: SpanContext | None, attrs: dict[str, Any], start_ns: int,
              end_ns: int, links: Sequence[Link] | None = None,
-             error: BaseException | None = None) -> SpanContext | None:
+             error: ErrorInfo | None = None) -> SpanContext | None:
         span = self.tracer.start_span(span_name(name), context=_parent_context(parent), kind=_INTERNAL,
                                       attributes=attrs, start_time=start_ns, links=links)
         if error is not None:
-            span.record_exception(error, timestamp=end_ns, escaped=True)
+            span.add_event("exception", _exception_attributes(error), timestamp=end_ns)
             span.set_status(error_status(error))
         span.end(end_time=end_ns)
         sc: SpanContext = span.get_span_context()
@@ -102,7 +101,7 @@ class NowhereEmitter(Emitter):
 
     def emit(self, name: str, parent: SpanContext | None, attrs: dict[str, Any], start_ns: int,
              end_ns: int, links: Sequence[Link] | None = None,
-             error: BaseException | None = None) -> SpanContext | None:
+             error: ErrorInfo | None = None) -> SpanContext | None:
         self.delivery.no_pipeline += 1
         return None
 
@@ -119,7 +118,7 @@ class DirectEmitter(Emitter):
 
     def emit(self, name: str, parent: SpanContext | None, attrs: dict[str, Any], start_ns: int,
              end_ns: int, links: Sequence[Link] | None = None,
-             error: BaseException | None = None) -> SpanContext | None:
+             error: ErrorInfo | None = None) -> SpanContext | None:
         name = span_name(name)
         trace_id = parent.trace_id if parent is not None else self.ids.generate_trace_id()
         links = links or ()
@@ -144,16 +143,14 @@ class DirectEmitter(Emitter):
         return sc
 
 
-def _exception_event(exc: BaseException, timestamp: int) -> Event:
-    """The event ``Span.record_exception(escaped=True)`` records, with the same attributes."""
-    module = type(exc).__module__
-    qualname = type(exc).__qualname__
-    return Event("exception", {
-        "exception.type": f"{module}.{qualname}" if module and module != "builtins" else qualname,
-        "exception.message": str(exc),
-        "exception.stacktrace": "".join(traceback.format_exception(exc)),
-        "exception.escaped": "True",
-    }, timestamp=timestamp)
+def _exception_attributes(err: ErrorInfo) -> dict[str, str]:
+    """The attributes ``Span.record_exception(escaped=True)`` records, message and trace capped."""
+    return {"exception.type": err.type_name, "exception.message": err.message,
+            "exception.stacktrace": err.stacktrace(), "exception.escaped": "True"}
+
+
+def _exception_event(err: ErrorInfo, timestamp: int) -> Event:
+    return Event("exception", _exception_attributes(err), timestamp=timestamp)
 
 
 def for_pipeline(pipeline: Any, scope_name: str, version: str) -> Emitter:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
+from ..capture.record import MAX_NAME
+
 __all__ = [
     "RawEvent", "KernelReport", "analyze", "from_kineto", "detect_backend", "memory_peaks",
     "covered_ns",
@@ -28,7 +30,6 @@ KIND_MEMORY = "memory"  # allocator event: nbytes > 0 allocates, < 0 frees
 KIND_MARKER = "marker"  # attnscope's own record_function around the call
 KIND_OTHER = "other"  # runtime/driver calls and anything else: not a child span
 DEVICE_KINDS = frozenset((KIND_CUDA_KERNEL, KIND_MEMCPY, KIND_MEMSET))
-MAX_NAME = 128
 TOP_N = 5
 
 

@@ -20,7 +20,7 @@ from opentelemetry.trace import NoOpTracer
 
 from .. import _log
 from .._config import Config
-from .._state import COUNT_KEYS, state
+from .._state import COUNT_KEYS, give_bytes, state
 from .._version import __version__
 from ..capture.record import Capture
 from ..export import metrics, pipeline
@@ -32,10 +32,13 @@ __all__ = ["Worker", "start", "flush", "shutdown", "stats"]
 
 _BUSY_WAIT_S = 0.002  # poll interval while CUDA events are pending
 _STASH_CHECK_S = 1.0  # children waiting for a parent: look at their age this often
-_RSS_EVERY_S = 0.25
 _YIELD_EVERY_S = 0.002
 _GATHER_S = 0.1
-_EXIT_TIMEOUT_S = 2.0  # all that exit waits for attnscope: the pipeline build and the flush
+# Exit waits for attnscope at most _EXIT_TIMEOUT_S in all (building the pipeline if not built yet,
+# turning captures into spans, writing a file exporter's file: local work) and, of that, at most
+# _EXIT_EXPORT_S on exporters that send over the network.
+_EXIT_TIMEOUT_S = 5.0
+_EXIT_EXPORT_S = 2.0
 
 
 class Worker:
@@ -175,7 +178,7 @@ class Worker:
                 peak = cap.memory.peak_bytes
                 if peak is not None:
                     found["memory.peak_bytes"] = peak
-            rss = _host_rss_bytes()
+            rss = derive.host_rss_bytes()
             if rss is not None:
                 found["memory.host_rss_bytes"] = rss
             children: list[Any] = []
@@ -188,6 +191,7 @@ class Worker:
             self.worker_errors += 1
             _log.internal_error("worker", exc)
         finally:
+            give_bytes(cap.kept_bytes)  # its tensors are let go with it
             self.processed += 1
 
     def _site_attrs(self, site: Any) -> dict[str, Any]:
@@ -245,27 +249,6 @@ class Worker:
             for cap, _ in self.resolver.drain():
                 self._finish(cap, True)
         return done and not self.thread.is_alive()
-
-
-def _host_rss_bytes() -> int | None:
-    """Resident set size of this process, read at most every ``_RSS_EVERY_S``.
-
-    One read costs psutil a /proc read (tens of µs): as much as the rest of a span. The value is
-    the process's, not the call's, so a reading a fraction of a second old says the same.
-    """
-    now = time.monotonic()
-    if now - state.rss_read_at < _RSS_EVERY_S:
-        return state.rss_bytes
-    state.rss_read_at = now
-    try:
-        if state.process is None:
-            import psutil
-
-            state.process = psutil.Process()
-        state.rss_bytes = int(state.process.memory_info().rss)
-    except Exception:
-        state.rss_bytes = None
-    return state.rss_bytes
 
 
 # ---- the process's worker ------------------------------------------------------------------------
@@ -333,8 +316,12 @@ def flush(timeout_s: float = 5.0) -> bool:
     return ok and worker.pipeline.delivery.lost == lost_before
 
 
-def shutdown(timeout_s: float = 5.0) -> bool:
-    """Flush, stop the worker and shut down a provider attnscope created. Safe to call twice."""
+def shutdown(timeout_s: float = 5.0, export_s: float | None = None) -> bool:
+    """Flush, stop the worker and shut down a provider attnscope created. Safe to call twice.
+
+    ``export_s``: at most this much of ``timeout_s`` goes to the exporters, once every capture
+    has become a span (the exit flush: a collector that is down costs exit no more than that).
+    """
     deadline = time.monotonic() + max(0.0, timeout_s)
     with state.worker_lock:
         worker: Worker | None = state.worker
@@ -343,6 +330,8 @@ def shutdown(timeout_s: float = 5.0) -> bool:
         return True
     lost_before = worker.pipeline.delivery.lost
     ok = worker.stop(deadline)
+    if export_s is not None:
+        deadline = min(deadline, time.monotonic() + export_s)
     try:
         remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
         ok = worker.pipeline.force_flush(remaining_ms) and ok
@@ -388,7 +377,10 @@ def _at_exit() -> None:
     worker starts after this (a daemon thread still tracing): it could not build a pipeline."""
     state.exiting = True
     try:
-        shutdown(timeout_s=max(0.0, _EXIT_TIMEOUT_S - state.exit_wait_s))
+        worker: Worker | None = state.worker
+        local = worker is not None and worker.pipeline.local  # a file: no collector to wait on
+        shutdown(timeout_s=max(0.0, _EXIT_TIMEOUT_S - state.exit_wait_s),
+                 export_s=None if local else _EXIT_EXPORT_S)
     except BaseException:  # a second Ctrl-C included: exit goes on
         pass
 

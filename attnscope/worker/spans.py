@@ -55,11 +55,10 @@ def capture_attributes(cap: Capture, derived: dict[str, Any],
     for key, value in derived.items():
         if value is not None:
             attrs[_name(key)] = value if type(value) in _PLAIN else _clean(value)
-    if cap.extra:
+    if cap.extra:  # span() attributes, already under their final names
         for key, value in cap.extra.items():
-            if value is None:
-                continue
-            attrs[key if "." in key else P + key] = _clean(value)
+            if value is not None:
+                attrs[key] = _clean(value)
     wall = cap.wall_ns
     attrs[P + "wall_ns"] = wall
     device_ns = derived.get("device_ns")
@@ -117,7 +116,7 @@ class Result:
         self.end_ns = cap.end_epoch_ns
         self.attrs = attrs
         self.children = children
-        self.error = cap.error  # dropped once the span is built (its frames hold user objects)
+        self.error = cap.error
         self.added = time.monotonic()
 
 
@@ -194,7 +193,6 @@ class SpanBuilder:
             return
         emit = self.emitter.emit
         sc = emit(item.name, target, item.attrs, item.start_ns, item.end_ns, links, item.error)
-        item.error = None  # drop the traceback (and the frames it holds) now
         if sc is None:
             sc = INVALID_SPAN_CONTEXT
         elif target is None:
@@ -209,7 +207,6 @@ class SpanBuilder:
 
     def _cut(self, item: Result) -> None:
         self.stats.dropped_trace_cap += 1
-        item.error = None
         self._settle(item.capture_id, _CUT)
 
     def _settle(self, capture_id: int, fate: Any) -> None:

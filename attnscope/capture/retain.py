@@ -1,0 +1,53 @@
+"""The tensors a capture keeps by reference, within a byte budget.
+
+The worker counts real tokens in an attention mask (and generated tokens in a ``generate()``
+output) after the call; until then the capture holds the tensor. A 4-D mask of a long context is
+hundreds of MB on the device: tracing must not keep such a tensor alive, raising the very memory
+peak it reports. So a capture keeps a tensor only if it (its whole storage, for a view) is at most
+``KEEP_TENSOR_BYTES`` and all
+captures together stay within ``attnscope._state.KEEP_TOTAL_BYTES``; any other is replaced by its
+:class:`TensorMeta` (shape, dtype, device) and the span carries no count that needed its values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import _state
+from .record import AttentionFacts, Capture, ModelFacts, TensorMeta
+
+__all__ = ["KEEP_TENSOR_BYTES", "keep", "keep_summary", "release"]
+
+KEEP_TENSOR_BYTES = 16 << 20
+
+
+def keep(cap: Capture, value: Any) -> Any:
+    """``value`` if ``cap`` may keep it by reference, else its TensorMeta (non-tensors as given)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    try:  # a view keeps its whole storage alive (a slice of a model's static causal mask)
+        size = max(value.nelement() * value.element_size(), value.untyped_storage().nbytes())
+    except Exception:  # no plain storage (nested, meta, a subclass): keep nothing of its values
+        size = KEEP_TENSOR_BYTES + 1
+    if size <= KEEP_TENSOR_BYTES and _state.take_bytes(size):
+        cap.kept_bytes += size
+        return value
+    return TensorMeta(tuple(value.shape), value.dtype, value.device)
+
+
+def keep_summary(cap: Capture) -> None:
+    """Apply the budget to every tensor the capture's summary holds (masks, facts' masks)."""
+    summary = cap.summary
+    for i, (key, value) in enumerate(summary):
+        if isinstance(value, torch.Tensor):
+            summary[i] = (key, keep(cap, value))
+        elif isinstance(value, (AttentionFacts, ModelFacts)) and value.mask is not None:
+            value.mask = keep(cap, value.mask)
+
+
+def release(cap: Capture) -> None:
+    """The capture no longer needs its tensors (built, dropped, or never handed over)."""
+    kept, cap.kept_bytes = cap.kept_bytes, 0
+    _state.give_bytes(kept)
