@@ -7,6 +7,7 @@ the call; no tensor value is ever recorded, only counts.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -25,7 +26,7 @@ from ..capture.record import (
 from ..instrument.facts import head_info
 
 __all__ = ["derive", "causal_pairs", "window_pairs", "attention_flops", "count_tokens",
-           "host_rss_bytes"]
+           "host_rss_bytes", "host_readable"]
 
 _Q_NAMES = ("query", "q", "query_states")
 _K_NAMES = ("key", "k", "key_states")
@@ -85,11 +86,7 @@ def count_tokens(mask: torch.Tensor, batch: int, sq: int) -> int | None:
     positions (KV-cache layout). Bool masks: True = attend. Float masks: additive, very negative =
     masked. 2-D masks are ``(batch, keys)`` padding masks (1 = real).
     """
-    if mask.is_meta or mask.numel() == 0:
-        return None
-    if mask.is_cuda and torch.cuda.get_sync_debug_mode() != 0:
-        # Reading the count back is a device sync (on the worker, after the call's end event has
-        # passed); with sync debugging on the user asked for none at all: leave tokens unknown.
+    if mask.is_meta or mask.numel() == 0 or not host_readable(mask):
         return None
     m = mask.detach()
     if m.dtype == torch.bool:
@@ -126,8 +123,15 @@ def _find(summary: Mapping[str, Any], names: Sequence[str]) -> Any:
     return None
 
 
-def derive(summary_list: Sequence[tuple[str, Any]], instance: Any = None) -> dict[str, Any]:
-    """Attention attributes (attnscope.* without the prefix) from a call summary."""
+def derive(summary_list: Sequence[tuple[str, Any]], instance: Any = None,
+           device_reads: bool = True) -> dict[str, Any]:
+    """Attention attributes (attnscope.* without the prefix) from a call summary.
+
+    ``device_reads=False`` (the call's end event timed out: its stream is still busy): no value of
+    a device tensor is read, as reading one would wait behind that stream.
+    """
+    if not device_reads:
+        summary_list = [(k, _unread(v)) for k, v in summary_list]
     summary = dict(summary_list)
     facts = summary.get(ATTENTION_KEY)
     if isinstance(facts, AttentionFacts):
@@ -223,12 +227,32 @@ def window_pairs(sq: int, skv: int, window: int) -> int:
     return causal_pairs(sq, skv) - causal_pairs(sq, skv - window)
 
 
+def _unread(value: Any) -> Any:
+    """``value`` with its device tensors (facts' fields included) replaced by their metadata."""
+    if isinstance(value, torch.Tensor):
+        return TensorMeta(tuple(value.shape), value.dtype, value.device) if value.is_cuda else value
+    if isinstance(value, (AttentionFacts, ModelFacts)):
+        value = copy.copy(value)  # the capture's own facts are never written by the worker
+        for name in ("mask", "past", "output"):
+            field = getattr(value, name, None)
+            if isinstance(field, torch.Tensor) and field.is_cuda:
+                setattr(value, name, _unread(field))
+    return value
+
+
+def host_readable(t: torch.Tensor) -> bool:
+    """Whether the worker may read ``t``'s values: a device tensor's read is a host sync (after
+    the call's end event has passed), which a user who turned sync debugging on asked not to
+    have at all (``"warn"`` would print attnscope's syncs as theirs, ``"error"`` would raise)."""
+    return not t.is_cuda or torch.cuda.get_sync_debug_mode() == 0
+
+
 def _as_int(value: Any) -> int | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and host_readable(value):
         return int(value.item())
     return None
 
@@ -254,13 +278,17 @@ def derive_attention(f: AttentionFacts) -> dict[str, Any]:
     """Span attributes of one attention layer call (QK^T and PV only; projections excluded)."""
     b, sq = f.batch, f.seq_q
     past = _as_int(f.past)
+    # a cache length on the device that may not be read (sync debugging): the keys are unknown
+    keys_known = f.seq_kv is not None or past is not None or f.past is None
     skv = f.seq_kv if f.seq_kv is not None else (past or 0) + sq
-    out: dict[str, Any] = {"batch_size": b, "seq_len_q": sq, "seq_len_kv": skv, "causal": f.causal}
+    out: dict[str, Any] = {"batch_size": b, "seq_len_q": sq, "causal": f.causal}
+    if keys_known:
+        out["seq_len_kv"] = skv
     if f.dtype is not None:
         out["dtype"] = _dtype_name(f.dtype)
     if f.device is not None:
         out["device"] = str(f.device)
-    if f.cached:
+    if f.cached and keys_known:
         out["kv_cache_len"] = past or 0
         out["phase"] = "decode" if past and sq == 1 else "prefill"
     if f.heads and f.head_dim:
@@ -269,22 +297,27 @@ def derive_attention(f: AttentionFacts) -> dict[str, Any]:
         out.update(num_heads=f.heads, num_kv_heads=kv_heads, head_dim=f.head_dim)
         if f.window:
             out["sliding_window"] = f.window
-        out["flops"] = attention_flops(b, f.heads, sq, skv, f.head_dim, dv, f.causal, f.window)
+        if keys_known:
+            out["flops"] = attention_flops(b, f.heads, sq, skv, f.head_dim, dv, f.causal,
+                                           f.window)
     if isinstance(f.mask, TensorMeta):  # a mask over the keeping budget: padding unknown
         return out
-    tokens = _real_tokens(f.mask, f.mask_ignores, b, sq, skv) if f.seq_kv is None else None
-    out["tokens"] = b * sq if tokens is None else tokens
+    if f.mask is None or f.seq_kv is not None:
+        out["tokens"] = b * sq
+    else:  # a mask that could not be read (sync debugging, a layout not understood): no count
+        out["tokens"] = _real_tokens(f.mask, f.mask_ignores, b, sq, skv)
     return out
 
 
 def derive_model(f: ModelFacts) -> dict[str, Any]:
     """Span attributes of a traced model forward (tokens, phase) or generate() call (usage)."""
     past = _as_int(f.past)
-    skv = (past or 0) + f.seq_q if f.cached else None
+    keys_known = past is not None or f.past is None  # else a device cache length, not readable
+    skv = (past or 0) + f.seq_q if f.cached and keys_known else None
     tokens: int | None = None
     if not isinstance(f.mask, TensorMeta):  # else a mask over the keeping budget: padding unknown
-        tokens = _real_tokens(f.mask, False, f.batch, f.seq_q, skv)
-        tokens = f.batch * f.seq_q if tokens is None else tokens
+        tokens = (f.batch * f.seq_q if f.mask is None
+                  else _real_tokens(f.mask, False, f.batch, f.seq_q, skv))
     out: dict[str, Any] = {"batch_size": f.batch, "seq_len_q": f.seq_q}
     if f.generate:
         out["gen_ai.usage.input_tokens"] = tokens
@@ -293,11 +326,11 @@ def derive_model(f: ModelFacts) -> dict[str, Any]:
         return out
     out["tokens"] = tokens
     phase = None
-    if f.cached:
+    if f.cached and keys_known:
         out["kv_cache_len"] = past or 0
         out["seq_len_kv"] = (past or 0) + f.seq_q
         phase = out["phase"] = "decode" if past and f.seq_q == 1 else "prefill"
-    if phase != "decode":
+    if phase == "prefill" or not f.cached:
         out["gen_ai.usage.input_tokens"] = tokens
     return out
 
@@ -305,6 +338,8 @@ def derive_model(f: ModelFacts) -> dict[str, Any]:
 def _generated_tokens(ids: Any, prompt_len: int, eos: tuple[int, ...]) -> int | None:
     """New tokens per row up to and including the first end-of-sequence token, summed."""
     if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.shape[1] < prompt_len:
+        return None
+    if not host_readable(ids):
         return None
     new = ids.detach()[:, prompt_len:]
     if new.numel() == 0 or not eos:

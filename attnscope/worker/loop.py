@@ -168,7 +168,7 @@ class Worker:
 
     def _finish(self, cap: Capture, timed_out: bool) -> None:
         try:
-            found = derive.derive(cap.summary, cap.instance)
+            found = derive.derive(cap.summary, cap.instance, device_reads=not timed_out)
             if cap.timer is not None:
                 if not timed_out:
                     found["device_ns"] = cap.timer.elapsed_ns()
