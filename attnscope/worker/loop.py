@@ -25,6 +25,7 @@ from .._version import __version__
 from ..capture.record import Capture
 from ..export import metrics, pipeline
 from . import derive, emit, profile
+from .cuda import DeviceAccess
 from .resolve import Resolver
 from .spans import SpanBuilder, result_of, site_attributes
 
@@ -62,6 +63,7 @@ class Worker:
         self.worker_errors = 0
         self.builder = SpanBuilder(emit.SdkEmitter(self.pipeline.tracer), cfg.max_spans_per_trace)
         self.resolver: Resolver[Capture] = Resolver(lambda cap: cap.timer)
+        self.cuda = DeviceAccess()
         self._cond = threading.Condition()
         self._submit_lock = threading.Lock()
         self._stop = threading.Event()
@@ -145,6 +147,7 @@ class Worker:
             cap = self.queue.popleft()
             worked = True
             if cap.timer is not None:
+                self.cuda.prepare(cap.timer.device)  # before this thread's first CUDA call
                 self.resolver.add(cap)
             else:
                 self._finish(cap, False)
@@ -168,7 +171,11 @@ class Worker:
 
     def _finish(self, cap: Capture, timed_out: bool) -> None:
         try:
-            found = derive.derive(cap.summary, cap.instance, device_reads=not timed_out)
+            if cap.timer is None:
+                found = derive.derive(cap.summary, cap.instance)
+            else:
+                with self.cuda.reading(cap.timer.device):
+                    found = derive.derive(cap.summary, cap.instance, device_reads=not timed_out)
             if cap.timer is not None:
                 if not timed_out:
                     found["device_ns"] = cap.timer.elapsed_ns()
