@@ -1,0 +1,137 @@
+"""Scenario 5: soak. Unsampled and sampled calls by the hundred thousand, and distinct
+``trace(fn)`` decorations made at run time and dropped: RSS growth stays under 20 MB (the full
+size; the CI size is held to the same bytes per call), and the thread count and open files are
+the same at the end as after warm-up. A dropped decoration is freed (checked with weak references).
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+
+import pytest
+import torch
+
+import attnscope
+from tests.reliability.harness import FULL, Figures, open_fds, rss_bytes, sized
+
+pytestmark = pytest.mark.reliability
+
+UNSAMPLED = sized(ci=100_000, full=1_000_000)
+SAMPLED = sized(ci=10_000, full=100_000)
+DECORATIONS = sized(ci=20_000, full=100_000)
+BUDGET_MB = 20.0  # at the full size
+NOISE_MB = 0.0 if FULL else 4.0  # a small run is held to the same bytes per call, plus this
+
+
+def _limit_mb(n: int, full_n: int) -> float:
+    return BUDGET_MB * n / full_n + NOISE_MB
+
+
+def _settled_rss() -> int:
+    gc.collect()
+    return rss_bytes()
+
+
+@attnscope.trace(name="soak")
+def soak(x: torch.Tensor) -> torch.Tensor:
+    return x + 1
+
+
+def _resources() -> tuple[int, int]:
+    return threading.active_count(), open_fds()
+
+
+def test_soak_unsampled_then_sampled(figures: Figures) -> None:
+    figures.set("5 soak: calls", f"{UNSAMPLED:,} unsampled + {SAMPLED:,} sampled calls "
+                "(timing tier, exporter none)")
+    x = torch.ones(8)
+    expected = x + 1
+    # warm-up: the worker, its imports and first allocations are not growth
+    attnscope.configure(exporter="none", sample_rate=1.0, warmup_calls=0, overhead_budget=1.0,
+                        profile_rate=0.0)
+    for _ in range(2_000):
+        soak(x)
+    assert attnscope.flush(timeout_s=30)
+    attnscope.configure(sample_rate=0.0)
+    for _ in range(2_000):
+        soak(x)
+    threads0, fds0 = _resources()
+    rss0 = _settled_rss()
+
+    for _ in range(UNSAMPLED):
+        soak(x)
+    rss_unsampled = _settled_rss()
+    attnscope.configure(sample_rate=1.0)
+    wrong = 0
+    for i in range(SAMPLED):
+        if i % 1000 == 0 and not torch.equal(soak(x), expected):
+            wrong += 1
+        else:
+            soak(x)
+        if i % 5000 == 4999:
+            attnscope.flush(timeout_s=30)  # the queue is bounded: this is about leaks, not drops
+    assert attnscope.flush(timeout_s=60)
+    rss1 = _settled_rss()
+    threads1, fds1 = _resources()
+    stats = attnscope.stats()
+
+    growth_mb = (rss1 - rss0) / 2**20
+    unsampled_mb = (rss_unsampled - rss0) / 2**20
+    limit = _limit_mb(UNSAMPLED, 1_000_000) + _limit_mb(SAMPLED, 100_000)
+    figures.add(rss_growth_mb=round(growth_mb, 1), rss_growth_unsampled_mb=round(unsampled_mb, 1),
+                limit_mb=round(limit, 1), threads=(threads0, threads1), open_fds=(fds0, fds1),
+                captured=stats["captured"], emitted=stats["emitted"])
+    figures.lost = f"{stats['dropped_queue_full']} queue_full"
+    assert wrong == 0
+    assert growth_mb < limit, f"RSS grew {growth_mb:.1f} MB (limit {limit:.1f} MB)"
+    assert threads1 == threads0, f"threads {threads0} -> {threads1}"
+    assert fds1 <= fds0, f"open files {fds0} -> {fds1}"
+    assert stats["captured"] == (stats["emitted"] + stats["dropped_queue_full"]
+                                 + stats["dropped_trace_cap"] + stats["worker_errors"]
+                                 + stats["pending"]), stats
+
+
+def test_soak_distinct_decorations(figures: Figures) -> None:
+    figures.set("5 soak: decorations", f"{DECORATIONS:,} distinct attnscope.trace(fn) made at "
+                "run time, each called once (sampled) and dropped")
+    attnscope.configure(exporter="none", sample_rate=1.0, warmup_calls=0, overhead_budget=1.0,
+                        profile_rate=0.0)
+    x = torch.ones(2)
+
+    def make(i: int) -> object:
+        def fn(t: torch.Tensor) -> torch.Tensor:
+            return t * i
+        return fn
+
+    for i in range(1_000):  # warm-up
+        attnscope.trace(make(i))(x)
+    assert attnscope.flush(timeout_s=30)
+    threads0, fds0 = _resources()
+    rss0 = _settled_rss()
+    refs = []
+    for i in range(DECORATIONS):
+        fn = make(i)
+        traced = attnscope.trace(fn)
+        traced(x)
+        if i % 1000 == 0:
+            refs.append(weakref.ref(traced))
+            refs.append(weakref.ref(traced.__attnscope_site__))  # type: ignore[attr-defined]
+        if i % 5000 == 4999:
+            attnscope.flush(timeout_s=30)
+        del fn, traced
+    assert attnscope.flush(timeout_s=60)
+    rss1 = _settled_rss()
+    threads1, fds1 = _resources()
+    alive = sum(r() is not None for r in refs)
+    growth_mb = (rss1 - rss0) / 2**20
+    limit = _limit_mb(DECORATIONS, 100_000)
+    figures.add(rss_growth_mb=round(growth_mb, 1), limit_mb=round(limit, 1),
+                bytes_per_decoration=round((rss1 - rss0) / DECORATIONS),
+                still_alive=f"{alive} of {len(refs)} wrappers/sites",
+                threads=(threads0, threads1), open_fds=(fds0, fds1))
+    figures.lost = "n/a"
+    assert alive == 0, f"{alive} of {len(refs)} dropped wrappers or call sites are still alive"
+    assert growth_mb < limit, f"RSS grew {growth_mb:.1f} MB (limit {limit:.1f} MB)"
+    assert threads1 == threads0 and fds1 <= fds0
