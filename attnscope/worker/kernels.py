@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 from ..capture.record import MAX_NAME
 
 __all__ = [
-    "RawEvent", "KernelReport", "analyze", "from_kineto", "detect_backend", "memory_peaks",
-    "covered_ns",
+    "RawEvent", "KernelReport", "analyze", "from_kineto", "detect_backend", "call_kernels",
+    "memory_peaks", "covered_ns",
     "KIND_CUDA_KERNEL", "KIND_CPU_OP", "KIND_MEMCPY", "KIND_MEMSET", "KIND_MEMORY", "KIND_MARKER",
     "KIND_OTHER", "MAX_NAME", "TOP_N",
 ]
@@ -43,6 +43,9 @@ class RawEvent(NamedTuple):
     end_ns: int
     nbytes: int = 0
     shapes: str = ""
+    # The CPU op this belongs to, by the profiler's correlation id: a CPU op's own id, the id of
+    # the op that launched a GPU activity (kineto's linked correlation id); 0 when unknown.
+    op_id: int = 0
 
 
 class KernelReport(NamedTuple):
@@ -52,50 +55,81 @@ class KernelReport(NamedTuple):
     children: list[tuple[str, int, int, dict[str, Any]]]
 
 
-# Fused SDPA entry points, most specific first. Backward variants share the prefix.
+# Attention ops, first match wins (prefixes; backward variants share them).
 _BACKEND_OPS: tuple[tuple[str, str], ...] = (
     ("aten::_scaled_dot_product_cudnn_attention", "cudnn"),
-    ("aten::_cudnn_attention", "cudnn"),
+    ("aten::_cudnn_attention", "cudnn"),  # _forward / _backward
     ("aten::_scaled_dot_product_flash_attention", "flash"),  # also ..._for_cpu
-    ("aten::_flash_attention", "flash"),
+    ("aten::_flash_attention", "flash"),  # _forward / _backward
+    ("flash_attn::", "flash"),  # the flash-attn package's custom ops (_flash_attn_forward, ...)
+    ("flash_attn_3::", "flash"),
     ("aten::_scaled_dot_product_efficient_attention", "efficient"),
-    ("aten::_efficient_attention", "efficient"),
-    ("aten::_scaled_dot_product_attention_math", "math"),
+    ("aten::_efficient_attention", "efficient"),  # _forward / _backward
+    ("aten::_scaled_dot_product_attention_math", "math"),  # also ..._for_mps
+    ("FlexAttention", "flex"),  # eager FlexAttention's autograd.Function (FlexAttentionAutogradOp)
 )
-# GPU kernel names when the ATen op is missing (e.g. a library calling the kernels directly).
+# Substrings of op names (lower case): FlexAttention's higher-order ops and the ops Inductor
+# records around its generated kernels (triton_tem_fused_flex_attention_0, ...).
+_FLEX_NEEDLES = ("flex_attention", "flex_decoding")
+# Substrings of GPU kernel names (lower case), only of kernels this call's ops launched.
 _BACKEND_KERNELS: tuple[tuple[str, str], ...] = (
     ("cudnn", "cudnn"),
     ("flash_fwd", "flash"),
+    ("flash_bwd", "flash"),
     ("flash::", "flash"),
     ("fmha_cutlass", "efficient"),
     ("efficient_attention", "efficient"),
     ("mem_eff", "efficient"),
-)
+) + tuple((needle, "flex") for needle in _FLEX_NEEDLES)
+# Matrix-product kernels: cuBLAS/cuBLASLt GEMMs (Hopper's H100/H200 cuBLAS names them nvjet_*),
+# CUTLASS GEMMs.
+_GEMM_KERNELS = ("gemm", "nvjet", "cutlass")
 _SOFTMAX_OPS = frozenset(("aten::softmax", "aten::_softmax", "aten::_safe_softmax",
                           "aten::log_softmax", "aten::_log_softmax"))
 _MATMUL_OPS = frozenset(("aten::matmul", "aten::bmm", "aten::mm", "aten::baddbmm",
                          "aten::einsum", "aten::addmm"))
 
 
-def detect_backend(names: Iterable[str]) -> str:
-    """The attention backend that ran: flash, efficient, cudnn, math or unknown.
+def detect_backend(ops: Iterable[str], kernels: Iterable[str] = ()) -> str:
+    """The attention backend that ran: flash, efficient, cudnn, flex, math or unknown.
 
-    A fused SDPA op (or its GPU kernel) names its backend; the math path, forced or written by
-    hand, is a softmax between matrix products.
+    ``ops`` are the names of the call's CPU ops, ``kernels`` those of the GPU kernels that these
+    ops launched (:func:`call_kernels`), never of all kernels the profiler saw: CUPTI records the
+    whole process, and another thread's kernel says nothing about this call. First match wins:
+
+    1. an attention op names its backend (fused SDPA, the flash-attn package, FlexAttention);
+    2. a softmax op and a matrix-product op: the math path, forced or written by hand;
+    3. a kernel names its backend;
+    4. a softmax kernel and a GEMM kernel (``gemm``, ``nvjet_*``, ``cutlass``): math;
+    5. else unknown.
     """
-    seen = set(names)
+    op_names = set(ops)
     for prefix, backend in _BACKEND_OPS:
-        if any(name.startswith(prefix) for name in seen):
+        if any(name.startswith(prefix) for name in op_names):
             return backend
-    lowered = [name.lower() for name in seen if not name.startswith("aten::")]
+    lowered_ops = [name.lower() for name in op_names]
+    if any(needle in name for name in lowered_ops for needle in _FLEX_NEEDLES):
+        return "flex"
+    if op_names & _SOFTMAX_OPS and op_names & _MATMUL_OPS:
+        return "math"
+    lowered = [name.lower() for name in set(kernels)]
     for needle, backend in _BACKEND_KERNELS:
         if any(needle in name for name in lowered):
             return backend
-    if seen & _SOFTMAX_OPS and seen & _MATMUL_OPS:
-        return "math"
-    if any("softmax" in name for name in lowered) and any("gemm" in name for name in lowered):
-        return "math"  # kernels only: cuBLAS GEMMs around a softmax kernel
+    if (any("softmax" in name for name in lowered)
+            and any(g in name for name in lowered for g in _GEMM_KERNELS)):
+        return "math"  # kernels only: GEMMs around a softmax kernel
     return "unknown"
+
+
+def call_kernels(cpu_ops: Iterable[RawEvent], device_ops: Iterable[RawEvent]) -> list[RawEvent]:
+    """The GPU kernels launched by one of ``cpu_ops`` (CUPTI correlation through ``op_id``).
+
+    A kernel without a link (``op_id`` 0: launched on a thread the profiler does not record, or by
+    code outside any op) or linked to an op that is not among ``cpu_ops`` is left out.
+    """
+    ids = {op.op_id for op in cpu_ops if op.op_id}
+    return [e for e in device_ops if e.kind == KIND_CUDA_KERNEL and e.op_id and e.op_id in ids]
 
 
 def memory_peaks(events: Iterable[RawEvent]) -> dict[str, int]:
@@ -172,7 +206,8 @@ def analyze(
     attrs: dict[str, Any] = {
         "kernel.count": len(work),
         "kernel.total_ns": sum(ns for ns, _ in work),
-        "backend": detect_backend(e.name for e in cpu_ops + device_ops),
+        "backend": detect_backend((e.name for e in cpu_ops),
+                                  (e.name for e in call_kernels(cpu_ops, device_ops))),
     }
     by_name: dict[str, int] = {}
     for ns, ev in work:
@@ -279,8 +314,21 @@ def from_kineto(result: Any, marker: str) -> list[RawEvent]:
                 shapes = str(found)[:256] if found else ""
             except Exception:
                 shapes = ""
-        out.append(RawEvent(name, kind, device, ev.start_ns(), ev.end_ns(), 0, shapes))
+        out.append(RawEvent(name, kind, device, ev.start_ns(), ev.end_ns(), 0, shapes,
+                            _op_id(ev, kind)))
     return out
+
+
+def _op_id(ev: Any, kind: str) -> int:
+    """A CPU op's correlation id; for a GPU activity, the id of the CPU op that launched it."""
+    try:
+        if kind == KIND_CPU_OP:
+            return int(ev.correlation_id())
+        if kind in DEVICE_KINDS:
+            return int(ev.linked_correlation_id())
+    except Exception:  # an event type without correlation: no link, not a failed parse
+        pass
+    return 0
 
 
 def _device_name(ev: Any) -> str:
