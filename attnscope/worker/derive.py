@@ -139,6 +139,12 @@ def derive(summary_list: Sequence[tuple[str, Any]], instance: Any = None,
     model = summary.get(MODEL_KEY)
     if isinstance(model, ModelFacts):
         return derive_model(model)
+    return _derive_arguments(summary, summary_list, instance)
+
+
+def _derive_arguments(summary: dict[str, Any], summary_list: Sequence[tuple[str, Any]],
+                      instance: Any) -> dict[str, Any]:
+    """Attributes of a traced function or forward, from its argument summary."""
     out: dict[str, Any] = {}
     q = _find(summary, _Q_NAMES)
     k = _find(summary, _K_NAMES)
