@@ -31,6 +31,17 @@ def test_demo_prints_a_table_for_both_implementations(tmp_path) -> None:  # type
     text = out.getvalue()
     assert "attention.naive" in text and "attention.sdpa" in text and "p99" in text
     assert trace_file.exists() and trace_file.stat().st_size > 100
+    import json
+
+    traces = json.loads(trace_file.read_text())["data"]
+    layers = {tag["value"] for trace in traces for span in trace["spans"] for tag in span["tags"]
+              if tag["key"] == "attnscope.module"}
+    assert layers == {f"layers.{i}.attn" for i in range(4)}  # the four layers can be told apart
+    for trace in traces:
+        (process,) = trace["processes"].values()
+        keys = {tag["key"] for tag in process["tags"]}
+        assert process["serviceName"] == "attnscope-demo" and {"host.name", "process.pid"} <= keys
+    assert "layers.0.attn" in text  # profiled rows name their layer
 
 
 def test_cli_entry_point(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -7,6 +7,7 @@ summarised as a table (and optionally written as Jaeger JSON).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections import defaultdict
@@ -22,6 +23,7 @@ import attnscope
 
 from .. import _api
 from ..capture import profiler
+from ..export.destinations import resource
 
 __all__ = ["run_demo"]
 
@@ -41,25 +43,49 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal:
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
 
 
+class DemoAttention(torch.nn.Module):
+    """Grouped-query self-attention (8 query heads, 2 KV heads) around a pluggable core."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int) -> None:
+        super().__init__()
+        # the names instrument() reads, as in transformers' attention layers
+        self.num_heads, self.num_key_value_heads = heads, kv_heads
+        self.head_dim, self.is_causal = hidden // heads, True
+        self.qkv = torch.nn.Linear(hidden, (heads + 2 * kv_heads) * self.head_dim)
+        self.out = torch.nn.Linear(hidden, hidden)
+
+    def forward(self, hidden_states: torch.Tensor, attention: Any) -> torch.Tensor:
+        b, s, _ = hidden_states.shape
+        heads, kv_heads = self.num_heads, self.num_key_value_heads
+        h = self.qkv(hidden_states).view(b, s, heads + 2 * kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = h.split([heads, kv_heads, kv_heads], dim=1)
+        k, v = k.repeat_interleave(heads // kv_heads, 1), v.repeat_interleave(heads // kv_heads, 1)
+        core: torch.Tensor = attention(q, k, v, is_causal=True)
+        out: torch.Tensor = self.out(core.transpose(1, 2).reshape(b, s, -1))
+        return out
+
+
+class DemoBlock(torch.nn.Module):
+    def __init__(self, hidden: int, heads: int, kv_heads: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(hidden)
+        self.attn = DemoAttention(hidden, heads, kv_heads)
+
+    def forward(self, x: torch.Tensor, attention: Any) -> torch.Tensor:
+        attended: torch.Tensor = self.attn(self.norm(x), attention)
+        return x + attended
+
+
 class TinyDecoder(torch.nn.Module):
-    """Four pre-norm attention blocks with grouped-query attention (8 query heads, 2 KV heads)."""
+    """Four pre-norm attention blocks; ``instrument()`` finds their attention layers."""
 
     def __init__(self, hidden: int = 256, layers: int = 4, heads: int = 8, kv_heads: int = 2) -> None:
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
-        self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(hidden) for _ in range(layers))
-        self.qkv = torch.nn.ModuleList(
-            torch.nn.Linear(hidden, (heads + 2 * kv_heads) * self.head_dim) for _ in range(layers))
-        self.out = torch.nn.ModuleList(torch.nn.Linear(hidden, hidden) for _ in range(layers))
+        self.layers = torch.nn.ModuleList(DemoBlock(hidden, heads, kv_heads) for _ in range(layers))
 
     def forward(self, x: torch.Tensor, attention: Any) -> torch.Tensor:
-        b, s, _ = x.shape
-        for norm, qkv, out in zip(self.norms, self.qkv, self.out):
-            h = qkv(norm(x)).view(b, s, self.heads + 2 * self.kv_heads, self.head_dim).transpose(1, 2)
-            q, k, v = h.split([self.heads, self.kv_heads, self.kv_heads], dim=1)
-            groups = self.heads // self.kv_heads
-            k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-            x = x + out(attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, -1))
+        for layer in self.layers:
+            x = layer(x, attention)
         return x
 
 
@@ -75,10 +101,13 @@ def run_demo(steps: int = 20, seq_len: int = 256, jaeger_json: str | None = None
 
     out = out or sys.stdout
     torch.manual_seed(0)
-    model = TinyDecoder().eval()
+    model = attnscope.instrument(TinyDecoder().eval())  # layers.N.attn spans, layer_index
     x = torch.randn(2, seq_len, 256)
     memory = InMemorySpanExporter()
-    provider = TracerProvider()
+    previous = _api.current()
+    # the resource attnscope gives its own providers: the trace shows host, versions, pid
+    provider = TracerProvider(resource=resource(dataclasses.replace(
+        previous, service_name="attnscope-demo")))
     provider.add_span_processor(SimpleSpanProcessor(memory))
     file_exporter = None
     if jaeger_json:
@@ -86,7 +115,6 @@ def run_demo(steps: int = 20, seq_len: int = 256, jaeger_json: str | None = None
 
         file_exporter = JaegerJSONFileExporter(jaeger_json, service_name="attnscope-demo")
         provider.add_span_processor(SimpleSpanProcessor(file_exporter))
-    previous = _api.current()
     attnscope.configure(tracer_provider=provider, sample_rate=1.0, warmup_calls=0, profile_rate=0.0,
                         profile_max_per_minute=60, overhead_budget=1.0)
     # A service warms the profiler on attnscope's worker; the demo does it up front so that its
@@ -124,9 +152,14 @@ def _report(spans: list[ReadableSpan], out: TextIO) -> None:
     by_name: dict[str, list[dict[str, Any]]] = defaultdict(list)
     kernels: dict[str, list[ReadableSpan]] = defaultdict(list)
     names = {s.context.span_id: s.name for s in spans}
+    by_id = {s.context.span_id: s for s in spans}
     for s in spans:
         a = dict(s.attributes or {})
-        if s.name.startswith("attention.") and a.get("attnscope.tier") == "timing":
+        parent = by_id.get(s.parent.span_id) if s.parent is not None else None
+        under_profiler = parent is not None and dict(parent.attributes or {}).get(
+            "attnscope.tier") == "profile"
+        if s.name.startswith("attention.") and a.get("attnscope.tier") == "timing" \
+                and not under_profiler:
             by_name[s.name].append(a)
         if s.parent is not None and names.get(s.parent.span_id, "").startswith("attention.") \
                 and "attnscope.kernel.kind" in a:
@@ -134,7 +167,7 @@ def _report(spans: list[ReadableSpan], out: TextIO) -> None:
     print(f"attnscope demo — {len(spans)} spans captured (TinyDecoder: 4 layers, GQA 8/2 heads, CPU)\n",
           file=out)
     header = (f"{'implementation':18} {'calls':>5} {'p50 µs':>9} {'p95 µs':>9} {'p99 µs':>9} "
-              f"{'GFLOP/call':>10} {'TFLOP/s':>8} {'tokens/s':>11}")
+              f"{'GFLOP/call':>10} {'GFLOP/s':>8} {'tokens/s':>11}")
     print(header, file=out)
     print("-" * len(header), file=out)
     for name, rows in sorted(by_name.items()):
@@ -143,7 +176,7 @@ def _report(spans: list[ReadableSpan], out: TextIO) -> None:
         tflops = statistics.median(r.get("attnscope.tflops", 0.0) for r in rows)
         tps = statistics.median(r.get("attnscope.tokens_per_s", 0.0) for r in rows)
         print(f"{name:18} {len(rows):5d} {_pct(walls, 50):9.0f} {_pct(walls, 95):9.0f} "
-              f"{_pct(walls, 99):9.0f} {flops / 1e9:10.3f} {tflops:8.3f} {tps:11.0f}", file=out)
+              f"{_pct(walls, 99):9.0f} {flops / 1e9:10.3f} {tflops * 1e3:8.2f} {tps:11.0f}", file=out)
     profiled = [s for s in spans if dict(s.attributes or {}).get("attnscope.tier") == "profile"]
     if profiled:
         print("\nprofiled calls (torch.profiler, one forward per implementation):", file=out)
@@ -151,7 +184,19 @@ def _report(spans: list[ReadableSpan], out: TextIO) -> None:
             a = dict(s.attributes or {})
             top_names: Any = a.get("attnscope.kernel.top_names") or ()
             top = ", ".join(str(n) for n in list(top_names)[:3]) if isinstance(top_names, (list, tuple)) else ""
-            print(f"  {s.name:18} backend={a.get('attnscope.backend', '?'):9} "
+            impl = _implementation(s, by_id)
+            print(f"  {impl:18} {s.name:14} backend={a.get('attnscope.backend', '?'):9} "
                   f"ops={a.get('attnscope.kernel.count', '?')}  top: {top}", file=out)
     else:
         print("\n(no profile-tier spans: torch.profiler capture was unavailable)", file=out)
+
+
+def _implementation(span: ReadableSpan, by_id: dict[int, ReadableSpan]) -> str:
+    """The implementation a span ran under (the ``demo.implementation`` of an enclosing span)."""
+    seen: ReadableSpan | None = span
+    while seen is not None:
+        impl = dict(seen.attributes or {}).get("demo.implementation")
+        if impl is not None:
+            return str(impl)
+        seen = by_id.get(seen.parent.span_id) if seen.parent is not None else None
+    return "?"
