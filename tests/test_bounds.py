@@ -237,3 +237,16 @@ def test_a_tensor_attribute_is_recorded_as_its_shape_and_dtype() -> None:
     for span in spans:
         text = repr(dict(span.attributes or {}))
         assert "1234567" not in text and "Tensor(shape=(2, 3), dtype=float32)" in text
+
+
+def test_derived_rates_have_four_significant_digits() -> None:
+    @attnscope.trace
+    def attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    q = torch.randn(1, 2, 16, 8)
+    with capture_spans(sample_rate=1.0) as spans:
+        attn(q, q, q)
+    a = dict(spans[0].attributes or {})
+    for key in ("attnscope.tflops", "attnscope.tokens_per_s"):
+        assert a[key] > 0 and float(f"{a[key]:.4g}") == a[key], (key, a[key])

@@ -99,17 +99,28 @@ class DeviceAccess:
 
     @contextlib.contextmanager
     def reading(self, device: Any) -> Iterator[None]:
-        """Device reads (token counts, cache lengths) on this device's side stream."""
+        """Device reads (token counts, cache lengths) on this device's side stream; where that
+        cannot be set up (logged once), the reads go on without it."""
+        with self._side_stream(device):
+            yield
+
+    def _side_stream(self, device: Any) -> contextlib.AbstractContextManager[Any]:
         index = _index(device)
         if index is None:
-            yield
-            return
-        cuda = self._torch_cuda()
-        stream = self._streams.get(index)
-        if stream is None:
-            stream = self._streams[index] = cuda.Stream(device=index)
-        with cuda.device(index), cuda.stream(stream):
-            yield
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        try:
+            cuda = self._torch_cuda()
+            stream = self._streams.get(index)
+            if stream is None:
+                stream = self._streams[index] = cuda.Stream(device=index)
+            stack.enter_context(cuda.device(index))
+            stack.enter_context(cuda.stream(stream))
+        except Exception as exc:
+            stack.close()
+            _log.internal_error("cuda-side-stream", exc)
+            return contextlib.nullcontext()
+        return stack
 
 
 def _index(device: Any) -> int | None:

@@ -54,6 +54,8 @@ def capture_attributes(cap: Capture, derived: dict[str, Any],
     attrs[P + "sample_rate"] = float(cap.sample_rate)
     for key, value in derived.items():
         if value is not None:
+            if type(value) is float:
+                value = _sig4(value)
             attrs[_name(key)] = value if type(value) in _PLAIN else _clean(value)
     if cap.extra:  # span() attributes, already under their final names
         for key, value in cap.extra.items():
@@ -65,11 +67,16 @@ def capture_attributes(cap: Capture, derived: dict[str, Any],
     busy = device_ns if isinstance(device_ns, int) and device_ns > 0 else wall
     flops = attrs.get(P + "flops")
     if isinstance(flops, int) and busy > 0:
-        attrs[P + "tflops"] = flops / busy / 1e3  # FLOP/ns = 1e9 FLOP/s; TFLOP/s = /1e3
+        attrs[P + "tflops"] = _sig4(flops / busy / 1e3)  # FLOP/ns = 1e9 FLOP/s; TFLOP/s = /1e3
     tokens = attrs.get(P + "tokens")
     if isinstance(tokens, int) and busy > 0:
-        attrs[P + "tokens_per_s"] = tokens * 1e9 / busy
+        attrs[P + "tokens_per_s"] = _sig4(tokens * 1e9 / busy)
     return attrs
+
+
+def _sig4(x: float) -> float:
+    """``x`` to 4 significant digits: what a measured rate means (not 17 digits of noise)."""
+    return float(f"{x:.4g}")
 
 
 def _clean(value: Any) -> Any:
