@@ -97,6 +97,7 @@ def _set(cfg: Config) -> None:
     """Apply ``cfg``: the sampler takes it; a running worker whose pipeline changed stops."""
     previous, state.config = state.config, cfg
     state.sampler.apply(cfg)
+    profiler.warm_up_on_main_thread(cfg)  # kineto's first session on torch's thread (no stderr)
     if previous is not None and any(
         getattr(previous, f) is not getattr(cfg, f) and getattr(previous, f) != getattr(cfg, f)
         for f in _PIPELINE_FIELDS

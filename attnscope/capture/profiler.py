@@ -22,6 +22,10 @@ Only one profiler may run in a process, and a second kineto session crashes it. 
 - The first kineto session of a process (and CUPTI's start-up on a GPU) is slow; it is paid by
   :func:`warm_up` on the worker thread or a helper thread, never by a user's call. Until the
   profiler is warm, profile-tier calls are timed (reason ``warming``).
+- Without CUDA, the first session runs on the main thread instead, at import or ``configure()``
+  (:func:`warm_up_on_main_thread`, about 2 ms): libkineto prints "ERROR: External init callback
+  must run in same thread as registerClient" to stderr when its first session runs on another
+  thread than the one that loaded torch.
 """
 
 from __future__ import annotations
@@ -40,8 +44,8 @@ from .record import PROFILE_MARKER, ProfileSession
 if TYPE_CHECKING:
     from .._config import Config
 
-__all__ = ["start", "stop", "warm_up", "warm_up_async", "on_worker_start", "install_hooks",
-           "stats"]
+__all__ = ["start", "stop", "warm_up", "warm_up_async", "warm_up_on_main_thread",
+           "on_worker_start", "install_hooks", "stats"]
 
 _USER_WAIT_S = 5.0
 
@@ -170,6 +174,34 @@ def on_worker_start(cfg: Config) -> None:
     try:
         if cfg.enabled and cfg.profile_rate > 0 and cfg.profile_max_per_minute > 0:
             warm_up()
+    except Exception as exc:
+        _log.internal_error("profile-warmup", exc)
+
+
+def warm_up_on_main_thread(cfg: Config) -> None:
+    """Setup (import, ``configure()``): run kineto's first session here when this is the main
+    thread and there is no CUDA. Never raises.
+
+    libkineto registers torch's client while libtorch loads (the thread that imported torch: the
+    main thread in nearly every program) and runs the client's init callback in the first
+    session's ``prepareTrace``; on any other thread it skips it and prints "ERROR: External init
+    callback must run in same thread as registerClient" to stderr (the callback is empty: the
+    message is all it does). On CPU the first session costs about 2 ms, so it runs here and the
+    worker finds the profiler warm. With CUDA available it stays on the worker: recent torch lets
+    the first session's activities decide whether kineto ever traces the GPU, and CUPTI's start-up
+    is too slow for ``import``.
+    """
+    p = state.profiler
+    try:
+        if p.warm_cpu or threading.current_thread() is not threading.main_thread():
+            return
+        if not (cfg.enabled and cfg.profile_rate > 0 and cfg.profile_max_per_minute > 0):
+            return
+        import torch
+
+        if torch.cuda.is_available():
+            return
+        warm_up(cuda=False)
     except Exception as exc:
         _log.internal_error("profile-warmup", exc)
 
