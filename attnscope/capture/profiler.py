@@ -193,7 +193,9 @@ def warm_up_on_main_thread(cfg: Config) -> None:
     """
     p = state.profiler
     try:
-        if p.warm_cpu or threading.current_thread() is not threading.main_thread():
+        # once per process: after the first load, kineto's first use has happened (or is the
+        # worker's, under CUDA)
+        if p.torch is not None or threading.current_thread() is not threading.main_thread():
             return
         if not (cfg.enabled and cfg.profile_rate > 0 and cfg.profile_max_per_minute > 0):
             return
