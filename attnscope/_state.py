@@ -84,6 +84,8 @@ class State:
         self.kept_lock = threading.Lock()
         self.kept_bytes = 0  # bytes of tensors captures keep by reference, within KEEP_TOTAL_BYTES
         self.event_pool: Any = None  # capture.device.CudaEventPool, made on the first CUDA call
+        # (device index, "stats" | "reset-peak"): what the CUDA allocator refused (pluggable ones)
+        self.allocator_off: set[tuple[int, str]] = set()
         # Until the program imports Dynamo nothing can be compiling: method wrappers skip the
         # is_compiling() call (~50 ns) until capture.compile's import hook sets this.
         self.dynamo_loaded = "torch._dynamo" in sys.modules

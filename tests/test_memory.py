@@ -24,9 +24,11 @@ class FakeAllocator:
         self.resets = 0
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: self.allocated)
-        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: self.peak)
+        monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", self.stats)
         monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", self.reset)
+
+    def stats(self, device: Any = None) -> dict[str, Any]:
+        return {"allocated_bytes": {"all": {"current": self.allocated, "peak": self.peak}}}
 
     def reset(self, device: Any = None) -> None:
         self.resets += 1

@@ -2,8 +2,9 @@
 
 The calling thread records a pair of CUDA events around a call and never waits for them; the
 worker asks :meth:`DeviceTimer.ready` (``event.query()``) until the GPU has passed the end event.
-Allocator readings are host-side queries: no device synchronisation. The timer and pool logic is
-plain Python, tested on CPU with fake events.
+Allocator readings are host-side queries, one per side of the call: no device synchronisation.
+An allocator that gives no statistics turns the readings off for its device; timing goes on. The
+timer, pool and reading logic is plain Python, tested on CPU with fakes.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from .. import _log
+from .._state import state
 from .record import DeviceMemory
 
-__all__ = ["Event", "DeviceTimer", "CudaEventPool", "memory_before", "memory_after"]
+__all__ = ["Event", "DeviceTimer", "CudaEventPool", "stream_capturing", "memory_before",
+           "memory_after"]
 
 
 class Event(Protocol):
@@ -116,21 +120,113 @@ def _make_cuda_event() -> Event:
     return event
 
 
-def memory_before(device: Any, reset_peak: bool) -> DeviceMemory:
-    """Allocator readings before a call (host-side queries only)."""
+def stream_capturing(device: Any) -> bool:
+    """True while the current stream of ``device`` (the tensor's, where the events would go) is
+    capturing a CUDA graph.
+
+    ``torch.cuda.is_current_stream_capturing()`` looks at the current device's current stream;
+    with layers spread over GPUs that is not always the tensor's. With one visible GPU the two are
+    the same and nothing is switched.
+    """
     import torch
 
-    allocated = torch.cuda.memory_allocated(device)
-    if reset_peak:
-        torch.cuda.reset_peak_memory_stats(device)
-        peak = allocated
-    else:
-        peak = torch.cuda.max_memory_allocated(device)
-    return DeviceMemory(device, allocated, peak, reset_peak)
+    index = getattr(device, "index", None)
+    if index is None or torch.cuda.device_count() <= 1 or index == torch.cuda.current_device():
+        return bool(torch.cuda.is_current_stream_capturing())
+    with torch.cuda.device(index):  # switches back on exit; the tensor's context already exists
+        return bool(torch.cuda.is_current_stream_capturing())
+
+
+# ---- allocator readings ------------------------------------------------------------------------
+# One read per side of the call: the allocator's nested statistics, of which two numbers are kept.
+# torch.cuda.memory_allocated() and max_memory_allocated() each go through memory_stats(), which
+# flattens and sorts the whole (~120-key) dictionary to return one value.
+# An allocator without statistics (CUDAPluggableAllocator: RMM and the like raise on device stats
+# and on a peak reset) turns the memory readings off for its device, once and said once: spans
+# carry no memory attributes there, and device timing goes on.
+
+_STATS = "stats"
+_RESET = "reset-peak"
+
+
+def memory_before(device: Any, reset_peak: bool) -> DeviceMemory | None:
+    """Allocator readings before a call (host-side queries only); None: no readings on this
+    device. Never raises."""
+    try:
+        index = _device_index(device)
+    except Exception as exc:
+        _log.internal_error("allocator", exc)
+        return None
+    off = state.allocator_off
+    if (index, _STATS) in off:
+        return None
+    reset = reset_peak and (index, _RESET) not in off and _reset_peak(index, device)
+    reading = _read(index, device)
+    if reading is None:
+        return None
+    return DeviceMemory(device, reading[0], reading[1], reset)
 
 
 def memory_after(mem: DeviceMemory) -> None:
+    """The readings after the call. Without them the record reports no delta and no peak."""
+    try:
+        reading = _read(_device_index(mem.device), mem.device)
+    except Exception as exc:
+        _log.internal_error("allocator", exc)
+        return
+    if reading is not None:
+        mem.allocated_after, mem.peak_after = reading
+
+
+def _device_index(device: Any) -> int:
+    index = getattr(device, "index", None)
+    if isinstance(index, int):
+        return index
+    if isinstance(device, int):
+        return device
     import torch
 
-    mem.allocated_after = torch.cuda.memory_allocated(mem.device)
-    mem.peak_after = torch.cuda.max_memory_allocated(mem.device)
+    if isinstance(device, str):
+        index = torch.device(device).index
+        if index is not None:
+            return int(index)
+    return int(torch.cuda.current_device())
+
+
+def _read(index: int, device: Any) -> tuple[int, int] | None:
+    """(allocated, peak) bytes from one allocator query; None if the allocator gave none."""
+    import torch
+
+    try:
+        # torch._C._cuda_memoryStats behind an "is CUDA initialised" check, without the flattening
+        stats = torch.cuda.memory_stats_as_nested_dict(index)
+        if not stats:  # CUDA not initialised yet: nothing to read this time
+            return None
+        pool = stats["allocated_bytes"]["all"]
+        return int(pool["current"]), int(pool["peak"])
+    except Exception as exc:  # the allocator raised, or answered in a shape not known here
+        _turn_off(index, _STATS, device, exc)
+        return None
+
+
+def _reset_peak(index: int, device: Any) -> bool:
+    import torch
+
+    try:
+        torch.cuda.reset_peak_memory_stats(index)
+    except Exception as exc:
+        _turn_off(index, _RESET, device, exc)
+        return False
+    return True
+
+
+def _turn_off(index: int, what: str, device: Any, exc: Exception) -> None:
+    state.allocator_off.add((index, what))
+    if what == _STATS:
+        message = ("attnscope: the CUDA allocator gives no memory statistics on this device (a "
+                   "pluggable allocator?); its spans carry no memory attributes, device time goes on")
+    else:
+        message = ("attnscope: the CUDA allocator cannot reset its peak statistics on this device; "
+                   "a call's peak is reported only when it sets a new process-wide peak")
+    _log.warn_once(f"allocator-{what}:{index}", message, device=str(device),
+                   error=repr(exc)[:200])

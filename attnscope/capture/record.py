@@ -164,12 +164,14 @@ class DeviceMemory:
         self.device = device
         self.allocated_before = allocated_before
         self.peak_before = peak_before
-        self.allocated_after = 0
-        self.peak_after = 0
+        self.allocated_after: int | None = None  # None: no reading after the call
+        self.peak_after: int | None = None
         self.reset = reset
 
     @property
-    def delta_bytes(self) -> int:
+    def delta_bytes(self) -> int | None:
+        if self.allocated_after is None:
+            return None
         return self.allocated_after - self.allocated_before
 
     @property
@@ -179,6 +181,8 @@ class DeviceMemory:
         Exact when the peak statistics were reset before the call or when the call set a new
         process-wide peak; otherwise the call's own peak is hidden under an older one: None.
         """
+        if self.peak_after is None:
+            return None
         if self.reset or self.peak_after > self.peak_before:
             return max(0, self.peak_after - self.allocated_before)
         return None

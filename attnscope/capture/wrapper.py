@@ -180,9 +180,7 @@ def _open(site: CallSite, tier: int, rate: float, args: tuple[Any, ...], kwargs:
 
 def _open_cuda(cap: Capture, device: Any) -> bool:
     """Allocator readings and an event pair; False during CUDA-graph capture (call through)."""
-    import torch
-
-    if torch.cuda.is_current_stream_capturing():
+    if _device.stream_capturing(device):  # the tensor's device's stream, where the events go
         return False  # events and allocator queries would be recorded into the graph
     cap.memory = _device.memory_before(device, state.sampler.reset_peak)
     pool = state.event_pool
