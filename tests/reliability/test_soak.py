@@ -94,8 +94,13 @@ def test_soak_unsampled_then_sampled(figures: Figures) -> None:
 
 
 def test_soak_distinct_decorations(figures: Figures) -> None:
+    """With Dynamo loaded, as in any process that uses torch.compile or jagged nested tensors
+    (attnscope registers traced functions with Dynamo then); loaded here so the result does not
+    depend on which tests ran before."""
+    import torch._dynamo  # noqa: F401
+
     figures.set("5 soak: decorations", f"{DECORATIONS:,} distinct attnscope.trace(fn) made at "
-                "run time, each called once (sampled) and dropped")
+                "run time, each called once (sampled) and dropped; torch._dynamo imported")
     attnscope.configure(exporter="none", sample_rate=1.0, warmup_calls=0, overhead_budget=1.0,
                         profile_rate=0.0)
     x = torch.ones(2)
