@@ -22,7 +22,8 @@ from typing import Any
 
 from ._state import state
 
-__all__ = ["LOGGER_NAME", "internal_error", "warn_once", "debug_once", "error_count", "logger"]
+__all__ = ["LOGGER_NAME", "internal_error", "warn_once", "info_once", "debug_once", "error_count",
+           "logger"]
 
 LOGGER_NAME = "attnscope"
 # One line per key per interval, so a failing hot loop cannot flood the application's logs.
@@ -85,6 +86,11 @@ def internal_error(stage: str, exc: BaseException) -> None:
 def warn_once(key: str, message: str, **fields: object) -> None:
     """Log ``message`` as a WARNING at most once per minute for ``key``. Never raises."""
     _once(logging.WARNING, key, message, fields)
+
+
+def info_once(key: str, message: str, **fields: object) -> None:
+    """Worth knowing, nothing wrong: INFO, at most once per minute per key. Never raises."""
+    _once(logging.INFO, key, message, fields)
 
 
 def debug_once(key: str, message: str, **fields: object) -> None:

@@ -179,7 +179,10 @@ def _reader(name: str, traces_via: str | None) -> Any:
     if name == "none":
         return None
     if name == "otlp":
-        return PeriodicExportingMetricReader(_otlp_metric_exporter(traces_via), **reader_kwargs())
+        from .reporting import MetricExportGuard
+
+        return PeriodicExportingMetricReader(MetricExportGuard(_otlp_metric_exporter(traces_via)),
+                                             **reader_kwargs())
     if name == "console":
         from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
 

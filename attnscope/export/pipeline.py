@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from .. import _log
 from .._config import Config
 from .._version import __version__
+from . import reporting
 from .destinations import make_exporter, meter_provider_for, resource, traces_exporter_from_env
 from .otel_env import batch_kwargs
 
@@ -51,15 +52,30 @@ class Delivery:
 
 
 class _CountingExporter(SpanExporter):
-    """Delegates to the real exporter and counts the spans of failed exports."""
+    """Delegates to the real exporter and counts the spans of failed exports.
+
+    For an OTLP exporter (see :mod:`attnscope.export.reporting`): its own log lines stay out of
+    an unconfigured console, the endpoint is tried once before the first export (nothing
+    listening → one WARNING at once, not after the exporter's retries), and a first failure at an
+    endpoint that listens gets one WARNING too.
+    """
 
     def __init__(self, inner: SpanExporter, delivery: Delivery) -> None:
         self.inner = inner
         self.delivery = delivery
+        self.endpoint = reporting.endpoint_of(inner)
+        self._checked = self.endpoint is None
+        self._reported = False
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if not self._checked:
+            self._checked = True
+            if not reporting.listening(self.endpoint or ""):
+                self._reported = True
+                reporting.report_unreachable(self.endpoint or "")
         try:
-            result = self.inner.export(spans)
+            with reporting.exporting():
+                result = self.inner.export(spans)
         except Exception as exc:
             _log.internal_error("exporter", exc)
             result = SpanExportResult.FAILURE
@@ -67,6 +83,12 @@ class _CountingExporter(SpanExporter):
             self.delivery.exported += len(spans)
         else:
             self.delivery.export_failed += len(spans)
+            if self.endpoint is not None and not self._reported:
+                self._reported = True
+                if reporting.listening(self.endpoint):
+                    reporting.report_refused(self.endpoint)
+                else:
+                    reporting.report_unreachable(self.endpoint)
         return result
 
     def shutdown(self, timeout_millis: float = 30_000) -> None:
@@ -74,10 +96,11 @@ class _CountingExporter(SpanExporter):
             takes_timeout = "timeout_millis" in inspect.signature(self.inner.shutdown).parameters
         except (TypeError, ValueError):
             takes_timeout = False
-        if takes_timeout:
-            self.inner.shutdown(timeout_millis=timeout_millis)  # type: ignore[call-arg]
-        else:
-            self.inner.shutdown()
+        with reporting.exporting():  # an exporter cut short by shutdown says so: ours to tell
+            if takes_timeout:
+                self.inner.shutdown(timeout_millis=timeout_millis)  # type: ignore[call-arg]
+            else:
+                self.inner.shutdown()
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return bool(self.inner.force_flush(timeout_millis))
@@ -224,6 +247,8 @@ def build(cfg: Config) -> Pipeline:
                         exporter=span_exporter, meter_provider=meter_provider,
                         meter_owned=meter_owned)
     pipeline.local = traces_via is not None and traces_via.startswith(_LOCAL)
+    if owned and span_exporter is not None or meter_owned:
+        reporting.install_log_filter()  # after the exporters' modules are loaded
     if owned and span_exporter is not None:
         pipeline.processor = _CountingBatchSpanProcessor(
             _CountingExporter(span_exporter, pipeline.delivery), pipeline.delivery)

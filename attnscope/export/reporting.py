@@ -1,0 +1,203 @@
+"""What attnscope says about its own OTLP exports, in place of the exporters' retry lines.
+
+- **Nothing listening.** Before the first export of a pipeline, the endpoint is tried with a plain
+  TCP connection (on the export thread): refused or unreachable → one WARNING naming the endpoint,
+  how to point attnscope elsewhere (``OTEL_EXPORTER_OTLP_ENDPOINT``) and how to write a file
+  instead. An endpoint that connects but refuses the spans gets one WARNING of its own.
+- **Metrics a backend does not take.** Jaeger and Phoenix accept traces only. When the metric
+  exporter's first answer is "not supported" (HTTP 404/405/415/501, gRPC UNIMPLEMENTED), metric
+  export is switched off for the pipeline with one INFO line.
+- **The exporters' own lines.** While attnscope's exporters run (a context variable set around
+  their ``export``), records of the ``opentelemetry`` loggers are dropped — unless the application
+  configured that logger or one of its ``opentelemetry.*`` parents (a level, a handler, a filter,
+  ``propagate=False``): then they go where it said. Records of the application's own exporters
+  never carry the flag and pass untouched. Nothing else about logging is changed.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+from .. import _log
+
+__all__ = ["MetricExportGuard", "endpoint_of", "exporting", "install_log_filter", "listening",
+           "report_unreachable"]
+
+# Records logged while this is set come from an exporter attnscope created; the list collects
+# their (message, args) so a caller can read the status code the exporter saw.
+_EXPORTING: contextvars.ContextVar[list[logging.LogRecord] | None] = contextvars.ContextVar(
+    "attnscope_exporting", default=None)
+_PREFIXES = ("opentelemetry.exporter", "opentelemetry.sdk")
+_UNSUPPORTED_HTTP = (404, 405, 415, 501)
+_PROBE_TIMEOUT_S = 0.5
+
+
+@contextmanager
+def exporting() -> Iterator[list[logging.LogRecord]]:
+    """Mark the export call inside as attnscope's own; yields the exporters' records."""
+    seen: list[logging.LogRecord] = []
+    token = _EXPORTING.set(seen)
+    try:
+        yield seen
+    finally:
+        _EXPORTING.reset(token)
+
+
+class _OwnExportFilter(logging.Filter):
+    """On an ``opentelemetry`` logger: drop the records of attnscope's exports (see module)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        seen = _EXPORTING.get()
+        if seen is None:
+            return True  # the application's exporters, or outside any export
+        if len(seen) < 32:
+            seen.append(record)
+        return _configured(record.name)
+
+
+def _configured(name: str) -> bool:
+    """The application set up ``name`` or an ``opentelemetry.*`` logger above it (a filter of
+    the SDK's own, such as its ``DuplicateFilter``, or ours, does not count)."""
+    logger: logging.Logger | None = logging.getLogger(name)
+    while logger is not None and logger.name.startswith("opentelemetry"):
+        if (logger.handlers or logger.level != logging.NOTSET or not logger.propagate
+                or any(not _library_filter(f) for f in logger.filters)):
+            return True
+        logger = logger.parent
+    return False
+
+
+def _library_filter(f: Any) -> bool:
+    return isinstance(f, _OwnExportFilter) or type(f).__module__.startswith("opentelemetry")
+
+
+def install_log_filter() -> None:
+    """Add the filter to the exporter and SDK loggers that exist now (their modules are loaded
+    by the time a pipeline is built). Idempotent; never raises."""
+    try:
+        names = [n for n, v in list(logging.root.manager.loggerDict.items())
+                 if isinstance(v, logging.Logger) and n.startswith(_PREFIXES)]
+        for name in names:
+            logger = logging.getLogger(name)
+            if not any(isinstance(f, _OwnExportFilter) for f in logger.filters):
+                logger.addFilter(_OwnExportFilter())
+    except Exception as exc:
+        _log.internal_error("export.log-filter", exc)
+
+
+# ---- where the exporter sends, and whether anything listens there ------------------------------
+
+
+def endpoint_of(exporter: Any) -> str | None:
+    """The URL an OTLP exporter sends to (None for anything else)."""
+    module = type(exporter).__module__
+    if not module.startswith("opentelemetry.exporter.otlp"):
+        return None
+    endpoint = getattr(exporter, "_endpoint", None)
+    if not isinstance(endpoint, str) or not endpoint:
+        return None
+    return endpoint if "://" in endpoint else "http://" + endpoint
+
+
+def listening(endpoint: str, timeout_s: float = _PROBE_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to the endpoint's host and port opens (True when unsure)."""
+    try:
+        parts = urlsplit(endpoint)
+        host = parts.hostname
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        if not host:
+            return True
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+    except Exception:
+        return True
+
+
+def report_unreachable(endpoint: str, signal: str = "spans") -> None:
+    _log.warn_once(
+        "export-unreachable",
+        f"attnscope: nothing is listening at {endpoint}; {signal} are not delivered (counted in "
+        "attnscope.stats()['export_failed']). Start a collector there, set "
+        "OTEL_EXPORTER_OTLP_ENDPOINT to one, or write a file instead: "
+        "attnscope.configure(exporter='jaeger-json:attnscope-trace.json')",
+        endpoint=endpoint)
+
+
+def report_refused(endpoint: str) -> None:
+    _log.warn_once(
+        "export-refused",
+        f"attnscope: the OTLP endpoint {endpoint} did not accept spans (counted in "
+        "attnscope.stats()['export_failed']); OTEL_EXPORTER_OTLP_ENDPOINT / _PROTOCOL decide "
+        "where and how they are sent", endpoint=endpoint)
+
+
+def unsupported(records: list[logging.LogRecord]) -> str | None:
+    """The answer that says "this backend takes no metrics", from the exporter's records."""
+    for record in records:
+        args = record.args if isinstance(record.args, tuple) else ()
+        for arg in args:
+            if isinstance(arg, int) and not isinstance(arg, bool) and arg in _UNSUPPORTED_HTTP:
+                return f"HTTP {arg}"
+            if getattr(arg, "name", None) == "UNIMPLEMENTED":
+                return "gRPC UNIMPLEMENTED"
+    return None
+
+
+# ---- metrics -------------------------------------------------------------------------------------
+
+
+def MetricExportGuard(inner: Any) -> Any:  # noqa: N802  (a class built on first use)
+    """Wrap an OTLP metric exporter: exports run as attnscope's own (quiet), and the first answer
+    "metrics not supported" switches metric export off. Built lazily: the SDK is worker-side."""
+    return _guard_class()(inner)
+
+
+@functools.cache
+def _guard_class() -> type:
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
+
+    class _Guard(MetricExporter):
+        def __init__(self, inner: Any) -> None:
+            super().__init__(preferred_temporality=getattr(inner, "_preferred_temporality", None),
+                             preferred_aggregation=getattr(inner, "_preferred_aggregation", None))
+            self.inner = inner
+            self.off = False
+            self._lock = threading.Lock()
+
+        def export(self, metrics_data: Any, timeout_millis: float = 10_000,
+                   **kwargs: Any) -> Any:
+            if self.off:
+                return MetricExportResult.SUCCESS  # switched off: nothing is sent
+            with exporting() as records:
+                result = self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+            if result is not MetricExportResult.SUCCESS:
+                answer = unsupported(records)
+                if answer is not None:
+                    with self._lock:
+                        self.off = True
+                    _log.info_once(
+                        "metrics-unsupported",
+                        f"attnscope: {endpoint_of(self.inner) or 'the OTLP endpoint'} does not "
+                        f"accept metrics ({answer}); metric export is off for this process. "
+                        "OTEL_METRICS_EXPORTER=none skips it from the start",
+                        answer=answer)
+            return result
+
+        def force_flush(self, timeout_millis: float = 10_000) -> bool:
+            return bool(self.inner.force_flush(timeout_millis=timeout_millis))
+
+        def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+            with exporting():
+                self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+    return _Guard
