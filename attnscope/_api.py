@@ -9,6 +9,7 @@ an inference process that loads attnscope pays for what it uses.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import inspect
 import warnings
@@ -16,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from . import _log, _state
+from . import _log, _state, _unsampled
 from ._config import Config, check_rate, from_env, validate
 from ._state import COUNT_KEYS, state
 from .capture import profiler, wrapper
@@ -222,8 +223,10 @@ def step(n: int | None) -> _Step:
 
 def flush(timeout_s: float = 5.0) -> bool:
     """Export everything captured so far; False if ``timeout_s`` ran out first. Never raises."""
-    if state.worker is None:
-        return True  # nothing was ever captured (or it was all exported at shutdown)
+    if state.worker is None:  # nothing captured yet, or all exported at shutdown
+        if _unsampled.nothing_sampled():
+            _unsampled.write_empty_file(current())  # a file exporter's file exists after flush()
+        return True
     try:
         from .worker import loop
 
@@ -274,3 +277,4 @@ def stats() -> dict[str, Any]:
 
 # Read the environment now (never raising), so the sampler starts with it.
 current()
+atexit.register(_unsampled.at_exit)  # before any worker's hook, so it runs after them

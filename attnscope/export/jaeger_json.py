@@ -204,7 +204,8 @@ class JaegerJSONFileExporter(SpanExporter):
         self._traces: dict[str, _Trace] = {}
         self._size = _EMPTY_DOCUMENT_BYTES
         self._span_count = 0
-        self._dirty = False
+        # True: the first flush writes the file even with no span (a valid, empty document)
+        self._dirty = True
         self._written = 0  # spans of the document in the file now
         self._last_write = -math.inf
         self._backup_counts: list[int] = []  # spans in path.1, path.2, ... written by us

@@ -159,11 +159,14 @@ class OTLPJSONFileExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """fsync the file. False if that failed or spans were lost since the last call."""
+        """Create (if needed) and fsync the file. False if that failed or spans were lost since
+        the last call."""
         with self._lock:
             ok = not self._lost
             self._lost = False
             try:
+                if self._fd is None and not self._shut_down:
+                    self._open()  # the file exists after a flush, even with no line in it
                 if self._fd is not None:
                     os.fsync(self._fd)
             except Exception as exc:
