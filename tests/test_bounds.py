@@ -250,3 +250,16 @@ def test_derived_rates_have_four_significant_digits() -> None:
     a = dict(spans[0].attributes or {})
     for key in ("attnscope.tflops", "attnscope.tokens_per_s"):
         assert a[key] > 0 and float(f"{a[key]:.4g}") == a[key], (key, a[key])
+
+
+def test_runtime_decorations_leave_nothing_behind_once_dynamo_is_loaded() -> None:
+    import torch._dynamo  # noqa: F401  (what a program using torch.compile has loaded)
+
+    refs = []
+    for i in range(500):
+        wrapped = attnscope.trace(lambda x, i=i: x + i)
+        assert wrapped(1) == 1 + i
+        refs.append(weakref.ref(wrapped))
+        del wrapped
+    gc.collect()
+    assert sum(r() is not None for r in refs) == 0

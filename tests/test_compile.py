@@ -64,3 +64,24 @@ def test_compiled_traced_methods_and_functions(order: str) -> None:
     assert result["close"]
     # Two eager forwards are traced (method + nested function each); compiled calls pass through.
     assert result["spans"] == ["attention", "attention", "attn", "attn"]
+
+
+def test_a_function_traced_after_dynamo_loaded_compiles_without_recompiles() -> None:
+    import torch
+    import torch._dynamo
+
+    import attnscope
+
+    traced = attnscope.trace(name="late")(lambda x: x * 2)
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        return traced(x) + 1
+
+    torch._dynamo.reset()
+    counts: list[int] = []
+    compiled = torch.compile(model, backend=lambda gm, inputs: (counts.append(1), gm)[1],
+                             fullgraph=True)
+    x = torch.ones(3)
+    for _ in range(5):
+        assert torch.equal(compiled(x), x * 2 + 1)
+    assert len(counts) == 1

@@ -238,10 +238,11 @@ async def _sampled_async(site: CallSite, fn: Callable[..., Any], args: tuple[Any
 def wrap(fn: F, site: CallSite, compile_check: bool | None = None) -> F:
     """The traced version of ``fn``: same signature, name, docstring and results.
 
-    ``compile_check`` (default: for methods) adds a ``torch.compiler.is_compiling()`` test in
-    front of the countdown, once the program has imported Dynamo; it is needed where Dynamo
-    would trace the wrapper itself (methods looked up on a class). Elsewhere the wrapper is
-    registered so that Dynamo inlines ``fn`` instead (:func:`capture.compile.hide_from_dynamo`).
+    ``compile_check`` (default: for methods, and for any wrapper made once Dynamo is loaded) adds
+    a ``torch.compiler.is_compiling()`` test in front of the countdown, once the program has
+    imported Dynamo; it is needed where Dynamo would trace the wrapper itself (methods looked up
+    on a class). Elsewhere the wrapper is registered, when Dynamo loads, so that Dynamo inlines
+    ``fn`` instead (:func:`capture.compile.hide_from_dynamo`).
     """
     if inspect.iscoroutinefunction(fn):
         @functools.wraps(fn)
@@ -254,7 +255,9 @@ def wrap(fn: F, site: CallSite, compile_check: bool | None = None) -> F:
         return async_wrapper  # type: ignore[return-value]
 
     if compile_check is None:
-        compile_check = site.kind == "method"
+        # Once Dynamo is loaded a registration would be held by Dynamo for good: a trace(fn) made
+        # per request would leak; the check costs those wrappers an is_compiling() call instead.
+        compile_check = site.kind == "method" or state.dynamo_loaded
     if compile_check:
         is_compiling = _compile.is_compiling_fn()
         _compile.register_when_dynamo_loads()  # the import hook that sets state.dynamo_loaded
