@@ -270,7 +270,8 @@ def test_own_meter_provider_follows_the_configuration(
             return
         assert pipeline.meter_owned
         (reader,) = pipeline.meter_provider._metric_readers
-        module = type(reader._exporter).__module__
+        exporter = getattr(reader._exporter, "inner", reader._exporter)  # reporting's guard
+        module = type(exporter).__module__
         assert (".http." in module) == (expected == "http"), module
         resource = pipeline.meter_provider._sdk_config.resource.attributes
         assert resource["attnscope.version"] == attnscope.__version__
