@@ -42,3 +42,14 @@ def traced_spans(spans: list[Any]) -> list[Any]:
 
 def children_of(spans: list[Any], parent: Any) -> list[Any]:
     return [s for s in spans if s.parent is not None and s.parent.span_id == parent.context.span_id]
+
+
+def descendants_of(spans: list[Any], parent: Any) -> list[Any]:
+    """Every span below ``parent`` (op spans nest under op spans)."""
+    out: list[Any] = []
+    todo = [parent]
+    while todo:
+        kids = children_of(spans, todo.pop())
+        out.extend(kids)
+        todo.extend(kids)
+    return out

@@ -14,12 +14,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from ..capture.record import MAX_NAME
+from . import opstats, optree
 
 __all__ = [
     "RawEvent", "KernelReport", "analyze", "from_kineto", "detect_backend", "call_kernels",
     "memory_peaks", "covered_ns",
     "KIND_CUDA_KERNEL", "KIND_CPU_OP", "KIND_MEMCPY", "KIND_MEMSET", "KIND_MEMORY", "KIND_MARKER",
-    "KIND_OTHER", "MAX_NAME", "TOP_N",
+    "KIND_RUNTIME", "KIND_OTHER", "MAX_NAME", "TOP_N",
 ]
 
 KIND_CUDA_KERNEL = "cuda_kernel"
@@ -28,7 +29,8 @@ KIND_MEMCPY = "memcpy"
 KIND_MEMSET = "memset"
 KIND_MEMORY = "memory"  # allocator event: nbytes > 0 allocates, < 0 frees
 KIND_MARKER = "marker"  # attnscope's own record_function around the call
-KIND_OTHER = "other"  # runtime/driver calls and anything else: not a child span
+KIND_RUNTIME = "runtime"  # a CUDA runtime/driver call that blocks the host (host_syncs only)
+KIND_OTHER = "other"  # other runtime/driver calls and anything else: not a child span
 DEVICE_KINDS = frozenset((KIND_CUDA_KERNEL, KIND_MEMCPY, KIND_MEMSET))
 TOP_N = 5
 
@@ -46,13 +48,14 @@ class RawEvent(NamedTuple):
     # The CPU op this belongs to, by the profiler's correlation id: a CPU op's own id, the id of
     # the op that launched a GPU activity (kineto's linked correlation id); 0 when unknown.
     op_id: int = 0
+    thread: int = 0  # CPU ops: the thread that ran it (ops nest per thread)
 
 
 class KernelReport(NamedTuple):
     """What :func:`analyze` found: parent attributes (no prefix) and child spans."""
 
     attributes: dict[str, Any]
-    children: list[tuple[str, int, int, dict[str, Any]]]
+    children: list[optree.ChildSpan]
 
 
 # Attention ops, first match wins (prefixes; backward variants share them).
@@ -162,19 +165,6 @@ def covered_ns(intervals: Iterable[tuple[int, int]], lo: int, hi: int) -> int:
     return covered
 
 
-def _self_times(ops: Sequence[RawEvent]) -> list[int]:
-    """Own time of each CPU op (its duration minus its direct children's), ops sorted by start."""
-    own = [op.end_ns - op.start_ns for op in ops]
-    stack: list[int] = []
-    for i, op in enumerate(ops):
-        while stack and ops[stack[-1]].end_ns <= op.start_ns:
-            stack.pop()
-        if stack:
-            own[stack[-1]] -= op.end_ns - op.start_ns
-        stack.append(i)
-    return [max(0, t) for t in own]
-
-
 def analyze(
     events: Sequence[RawEvent],
     *,
@@ -182,11 +172,13 @@ def analyze(
     span_end_ns: int,
     max_spans: int,
     on_device: bool,
+    fold_ns: int | None = None,
 ) -> KernelReport:
     """Kernel/op children and parent attributes for one profiled call.
 
     ``on_device``: the call's tensors were on a GPU, so the device activities are the kernels
     (CPU ops are their launches); otherwise the CPU ops are, ranked by their own (self) time.
+    ``fold_ns``: ops shorter than this are folded (default :func:`optree.fold_threshold`).
     """
     marker = next((e for e in events if e.kind == KIND_MARKER), None)
     if marker is not None:
@@ -195,14 +187,18 @@ def analyze(
     else:
         offset = 0
         lo, hi = span_start_ns, span_end_ns
-    cpu_ops = sorted((e for e in events if e.kind == KIND_CPU_OP), key=lambda e: e.start_ns)
+    cpu_ops = sorted((e for e in events if e.kind == KIND_CPU_OP), key=lambda e: (e.start_ns, -e.end_ns))
     device_ops = sorted((e for e in events if e.kind in DEVICE_KINDS), key=lambda e: e.start_ns)
-    cpu_own = _self_times(cpu_ops)
+    par = optree.parents([e.start_ns for e in cpu_ops], [e.end_ns for e in cpu_ops],
+                         [e.thread for e in cpu_ops])
+    cpu_own = [e.end_ns - e.start_ns for e in cpu_ops]
+    for i, p in enumerate(par):
+        if p >= 0:
+            cpu_own[p] -= cpu_ops[i].end_ns - cpu_ops[i].start_ns
+    cpu_own = [max(0, t) for t in cpu_own]
 
-    # (own ns, event) for every candidate child; the kernels of the call come first.
-    ranked_device = [(e.end_ns - e.start_ns, e) for e in device_ops]
-    ranked_cpu = list(zip(cpu_own, cpu_ops))
-    work = ranked_device if on_device else ranked_cpu
+    # (own ns, event) for every kernel of the call: device activities on a GPU, else CPU ops.
+    work = [(e.end_ns - e.start_ns, e) for e in device_ops] if on_device else list(zip(cpu_own, cpu_ops))
     attrs: dict[str, Any] = {
         "kernel.count": len(work),
         "kernel.total_ns": sum(ns for ns, _ in work),
@@ -218,68 +214,96 @@ def analyze(
     if on_device:
         intervals = [(e.start_ns, e.end_ns) for e in device_ops]
         attrs["launch_overhead_ns"] = max(0, (hi - lo) - covered_ns(intervals, lo, hi))
-    peaks = memory_peaks(events)
-    if peaks:
-        device_peaks = [v for k, v in peaks.items() if k != "cpu"]
-        if on_device and device_peaks:
-            attrs["memory.peak_bytes"] = max(device_peaks)
-            if "cpu" in peaks:
-                attrs["memory.host_peak_bytes"] = peaks["cpu"]
-        elif "cpu" in peaks:
-            attrs["memory.peak_bytes"] = peaks["cpu"]
+    attrs.update(_memory(events, on_device))
 
-    candidates = ranked_device + ranked_cpu if on_device else ranked_cpu
-    children = _children(candidates, offset, span_start_ns, span_end_ns, max_spans)
+    ops, device = _tree(cpu_ops, par, device_ops if on_device else [], offset, span_start_ns,
+                        span_end_ns)
+    attrs.update(_op_attributes(ops, device, events, lo, hi, offset, on_device))
+    children, top_folded = optree.build(
+        ops, device, max_spans=max_spans,
+        fold_ns=optree.fold_threshold(hi - lo) if fold_ns is None else fold_ns)
+    if top_folded:
+        attrs["kernel.folded"] = top_folded
     return KernelReport(attrs, children)
 
 
-def _children(
-    candidates: list[tuple[int, RawEvent]],
-    offset: int,
-    span_start_ns: int,
-    span_end_ns: int,
-    max_spans: int,
-) -> list[tuple[str, int, int, dict[str, Any]]]:
-    if len(candidates) > max_spans:
-        # Device work before CPU ops, then the longest own time; ties keep event order.
-        order = sorted(range(len(candidates)), key=lambda i: (
-            candidates[i][1].kind not in DEVICE_KINDS, -candidates[i][0], i))
-        keep_idx = set(order[: max_spans - 1])
-        kept = [c for i, c in enumerate(candidates) if i in keep_idx]
-        rest = [c for i, c in enumerate(candidates) if i not in keep_idx]
+def _memory(events: Sequence[RawEvent], on_device: bool) -> dict[str, int]:
+    peaks = memory_peaks(events)
+    out: dict[str, int] = {}
+    device_peaks = [v for k, v in peaks.items() if k != "cpu"]
+    if on_device and device_peaks:
+        out["memory.peak_bytes"] = max(device_peaks)
+        if "cpu" in peaks:
+            out["memory.host_peak_bytes"] = peaks["cpu"]
+    elif "cpu" in peaks:
+        out["memory.peak_bytes"] = peaks["cpu"]
+    return out
+
+
+def _tree(cpu_ops: Sequence[RawEvent], par: Sequence[int], device_ops: Sequence[RawEvent],
+          offset: int, span_start_ns: int, span_end_ns: int,
+          ) -> tuple[list[optree.Op], list[tuple[RawEvent, int, int, int]]]:
+    """Ops on the span's clock, clamped into the call and into their parent op, with their weight
+    (time with all they called, or device time of all they launched if longer); GPU activities
+    with the index of the op that launched them."""
+    by_id = {e.op_id: i for i, e in enumerate(cpu_ops) if e.op_id}
+    device: list[tuple[RawEvent, int, int, int]] = []
+    launched = [0] * len(cpu_ops)
+    for ev in device_ops:
+        start = ev.start_ns + offset
+        end = max(start, ev.end_ns + offset)  # where it ran on the GPU, even after the call returned
+        op = by_id.get(ev.op_id, -1) if ev.op_id else -1
+        device.append((ev, start, end, op))
+        if op >= 0:
+            launched[op] += end - start
+    for i in range(len(cpu_ops) - 1, -1, -1):  # children come after their parent
+        if par[i] >= 0:
+            launched[par[i]] += launched[i]
+    ops: list[optree.Op] = []
+    for i, ev in enumerate(cpu_ops):
+        lo, hi = (span_start_ns, span_end_ns) if par[i] < 0 else (ops[par[i]].start, ops[par[i]].end)
+        start = min(max(ev.start_ns + offset, lo), hi)
+        end = min(max(ev.end_ns + offset, start), hi)
+        ops.append(optree.Op(ev.name[:MAX_NAME], start, end, ev.kind, ev.device, ev.shapes, par[i],
+                             max(end - start, launched[i])))
+    return ops, device
+
+
+def _op_attributes(ops: Sequence[Any], device: Sequence[tuple[RawEvent, int, int, int]],
+                   events: Sequence[RawEvent], lo: int, hi: int, offset: int,
+                   on_device: bool) -> dict[str, Any]:
+    """Attention core / projection time, host syncs, copy time, device idle time."""
+    role = opstats.roles(ops)
+    out: dict[str, Any] = {}
+    for name in (opstats.CORE, opstats.PROJECTION):
+        if on_device:
+            spans = [(s, e) for _, s, e, op in device if op >= 0 and role[op] == name]
+            out[name + "_ns"] = covered_ns(spans, min((s for s, _ in spans), default=0),
+                                           max((e for _, e in spans), default=0))
+        else:
+            out[name + "_ns"] = sum(op.end - op.start for i, op in enumerate(ops)
+                                    if op.parent < 0 and role[i] == name)
+    # runtime sync calls inside the call's window (not attnscope's own sync after it)
+    runtime = sorted((e.name, e.start_ns + offset, e.end_ns + offset) for e in events
+                     if e.kind == KIND_RUNTIME and lo <= e.start_ns and e.end_ns <= hi)
+    syncs = opstats.host_syncs(ops, runtime)
+    out["host_syncs"] = len(syncs)
+    if syncs:
+        counts: dict[str, int] = {}
+        for name in syncs:
+            counts[name] = counts.get(name, 0) + 1
+        out["host_sync_ops"] = sorted(counts, key=lambda n: (-counts[n], n))
+    if on_device:
+        copies = [(s, e) for ev, s, e, _ in device if ev.kind in (KIND_MEMCPY, KIND_MEMSET)]
+        out["memcpy_ns"] = sum(e - s for s, e in copies)
+        if device:
+            first = min(s for _, s, _, _ in device)
+            last = max(e for _, _, e, _ in device)
+            out["device_idle_ns"] = max(0, (last - first) - covered_ns(
+                [(s, e) for _, s, e, _ in device], first, last))
     else:
-        kept, rest = candidates, []
-
-    def clamp(ev: RawEvent) -> tuple[int, int]:
-        start, end = ev.start_ns + offset, ev.end_ns + offset
-        if ev.kind in DEVICE_KINDS:
-            return start, max(start, end)  # where it ran on the GPU, even after the call returned
-        start = min(max(start, span_start_ns), span_end_ns)
-        return start, min(max(end, start), span_end_ns)
-
-    children: list[tuple[str, int, int, dict[str, Any]]] = []
-    for own, ev in kept:
-        start, end = clamp(ev)
-        c_attrs: dict[str, Any] = {"attnscope.kernel.kind": ev.kind, "attnscope.kernel.device": ev.device}
-        if ev.kind == KIND_CPU_OP:
-            c_attrs["attnscope.kernel.self_ns"] = own
-            if ev.shapes:
-                c_attrs["attnscope.kernel.input_shapes"] = ev.shapes
-        children.append((ev.name[:MAX_NAME] or "?", start, end, c_attrs))
-    if rest:
-        summed = sum(own for own, _ in rest)
-        first = min((clamp(ev)[0] for _, ev in rest))
-        end = first + summed
-        if all(ev.kind not in DEVICE_KINDS for _, ev in rest):
-            end = min(end, span_end_ns)
-        children.append(("other", first, max(first, end), {
-            "attnscope.kernel.kind": "other",
-            "attnscope.kernel.device": rest[0][1].device,
-            "attnscope.kernel.count": len(rest),
-            "attnscope.kernel.total_ns": summed,
-        }))
-    children.sort(key=lambda c: (c[1], c[2]))
-    return children
+        out["memcpy_ns"] = opstats.copy_ns(ops)
+    return out
 
 
 _KINDS = {
@@ -288,6 +312,7 @@ _KINDS = {
     "gpu_memcpy": KIND_MEMCPY,
     "gpu_memset": KIND_MEMSET,
 }
+_RUNTIME = frozenset(("cuda_runtime", "cuda_driver"))
 
 
 def from_kineto(result: Any, marker: str) -> list[RawEvent]:
@@ -303,19 +328,26 @@ def from_kineto(result: Any, marker: str) -> list[RawEvent]:
             continue
         if activity == "user_annotation" and name == marker:
             kind = KIND_MARKER
+        elif activity in _RUNTIME and name in opstats.SYNC_RUNTIME:
+            kind = KIND_RUNTIME
         else:
             kind = _KINDS.get(activity, KIND_OTHER)
         if kind == KIND_OTHER:
             continue
         shapes = ""
+        thread = 0
         if kind == KIND_CPU_OP:
             try:
                 found = [s for s in ev.shapes() if s]
                 shapes = str(found)[:256] if found else ""
             except Exception:
                 shapes = ""
+            try:
+                thread = int(ev.start_thread_id())
+            except Exception:  # one thread then: the profiler records the calling thread only
+                thread = 0
         out.append(RawEvent(name, kind, device, ev.start_ns(), ev.end_ns(), 0, shapes,
-                            _op_id(ev, kind)))
+                            _op_id(ev, kind), thread))
     return out
 
 

@@ -19,8 +19,13 @@ __all__ = ["finish"]
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-def finish(cap: Capture, cfg: Config) -> tuple[dict[str, Any], list[Any]]:
-    """Span attributes (no prefix) and kernel child spans of a profiled capture."""
+def finish(cap: Capture, cfg: Config,
+           derived: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[Any]]:
+    """Span attributes (no prefix) and kernel child spans of a profiled capture.
+
+    ``derived``: what the worker derived for the capture so far; its ``flops`` give
+    ``core_tflops`` (FLOPs over the attention core's time).
+    """
     session = cap.profile
     result = session.result if session is not None else None
     if session is None or result is None:  # aborted for a user's profiler, or stopping failed
@@ -34,6 +39,10 @@ def finish(cap: Capture, cfg: Config) -> tuple[dict[str, Any], list[Any]]:
         _log.internal_error("profile-parse", exc)
         return {"tier": "timing"}, []
     attrs = report.attributes
+    flops = derived.get("flops") if derived is not None else None
+    core = attrs.get("core_ns")
+    if isinstance(flops, int) and isinstance(core, int) and core > 0:
+        attrs["core_tflops"] = flops / core / 1e3  # FLOP/ns = 1e9 FLOP/s; TFLOP/s = /1e3
     if cfg.profile_dir:
         try:
             attrs["profile.path"] = _save(result, cfg.profile_dir, cap)

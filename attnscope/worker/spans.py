@@ -19,6 +19,7 @@ from opentelemetry.trace import INVALID_SPAN_CONTEXT, Link, SpanContext
 
 from ..capture.record import TIER_NAMES, Capture
 from .emit import MAX_STRING, Emitter, span_name
+from .optree import ChildSpan, hand_down
 
 __all__ = ["SpanBuilder", "Result", "result_of", "capture_attributes", "site_attributes",
            "BuildStats"]
@@ -105,7 +106,6 @@ class BuildStats:
         self.orphaned = 0
 
 
-ChildSpan = tuple[str, int, int, dict[str, Any]]  # name, start epoch ns, end epoch ns, attributes
 
 
 class Result:
@@ -204,13 +204,23 @@ class SpanBuilder:
             sc = INVALID_SPAN_CONTEXT
         elif target is None:
             self._over_cap(sc.trace_id)  # a new trace: count its root
-        if sc.is_valid and sc.trace_flags.sampled:
-            for name, c_start, c_end, c_attrs in item.children:
-                emit(name, sc, c_attrs, c_start, c_end)
+        if sc.is_valid and sc.trace_flags.sampled and item.children:
+            self._children(item, sc)
         self.stats.emitted += 1
         if self._on_span is not None:
             self._on_span(item)
         self._settle(item.capture_id, sc)
+
+    def _children(self, item: Result, sc: SpanContext) -> None:
+        """Kernel/op spans, each under its parent op (parents come first). Ops that ran inside a
+        nested capture still waiting here go to it, and are built under its span."""
+        children = hand_down(item.children, self._stash.get(item.capture_id, ()))
+        item.children = []
+        built: list[SpanContext] = []
+        for child in children:
+            parent = built[child.parent] if 0 <= child.parent < len(built) else sc
+            built.append(self.emitter.emit(child.name, parent, child.attributes, child.start_ns,
+                                           child.end_ns) or parent)
 
     def _cut(self, item: Result) -> None:
         self.stats.dropped_trace_cap += 1
