@@ -229,7 +229,9 @@ def test_export_after_shutdown_and_unwritable_path_fail_quietly(tmp_path: Path) 
     other = OTLPJSONFileExporter(tmp_path / "x.jsonl")
     assert other.export(bad) is SpanExportResult.FAILURE
     other.shutdown()
-    assert [p.name for p in tmp_path.iterdir()] == ["dir-in-the-way"]
+    # nothing written but the files a shutdown always leaves (empty: no line was written)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir-in-the-way", "t.jsonl", "x.jsonl"]
+    assert (tmp_path / "t.jsonl").read_text() == (tmp_path / "x.jsonl").read_text() == ""
 
 
 def test_reader_names_the_bad_line(tmp_path: Path) -> None:
