@@ -223,7 +223,7 @@ def step(n: int | None) -> _Step:
 
 def flush(timeout_s: float = 5.0) -> bool:
     """Export everything captured so far; False if ``timeout_s`` ran out first. Never raises."""
-    if state.worker is None:  # nothing captured yet, or all exported at shutdown
+    if state.worker is None and not state.retiring:  # nothing captured, or all exported
         if _unsampled.nothing_sampled():
             _unsampled.write_empty_file(current())  # a file exporter's file exists after flush()
         return True
@@ -263,12 +263,13 @@ def stats() -> dict[str, Any]:
         "profile_granted": s.profile_granted,
         "internal_errors": _log.error_count(),
     }
-    if state.worker is not None:
+    if state.worker is not None or state.retiring:
         from .worker import loop
 
         out.update(loop.stats())
     else:  # every key also before the first sampled call, without importing the worker side
         out.update({k: state.retired_counts.get(k, 0) for k in COUNT_KEYS})
+        out.update(state.delivery.counts())
     # "profiled": calls that really ran under the profiler; "profile_skipped_<reason>": calls
     # granted the profile tier that were timed instead.
     out.update({k if k == "profiled" else "profile_" + k: v for k, v in profiler.stats().items()})

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ._config import Config
     from .capture.record import Capture, ProfileSession
 
-__all__ = ["State", "ProfilerState", "state", "reset", "after_fork", "submit", "COUNT_KEYS",
+__all__ = ["State", "ProfilerState", "Delivery", "state", "reset", "after_fork", "submit", "COUNT_KEYS",
            "take_bytes", "give_bytes", "KEEP_TOTAL_BYTES"]
 
 # Tensors all captures together may keep alive by reference (masks until the worker counts them).
@@ -70,6 +70,32 @@ class ProfilerState:
         self.warming = None
 
 
+class Delivery:
+    """What happened to spans after attnscope built them (our own provider only), over every
+    pipeline of the process.
+
+    Counts spans, kernel child spans included. A provider attnscope does not own delivers the
+    application's way: its losses are the application's exporter's to report.
+    """
+
+    __slots__ = ("exported", "export_failed", "export_queue_full", "no_pipeline")
+
+    def __init__(self) -> None:
+        self.exported = 0  # spans in batches the exporter accepted
+        self.export_failed = 0  # spans in batches the exporter reported as failed
+        self.export_queue_full = 0  # spans the batch processor dropped: its queue was full
+        self.no_pipeline = 0  # spans built while no pipeline could be built: sent nowhere
+
+    def counts(self) -> dict[str, int]:
+        """The export keys of ``attnscope.stats()``."""
+        return {"exported": self.exported, "export_failed": self.export_failed,
+                "export_dropped": self.export_queue_full + self.no_pipeline}
+
+    @property
+    def lost(self) -> int:
+        return self.export_failed + self.export_queue_full + self.no_pipeline
+
+
 class State:
     """attnscope's process state. One instance, :data:`state`."""
 
@@ -101,7 +127,9 @@ class State:
         self.atexit_registered = False
         self.exiting = False  # the exit flush has begun: no new worker (it could not export)
         self.exit_wait_s = 0.0  # what exit already spent waiting for the worker's pipeline
+        self.delivery = Delivery()  # export outcomes, counted by attnscope's own pipelines
         self.retired_counts: dict[str, int] = {}  # stats() counts of workers already shut down
+        self.retiring: list[Any] = []  # workers shut down whose thread has not ended yet
         self.process: Any = None  # psutil.Process, for host RSS
         self.rss_bytes: int | None = None  # the last reading, and when (monotonic seconds)
         self.rss_read_at = float("-inf")
@@ -189,6 +217,8 @@ def after_fork() -> None:
             setattr(state, name, threading.RLock())
     state.worker = None
     state.retired_counts = {}  # the child counts its own spans
+    state.delivery = Delivery()
+    state.retiring = []
     state.event_pool = None  # CUDA events of the parent are not valid in a child
     state.sampler.after_fork()
     state.profiler.after_fork()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,35 +21,16 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 from .. import _log
 from .._config import Config
+from .._state import Delivery, state
 from .._version import __version__
 from . import reporting
 from .destinations import make_exporter, meter_provider_for, resource, traces_exporter_from_env
 from .otel_env import batch_kwargs
 
-__all__ = ["Delivery", "Pipeline", "build"]
+__all__ = ["Pipeline", "build"]
 
 INSTRUMENTATION_NAME = "attnscope"
 _LOCAL = ("jaeger-json:", "otlp-json:", "console", "none")
-
-
-class Delivery:
-    """What happened to spans after attnscope built them (our own provider only).
-
-    Counts spans, kernel child spans included. A provider attnscope does not own delivers the
-    application's way: its losses are the application's exporter's to report.
-    """
-
-    __slots__ = ("exported", "export_failed", "export_queue_full", "no_pipeline")
-
-    def __init__(self) -> None:
-        self.exported = 0  # spans in batches the exporter accepted
-        self.export_failed = 0  # spans in batches the exporter reported as failed
-        self.export_queue_full = 0  # spans the batch processor dropped: its queue was full
-        self.no_pipeline = 0  # spans built while no pipeline could be built: sent nowhere
-
-    @property
-    def lost(self) -> int:
-        return self.export_failed + self.export_queue_full + self.no_pipeline
 
 
 class _CountingExporter(SpanExporter):
@@ -106,18 +88,48 @@ class _CountingExporter(SpanExporter):
         return bool(self.inner.force_flush(timeout_millis))
 
 
+class _CountingQueue(deque[Any]):
+    """The batch processor's queue, counting the spans a full queue evicts.
+
+    The SDK appends on the left of a bounded deque, which silently drops the oldest span when
+    full. Checking the length before appending races with the export thread's pops (a span seen
+    as dropped would be exported too); a lock around both sides makes the count exact.
+    """
+
+    def __init__(self, items: Any, maxlen: int, delivery: Delivery) -> None:
+        super().__init__(items, maxlen)
+        self._lock = threading.Lock()
+        self._delivery = delivery
+
+    def appendleft(self, item: Any) -> None:
+        with self._lock:
+            if len(self) == self.maxlen:
+                self._delivery.export_queue_full += 1
+            super().appendleft(item)
+
+    def pop(self, *index: int) -> Any:  # deque.pop takes no index; the signature is its base's
+        with self._lock:
+            return super().pop(*index)
+
+
 class _CountingBatchSpanProcessor(BatchSpanProcessor):
     """A BatchSpanProcessor that counts the spans it drops on a full queue."""
 
     def __init__(self, exporter: SpanExporter, delivery: Delivery) -> None:
         super().__init__(exporter, **batch_kwargs())
         self.delivery = delivery
+        inner = getattr(self, "_batch_processor", None)
+        queue = getattr(inner, "_queue", None)
+        self._approximate = not (isinstance(queue, deque) and queue.maxlen)
+        if not self._approximate:  # the SDK's internals as of 1.2x; else the check below
+            inner._queue = _CountingQueue(queue, queue.maxlen, delivery)  # type: ignore[union-attr]
 
     def on_end(self, span: ReadableSpan) -> None:
-        queue = getattr(getattr(self, "_batch_processor", None), "_queue", None)
-        maxlen = getattr(queue, "maxlen", None)
-        if maxlen is not None and len(queue) >= maxlen:  # type: ignore[arg-type]
-            self.delivery.export_queue_full += 1
+        if self._approximate:
+            queue = getattr(getattr(self, "_batch_processor", None), "_queue", None)
+            maxlen = getattr(queue, "maxlen", None)
+            if maxlen is not None and len(queue) >= maxlen:  # type: ignore[arg-type]
+                self.delivery.export_queue_full += 1
         super().on_end(span)
 
 
@@ -138,7 +150,7 @@ class Pipeline:
         self.meter_provider = meter_provider
         self.meter_owned = meter_owned
         self.processor: Any = None  # the span processor attnscope added to a provider it owns
-        self.delivery = Delivery()
+        self.delivery: Delivery = state.delivery  # process-wide: counts outlive pipelines
         # spans leave through a file, the console or nowhere: exporting waits on no network
         self.local = False
         self._flush_lock = threading.Lock()

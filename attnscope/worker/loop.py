@@ -8,7 +8,6 @@ while CUDA events are pending. ``flush()`` and ``shutdown()`` wait at most their
 
 from __future__ import annotations
 
-import atexit
 import threading
 import time
 import weakref
@@ -21,10 +20,11 @@ from opentelemetry.trace import NoOpTracer
 from .. import _log
 from .._config import Config
 from .._state import COUNT_KEYS, give_bytes, state
+from .._state import submit as submit_to_current
 from .._version import __version__
 from ..capture.record import Capture
 from ..export import metrics, pipeline
-from . import derive, emit, profile
+from . import at_exit, derive, emit, profile
 from .cuda import DeviceAccess
 from .resolve import Resolver
 from .spans import SpanBuilder, result_of, site_attributes
@@ -35,11 +35,7 @@ _BUSY_WAIT_S = 0.002  # poll interval while CUDA events are pending
 _STASH_CHECK_S = 1.0  # children waiting for a parent: look at their age this often
 _YIELD_EVERY_S = 0.002
 _GATHER_S = 0.1
-# Exit waits for attnscope at most _EXIT_TIMEOUT_S in all (building the pipeline if not built yet,
-# turning captures into spans, writing a file exporter's file: local work) and, of that, at most
-# _EXIT_EXPORT_S on exporters that send over the network.
-_EXIT_TIMEOUT_S = 5.0
-_EXIT_EXPORT_S = 2.0
+_MAX_DROP_NOTICES = 65_536
 
 
 class Worker:
@@ -56,7 +52,10 @@ class Worker:
         self._on_start = on_start
         self.max_queue = cfg.queue_size
         self.queue: deque[Capture] = deque()
-        self.dropped_ids: deque[int] = deque(maxlen=1024)
+        # ids of dropped captures, for their children waiting in the builder; past the bound a
+        # notice would be lost (a child waiting for good), so the waiting children give up instead
+        self.dropped_ids: deque[int] = deque()
+        self.notices_lost = False
         self.submitted = 0
         self.processed = 0
         self.dropped_queue = 0
@@ -79,14 +78,23 @@ class Worker:
     # -- calling thread --------------------------------------------------------------------------
     def submit(self, cap: Capture) -> bool:
         with self._submit_lock:  # exact counts: stats promise emitted + dropped == captured
-            self.submitted += 1
-            accepted = len(self.queue) < self.max_queue and not self._stop.is_set()
-            if accepted:
-                self.queue.append(cap)
-            else:
-                self.dropped_queue += 1
+            stopped = self._stop.is_set()
+            if not stopped:
+                self.submitted += 1
+                accepted = len(self.queue) < self.max_queue
+                if accepted:
+                    self.queue.append(cap)
+                else:
+                    self.dropped_queue += 1
+        if stopped:
+            # Taken for this worker just before it was replaced (configure(), shutdown()): the
+            # next worker builds it, and its children already there find their parent.
+            return submit_to_current(cap)
         if not accepted:
-            self.dropped_ids.append(cap.capture_id)
+            if len(self.dropped_ids) < _MAX_DROP_NOTICES:
+                self.dropped_ids.append(cap.capture_id)
+            else:
+                self.notices_lost = True
             if cap.timer is not None:
                 cap.timer.release()
         # Read after the append: a worker that saw an empty queue has already said it sleeps.
@@ -111,14 +119,20 @@ class Worker:
                                        self._cfg.max_spans_per_trace)
         finally:
             self.built.set()
-        if self._on_start is not None:
-            self._on_start(self._cfg)  # e.g. the profiler's first-use cost: here, not in a call
-        while True:
-            worked = self._step()
-            if self._stop.is_set() and not self.queue:
-                break
-            if not worked:
-                self._idle()
+        try:
+            if self._on_start is not None:
+                self._on_start(self._cfg)  # the profiler's first-use cost: here, not in a call
+            while True:
+                worked = self._step()
+                if self._stop.is_set() and not self.queue:
+                    break
+                if not worked:
+                    self._idle()
+        finally:  # stopped: captures still waiting on device timers get their spans, then counts
+            for cap, _ in self.resolver.drain():
+                self._finish(cap, True)
+            self.builder.give_up()
+            _retire(self)
 
     def _idle(self) -> None:
         if len(self.resolver):
@@ -142,6 +156,9 @@ class Worker:
         worked = False
         while self.dropped_ids:
             self.builder.parent_dropped(self.dropped_ids.popleft())
+        if self.notices_lost:
+            self.notices_lost = False
+            self.builder.give_up()
         yielded = time.perf_counter()
         while self.queue:
             cap = self.queue.popleft()
@@ -151,11 +168,9 @@ class Worker:
                 self.resolver.add(cap)
             else:
                 self._finish(cap, False)
-                # Hand the GIL back now and then: a calling thread waits for at most
-                # _YIELD_EVERY_S of the worker's work, not for the interpreter's 5 ms switch
-                # interval. Not after every span: each hand-over costs both threads more CPU
-                # (futex and scheduler work) than building a span does, and on a model that
-                # keeps the GIL busy, fewer and longer slices cost it less in all.
+                # Hand the GIL back now and then: a calling thread waits at most _YIELD_EVERY_S
+                # of the worker's work, not the 5 ms switch interval. Not after every span: each
+                # hand-over costs both threads more CPU (futex, scheduler) than a span does.
                 now = time.perf_counter()
                 if now - yielded > _YIELD_EVERY_S:
                     time.sleep(0)
@@ -191,7 +206,7 @@ class Worker:
             children: list[Any] = []
             if cap.profile is not None:
                 # the configuration in force now: profile_dir and max_kernel_spans apply at once
-                attrs, children = profile.finish(cap, state.config or self._cfg)
+                attrs, children = profile.finish(cap, state.config or self._cfg, found)
                 found.update(attrs)
             self.builder.add(result_of(cap, found, children, self._site_attrs(cap.site)))
         except Exception as exc:
@@ -218,20 +233,19 @@ class Worker:
         }
 
     def counts(self) -> dict[str, int]:
-        """This worker's counters of :func:`attnscope.stats` (``COUNT_KEYS``)."""
+        """This worker's counters of :func:`attnscope.stats` (the export counts are the
+        process's: ``state.delivery``)."""
         b = self.builder.stats
-        delivery = self.pipeline.delivery
+        with self._submit_lock:  # the two a submit changes together, read together
+            captured, dropped = self.submitted, self.dropped_queue
         return {
-            "captured": self.submitted,
+            "captured": captured,
             "emitted": b.emitted,
-            "dropped_queue_full": self.dropped_queue,
+            "dropped_queue_full": dropped,
             "dropped_trace_cap": b.dropped_trace_cap,
             "orphaned": b.orphaned,
             "pending": len(self.queue) + len(self.resolver) + self.builder.pending(),
             "worker_errors": self.worker_errors,
-            "exported": delivery.exported,
-            "export_failed": delivery.export_failed,
-            "export_dropped": delivery.export_queue_full + delivery.no_pipeline,
         }
 
     def wait_idle(self, deadline: float) -> bool:
@@ -248,13 +262,11 @@ class Worker:
 
     def stop(self, deadline: float) -> bool:
         done = self.wait_idle(deadline)
-        self._stop.set()
+        with self._submit_lock:  # a capture is either queued before the stop or dropped, counted
+            self._stop.set()
         self._hurry.set()
         self._wake.set()
         self.thread.join(max(0.0, deadline - time.monotonic()))
-        if not self.thread.is_alive():
-            for cap, _ in self.resolver.drain():
-                self._finish(cap, True)
         return done and not self.thread.is_alive()
 
 
@@ -274,45 +286,24 @@ def start(cfg: Config, on_start: Callable[[Config], None] | None = None) -> Work
                 return None
             state.worker = Worker(cfg, on_start=on_start)
             if not state.atexit_registered:
-                _register_exit_hook()
+                at_exit.register(shutdown)
                 state.atexit_registered = True
         worker: Worker = state.worker
         return worker
 
 
-def _register_exit_hook() -> None:
-    """Export at exit: the pipeline built while the interpreter still accepts work, then flushed.
-
-    ``atexit`` handlers run after ``threading._shutdown()``, which has already run
-    ``concurrent.futures``' own exit hook: from then on no executor accepts work, and the
-    OpenTelemetry SDK's resource detection (``Resource.create``, part of building the pipeline)
-    submits to one. A worker still building its pipeline then lost every span. So
-    :func:`_before_threads_join` goes where ``concurrent.futures`` puts its own hook,
-    ``threading._register_atexit`` (CPython 3.9+; hooks run in reverse order of registration,
-    before non-daemon threads are joined), and waits for the build. Its ``thread`` module is
-    imported first (``concurrent.futures`` loads it lazily), so its hook is registered before ours
-    and runs after it. The flush stays in ``atexit`` (:func:`_at_exit`): spans of non-daemon
-    threads still running after the main thread returned are exported too.
-    """
-    import concurrent.futures.thread  # noqa: F401  (registers its exit hook now, before ours)
-
-    register = getattr(threading, "_register_atexit", None)
-    if register is not None:
-        try:
-            register(_before_threads_join)
-        except Exception:  # RuntimeError: threading's shutdown has begun
-            pass
-    atexit.register(_at_exit)
-
-
 def flush(timeout_s: float = 5.0) -> bool:
     """Process everything captured so far and flush the exporters, within ``timeout_s``."""
     deadline = time.monotonic() + max(0.0, timeout_s)
+    ok = True
+    for retiring in list(state.retiring):  # replaced workers still building what they took
+        retiring.thread.join(max(0.0, deadline - time.monotonic()))
+        ok = ok and not retiring.thread.is_alive()
     worker: Worker | None = state.worker
     if worker is None:
-        return True
+        return ok
     lost_before = worker.pipeline.delivery.lost
-    ok = worker.wait_idle(deadline)
+    ok = worker.wait_idle(deadline) and ok
     remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
     try:
         ok = worker.pipeline.force_flush(remaining_ms) and ok
@@ -333,6 +324,8 @@ def shutdown(timeout_s: float = 5.0, export_s: float | None = None) -> bool:
     with state.worker_lock:
         worker: Worker | None = state.worker
         state.worker = None
+        if worker is not None:
+            state.retiring.append(worker)  # counted in stats() until its thread has ended
     if worker is None:
         return True
     lost_before = worker.pipeline.delivery.lost
@@ -346,15 +339,16 @@ def shutdown(timeout_s: float = 5.0, export_s: float | None = None) -> bool:
     except Exception as exc:
         _log.internal_error("shutdown", exc)
         ok = False
-    finally:
-        _retire(worker)
     return ok and worker.pipeline.delivery.lost == lost_before
 
 
 def _retire(worker: Worker) -> None:
-    """Keep a stopped worker's counts: stats() totals cover every worker of the process."""
+    """A worker's thread has ended: its counts join the totals of every earlier worker."""
+    counts = worker.counts()
     with state.worker_lock:
-        for key, value in worker.counts().items():
+        if worker in state.retiring:
+            state.retiring.remove(worker)
+        for key, value in counts.items():
             if key != "pending":
                 state.retired_counts[key] = state.retired_counts.get(key, 0) + value
 
@@ -366,35 +360,12 @@ def _shutdown_pipeline(built: pipeline.Pipeline, deadline: float) -> None:
     t.join(max(0.0, deadline - time.monotonic()))
 
 
-def _before_threads_join() -> None:
-    """Wait (bounded) until the worker has built its pipeline; never raises (a hook of threading's
-    shutdown that raised would skip the hooks after it and the joining of threads)."""
-    try:
-        worker: Worker | None = state.worker
-        if worker is not None:
-            started = time.monotonic()
-            worker.built.wait(_EXIT_TIMEOUT_S)
-            state.exit_wait_s = time.monotonic() - started
-    except BaseException:
-        pass
-
-
-def _at_exit() -> None:
-    """Export what was captured, within what is left of ``_EXIT_TIMEOUT_S``; never raises. No
-    worker starts after this (a daemon thread still tracing): it could not build a pipeline."""
-    state.exiting = True
-    try:
-        worker: Worker | None = state.worker
-        local = worker is not None and worker.pipeline.local  # a file: no collector to wait on
-        shutdown(timeout_s=max(0.0, _EXIT_TIMEOUT_S - state.exit_wait_s),
-                 export_s=None if local else _EXIT_EXPORT_S)
-    except BaseException:  # a second Ctrl-C included: exit goes on
-        pass
-
-
 def stats() -> dict[str, int]:
     """Counts over every worker of this process: every key of ``COUNT_KEYS``."""
-    worker: Worker | None = state.worker
-    live = worker.counts() if worker is not None else {}
-    retired = state.retired_counts
-    return {k: live.get(k, 0) + retired.get(k, 0) for k in COUNT_KEYS}
+    with state.worker_lock:
+        workers = [w for w in (state.worker, *state.retiring) if w is not None]
+        totals = dict(state.retired_counts)
+    for worker in workers:
+        for key, value in worker.counts().items():
+            totals[key] = totals.get(key, 0) + value
+    return {k: totals.get(k, 0) for k in COUNT_KEYS} | state.delivery.counts()

@@ -184,6 +184,12 @@ class SpanBuilder:
                 total -= len(items)
                 self._settle(parent_id, _LOST)
 
+    def give_up(self) -> None:
+        """Children still waiting for a parent are built under the app's span: the worker is
+        stopping (their parent may go to the next one) or lost track of dropped parents."""
+        for parent_id in list(self._stash):
+            self._settle(parent_id, _LOST)
+
     def pending(self) -> int:
         return sum(len(v) for v in self._stash.values())
 

@@ -1,0 +1,72 @@
+"""Spans captured before the interpreter exits are exported, within a bound.
+
+``shutdown`` is :func:`attnscope.worker.loop.shutdown`, passed in by the loop when it starts the
+first worker (this module does not import the loop).
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+from collections.abc import Callable
+
+from .._state import state
+
+__all__ = ["register"]
+
+# Exit waits for attnscope at most _EXIT_TIMEOUT_S in all (building the pipeline if not built yet,
+# turning captures into spans, writing a file exporter's file: local work) and, of that, at most
+# _EXIT_EXPORT_S on exporters that send over the network.
+_EXIT_TIMEOUT_S = 5.0
+_EXIT_EXPORT_S = 2.0
+
+
+def register(shutdown: Callable[..., bool]) -> None:
+    """Export at exit: the pipeline built while the interpreter still accepts work, then flushed.
+
+    ``atexit`` handlers run after ``threading._shutdown()``, which has already run
+    ``concurrent.futures``' own exit hook: from then on no executor accepts work, and the
+    OpenTelemetry SDK's resource detection (``Resource.create``, part of building the pipeline)
+    submits to one. A worker still building its pipeline then lost every span. So
+    :func:`_before_threads_join` goes where ``concurrent.futures`` puts its own hook,
+    ``threading._register_atexit`` (CPython 3.9+; hooks run in reverse order of registration,
+    before non-daemon threads are joined), and waits for the build; ``concurrent.futures.thread`` is
+    imported first so that its hook runs after ours. The flush stays in ``atexit``
+    (:func:`_at_exit`): spans of non-daemon threads running after the main thread are exported.
+    """
+    import concurrent.futures.thread  # noqa: F401  (registers its exit hook now, before ours)
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        try:
+            register(_before_threads_join)
+        except Exception:  # RuntimeError: threading's shutdown has begun
+            pass
+    atexit.register(_at_exit, shutdown)
+
+
+def _before_threads_join() -> None:
+    """Wait (bounded) until the worker has built its pipeline; never raises (a hook of threading's
+    shutdown that raised would skip the hooks after it and the joining of threads)."""
+    try:
+        worker = state.worker
+        if worker is not None:
+            started = time.monotonic()
+            worker.built.wait(_EXIT_TIMEOUT_S)
+            state.exit_wait_s = time.monotonic() - started
+    except BaseException:
+        pass
+
+
+def _at_exit(shutdown: Callable[..., bool]) -> None:
+    """Export what was captured, within what is left of ``_EXIT_TIMEOUT_S``; never raises. No
+    worker starts after this (a daemon thread still tracing): it could not build a pipeline."""
+    state.exiting = True
+    try:
+        worker = state.worker
+        local = worker is not None and worker.pipeline.local  # a file: no collector to wait on
+        shutdown(timeout_s=max(0.0, _EXIT_TIMEOUT_S - state.exit_wait_s),
+                 export_s=None if local else _EXIT_EXPORT_S)
+    except BaseException:  # a second Ctrl-C included: exit goes on
+        pass
