@@ -107,7 +107,8 @@ def _set(cfg: Config) -> None:
 
 
 def _start_worker() -> Worker | None:
-    from .worker import loop
+    with state.import_lock:  # a fork during this import would leave the child waiting for it
+        from .worker import loop
 
     return loop.start(current(), on_start=profiler.on_worker_start)
 

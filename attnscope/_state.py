@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["State", "ProfilerState", "Delivery", "state", "reset", "after_fork", "submit", "COUNT_KEYS",
            "take_bytes", "give_bytes", "KEEP_TOTAL_BYTES"]
 
+_FORK_WAIT_S = 5.0
 # Tensors all captures together may keep alive by reference (masks until the worker counts them).
 KEEP_TOTAL_BYTES = 64 << 20
 
@@ -124,6 +125,10 @@ class State:
         # worker side: the running worker and what it reads per span
         self.worker: Any = None  # worker.loop.Worker
         self.worker_lock = threading.Lock()
+        # held while attnscope imports its worker side or builds a pipeline (imports), so that a
+        # fork waits for the import to finish (see _before_fork)
+        self.import_lock = threading.Lock()
+        self.fork_held = False
         self.atexit_registered = False
         self.exiting = False  # the exit flush has begun: no new worker (it could not export)
         self.exit_wait_s = 0.0  # what exit already spent waiting for the worker's pipeline
@@ -216,6 +221,7 @@ def after_fork() -> None:
         elif isinstance(value, type(threading.RLock())):
             setattr(state, name, threading.RLock())
     state.worker = None
+    state.fork_held = False
     state.retired_counts = {}  # the child counts its own spans
     state.delivery = Delivery()
     state.retiring = []
@@ -224,5 +230,18 @@ def after_fork() -> None:
     state.profiler.after_fork()
 
 
+def _before_fork() -> None:
+    """Wait (bounded) for attnscope's own imports in other threads: a child forked while a thread
+    imports a module would wait for that module's import lock for ever."""
+    state.fork_held = state.import_lock.acquire(timeout=_FORK_WAIT_S)
+
+
+def _after_fork_in_parent() -> None:
+    if state.fork_held:
+        state.fork_held = False
+        state.import_lock.release()
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=after_fork)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=after_fork)

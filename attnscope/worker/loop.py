@@ -108,7 +108,8 @@ class Worker:
     # -- worker thread ---------------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            built = self._build(self._cfg)
+            with state.import_lock:  # building imports the SDK's exporters: no fork meanwhile
+                built = self._build(self._cfg)
             self.builder = SpanBuilder(
                 emit.for_pipeline(built, pipeline.INSTRUMENTATION_NAME, __version__),
                 self._cfg.max_spans_per_trace, metrics.recorder(self._cfg, built))
