@@ -123,9 +123,14 @@ def leave(site: CallSite, active: Active, error: BaseException | None, result: A
                 site.on_result(cap, result)
             except Exception as exc:  # the span still goes out, without what the hook adds
                 _log.internal_error("on-result", exc)
+        starting = state.worker is None
+        t_submit = _perf_ns()
         if not _state.submit(cap):
             _retain.release(cap)
-        own = (cap.start_perf_ns - t_enter) + (_perf_ns() - cap.end_perf_ns)
+        t_done = _perf_ns()
+        own = (cap.start_perf_ns - t_enter) + (t_done - cap.end_perf_ns)
+        if starting:  # starting the worker (imports, a thread) is paid once, not per call
+            own -= t_done - t_submit
         state.sampler.budget.add(own, cap.wall_ns, cap.sample_rate or 1.0)
     except Exception as exc:
         _retain.release(cap)
