@@ -117,14 +117,45 @@ class GRPCCollector(_Base):
             self._server = None
 
 
-class HTTPCollector(_Base):
+class HTTPServing:
+    """A threaded HTTP server on 127.0.0.1 for a receiver: started, addressed, stopped."""
+
+    _server: http.server.ThreadingHTTPServer | None = None
+    _thread: threading.Thread | None = None
+
+    def serve(self, handler: type[http.server.BaseHTTPRequestHandler], port: int,
+              name: str) -> None:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+        server.daemon_threads = True
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.server_address[1])
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop_serving(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(5)
+
+
+class HTTPCollector(_Base, HTTPServing):
     """An OTLP/HTTP (protobuf) receiver for /v1/traces and /v1/metrics."""
 
     def __init__(self, mode: str = "ok") -> None:
         super().__init__(mode)
         self.paths: list[str] = []
-        self._server: http.server.ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
 
     def start(self) -> HTTPCollector:
         outer = self
@@ -171,28 +202,9 @@ class HTTPCollector(_Base):
                 except OSError:  # the client gave up (its timeout): nothing to answer
                     pass
 
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        server.daemon_threads = True
-        self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="fake-otlp-http", daemon=True)
-        self._thread.start()
+        self.serve(Handler, 0, "fake-otlp-http")
         return self
-
-    @property
-    def port(self) -> int:
-        assert self._server is not None
-        return int(self._server.server_address[1])
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
         self.release.set()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(5)
+        self.stop_serving()

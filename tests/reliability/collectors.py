@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from tests.e2e.otlp_fakes import spans_of
+from tests.e2e.otlp_fakes import HTTPServing, spans_of
 
 __all__ = ["FaultyGRPC", "FaultyHTTP", "SLOW_S"]
 
@@ -120,13 +120,11 @@ class FaultyGRPC(_Faults):
             self._server = None
 
 
-class FaultyHTTP(_Faults):
+class FaultyHTTP(_Faults, HTTPServing):
     """OTLP/HTTP (protobuf) traces receiver with the modes above."""
 
     def __init__(self, mode: str = "ok") -> None:
         super().__init__(mode)
-        self._server: http.server.ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
 
     def start(self, port: int = 0) -> FaultyHTTP:
         outer = self
@@ -162,28 +160,9 @@ class FaultyHTTP(_Faults):
                     return False
                 return True
 
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        server.daemon_threads = True
-        self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="faulty-otlp-http", daemon=True)
-        self._thread.start()
+        self.serve(Handler, port, "faulty-otlp-http")
         return self
-
-    @property
-    def port(self) -> int:
-        assert self._server is not None
-        return int(self._server.server_address[1])
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
         self.healed.set()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(5)
+        self.stop_serving()

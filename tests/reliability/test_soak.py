@@ -7,14 +7,26 @@ the same at the end as after warm-up. A dropped decoration is freed (checked wit
 from __future__ import annotations
 
 import gc
+import json
+import subprocess
+import sys
 import threading
 import weakref
+from typing import Any
 
 import pytest
 import torch
 
 import attnscope
-from tests.reliability.harness import FULL, Figures, open_fds, rss_bytes, sized
+from tests.reliability.harness import (
+    FULL,
+    Figures,
+    clean_env,
+    open_fds,
+    rss_bytes,
+    sized,
+    stderr_problems,
+)
 
 pytestmark = pytest.mark.reliability
 
@@ -43,9 +55,9 @@ def _resources() -> tuple[int, int]:
     return threading.active_count(), open_fds()
 
 
-def test_soak_unsampled_then_sampled(figures: Figures) -> None:
-    figures.set("5 soak: calls", f"{UNSAMPLED:,} unsampled + {SAMPLED:,} sampled calls "
-                "(timing tier, exporter none)")
+def _soak_calls() -> dict[str, Any]:
+    """The measurement, in a process of its own (``python -m tests.reliability.test_soak``): RSS
+    read inside the test process would carry whatever earlier tests left behind."""
     x = torch.ones(8)
     expected = x + 1
     # warm-up: the worker, its imports and first allocations are not growth
@@ -72,19 +84,31 @@ def test_soak_unsampled_then_sampled(figures: Figures) -> None:
             soak(x)
         if i % 5000 == 4999:
             attnscope.flush(timeout_s=30)  # the queue is bounded: this is about leaks, not drops
-    assert attnscope.flush(timeout_s=60)
+    flushed = attnscope.flush(timeout_s=60)
     rss1 = _settled_rss()
     threads1, fds1 = _resources()
-    stats = attnscope.stats()
+    return {"growth_mb": (rss1 - rss0) / 2**20, "unsampled_mb": (rss_unsampled - rss0) / 2**20,
+            "threads": [threads0, threads1], "fds": [fds0, fds1], "wrong": wrong,
+            "flushed": flushed, "stats": attnscope.stats()}
 
-    growth_mb = (rss1 - rss0) / 2**20
-    unsampled_mb = (rss_unsampled - rss0) / 2**20
+
+def test_soak_unsampled_then_sampled(figures: Figures) -> None:
+    figures.set("5 soak: calls", f"{UNSAMPLED:,} unsampled + {SAMPLED:,} sampled calls "
+                "(timing tier, exporter none; own process)")
+    done = subprocess.run([sys.executable, "-m", "tests.reliability.test_soak"],
+                          capture_output=True, text=True, timeout=1800,
+                          env=clean_env(ATTNSCOPE_RELIABILITY_SIZE="full" if FULL else "ci"))
+    assert done.returncode == 0 and not stderr_problems(done.stderr), done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    stats = got["stats"]
+    growth_mb, unsampled_mb = got["growth_mb"], got["unsampled_mb"]
+    (threads0, threads1), (fds0, fds1) = got["threads"], got["fds"]
     limit = _limit_mb(UNSAMPLED, 1_000_000) + _limit_mb(SAMPLED, 100_000)
     figures.add(rss_growth_mb=round(growth_mb, 1), rss_growth_unsampled_mb=round(unsampled_mb, 1),
                 limit_mb=round(limit, 1), threads=(threads0, threads1), open_fds=(fds0, fds1),
                 captured=stats["captured"], emitted=stats["emitted"])
     figures.lost = f"{stats['dropped_queue_full']} queue_full"
-    assert wrong == 0
+    assert got["wrong"] == 0 and got["flushed"]
     assert growth_mb < limit, f"RSS grew {growth_mb:.1f} MB (limit {limit:.1f} MB)"
     assert threads1 == threads0, f"threads {threads0} -> {threads1}"
     assert fds1 <= fds0, f"open files {fds0} -> {fds1}"
@@ -140,3 +164,7 @@ def test_soak_distinct_decorations(figures: Figures) -> None:
     assert alive == 0, f"{alive} of {len(refs)} dropped wrappers or call sites are still alive"
     assert growth_mb < limit, f"RSS grew {growth_mb:.1f} MB (limit {limit:.1f} MB)"
     assert threads1 == threads0 and fds1 <= fds0
+
+
+if __name__ == "__main__":
+    print(json.dumps(_soak_calls()))
