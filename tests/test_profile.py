@@ -527,3 +527,32 @@ def test_users_profiler_prepared_before_attnscope_import() -> None:
     proc = subprocess.run([sys.executable, "-c", _PREDATES], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     assert "tiers ['timing', 'timing', 'timing']" in proc.stdout
+
+
+def test_a_users_profiler_waits_for_a_long_profiled_call_on_another_thread(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """It used to start beside attnscope's session after 5 s: two kineto sessions crash."""
+    import logging
+    import time
+
+    monkeypatch.setattr(_profile, "_USER_WAIT_S", 0.1)
+    p = state.profiler
+    p.session_lock.acquire()  # attnscope's session of a long call, on another thread
+    released_at: list[float] = []
+
+    def end_call() -> None:
+        time.sleep(0.6)
+        released_at.append(time.monotonic())
+        p.session_lock.release()
+
+    threading.Thread(target=end_call).start()
+    with caplog.at_level(logging.WARNING, logger="attnscope"):
+        _profile._claim_for_user()
+    claimed_at = time.monotonic()
+    try:
+        assert released_at and claimed_at >= released_at[0]  # waited past _USER_WAIT_S
+        assert p.foreign
+        assert any("waits for a traced call" in r.getMessage() for r in caplog.records)
+        assert not p.session_lock.locked()
+    finally:
+        p.foreign = False

@@ -10,15 +10,13 @@ Only one profiler may run in a process, and a second kineto session crashes it. 
 
 - attnscope runs at most one session at a time (a process-wide lock, never waited for on the
   calling thread: a busy lock means this call is timed instead);
-- a user's profiler is recognised by torch's own flags and, from attnscope's import on, by thin
-  counting wrappers around ``torch.autograd.profiler``'s ``_prepare_profiler`` /
-  ``_enable_profiler`` / ``_disable_profiler`` (a schedule's wait/warm-up phase has prepared
-  kineto without setting any flag, and a second session then crashes the process). While one
-  is prepared or running, profile-tier
-  calls are timed instead; a user's profiler that starts while attnscope's session runs on another
-  thread waits for that one call to end (at most ``_USER_WAIT_S``); one started inside a traced
-  call on the same thread ends attnscope's session first. Every skip is counted (:func:`stats`)
-  and logged at DEBUG, once per reason (it is normal operation).
+- a user's profiler is recognised by torch's flags and by counting wrappers around
+  ``torch.autograd.profiler``'s ``_prepare_profiler`` / ``_enable_profiler`` /
+  ``_disable_profiler`` (a schedule's warm-up has prepared kineto without setting any flag).
+  While one is prepared or running, profile-tier calls are timed instead; one that starts while
+  attnscope profiles a call on another thread waits for that call to end
+  (:func:`_wait_for_session`); one started inside a traced call on the same thread ends
+  attnscope's session first. Every skip is counted (:func:`stats`) and logged at DEBUG.
 - The first kineto session of a process (and CUPTI's start-up on a GPU) is slow; it is paid by
   :func:`warm_up` on the worker thread or a helper thread, never by a user's call. Until the
   profiler is warm, profile-tier calls are timed (reason ``warming``).
@@ -48,6 +46,7 @@ __all__ = ["start", "stop", "warm_up", "warm_up_async", "warm_up_on_main_thread"
            "on_worker_start", "install_hooks", "stats"]
 
 _USER_WAIT_S = 5.0
+_USER_WAIT_MAX_S = 300.0
 
 # ---- calling thread --------------------------------------------------------------------------
 
@@ -182,19 +181,15 @@ def warm_up_on_main_thread(cfg: Config) -> None:
     """Setup (import, ``configure()``): run kineto's first session here when this is the main
     thread and there is no CUDA. Never raises.
 
-    libkineto registers torch's client while libtorch loads (the thread that imported torch: the
-    main thread in nearly every program) and runs the client's init callback in the first
-    session's ``prepareTrace``; on any other thread it skips it and prints "ERROR: External init
-    callback must run in same thread as registerClient" to stderr (the callback is empty: the
-    message is all it does). On CPU the first session costs about 2 ms, so it runs here and the
-    worker finds the profiler warm. With CUDA available it stays on the worker: recent torch lets
-    the first session's activities decide whether kineto ever traces the GPU, and CUPTI's start-up
-    is too slow for ``import``.
+    libkineto registers torch's client on the thread that loaded libtorch and runs its (empty)
+    init callback in the first session; on another thread it prints "ERROR: External init callback
+    must run in same thread as registerClient" instead. On CPU that session costs about 2 ms.
+    With CUDA it stays on the worker: the first session's activities decide whether kineto ever
+    traces the GPU, and CUPTI's start-up is too slow for ``import``.
     """
     p = state.profiler
     try:
-        # once per process: after the first load, kineto's first use has happened (or is the
-        # worker's, under CUDA)
+        # once per process (under CUDA the worker's)
         if p.torch is not None or threading.current_thread() is not threading.main_thread():
             return
         if not (cfg.enabled and cfg.profile_rate > 0 and cfg.profile_max_per_minute > 0):
@@ -381,14 +376,25 @@ def _claim_for_user() -> None:
             session.aborted = True
             _release(disable=True)
             _skip("user_profiler")
-        elif p.session_lock.acquire(timeout=_USER_WAIT_S):
-            p.foreign = True  # set under the lock: a session starting now sees it and backs off
-            p.session_lock.release()
         else:
-            p.foreign = True
-            _log.warn_once("profile-user-wait", "attnscope: profiler lock not released in time")
+            _wait_for_session(p)
     except Exception as exc:
         _log.internal_error("profile-hook", exc)
+
+
+def _wait_for_session(p: Any) -> None:
+    """Another thread's attnscope session runs: the user's profiler waits for its call to end (two
+    sessions crash the process), said after ``_USER_WAIT_S``, given up after ``_USER_WAIT_MAX_S``."""
+    p.foreign = True  # no new attnscope session starts meanwhile, on any thread
+    if not p.session_lock.acquire(timeout=_USER_WAIT_S):
+        _log.warn_once("profile-user-wait", "attnscope: your profiler waits for a traced call "
+                       "attnscope is profiling on another thread to end")
+        if not p.session_lock.acquire(timeout=_USER_WAIT_MAX_S - _USER_WAIT_S):
+            _log.warn_once("profile-user-gave-up", "attnscope: a profiled call has run for "
+                           "minutes; your profiler starts beside it (two sessions may crash)")
+            return
+    p.foreign = True  # set under the lock: a session starting now sees it and backs off
+    p.session_lock.release()
 
 
 install_hooks()
