@@ -24,6 +24,7 @@ from ..capture.record import (
     TensorMeta,
 )
 from ..instrument.facts import head_info
+from .masks import MaskReading, attend, pairs_upto, read_mask
 
 __all__ = ["derive", "causal_pairs", "window_pairs", "attention_flops", "count_tokens",
            "host_rss_bytes", "host_readable"]
@@ -33,9 +34,6 @@ _K_NAMES = ("key", "k", "key_states")
 _V_NAMES = ("value", "v", "value_states")
 _HIDDEN_NAMES = ("hidden_states", "hidden", "x", "inputs_embeds")
 _CAUSAL_NAMES = ("is_causal", "causal")
-# A float mask entry at or below this is "masked": covers -inf, finfo.min and the -10000 of
-# older models.
-_MASKED_BELOW = -5000.0
 _RSS_EVERY_S = 0.25
 
 
@@ -48,19 +46,7 @@ def causal_pairs(sq: int, skv: int) -> int:
     Query ``i`` (of ``sq``) sees keys ``j <= i + skv - sq``: the layout of KV-cache decoding, as in
     FlashAttention. Rows that would see no key contribute nothing.
     """
-    if sq <= 0 or skv <= 0:
-        return 0
-    offset = skv - sq
-    # row i sees min(skv, max(0, i + offset + 1)) keys; split rows into empty / growing / full.
-    first = max(0, -offset)  # first row that sees at least one key
-    full_from = max(first, min(sq, skv - offset - 1))  # rows from here see all skv keys
-    growing = full_from - first
-    # growing rows see (first + offset + 1) ... (full_from - 1 + offset + 1) keys
-    lo = first + offset + 1
-    hi = full_from + offset
-    total = (lo + hi) * growing // 2 if growing > 0 else 0
-    total += (sq - full_from) * skv
-    return total
+    return pairs_upto(sq, skv, 0)
 
 
 def attention_flops(
@@ -83,18 +69,16 @@ def count_tokens(mask: torch.Tensor, batch: int, sq: int) -> int | None:
     """Real (unpadded) query tokens given an attention or padding mask, or None if unknown.
 
     A key position is real when some query may attend to it; the queries are the last ``sq`` key
-    positions (KV-cache layout). Bool masks: True = attend. Float masks: additive, very negative =
-    masked. 2-D masks are ``(batch, keys)`` padding masks (1 = real).
+    positions (KV-cache layout). Bool masks: True = attend (a mask with a query axis whose diagonal
+    says otherwise is read the other way round). Float masks: additive, very negative = masked.
+    2-D masks are ``(batch, keys)`` padding masks (1 = real).
     """
     if mask.is_meta or mask.numel() == 0 or not host_readable(mask):
         return None
-    m = mask.detach()
-    if m.dtype == torch.bool:
-        attend = m
-    elif m.is_floating_point():
-        attend = m > _MASKED_BELOW if m.ndim != 2 else m != 0
-    else:
-        attend = m != 0
+    return _count_seen(attend(mask, False), batch, sq)
+
+
+def _count_seen(attend: torch.Tensor, batch: int, sq: int) -> int | None:
     if attend.ndim == 2:
         key_real = attend
     elif attend.ndim == 4:
@@ -263,31 +247,41 @@ def _as_int(value: Any) -> int | None:
     return None
 
 
-def _real_tokens(mask: Any, ignores: bool, batch: int, sq: int, skv: int | None) -> int | None:
-    if not isinstance(mask, torch.Tensor) or mask.ndim < 2:
+def _seen(mask: Any, ignores: bool, sq: int, skv: int | None) -> torch.Tensor | None:
+    """The "may attend" view of a kept mask, or None when it may not or cannot be read."""
+    if not isinstance(mask, torch.Tensor) or mask.ndim < 2 or mask.is_meta or mask.numel() == 0:
+        return None
+    if not host_readable(mask):
         return None
     if skv is not None and mask.shape[-1] > skv >= sq:
         # A static cache's mask spans the whole buffer; this call's queries are keys skv-sq..skv-1.
         mask = mask[..., :skv]
-    if ignores:
-        m = mask.detach()
-        if m.dtype == torch.bool:
-            mask = ~m
-        elif m.is_floating_point():
-            mask = (m > _MASKED_BELOW) & (m == m)  # additive: 0 real, -inf padding
-        else:
-            mask = m == 0
-    return count_tokens(mask, batch, sq)
+    return attend(mask, ignores)
+
+
+def _real_tokens(mask: Any, ignores: bool, batch: int, sq: int, skv: int | None) -> int | None:
+    seen = _seen(mask, ignores, sq, skv)
+    return None if seen is None else _count_seen(seen, batch, sq)
 
 
 def derive_attention(f: AttentionFacts) -> dict[str, Any]:
-    """Span attributes of one attention layer call (QK^T and PV only; projections excluded)."""
+    """Span attributes of one attention layer call (QK^T and PV only; projections excluded).
+
+    Causality, the window and the visible pairs come from the mask the layer received when it
+    has a query axis (see :mod:`.masks`); the module's attributes only when there is none.
+    """
     b, sq = f.batch, f.seq_q
     past = _as_int(f.past)
     # a cache length on the device that may not be read (sync debugging): the keys are unknown
     keys_known = f.seq_kv is not None or past is not None or f.past is None
     skv = f.seq_kv if f.seq_kv is not None else (past or 0) + sq
-    out: dict[str, Any] = {"batch_size": b, "seq_len_q": sq, "causal": f.causal}
+    self_mask = f.seq_kv is None and not isinstance(f.mask, TensorMeta) and f.mask is not None
+    seen = _seen(f.mask, f.mask_ignores, sq, skv if keys_known else None) if self_mask else None
+    reading = None
+    if seen is not None and keys_known and f.heads:
+        reading = read_mask(seen, b, f.heads, sq, skv)
+    causal, window = _structure(f, reading)
+    out: dict[str, Any] = {"batch_size": b, "seq_len_q": sq, "causal": causal}
     if keys_known:
         out["seq_len_kv"] = skv
     if f.dtype is not None:
@@ -301,18 +295,27 @@ def derive_attention(f: AttentionFacts) -> dict[str, Any]:
         kv_heads = f.kv_heads or f.heads
         dv = f.head_dim_v or f.head_dim
         out.update(num_heads=f.heads, num_kv_heads=kv_heads, head_dim=f.head_dim)
-        if f.window:
-            out["sliding_window"] = f.window
-        if keys_known:
-            out["flops"] = attention_flops(b, f.heads, sq, skv, f.head_dim, dv, f.causal,
-                                           f.window)
+        if window:
+            out["sliding_window"] = window
+        if reading is not None and reading.pairs is not None:
+            out["flops"] = 2 * reading.pairs * (f.head_dim + dv)
+        elif keys_known:
+            out["flops"] = attention_flops(b, f.heads, sq, skv, f.head_dim, dv, causal, window)
     if isinstance(f.mask, TensorMeta):  # a mask over the keeping budget: padding unknown
         return out
     if f.mask is None or f.seq_kv is not None:
         out["tokens"] = b * sq
     else:  # a mask that could not be read (sync debugging, a layout not understood): no count
-        out["tokens"] = _real_tokens(f.mask, f.mask_ignores, b, sq, skv)
+        out["tokens"] = None if seen is None else _count_seen(seen, b, sq)
     return out
+
+
+def _structure(f: AttentionFacts, reading: MaskReading | None) -> tuple[bool, int | None]:
+    """(causal, window): what the mask shows, else the module's attributes."""
+    causal = f.causal if reading is None or reading.causal is None else reading.causal
+    if reading is not None and reading.window is not None:
+        return causal, reading.window
+    return causal, f.window if causal else None
 
 
 def derive_model(f: ModelFacts) -> dict[str, Any]:
