@@ -42,6 +42,9 @@ _FUSED = ("c_attn", "query_key_value", "qkv_proj", "qkv", "Wqkv", "W_pack", "in_
 _CACHE = ("cache", "past_key_values", "past_key_value", "layer_past")
 _SOURCE = ("key_value_states", "encoder_hidden_states")
 _MASK = ("attention_mask", "mask")
+# Layers whose boolean mask is True where a pair is masked (the worker reads the others' polarity
+# from the mask's diagonal).
+_MASKED_WHERE_TRUE = ("MptAttention",)
 _HIDDEN = ("hidden_states", "hidden", "x", "query")
 
 
@@ -145,6 +148,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
         layer_idx = 0
     window = _window(module)
     module_cross = getattr(module, "is_cross_attention", False) is True
+    masked_where_true = type(module).__name__ in _MASKED_WHERE_TRUE
 
     def extract(
         instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -177,6 +181,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
             facts.causal = causal is True
             facts.window = window if facts.causal else None
             facts.mask = get(args, kwargs, _MASK)
+            facts.mask_ignores = masked_where_true
         return [(ATTENTION_KEY, facts)]
 
     return extract
