@@ -96,14 +96,19 @@ def _lookup(names: tuple[str, ...]) -> Any:
     return get
 
 
-def _past_length(cache: Any, layer_idx: int | None) -> Any:
-    """KV-cache length before the call, with no device sync (static caches: a 0-d tensor copy)."""
+def _past_length(cache: Any, layer_idx: int | None, cross: bool = False) -> Any:
+    """KV-cache length before the call, with no device sync (static caches: a 0-d tensor copy).
+
+    ``cross``: the layer attends to an encoder's output; an encoder-decoder cache keeps those
+    keys apart (``cross_attention_cache``), filled by the first decoder step.
+    """
     if cache is None:
         return None
     if isinstance(cache, (tuple, list)):  # legacy (key, value) tensors of shape (B, H, S, D)
         key = cache[0] if cache else None
         return key.shape[-2] if isinstance(key, torch.Tensor) and key.ndim >= 2 else None
-    inner = getattr(cache, "self_attention_cache", cache)
+    part = "cross_attention_cache" if cross else "self_attention_cache"
+    inner = getattr(cache, part, cache)
     layers = getattr(inner, "layers", None)
     idx = layer_idx if layer_idx is not None else 0
     if isinstance(layers, list):
@@ -126,10 +131,22 @@ def _past_length(cache: Any, layer_idx: int | None) -> Any:
     return length if isinstance(length, int) else None
 
 
+def _layer_idx(module: Any) -> int | None:
+    """The layer's index into a per-layer cache: ``layer_idx``, or GPT-Neo's ``layer_id``."""
+    for name in ("layer_idx", "layer_id"):
+        value = getattr(module, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
+
+
 def _window(module: Any) -> int | None:
     if "sliding_window" in vars(module):  # per-layer setting; None means full attention
         return pos_int(module.sliding_window)
     config = getattr(module, "config", None)
+    kind = vars(module).get("attention_type")
+    if kind in ("local", "global"):  # GPT-Neo: "local" layers see their last window_size keys
+        return pos_int(getattr(config, "window_size", None)) if kind == "local" else None
     if getattr(config, "use_sliding_window", True) is False:
         return None
     return pos_int(getattr(config, "sliding_window", None)) if config is not None else None
@@ -143,9 +160,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
     heads, kv_heads, head_dim, head_dim_v = head_info(module)
     get = _lookup(names)
     hidden_names = tuple(n for n in (*_HIDDEN, *names[1:2]) if n)
-    layer_idx = pos_int(getattr(module, "layer_idx", None))
-    if layer_idx is None and getattr(module, "layer_idx", None) == 0:
-        layer_idx = 0
+    layer_idx = _layer_idx(module)
     window = _window(module)
     module_cross = getattr(module, "is_cross_attention", False) is True
     masked_where_true = type(module).__name__ in _MASKED_WHERE_TRUE
@@ -169,7 +184,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
         cache = get(args, kwargs, _CACHE)
         if cache is not None:
             facts.cached = True
-            facts.past = _past_length(cache, layer_idx)
+            facts.past = _past_length(cache, layer_idx, module_cross or source is not None)
         if isinstance(source, torch.Tensor) and source.ndim >= 2:
             facts.seq_kv = source.shape[-2]
         elif module_cross:
