@@ -24,7 +24,7 @@ from .. import _log
 from .._state import state
 from ..capture import retain, wrapper
 from ..capture.args import param_names
-from ..capture.compile import register_when_dynamo_loads
+from ..capture.compile import hide_from_dynamo, register_when_dynamo_loads
 from ..capture.record import ATTENTION_KEY, MODEL_KEY, AttentionFacts, Capture, ModelFacts
 from ..capture.sampling import CallSite
 from . import Extractor, torch_nn
@@ -163,6 +163,53 @@ def _wrap_forward(
     _install(module, "forward", fn, site)
 
 
+def _wrap_fused(module: torch.nn.Module, name: str, attributes: dict[str, Any],
+                sample_rate: float | None) -> None:
+    """An encoder layer whose fused fast path skips ``self_attn.forward``: that path is traced
+    here (one span for the layer); the other calls go straight to the layer's forward, where
+    the attention module's own wrapper traces them."""
+    attributes = {**attributes, **torch_nn.FUSED_ATTRIBUTES}
+    key = f"attnscope.instrument:{name}:fused"
+    site, _, fn = _site_for(module, "forward", name, attributes, sample_rate, key)
+    site.extractor = torch_nn.encoder_layer_extractor(module)
+    traced = wrapper.wrap(fn, site, compile_check=False)
+    taken = torch_nn.takes_fast_path
+
+    @functools.wraps(fn)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if taken(args[0], args, kwargs):
+            return traced(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    hide_from_dynamo(forward, fn)
+    setattr(forward, _MARK, site)
+    object.__setattr__(module, "forward", types.MethodType(forward, module))
+
+
+def _naming(path: str, module: torch.nn.Module, name_prefix: str | None,
+            root_name: str) -> tuple[str, dict[str, Any]]:
+    """A layer's span name and its module attributes."""
+    name = (f"{name_prefix}.{path}" if name_prefix else path) if path else root_name
+    attrs: dict[str, Any] = {"attnscope.module": path or root_name,
+                             "attnscope.module_class": type(module).__qualname__}
+    index = _layer_index(path)
+    if index is not None:
+        attrs["attnscope.layer_index"] = index
+    return name, attrs
+
+
+def _instrument_fused(model: torch.nn.Module, name_prefix: str | None, root_name: str,
+                      sample_rate: float | None) -> None:
+    """``nn.TransformerEncoderLayer``s whose (instrumented) attention may be fused away."""
+    for path, module in model.named_modules():
+        attn = getattr(module, "self_attn", None)
+        if (not torch_nn.may_take_fast_path(module) or is_instrumented(module)
+                or not isinstance(attn, torch.nn.Module) or not is_instrumented(attn)):
+            continue
+        name, attrs = _naming(path, module, name_prefix, root_name)
+        _wrap_fused(module, name, attrs, sample_rate)
+
+
 def _site_for(module: torch.nn.Module, attr: str, name: str, attributes: dict[str, Any],
               sample_rate: float | None, key: str) -> tuple[CallSite, tuple[str, ...], Any]:
     """The call site for ``module.<attr>``, its parameter names and the function to wrap."""
@@ -259,16 +306,10 @@ def _instrument_layers(model: torch.nn.Module, inc: tuple[str, ...] | None,
         if is_instrumented(module):
             already += 1
             continue
-        name = (f"{name_prefix}.{path}" if name_prefix else path) if path else root_name
-        attrs: dict[str, Any] = {
-            "attnscope.module": path or root_name,
-            "attnscope.module_class": type(module).__qualname__,
-        }
-        index = _layer_index(path)
-        if index is not None:
-            attrs["attnscope.layer_index"] = index
+        name, attrs = _naming(path, module, name_prefix, root_name)
         extractor = functools.partial(_extractor_for, module)
         _wrap_forward(module, name, attrs, sample_rate, extractor)
+    _instrument_fused(model, name_prefix, root_name, sample_rate)
     return already
 
 
