@@ -280,7 +280,7 @@ def derive_attention(f: AttentionFacts) -> dict[str, Any]:
     reading = None
     if seen is not None and keys_known and f.heads:
         reading = read_mask(seen, b, f.heads, sq, skv)
-    causal, window = _structure(f, reading)
+    causal, window, mask_pairs = _structure(f, reading)
     out: dict[str, Any] = {"batch_size": b, "seq_len_q": sq, "causal": causal}
     if keys_known:
         out["seq_len_kv"] = skv
@@ -297,7 +297,7 @@ def derive_attention(f: AttentionFacts) -> dict[str, Any]:
         out.update(num_heads=f.heads, num_kv_heads=kv_heads, head_dim=f.head_dim)
         if window:
             out["sliding_window"] = window
-        if reading is not None and reading.pairs is not None:
+        if reading is not None and reading.pairs is not None and mask_pairs:
             out["flops"] = 2 * reading.pairs * (f.head_dim + dv)
         elif keys_known:
             out["flops"] = attention_flops(b, f.heads, sq, skv, f.head_dim, dv, causal, window)
@@ -310,12 +310,19 @@ def derive_attention(f: AttentionFacts) -> dict[str, Any]:
     return out
 
 
-def _structure(f: AttentionFacts, reading: MaskReading | None) -> tuple[bool, int | None]:
-    """(causal, window): what the mask shows, else the module's attributes."""
+def _structure(f: AttentionFacts, reading: MaskReading | None) -> tuple[bool, int | None, bool]:
+    """(causal, window, the mask's pairs hold): what the mask shows, else the module's attributes.
+
+    A causal layer that declares a narrower window than its mask shows applies it itself (GPT-Neo's
+    local layers: a plain causal mask, the window in the module's own buffer): the window is the
+    module's then, and the mask's pair count does not hold."""
     causal = f.causal if reading is None or reading.causal is None else reading.causal
+    own = f.window if causal and f.window else None
     if reading is not None and reading.window is not None:
-        return causal, reading.window
-    return causal, f.window if causal else None
+        if own is not None and own < reading.window:
+            return causal, own, False
+        return causal, reading.window, True
+    return causal, own, own is None
 
 
 def derive_model(f: ModelFacts) -> dict[str, Any]:
