@@ -104,8 +104,12 @@ def _past_length(cache: Any, layer_idx: int | None, cross: bool = False) -> Any:
     """
     if cache is None:
         return None
-    if isinstance(cache, (tuple, list)):  # legacy (key, value) tensors of shape (B, H, S, D)
-        key = cache[0] if cache else None
+    if isinstance(cache, (tuple, list)):  # legacy caches: tensors of shape (B, H, S, D)
+        if cache and isinstance(cache[0], (tuple, list)):  # the model's: one tuple per layer
+            idx = layer_idx if layer_idx is not None else 0
+            return _past_length(cache[idx], None, cross) if idx < len(cache) else 0
+        # one layer's (key, value), or (key, value, cross key, cross value) in encoder-decoders
+        key = cache[2 if cross and len(cache) >= 4 else 0] if cache else None
         return key.shape[-2] if isinstance(key, torch.Tensor) and key.ndim >= 2 else None
     part = "cross_attention_cache" if cross else "self_attention_cache"
     inner = getattr(cache, part, cache)
