@@ -34,12 +34,7 @@ def summarize(args: Sequence[Any], kwargs: Mapping[str, Any],
 
 def _add(out: list[tuple[str, Any]], key: str, value: Any) -> None:
     if isinstance(value, _Tensor):
-        if key in MASK_NAMES:
-            out.append((key, value))
-        elif value.is_nested:  # strided nested tensors have no shape; jagged ones a symbolic one
-            out.append((key, TensorMeta((), value.dtype, value.device)))
-        else:
-            out.append((key, TensorMeta(tuple(value.shape), value.dtype, value.device)))
+        out.append((key, value if key in MASK_NAMES else TensorMeta.of(value)))
     elif value is None or isinstance(value, (bool, int, float)):
         out.append((key, value))
 

@@ -49,6 +49,13 @@ class TensorMeta(NamedTuple):
     dtype: Any
     device: Any
 
+    @classmethod
+    def of(cls, tensor: Any) -> TensorMeta:
+        """A tensor's metadata; a nested tensor's shape is ``()`` (strided nested tensors have
+        none, jagged ones a symbolic one)."""
+        shape = () if tensor.is_nested else tuple(tensor.shape)
+        return cls(shape, tensor.dtype, tensor.device)
+
 
 class Capture:
     """One sampled call, as the calling thread recorded it."""

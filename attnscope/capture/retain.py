@@ -34,7 +34,7 @@ def keep(cap: Capture, value: Any) -> Any:
     if size <= KEEP_TENSOR_BYTES and _state.take_bytes(size):
         cap.kept_bytes += size
         return value
-    return TensorMeta(tuple(value.shape), value.dtype, value.device)
+    return TensorMeta.of(value)
 
 
 def keep_summary(cap: Capture) -> None:

@@ -220,7 +220,7 @@ def window_pairs(sq: int, skv: int, window: int) -> int:
 def _unread(value: Any) -> Any:
     """``value`` with its device tensors (facts' fields included) replaced by their metadata."""
     if isinstance(value, torch.Tensor):
-        return TensorMeta(tuple(value.shape), value.dtype, value.device) if value.is_cuda else value
+        return TensorMeta.of(value) if value.is_cuda else value
     if isinstance(value, (AttentionFacts, ModelFacts)):
         value = copy.copy(value)  # the capture's own facts are never written by the worker
         for name in ("mask", "past", "output"):
