@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from . import _log, _state, _unsampled
 from ._config import Config, check_rate, from_env, validate
-from ._state import COUNT_KEYS, state
+from ._state import state
 from .capture import profiler, wrapper
 from .capture.sampling import force as _force
 
@@ -264,13 +264,7 @@ def stats() -> dict[str, Any]:
         "profile_granted": s.profile_granted,
         "internal_errors": _log.error_count(),
     }
-    if state.worker is not None or state.retiring:
-        from .worker import loop
-
-        out.update(loop.stats())
-    else:  # every key also before the first sampled call, without importing the worker side
-        out.update({k: state.retired_counts.get(k, 0) for k in COUNT_KEYS})
-        out.update(state.delivery.counts())
+    out.update(_state.span_counts())  # every key, also before the first sampled call
     # "profiled": calls that really ran under the profiler; "profile_skipped_<reason>": calls
     # granted the profile tier that were timed instead.
     out.update({k if k == "profiled" else "profile_" + k: v for k, v in profiler.stats().items()})

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from ._config import Config
     from .capture.record import Capture, ProfileSession
 
-__all__ = ["State", "ProfilerState", "Delivery", "state", "reset", "after_fork", "submit", "COUNT_KEYS",
-           "take_bytes", "give_bytes", "KEEP_TOTAL_BYTES"]
+__all__ = ["State", "ProfilerState", "Delivery", "state", "reset", "after_fork", "submit",
+           "COUNT_KEYS", "span_counts", "take_bytes", "give_bytes", "KEEP_TOTAL_BYTES"]
 
 _FORK_WAIT_S = 5.0
 # Tensors all captures together may keep alive by reference (masks until the worker counts them).
@@ -177,6 +177,18 @@ def submit(cap: Capture) -> bool:
         if worker is None:  # the process is exiting
             return False
     return bool(worker.submit(cap))
+
+
+def span_counts() -> dict[str, int]:
+    """The span counts of ``attnscope.stats()`` (``COUNT_KEYS``): workers shut down, the running
+    and retiring ones (anything with ``counts()``), and the process's export outcomes."""
+    with state.worker_lock:
+        workers = [w for w in (state.worker, *state.retiring) if w is not None]
+        totals = dict(state.retired_counts)
+    for worker in workers:
+        for key, value in worker.counts().items():
+            totals[key] = totals.get(key, 0) + value
+    return {k: totals.get(k, 0) for k in COUNT_KEYS} | state.delivery.counts()
 
 
 def take_bytes(n: int) -> bool:

@@ -19,7 +19,7 @@ from opentelemetry.trace import NoOpTracer
 
 from .. import _log
 from .._config import Config
-from .._state import COUNT_KEYS, give_bytes, state
+from .._state import give_bytes, span_counts, state
 from .._state import submit as submit_to_current
 from .._version import __version__
 from ..capture.record import Capture
@@ -363,10 +363,4 @@ def _shutdown_pipeline(built: pipeline.Pipeline, deadline: float) -> None:
 
 def stats() -> dict[str, int]:
     """Counts over every worker of this process: every key of ``COUNT_KEYS``."""
-    with state.worker_lock:
-        workers = [w for w in (state.worker, *state.retiring) if w is not None]
-        totals = dict(state.retired_counts)
-    for worker in workers:
-        for key, value in worker.counts().items():
-            totals[key] = totals.get(key, 0) + value
-    return {k: totals.get(k, 0) for k in COUNT_KEYS} | state.delivery.counts()
+    return span_counts()
