@@ -11,12 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from . import _log
-from ._config import Config
+from ._config import EXPORTER_PREFIXES, Config
 from ._state import state
 
 __all__ = ["at_exit", "nothing_sampled", "write_empty_file"]
-
-_FILE_PREFIXES = ("jaeger-json:", "otlp-json:")
 
 
 def nothing_sampled() -> bool:
@@ -30,7 +28,7 @@ def write_empty_file(cfg: Config) -> None:
     exporter: Any = cfg.exporter
     try:
         if isinstance(exporter, str):
-            if not exporter.startswith(_FILE_PREFIXES):
+            if not exporter.startswith(EXPORTER_PREFIXES):
                 return
             from .export.destinations import make_exporter
 

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from .. import _log
-from .._config import Config
+from .._config import EXPORTER_PREFIXES, Config
 from .._state import Delivery, state
 from .._version import __version__
 from . import reporting
@@ -30,7 +30,7 @@ from .otel_env import batch_kwargs
 __all__ = ["Pipeline", "build"]
 
 INSTRUMENTATION_NAME = "attnscope"
-_LOCAL = ("jaeger-json:", "otlp-json:", "console", "none")
+_LOCAL = (*EXPORTER_PREFIXES, "console", "none")  # exporters that wait on no network
 
 
 class _CountingExporter(SpanExporter):
