@@ -64,13 +64,27 @@ class _Base:
         return spans_of(self.trace_requests)
 
 
-class GRPCCollector(_Base):
+class GRPCServing:
+    """A gRPC server on 127.0.0.1 for a receiver: addressed, stopped."""
+
+    port = 0
+    _server: grpc.Server | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop_serving(self) -> None:
+        if self._server is not None:
+            self._server.stop(grace=0).wait(5)
+            self._server = None
+
+
+class GRPCCollector(_Base, GRPCServing):
     """An OTLP/gRPC receiver for traces and metrics."""
 
     def __init__(self, mode: str = "ok") -> None:
         super().__init__(mode)
-        self.port = 0
-        self._server: grpc.Server | None = None
 
     def _answer(self, context: grpc.ServicerContext) -> bool:
         self._note({k: v for k, v in context.invocation_metadata() if isinstance(v, str)})
@@ -106,15 +120,9 @@ class GRPCCollector(_Base):
         self._server = server
         return self
 
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
     def stop(self) -> None:
         self.release.set()
-        if self._server is not None:
-            self._server.stop(grace=0).wait(5)
-            self._server = None
+        self.stop_serving()
 
 
 class HTTPServing:

@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from tests.e2e.otlp_fakes import HTTPServing, spans_of
+from tests.e2e.otlp_fakes import GRPCServing, HTTPServing, spans_of
 
 __all__ = ["FaultyGRPC", "FaultyHTTP", "SLOW_S"]
 
@@ -81,13 +81,8 @@ class _Faults:
             self.trace_requests.append(request)
 
 
-class FaultyGRPC(_Faults):
+class FaultyGRPC(_Faults, GRPCServing):
     """OTLP/gRPC traces receiver with the modes above."""
-
-    def __init__(self, mode: str = "ok") -> None:
-        super().__init__(mode)
-        self.port = 0
-        self._server: grpc.Server | None = None
 
     def start(self, port: int = 0) -> FaultyGRPC:
         outer = self
@@ -109,15 +104,9 @@ class FaultyGRPC(_Faults):
         self._server = server
         return self
 
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
     def stop(self) -> None:
         self.healed.set()
-        if self._server is not None:
-            self._server.stop(grace=0).wait(5)
-            self._server = None
+        self.stop_serving()
 
 
 class FaultyHTTP(_Faults, HTTPServing):
