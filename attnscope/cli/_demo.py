@@ -24,8 +24,9 @@ import attnscope
 from .. import _api
 from ..capture import profiler
 from ..export.destinations import resource
+from ._errors import positive_int
 
-__all__ = ["run_demo"]
+__all__ = ["run_demo", "register"]
 
 
 @attnscope.trace(name="attention.naive")
@@ -87,6 +88,28 @@ class TinyDecoder(torch.nn.Module):
         for layer in self.layers:
             x = layer(x, attention)
         return x
+
+
+def register(sub: Any, formatter: Any) -> None:
+    """Add ``attnscope demo`` to the command line."""
+    parser = sub.add_parser(
+        "demo", formatter_class=formatter,
+        help="trace a small built-in model on the CPU and print what attnscope saw",
+        description="Trace a small built-in model (4 attention layers) with two attention "
+                    "implementations on the CPU, no backend needed, and print what attnscope saw.")
+    parser.add_argument("--steps", type=positive_int, default=20,
+                        help="forward passes per implementation")
+    parser.add_argument("--seq-len", type=positive_int, default=256, help="tokens per sequence")
+    parser.add_argument("--jaeger-json", default="attnscope-demo-trace.json",
+                        help="also write the spans here for Jaeger's Upload tab ('' to skip)")
+    parser.set_defaults(func=_main)
+
+
+def _main(args: Any) -> int:
+    import sys
+
+    return run_demo(steps=args.steps, seq_len=args.seq_len, jaeger_json=args.jaeger_json or None,
+                    out=sys.stdout)
 
 
 def _pct(values: list[float], p: float) -> float:
