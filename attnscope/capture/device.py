@@ -33,15 +33,20 @@ class Event(Protocol):
 class DeviceTimer:
     """A start/end event pair for one device; the pool hands it out and takes it back."""
 
-    __slots__ = ("start", "end", "device", "_pool", "_stream_of")
+    __slots__ = ("start", "end", "device", "after", "_after_recorded", "_pool", "_stream_of",
+                 "_make")
 
     def __init__(self, start: Event, end: Event, pool: CudaEventPool | None = None,
-                 device: Any = None, stream_of: Callable[[Any], Any] | None = None) -> None:
+                 device: Any = None, stream_of: Callable[[Any], Any] | None = None,
+                 make_event: Callable[[], Event] | None = None) -> None:
         self.start = start
         self.end = end
         self.device = device
+        self.after: Event | None = None  # made on first use: most calls read nothing after
+        self._after_recorded = False
         self._pool = pool
         self._stream_of = stream_of
+        self._make = make_event
 
     def _stream(self) -> Any:
         return None if self._stream_of is None or self.device is None else self._stream_of(self.device)
@@ -54,8 +59,19 @@ class DeviceTimer:
     def record_end(self) -> None:
         self.end.record(self._stream())
 
+    def record_after(self) -> None:
+        """Record the third event, after the copies of counts enqueued behind the call: the
+        worker reads those copies once it has passed."""
+        if self.after is None:
+            self.after = (self._make or _make_cuda_event)()
+        self.after.record(self._stream())
+        self._after_recorded = True
+
     def ready(self) -> bool:
-        """True once the device has passed the end event (non-blocking)."""
+        """True once the device has passed the end event, and the third event when recorded
+        (non-blocking; on one stream, the later event passing implies the earlier did)."""
+        if self._after_recorded and self.after is not None:
+            return bool(self.after.query())
         return bool(self.end.query())
 
     def elapsed_ns(self) -> int:
@@ -63,6 +79,7 @@ class DeviceTimer:
         return int(self.start.elapsed_time(self.end) * 1_000_000)
 
     def release(self) -> None:
+        self._after_recorded = False
         if self._pool is not None:
             self._pool.put(self)
             self._pool = None
@@ -88,7 +105,7 @@ class CudaEventPool:
                 timer = free.pop()
                 timer._pool = self
                 return timer
-        return DeviceTimer(self._make(), self._make(), self, device, self._stream_of)
+        return DeviceTimer(self._make(), self._make(), self, device, self._stream_of, self._make)
 
     def put(self, timer: DeviceTimer) -> None:
         with self._lock:

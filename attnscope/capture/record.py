@@ -18,7 +18,7 @@ __all__ = [
     "Capture", "TensorMeta", "AttentionFacts", "ModelFacts", "DeviceMemory", "ProfileSession",
     "next_id", "PROFILE_MARKER", "TIER_NONE", "TIER_TIMING", "TIER_PROFILE", "TIER_NAMES",
     "ATTENTION_KEY", "MODEL_KEY", "MASK_NAMES", "MAX_NAME", "MAX_EXTRA", "MAX_ERROR_TEXT",
-    "ErrorInfo", "error_info",
+    "ErrorInfo", "error_info", "HostCopy",
 ]
 
 TIER_NONE = 0
@@ -55,6 +55,28 @@ class TensorMeta(NamedTuple):
         none, jagged ones a symbolic one)."""
         shape = () if tensor.is_nested else tuple(tensor.shape)
         return cls(shape, tensor.dtype, tensor.device)
+
+
+class HostCopy:
+    """Counts a CUDA stream copies into pinned host memory after the call, in place of the device
+    tensor they were computed from (a mask, a static cache's length, ``generate()``'s ids).
+
+    The worker reads ``values`` only once the capture's device timer is ready (its last event,
+    recorded after the copy, has passed); ``kind`` says what they are: ``"mask"`` (the
+    ``reduce.FIELDS`` of a mask read for ``plan``), ``"positions"`` (per key position, the batch rows
+    that see it: for a call whose query length the host did not know) or ``"int"`` (one count).
+    """
+
+    __slots__ = ("values", "kind", "plan")
+
+    def __init__(self, values: Any, kind: str, plan: Any = None) -> None:
+        self.values = values
+        self.kind = kind
+        self.plan = plan
+
+    def read(self) -> list[int]:
+        """The numbers; only after the device timer is ready."""
+        return [int(v) for v in self.values.tolist()]
 
 
 class Capture:

@@ -18,19 +18,23 @@ import torch
 from .. import _state
 from .record import AttentionFacts, Capture, ModelFacts, TensorMeta
 
-__all__ = ["KEEP_TENSOR_BYTES", "keep", "keep_summary", "release"]
+__all__ = ["KEEP_TENSOR_BYTES", "keep", "keep_summary", "release", "drop", "meta"]
 
 KEEP_TENSOR_BYTES = 16 << 20
+
+
+def _size(value: torch.Tensor) -> int:
+    try:  # a view keeps its whole storage alive (a slice of a model's static causal mask)
+        return max(value.nelement() * value.element_size(), value.untyped_storage().nbytes())
+    except Exception:  # no plain storage (nested, meta, a subclass): keep nothing of its values
+        return KEEP_TENSOR_BYTES + 1
 
 
 def keep(cap: Capture, value: Any) -> Any:
     """``value`` if ``cap`` may keep it by reference, else its TensorMeta (non-tensors as given)."""
     if not isinstance(value, torch.Tensor):
         return value
-    try:  # a view keeps its whole storage alive (a slice of a model's static causal mask)
-        size = max(value.nelement() * value.element_size(), value.untyped_storage().nbytes())
-    except Exception:  # no plain storage (nested, meta, a subclass): keep nothing of its values
-        size = KEEP_TENSOR_BYTES + 1
+    size = _size(value)
     if size <= KEEP_TENSOR_BYTES and _state.take_bytes(size):
         cap.kept_bytes += size
         return value
@@ -45,6 +49,19 @@ def keep_summary(cap: Capture) -> None:
             summary[i] = (key, keep(cap, value))
         elif isinstance(value, (AttentionFacts, ModelFacts)) and value.mask is not None:
             value.mask = keep(cap, value.mask)
+
+
+def drop(cap: Capture, value: torch.Tensor) -> None:
+    """``cap`` stops keeping ``value`` (kept by :func:`keep`): its bytes go back to the budget."""
+    size = min(_size(value), cap.kept_bytes)
+    cap.kept_bytes -= size
+    _state.give_bytes(size)
+
+
+def meta(cap: Capture, value: torch.Tensor) -> TensorMeta:
+    """``value``'s metadata in its place: :func:`drop` it and keep what no value tells."""
+    drop(cap, value)
+    return TensorMeta.of(value)
 
 
 def release(cap: Capture) -> None:

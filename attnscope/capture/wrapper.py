@@ -24,6 +24,7 @@ from .._state import state
 from . import args as _args
 from . import compile as _compile
 from . import device as _device
+from . import hostread as _hostread
 from . import profiler as _profiler
 from . import retain as _retain
 from .record import (
@@ -123,6 +124,8 @@ def leave(site: CallSite, active: Active, error: BaseException | None, result: A
                 site.on_result(cap, result)
             except Exception as exc:  # the span still goes out, without what the hook adds
                 _log.internal_error("on-result", exc)
+        if cap.timer is not None:
+            _device_counts(cap)
         starting = state.worker is None
         t_submit = _perf_ns()
         if not _state.submit(cap):
@@ -193,6 +196,18 @@ def _open_cuda(cap: Capture, device: Any) -> bool:
         pool = state.event_pool = _device.CudaEventPool()
     cap.timer = pool.get(device)
     return True
+
+
+def _device_counts(cap: Capture) -> None:
+    """Masks, cache lengths and ids on the device: counted on the call's stream after its end
+    event, into pinned memory the worker reads once a third event has passed (``hostread``)."""
+    try:
+        copied = _hostread.to_host(cap)
+    except Exception as exc:  # the worker reads no device tensor: those counts are left out
+        copied = True  # but copies enqueued before the error are read only behind the event
+        _log.internal_error("device-counts", exc)
+    if copied and cap.timer is not None:
+        cap.timer.record_after()
 
 
 def _site_error(site: CallSite, stage: str, exc: Exception) -> None:

@@ -20,11 +20,14 @@ from ..capture.record import (
     MASK_NAMES,
     MODEL_KEY,
     AttentionFacts,
+    HostCopy,
     ModelFacts,
     TensorMeta,
 )
+from ..capture.reduce import generated_numbers
 from ..instrument.facts import head_info
-from .masks import MaskReading, attend, pairs_upto, read_mask
+from .maskread import counts_of, positions_tokens, read_counts
+from .masks import MaskReading, pairs_upto
 
 __all__ = ["derive", "causal_pairs", "window_pairs", "attention_flops", "count_tokens",
            "host_rss_bytes", "host_readable"]
@@ -65,7 +68,7 @@ def attention_flops(
     return 2 * batch * heads * pairs * (head_dim + dv)
 
 
-def count_tokens(mask: torch.Tensor, batch: int, sq: int) -> int | None:
+def count_tokens(mask: torch.Tensor, batch: int, sq: int, ignores: bool = False) -> int | None:
     """Real (unpadded) query tokens given an attention or padding mask, or None if unknown.
 
     A key position is real when some query may attend to it; the queries are the last ``sq`` key
@@ -73,28 +76,8 @@ def count_tokens(mask: torch.Tensor, batch: int, sq: int) -> int | None:
     says otherwise is read the other way round). Float masks: additive, very negative = masked.
     2-D masks are ``(batch, keys)`` padding masks (1 = real).
     """
-    if mask.is_meta or mask.numel() == 0 or not host_readable(mask):
-        return None
-    return _count_seen(attend(mask, False), batch, sq)
-
-
-def _count_seen(attend: torch.Tensor, batch: int, sq: int) -> int | None:
-    if attend.ndim == 2:
-        key_real = attend
-    elif attend.ndim == 4:
-        # (B, H|1, Sq|1, Skv): a key is real if any head and any query attends to it
-        key_real = attend.any(dim=1).any(dim=1)
-    elif attend.ndim == 3:
-        key_real = attend.any(dim=1)
-    else:
-        return None
-    if key_real.shape[0] not in (1, batch):
-        return None
-    tail = key_real[..., -sq:] if key_real.shape[-1] >= sq else key_real
-    count = int(tail.sum().item())
-    if key_real.shape[0] == 1 and batch > 1:
-        count *= batch
-    return count
+    counts = counts_of(mask, ignores, batch, None, sq, None)
+    return None if counts is None else read_counts(counts, batch, None, sq, None)[1]
 
 
 # ---- derive on the worker -------------------------------------------------------------------------
@@ -111,11 +94,11 @@ def derive(summary_list: Sequence[tuple[str, Any]], instance: Any = None,
            device_reads: bool = True) -> dict[str, Any]:
     """Attention attributes (attnscope.* without the prefix) from a call summary.
 
-    ``device_reads=False`` (the call's end event timed out: its stream is still busy): no value of
-    a device tensor is read, as reading one would wait behind that stream.
+    No device tensor is read here (that would be a host sync on the worker): the calling thread
+    left counts in pinned memory instead (:class:`HostCopy`), read unless ``device_reads=False``
+    (the call's events timed out: the copies may not have landed).
     """
-    if not device_reads:
-        summary_list = [(k, _unread(v)) for k, v in summary_list]
+    summary_list = [(k, _unread(v, device_reads)) for k, v in summary_list]
     summary = dict(summary_list)
     facts = summary.get(ATTENTION_KEY)
     if isinstance(facts, AttentionFacts):
@@ -192,10 +175,13 @@ def _qkv_ok(qs: tuple[int, ...], ks: tuple[int, ...], vs: tuple[int, ...]) -> bo
 def _tokens(out: dict[str, Any], mask: Any, batch: int, sq: int, ignores: bool = False) -> None:
     if isinstance(mask, TensorMeta):  # a mask over the keeping budget: padding unknown
         return
-    if not isinstance(mask, torch.Tensor):
+    if isinstance(mask, HostCopy):
+        tokens = positions_tokens(mask, batch, sq) if mask.kind == "positions" else None
+    elif not isinstance(mask, torch.Tensor):
         out["tokens"] = batch * sq
         return
-    tokens = _real_tokens(mask, ignores, batch, sq, None) if ignores else count_tokens(mask, batch, sq)
+    else:
+        tokens = count_tokens(mask, batch, sq, ignores)
     if tokens is not None:  # a mask we could not read: padding unknown, so no token count at all
         out["tokens"] = tokens
 
@@ -217,24 +203,31 @@ def window_pairs(sq: int, skv: int, window: int) -> int:
     return causal_pairs(sq, skv) - causal_pairs(sq, skv - window)
 
 
-def _unread(value: Any) -> Any:
-    """``value`` with its device tensors (facts' fields included) replaced by their metadata."""
+_UNREAD = TensorMeta((), None, None)  # a value not read: counts that need it are left out
+
+
+def _unread(value: Any, device_reads: bool) -> Any:
+    """``value`` with what the worker must not read (device tensors; pinned copies when the
+    events timed out) replaced by metadata. The capture's own facts are never written."""
     if isinstance(value, torch.Tensor):
         return TensorMeta.of(value) if value.is_cuda else value
+    if isinstance(value, HostCopy):
+        return value if device_reads else _UNREAD
     if isinstance(value, (AttentionFacts, ModelFacts)):
-        value = copy.copy(value)  # the capture's own facts are never written by the worker
-        for name in ("mask", "past", "output"):
-            field = getattr(value, name, None)
-            if isinstance(field, torch.Tensor) and field.is_cuda:
-                setattr(value, name, _unread(field))
+        fields = [(name, getattr(value, name, None)) for name in ("mask", "past", "output")]
+        changed = [(name, _unread(v, device_reads)) for name, v in fields
+                   if isinstance(v, (torch.Tensor, HostCopy))]
+        if any(new is not getattr(value, name) for name, new in changed):
+            value = copy.copy(value)
+            for name, new in changed:
+                setattr(value, name, new)
     return value
 
 
 def host_readable(t: torch.Tensor) -> bool:
-    """Whether the worker may read ``t``'s values: a device tensor's read is a host sync (after
-    the call's end event has passed), which a user who turned sync debugging on asked not to
-    have at all (``"warn"`` would print attnscope's syncs as theirs, ``"error"`` would raise)."""
-    return not t.is_cuda or torch.cuda.get_sync_debug_mode() == 0
+    """Whether the worker may read ``t``'s values: only host tensors. A device tensor's values
+    reach the worker as counts the call's stream copied to pinned memory (:class:`HostCopy`)."""
+    return not t.is_cuda
 
 
 def _as_int(value: Any) -> int | None:
@@ -242,44 +235,29 @@ def _as_int(value: Any) -> int | None:
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and host_readable(value):
+    if isinstance(value, HostCopy) and value.kind == "int":
+        return value.read()[0]
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_cuda:
         return int(value.item())
     return None
-
-
-def _seen(mask: Any, ignores: bool, sq: int, skv: int | None) -> torch.Tensor | None:
-    """The "may attend" view of a kept mask, or None when it may not or cannot be read."""
-    if not isinstance(mask, torch.Tensor) or mask.ndim < 2 or mask.is_meta or mask.numel() == 0:
-        return None
-    if not host_readable(mask):
-        return None
-    if skv is not None and mask.shape[-1] > skv >= sq:
-        # A static cache's mask spans the whole buffer; this call's queries are keys skv-sq..skv-1.
-        mask = mask[..., :skv]
-    return attend(mask, ignores)
-
-
-def _real_tokens(mask: Any, ignores: bool, batch: int, sq: int, skv: int | None) -> int | None:
-    seen = _seen(mask, ignores, sq, skv)
-    return None if seen is None else _count_seen(seen, batch, sq)
 
 
 def derive_attention(f: AttentionFacts) -> dict[str, Any]:
     """Span attributes of one attention layer call (QK^T and PV only; projections excluded).
 
     Causality, the window and the visible pairs come from the mask the layer received when it
-    has a query axis (see :mod:`.masks`); the module's attributes only when there is none.
+    has a query axis (see :mod:`.maskread`); the module's attributes only when there is none.
     """
     b, sq = f.batch, f.seq_q
     past = _as_int(f.past)
-    # a cache length on the device that may not be read (sync debugging): the keys are unknown
+    # a cache length on the device whose copy was not read (timed out): the keys are unknown
     keys_known = f.seq_kv is not None or past is not None or f.past is None
     skv = f.seq_kv if f.seq_kv is not None else (past or 0) + sq
     self_mask = f.seq_kv is None and not isinstance(f.mask, TensorMeta) and f.mask is not None
-    seen = _seen(f.mask, f.mask_ignores, sq, skv if keys_known else None) if self_mask else None
-    reading = None
-    if seen is not None and keys_known and f.heads:
-        reading = read_mask(seen, b, f.heads, sq, skv)
+    counts = (counts_of(f.mask, f.mask_ignores, b, f.heads, sq, skv if keys_known else None)
+              if self_mask else None)
+    reading, real = (None, None) if counts is None else read_counts(
+        counts, b, f.heads, sq, skv if keys_known else None)
     causal, window, mask_pairs = _structure(f, reading)
     out: dict[str, Any] = {"batch_size": b, "seq_len_q": sq, "causal": causal}
     if keys_known:
@@ -305,8 +283,8 @@ def derive_attention(f: AttentionFacts) -> dict[str, Any]:
         return out
     if f.mask is None or f.seq_kv is not None:
         out["tokens"] = b * sq
-    else:  # a mask that could not be read (sync debugging, a layout not understood): no count
-        out["tokens"] = None if seen is None else _count_seen(seen, b, sq)
+    else:  # a mask that could not be read (timed out, a layout not understood): no count
+        out["tokens"] = real
     return out
 
 
@@ -332,8 +310,9 @@ def derive_model(f: ModelFacts) -> dict[str, Any]:
     skv = (past or 0) + f.seq_q if f.cached and keys_known else None
     tokens: int | None = None
     if not isinstance(f.mask, TensorMeta):  # else a mask over the keeping budget: padding unknown
-        tokens = (f.batch * f.seq_q if f.mask is None
-                  else _real_tokens(f.mask, False, f.batch, f.seq_q, skv))
+        counts = counts_of(f.mask, False, f.batch, None, f.seq_q, skv)
+        tokens = (f.batch * f.seq_q if f.mask is None else None if counts is None
+                  else read_counts(counts, f.batch, None, f.seq_q, skv)[1])
     out: dict[str, Any] = {"batch_size": f.batch, "seq_len_q": f.seq_q}
     if f.generate:
         out["gen_ai.usage.input_tokens"] = tokens
@@ -352,17 +331,15 @@ def derive_model(f: ModelFacts) -> dict[str, Any]:
 
 
 def _generated_tokens(ids: Any, prompt_len: int, eos: tuple[int, ...]) -> int | None:
-    """New tokens per row up to and including the first end-of-sequence token, summed."""
+    """New tokens per row up to and including the first end-of-sequence token, summed (counted
+    here for host ids, on the call's stream for device ids: a :class:`HostCopy`)."""
+    if isinstance(ids, HostCopy):
+        return ids.read()[0] if ids.kind == "int" else None
     if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.shape[1] < prompt_len:
         return None
-    if not host_readable(ids):
+    if ids.is_cuda:
         return None
-    new = ids.detach()[:, prompt_len:]
-    if new.numel() == 0 or not eos:
-        return int(new.numel())
-    is_eos = torch.isin(new, torch.tensor(eos, device=new.device, dtype=new.dtype))
-    after_first = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
-    return int(new.numel() - int(after_first.sum().item()))
+    return int(generated_numbers(ids, prompt_len, eos)[0])
 
 
 def host_rss_bytes() -> int | None:

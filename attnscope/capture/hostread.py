@@ -1,0 +1,106 @@
+"""A CUDA capture's device values, replaced by pinned host copies of their counts (calling thread).
+
+Without this the worker would read the values itself: kernels on its own stream (the legacy default
+stream, behind all of the user's work there), temporaries that move the user's allocator figures,
+and ``.item()`` host synchronisations that raise under ``torch.cuda.set_sync_debug_mode("error")``
+— and the capture would keep the mask alive until then. Instead, right after the call's end event,
+the few reductions of :mod:`.reduce` are enqueued on the call's own stream, their int64 results are
+copied into pinned memory without blocking, and the device timer records a third event behind
+them (:func:`wrapper.leave`). The worker reads the copies once that event has passed
+(:class:`record.HostCopy`); a capture whose events time out is built without them.
+
+Cost on the calling thread of a sampled CUDA call with a mask: some 30 small kernel launches and
+one pinned copy; nothing is read or waited for. Masks over the keeping budget were never kept and
+are not reduced either (their temporaries would cost the user's memory).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import retain as _retain
+from .record import MASK_NAMES, AttentionFacts, Capture, HostCopy, ModelFacts
+from .reduce import attend, enqueue_to_host, generated_numbers, mask_numbers, plan_mask
+
+__all__ = ["to_host"]
+
+
+def to_host(cap: Capture) -> bool:
+    """Replace ``cap``'s device tensors that the worker would read (masks, cache lengths,
+    ``generate()`` ids) by :class:`HostCopy` counts enqueued on the current stream. True when
+    any was: the caller then records the timer's third event."""
+    copied = False
+    summary = cap.summary
+    for i, (key, value) in enumerate(summary):
+        if isinstance(value, AttentionFacts):
+            copied = _attention(cap, value) or copied
+        elif isinstance(value, ModelFacts):
+            copied = _model(cap, value) or copied
+        elif key in MASK_NAMES and _on_device(value):
+            summary[i] = (key, _positions(cap, value, key == "key_padding_mask"))
+            copied = True
+    return copied
+
+
+def _on_device(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_cuda
+
+
+def _attention(cap: Capture, f: AttentionFacts) -> bool:
+    past = f.past
+    copied = False
+    if _on_device(f.mask):
+        if f.seq_kv is None:  # self-attention: the mask is read (cross-attention counts b * sq)
+            past_keys = past if past is not None else 0
+            skv = past_keys + f.seq_q
+            plan = plan_mask(tuple(f.mask.shape), f.batch, f.heads, f.seq_q,
+                             skv if isinstance(skv, int) else None)
+            numbers = mask_numbers(f.mask, f.mask_ignores, plan, f.seq_q, skv)
+            _retain.drop(cap, f.mask)
+            f.mask = HostCopy(enqueue_to_host(numbers), "mask", plan)
+            copied = True
+        else:
+            _retain.drop(cap, f.mask)
+            f.mask = None
+    if _on_device(past):
+        f.past = HostCopy(enqueue_to_host(past.reshape(1).to(torch.long)), "int")
+        copied = True
+    return copied
+
+
+def _model(cap: Capture, f: ModelFacts) -> bool:
+    past = f.past
+    copied = False
+    if _on_device(f.mask):
+        skv = (past if past is not None else 0) + f.seq_q if f.cached else None
+        plan = plan_mask(tuple(f.mask.shape), f.batch, None, f.seq_q,
+                         skv if isinstance(skv, int) else None)
+        numbers = mask_numbers(f.mask, False, plan, f.seq_q, skv)
+        _retain.drop(cap, f.mask)
+        f.mask = HostCopy(enqueue_to_host(numbers), "mask", plan)
+        copied = True
+    if _on_device(past):
+        f.past = HostCopy(enqueue_to_host(past.reshape(1).to(torch.long)), "int")
+        copied = True
+    ids = f.output
+    if _on_device(ids) and ids.ndim == 2:
+        prompt = f.seq_q if f.prompt_len is None else f.prompt_len
+        if ids.shape[1] >= prompt:
+            _retain.drop(cap, ids)
+            f.output = HostCopy(enqueue_to_host(generated_numbers(ids, prompt, f.eos)), "int")
+            copied = True
+    return copied
+
+
+def _positions(cap: Capture, mask: torch.Tensor, ignores: bool) -> Any:
+    """Per key position, how many batch rows see it: the worker picks this call's queries."""
+    if mask.ndim not in (2, 3, 4):
+        return _retain.meta(cap, mask)
+    seen = attend(mask, ignores)
+    s = seen.shape[-1]
+    key_real = seen.reshape(seen.shape[0], -1, s).any(1) if seen.ndim > 2 else seen
+    counts = key_real.sum(0, dtype=torch.long)
+    _retain.drop(cap, mask)
+    return HostCopy(enqueue_to_host(counts), "positions", tuple(mask.shape))

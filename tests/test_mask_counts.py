@@ -1,0 +1,143 @@
+"""The mask reductions that run on the call's stream (capture.reduce) against a brute-force reading.
+
+The reference reads the boolean "may attend" view pair by pair in plain Python: tokens from the key
+positions some query sees, visible pairs, and for band-shaped masks the band's offsets. The
+reductions must agree with it for every mask, on CPU here and on CUDA in tests/gpu (same code).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnscope.capture import hostread, reduce
+from attnscope.capture.record import AttentionFacts, Capture, HostCopy, ModelFacts
+from attnscope.worker.maskread import counts_of, positions_tokens, read_counts
+from attnscope.worker.masks import read_mask
+
+
+def _brute(seen: torch.Tensor, batch: int, heads: int, sq: int) -> tuple[int, int]:
+    """(real query tokens, visible pairs over batch and heads) of a (B|1, H|1, Sq, Skv) view."""
+    b4 = seen.expand(batch, heads, *seen.shape[-2:])
+    pairs = int(b4.sum())
+    skv = seen.shape[-1]
+    tokens = sum(1 for b in range(batch) for j in range(skv - sq, skv) if bool(b4[b, :, :, j].any()))
+    return tokens, pairs
+
+
+masks = st.tuples(
+    st.integers(1, 3), st.integers(1, 3), st.integers(1, 6), st.integers(0, 4),
+    st.sampled_from(["causal", "window", "two-sided", "full", "random"]),
+    st.integers(0, 3), st.booleans(), st.booleans(), st.integers(0, 2**31 - 1),
+)
+
+
+def _make(spec: tuple[Any, ...]) -> tuple[torch.Tensor, int, int, int, int]:
+    batch, heads, sq, past, kind, pad, broadcast, as_float, seed = spec
+    skv = past + sq
+    g = torch.Generator().manual_seed(seed)
+    i = torch.arange(sq).unsqueeze(1)
+    j = torch.arange(skv).unsqueeze(0)
+    d = j - i - past
+    base = {"causal": d <= 0, "window": (d <= 0) & (d > -2), "two-sided": d.abs() <= 1,
+            "full": torch.ones(sq, skv, dtype=torch.bool),
+            "random": torch.rand(sq, skv, generator=g) > 0.4}[kind]
+    mb, mh = (1, 1) if broadcast else (batch, heads)
+    seen = base.expand(mb, mh, sq, skv).clone()
+    if pad and not broadcast:  # left padding of the first row: its first keys are not real
+        seen[0, :, :, : min(pad, skv)] = False
+    if as_float:
+        return torch.zeros(seen.shape).masked_fill(~seen, float("-inf")), batch, heads, sq, skv
+    return seen, batch, heads, sq, skv
+
+
+@settings(max_examples=300, deadline=None)
+@given(masks)
+def test_counts_match_a_brute_force_reading(spec: tuple[Any, ...]) -> None:
+    mask, batch, heads, sq, skv = _make(spec)
+    seen = reduce.attend(mask, False)
+    counts = counts_of(mask, False, batch, heads, sq, skv)
+    assert counts is not None
+    reading, tokens = read_counts(counts, batch, heads, sq, skv)
+    want_tokens, want_pairs = _brute(seen, batch, heads, sq)
+    assert tokens == want_tokens
+    old = read_mask(seen, batch, heads, sq, skv)
+    assert reading == old  # the reading the worker made from the tensor itself
+    if reading is not None and reading.pairs is not None:
+        # random masks: rows that see every key and keys no query sees carry no structure
+        if spec[4] != "random":
+            if spec[5] and not spec[6]:  # a band's pairs count padded positions (kernels do too)
+                assert reading.pairs >= want_pairs
+            else:
+                assert reading.pairs == want_pairs
+
+
+def test_a_static_cache_buffer_is_read_up_to_the_filled_keys_only() -> None:
+    sq, skv, buffer = 3, 5, 9
+    d = torch.arange(buffer).unsqueeze(0) - torch.arange(sq).unsqueeze(1) - (skv - sq)
+    mask = (d <= 0).view(1, 1, sq, buffer)  # the unfilled keys are masked, as static caches do
+    for keys in (skv, torch.tensor(skv)):  # a host int, or the cache's own device length
+        plan = reduce.plan_mask(tuple(mask.shape), 2, 4, sq, keys if isinstance(keys, int) else None)
+        counts = reduce.mask_numbers(mask, False, plan, sq, keys).tolist()
+        reading, tokens = read_counts(_Counts(counts, plan), 2, 4, sq, skv)
+        assert tokens == 2 * sq
+        assert reading is not None and reading.causal is True
+        assert reading.pairs == 2 * 4 * sum(min(skv, i + skv - sq + 1) for i in range(sq))
+
+
+def _Counts(values: list[int], plan: reduce.MaskPlan) -> Any:
+    from attnscope.worker.maskread import MaskCounts
+
+    return MaskCounts(values, plan)
+
+
+def test_mpt_style_inverted_bool_mask_takes_its_polarity_from_the_diagonal() -> None:
+    d = torch.arange(4).unsqueeze(0) - torch.arange(4).unsqueeze(1)
+    masked = (d > 0).view(1, 1, 4, 4)  # True = masked
+    counts = counts_of(masked, False, 1, 2, 4, 4)
+    assert counts is not None
+    reading, tokens = read_counts(counts, 1, 2, 4, 4)
+    assert reading is not None and reading.causal is True and tokens == 4
+
+
+def test_generated_tokens_stop_at_each_rows_first_eos() -> None:
+    ids = torch.tensor([[1, 2, 5, 9, 9, 9], [1, 2, 5, 5, 5, 9], [1, 2, 7, 7, 7, 7]])
+    assert reduce.generated_numbers(ids, 2, (9,)).tolist() == [2 + 4 + 4]
+    assert reduce.generated_numbers(ids, 2, (9, 7)).tolist() == [2 + 4 + 1]
+    assert reduce.generated_numbers(ids, 2, ()).tolist() == [12]
+
+
+class _FakeHost:
+    """Stands in for the pinned copy on CPU: the same values, as a CPU tensor."""
+
+
+def test_to_host_replaces_device_values_by_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CPU, tensors pretending to be CUDA ones go through the same replacement."""
+    monkeypatch.setattr(hostread, "_on_device", lambda v: isinstance(v, torch.Tensor))
+    monkeypatch.setattr(hostread, "enqueue_to_host", lambda values: values.clone())
+    cap = Capture()
+    cap.kept_bytes = 0
+    facts = AttentionFacts(2, 4)
+    facts.heads, facts.head_dim, facts.cached = 2, 8, True
+    facts.past = torch.tensor(3)
+    d = torch.arange(7).unsqueeze(0) - torch.arange(4).unsqueeze(1) - 3
+    facts.mask = (d <= 0).view(1, 1, 4, 7)
+    model = ModelFacts(2, 4)
+    model.mask = torch.ones(2, 7, dtype=torch.long)
+    model.mask[0, :2] = 0
+    model.output = torch.tensor([[1, 1, 1, 1, 5, 9], [1, 1, 1, 1, 5, 6]])
+    model.eos, model.prompt_len = (9,), 4
+    cap.summary = [("\x00attention", facts), ("\x00model", model),
+                   ("attn_mask", torch.ones(2, 7, dtype=torch.bool))]
+    assert hostread.to_host(cap) is True
+    assert isinstance(facts.past, HostCopy) and facts.past.read() == [3]
+    assert isinstance(facts.mask, HostCopy) and isinstance(model.mask, HostCopy)
+    reading, tokens = read_counts(_Counts(facts.mask.read(), facts.mask.plan), 2, 2, 4, 7)
+    assert tokens == 8 and reading is not None and reading.causal is True
+    assert isinstance(model.output, HostCopy) and model.output.read() == [2 + 2]
+    positions = cap.summary[2][1]
+    assert isinstance(positions, HostCopy) and positions_tokens(positions, 2, 4) == 8
