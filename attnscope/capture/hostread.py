@@ -9,7 +9,7 @@ copied into pinned memory without blocking, and the device timer records a third
 them (:func:`wrapper.leave`). The worker reads the copies once that event has passed
 (:class:`record.HostCopy`); a capture whose events time out is built without them.
 
-Cost on the calling thread of a sampled CUDA call with a mask: some 30 small kernel launches and
+Cost on the calling thread of a sampled CUDA call with a mask: about 60 small kernel launches and
 one pinned copy; nothing is read or waited for. Masks over the keeping budget were never kept and
 are not reduced either (their temporaries would cost the user's memory).
 """
