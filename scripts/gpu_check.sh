@@ -4,6 +4,7 @@
 #      and backend detection for naive/math/efficient/flash/cuDNN, user's profiler → skip)
 #   2. benchmarks/bench_profile.py on CUDA, bf16 (8, 16, 1024, 64): first vs later profiled call,
 #      timing-tier hot-path cost, kernels per forward and detected backend per variant
+#   3. benchmarks/bench_mask_reduce.py on CUDA: calling-thread cost of counting a mask on the stream
 # Every step has its own timeout; a failing step does not stop the next one. Output goes to the
 # terminal and, when $OUT is set, to $OUT/ (gpu_check.log, pytest_gpu.xml, bench_profile_cuda.json).
 #
@@ -40,8 +41,11 @@ if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
   json=()
   [ -n "$OUT" ] && json=(--json "$OUT/bench_profile_cuda.json")
   timeout 300 "$PY" benchmarks/bench_profile.py --device cuda --runs 3 -n 200 "${json[@]}" || status=1
+  echo
+  echo "== 3. benchmarks/bench_mask_reduce.py --device cuda (mask counts enqueued on the call's stream)"
+  timeout 120 "$PY" benchmarks/bench_mask_reduce.py --device cuda || status=1
 else
-  echo "no CUDA device: benchmark skipped"
+  echo "no CUDA device: benchmarks skipped"
 fi
 
 echo
