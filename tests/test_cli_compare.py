@@ -1,0 +1,224 @@
+"""``attnscope compare``: implementations on the user's shapes, the guardrail, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from attnscope.cli import main
+from attnscope.cli._compare import exit_code
+from attnscope.cli._compare_measure import TOLERANCE, Spec, probe, reference
+from attnscope.cli._compare_render import Row
+from attnscope.cli._compare_stats import figures
+from attnscope.cli._impls import BUILTIN, Impl, static_reason
+from tests.helpers import brute_force_flops
+
+USER_MODULE = textwrap.dedent("""
+    import torch
+
+    def good(q, k, v, is_causal=False):
+        heads = q.shape[1]
+        k, v = (t.repeat_interleave(heads // t.shape[1], 1) for t in (k, v))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+    def unscaled(q, k, v, is_causal=False):  # forgets 1/sqrt(D): the guardrail must catch it
+        heads = q.shape[1]
+        k, v = (t.repeat_interleave(heads // t.shape[1], 1) for t in (k, v))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal,
+                                                                scale=1.0)
+
+    def crash(q, k, v, is_causal=False):
+        raise ValueError("boom")
+""")
+B, H, KV, S, D = 1, 4, 2, 64, 16
+SMALL = ["--shape", f"{B},{H},{S},{D}", "--runs", "4", "--warmup", "1", "--profile-runs", "1"]
+
+
+def _run(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp), os.getcwd()]))
+    return subprocess.run([sys.executable, "-m", "attnscope", "compare", *args], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def user_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("user_impls")
+    (tmp / "myattn.py").write_text(USER_MODULE)
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def json_run(user_dir: Path) -> tuple[int, dict[str, Any], str]:
+    """Every built-in and three user functions, GQA and causal, as JSON."""
+    done = _run(user_dir, *SMALL, "--kv-heads", str(KV), "--causal", "--json", "--impl",
+                ",".join(BUILTIN[:-1]), "--impl", "myattn:good,myattn:unscaled,myattn:crash")
+    return done.returncode, json.loads(done.stdout), done.stderr
+
+
+def _by_name(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["name"]: r for r in doc["implementations"]}
+
+
+def test_json_lists_every_implementation_with_its_verdict(json_run: Any) -> None:
+    code, doc, stderr = json_run
+    rows = _by_name(doc)
+    assert list(rows) == [*BUILTIN[:-1], "myattn:good", "myattn:unscaled", "myattn:crash"]
+    assert doc["shape"] == {"batch": B, "heads": H, "kv_heads": KV, "seq_len": S, "head_dim": D}
+    assert doc["dtype"] == "float32" and doc["causal"] is True and doc["time_basis"] == "wall"
+    for name in ("efficient", "cudnn"):  # no CUDA here: listed, with why
+        assert rows[name]["status"] == "unavailable" and "CUDA" in rows[name]["reason"]
+    assert rows["myattn:crash"]["status"] == "failed"
+    assert rows["myattn:crash"]["reason"] == "ValueError: boom"
+    assert code == 1  # one beyond the tolerance, one failed
+    assert "Traceback" not in stderr
+
+
+def test_correct_implementations_are_within_tolerance_and_measured(json_run: Any) -> None:
+    _, doc, _ = json_run
+    rows = _by_name(doc)
+    flops = brute_force_flops(B, H, S, S, D, D, causal=True)  # GQA counted by query heads
+    for name in ("naive", "math", "flash", "myattn:good"):
+        r = rows[name]
+        assert r["status"] == "ok" and r["within_tolerance"] is True, r
+        assert r["max_abs_error"] < doc["tolerance_max_abs"]
+        assert r["calls"] == 4 and r["profiled_calls"] == 1
+        assert r["flops"] == flops
+        t = r["time_us"]
+        assert 0 < t["p50"] <= t["p95"] <= t["p99"]
+        assert r["tflops"] == pytest.approx(flops / (t["p50"] * 1e-6) / 1e12)
+        assert r["kernels_per_call"] > 0 and r["kernel_unit"] == "cpu_op" and r["top_names"]
+    assert rows["naive"]["backend"] == rows["math"]["backend"] == "math"
+    assert rows["flash"]["backend"] == "flash"
+    assert any("repeated" in n for n in rows["naive"]["notes"])
+    assert any("enable_gqa" in n for n in rows["math"]["notes"])
+
+
+def test_wrong_user_implementation_is_flagged(json_run: Any) -> None:
+    _, doc, _ = json_run
+    r = _by_name(doc)["myattn:unscaled"]
+    assert r["status"] == "inaccurate" and r["within_tolerance"] is False
+    assert r["max_abs_error"] > doc["tolerance_max_abs"] and "beyond" in r["reason"]
+    assert r["calls"] == 4  # still timed: it ran
+
+
+def test_table(user_dir: Path) -> None:
+    """The default set: what runs on CPU, and every other built-in with why it did not."""
+    done = _run(user_dir, *SMALL, "--no-progress")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert f"B={B} H={H} S={S} D={D} float32 on cpu" in lines[0]
+    for name in ("naive", "math", "flash"):
+        row = next(line for line in lines if line.startswith(name + " "))
+        cells = [cell.strip() for cell in row.split("│")]
+        assert cells[1] == "ok" and cells[2] in ("math", "flash"), cells
+    idle = {line.split()[0]: line.split()[1] for line in lines[lines.index("not run here:") + 1:]}
+    assert idle == {"efficient": "unavailable:", "cudnn": "unavailable:", "flex": "skipped:"}
+    assert "--impl flex" in done.stdout and "Traceback" not in done.stderr
+
+
+def test_bad_user_module_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "broken_impl.py").write_text("def f(:\n")
+    (tmp_path / "plain_impl.py").write_text("NOT_CALLABLE = 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for spec, words in (("broken_impl:f", "SyntaxError"), ("plain_impl:missing", "has no"),
+                        ("plain_impl:NOT_CALLABLE", "not callable"),
+                        ("no_such_module_xyz:f", "No module named")):
+        assert main(["compare", "--impl", spec]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err and err.startswith("attnscope compare: error:")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--shape", "1,2,3"], "4 sizes"), (["--shape", "1,2,3,4,5"], "4 sizes"),
+    (["--shape", "1,0,8,8"], "at least 1"), (["--shape", "1,-2,8,8"], "at least 1"),
+    (["--shape", "a,b,c,d"], "not 4 integers"), (["--shape", "1,8,8,8", "--kv-heads", "3"], "divide"),
+    (["--kv-heads", "0"], "at least 1"), (["--impl", "bogus"], "unknown implementation"),
+    (["--dtype", "int8"], "fp32, bf16, fp16"), (["--device", "mps"], "not supported"),
+])
+def test_bad_input_is_one_line(args: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err
+
+
+@pytest.mark.parametrize("args", [["--runs", "0"], ["--warmup", "-1"], ["--kv-heads", "x"]])
+def test_bad_number_is_one_line(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", *args])
+    assert exc.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+
+
+def test_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    out = capsys.readouterr().out
+    assert "(default: 1,8,1024,64)" in out and "(default: 50)" in out
+
+
+def test_availability_takes_the_device_as_data() -> None:
+    for name in ("efficient", "cudnn"):
+        assert static_reason(name, "cpu", requested=True) is not None
+        assert static_reason(name, "cuda", requested=False) is None
+    assert static_reason("flex", "cpu", requested=False) is not None
+    assert static_reason("flex", "cpu", requested=True) is None
+    assert static_reason("flex", "cuda", requested=False) is None
+
+
+def test_reference_in_chunks_matches_sdpa_float64() -> None:
+    q = torch.randn(2, 4, 37, 8, dtype=torch.float64)
+    k, v = torch.randn(2, 2, 37, 8, dtype=torch.float64), torch.randn(2, 2, 37, 8, dtype=torch.float64)
+    for causal in (False, True):
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                enable_gqa=True)
+        got = reference(q, k, v, causal, chunk_bytes=8 * 2 * 4 * 37 * 5)  # 5 query rows a chunk
+        torch.testing.assert_close(got, want)
+
+
+def test_sdpa_backend_without_gqa_kernel_gets_repeated_kv() -> None:
+    spec = Spec(1, 4, 2, 16, 8, torch.float32, torch.device("cpu"))
+    q, k, v = torch.randn(1, 4, 16, 8), torch.randn(1, 2, 16, 8), torch.randn(1, 2, 16, 8)
+
+    def refuses_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> Any:
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    found = probe(Impl("math", refuses_gqa), (q, k, v), spec)
+    assert found.error is None and found.output is not None
+    assert any("repeated" in n for n in found.impl.notes)
+    assert (found.output - reference(q, k, v, False)).abs().max() < TOLERANCE[torch.float32]
+
+
+class _Span:
+    def __init__(self, name: str, **attributes: Any) -> None:
+        self.name, self.attributes = name, attributes
+
+
+def test_figures_use_device_time_when_measured() -> None:
+    spans = [_Span("compare.x", **{"compare.phase": "timed", "attnscope.tier": "timing",
+                                   "attnscope.wall_ns": 4000 * (i + 1), "attnscope.device_ns": 1000,
+                                   "attnscope.flops": 10**9}) for i in range(3)]
+    spans.append(_Span("compare.x", **{"compare.phase": "profiled", "attnscope.tier": "profile",
+                                       "attnscope.backend": "flash", "attnscope.kernel.count": 3,
+                                       "attnscope.memory.peak_bytes": 512}))
+    spans.append(_Span("compare.y", **{"compare.phase": "timed", "attnscope.tier": "timing",
+                                       "attnscope.wall_ns": 1}))
+    f = figures(spans, "compare.x")
+    assert f.calls == 3 and f.profiled == 1 and f.wall_us == {"p50": 8.0, "p95": 11.6, "p99": 11.92}
+    assert f.time_us == f.device_us == {"p50": 1.0, "p95": 1.0, "p99": 1.0}
+    assert f.tflops == pytest.approx(10**9 / 1e-6 / 1e12)
+    assert (f.backend, f.kernels_per_call, f.peak_memory_bytes) == ("flash", 3, 512)
+
+
+def test_exit_code() -> None:
+    assert exit_code([Row("a", "ok"), Row("b", "unavailable", "why")]) == 0
+    assert exit_code([Row("a", "ok"), Row("b", "inaccurate")]) == 1
+    assert exit_code([Row("a", "failed")]) == 1
+    assert exit_code([Row("a", "unavailable", "why")]) == 1  # nothing ran
