@@ -1,11 +1,18 @@
 """Tuple-style (legacy) KV caches: the model's tuple of per-layer pairs, a layer's own pair, and
-an encoder-decoder layer's 4-tuple (issue 12 item 8: every decode step looked like prefill)."""
+an encoder-decoder layer's 4-tuple (issue 12 item 8: every decode step looked like prefill); the
+first call of a tuple-cache model, which passes no cache but ``use_cache=True`` (GPT-2 and
+GPT-Neo before transformers 4.52: its spans had no phase)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 import torch
 
+import attnscope
 from attnscope.instrument.transformers import _past_length
+from attnscope.testing import capture_spans
 
 
 def _kv(seq: int) -> torch.Tensor:
@@ -30,3 +37,113 @@ def test_one_layers_pair_and_an_encoder_decoder_4_tuple() -> None:
 def test_empty_and_unknown() -> None:
     assert _past_length((), None) is None
     assert _past_length((object(), object()), None) is None
+
+
+# ---- a tuple-cache model as transformers wrote them before Cache classes (GPT-2 <= 4.51) -------
+
+
+class _TupleAttention(torch.nn.Module):
+    """GPT-2's old layer: fused projection, ``layer_past`` a (key, value) pair or None."""
+
+    def __init__(self, dim: int = 16, heads: int = 4) -> None:
+        super().__init__()
+        self.c_attn = torch.nn.Linear(dim, 3 * dim)
+        self.num_heads, self.head_dim = heads, dim // heads
+
+    def forward(
+        self, hidden_states: torch.Tensor, layer_past: Any = None, use_cache: bool = False
+    ) -> tuple[torch.Tensor, Any]:
+        b, s, dim = hidden_states.shape
+        q, k, v = (
+            t.view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
+            for t in self.c_attn(hidden_states).split(dim, 2)
+        )
+        if layer_past is not None:
+            k, v = torch.cat([layer_past[0], k], 2), torch.cat([layer_past[1], v], 2)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=s > 1)
+        return out.transpose(1, 2).reshape(b, s, dim), (k, v) if use_cache else None
+
+
+class _TupleModel(torch.nn.Module):
+    def __init__(self, layers: int = 2) -> None:
+        super().__init__()
+        self.wte = torch.nn.Embedding(32, 16)
+        self.h = torch.nn.ModuleList(_TupleAttention() for _ in range(layers))
+
+    def forward(
+        self, input_ids: torch.Tensor, past_key_values: Any = None, use_cache: bool | None = None
+    ) -> tuple[torch.Tensor, Any]:
+        x, presents = self.wte(input_ids), []
+        for i, layer in enumerate(self.h):
+            past = None if past_key_values is None else past_key_values[i]
+            x, present = layer(x, layer_past=past, use_cache=use_cache is True)
+            presents.append(present)
+        return x, tuple(presents) if use_cache else None
+
+
+def _phases(spans: list[Any], name: str) -> list[tuple[Any, ...]]:
+    keys = ("phase", "kv_cache_len", "seq_len_kv", "tokens")
+    return [
+        tuple(s.attributes.get(f"attnscope.{k}") for k in keys)
+        for s in sorted(spans, key=lambda s: s.start_time)
+        if s.name == name
+    ]
+
+
+def test_a_manual_decode_loop_feeding_the_tuple_back() -> None:
+    torch.manual_seed(0)
+    model = _TupleModel().eval()
+    attnscope.instrument(model, trace_model=True)
+    lengths = []  # what the cache really held before each call
+    with capture_spans() as spans, torch.no_grad():
+        cache = None
+        for ids in (torch.tensor([[1, 2, 3, 4, 5, 6]]), *([torch.tensor([[7]])] * 3)):
+            lengths.append(0 if cache is None else cache[0][0].shape[-2])
+            _, cache = model(ids, past_key_values=cache, use_cache=True)
+    attnscope.uninstrument(model)
+    steps = [(0, 6, 6), *((n, n + 1, 1) for n in lengths[1:])]
+    expected = [("prefill" if n == 0 else "decode", n, kv, t) for n, kv, t in steps]
+    assert lengths == [0, 6, 7, 8]
+    assert _phases(spans, "h.0") == _phases(spans, "h.1") == expected
+    assert _phases(spans, "_TupleModel") == expected
+    usage = [s.attributes.get("gen_ai.usage.input_tokens") for s in spans if s.name == "_TupleModel"]
+    assert sorted(usage, key=lambda u: u is None) == [6, None, None, None]  # prompt counted once
+
+
+def test_no_cache_asked_for_means_no_phase() -> None:
+    model = _TupleModel(layers=1).eval()
+    attnscope.instrument(model)
+    with capture_spans() as spans, torch.no_grad():
+        model(torch.tensor([[1, 2, 3]]), use_cache=False)
+    attnscope.uninstrument(model)
+    (a,) = [s.attributes for s in spans]
+    assert "attnscope.phase" not in a and "attnscope.kv_cache_len" not in a
+    assert a["attnscope.seq_len_kv"] == 3
+
+
+# ---- real GPT-2 (a tuple cache before transformers 4.52, a Cache object after) ----------------
+
+
+def test_gpt2_generate_and_manual_loop_with_trace_model() -> None:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    kw: dict[str, Any] = {"max_new_tokens": 4, "min_new_tokens": 4, "do_sample": False}
+    with torch.no_grad():
+        ref = model.generate(ids, pad_token_id=0, **kw)
+    attnscope.instrument(model, trace_model=True)
+    with capture_spans() as spans, torch.no_grad():
+        out = model.generate(ids, pad_token_id=0, **kw)
+        first = model(ids, use_cache=True)
+        model(ref[:, 6:7], past_key_values=first.past_key_values, use_cache=True)
+    attnscope.uninstrument(model)
+    assert torch.equal(out, ref)
+    forwards = _phases(spans, "GPT2LMHeadModel")
+    steps = [("prefill", 0, 6, 6), *(("decode", n, n + 1, 1) for n in (6, 7, 8))]
+    assert forwards == [*steps, ("prefill", 0, 6, 6), ("decode", 6, 7, 1)]
+    assert _phases(spans, "transformer.h.1.attn") == forwards
+    inputs = [s.attributes.get("gen_ai.usage.input_tokens") for s in spans
+              if s.name == "GPT2LMHeadModel"]
+    assert sorted(inputs, key=lambda u: u is None) == [6, 6, *([None] * 4)]  # not 9: each prompt

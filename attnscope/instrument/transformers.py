@@ -42,6 +42,7 @@ _FUSED = ("c_attn", "query_key_value", "qkv_proj", "qkv", "Wqkv", "W_pack", "in_
 _CACHE = ("cache", "past_key_values", "past_key_value", "layer_past")
 _SOURCE = ("key_value_states", "encoder_hidden_states")
 _MASK = ("attention_mask", "mask")
+_LOCAL_MASK = "sliding_window_mask"
 # Layers whose boolean mask is True where a pair is masked (the worker reads the others' polarity
 # from the mask's diagonal).
 _MASKED_WHERE_TRUE = ("MptAttention",)
@@ -144,16 +145,42 @@ def _layer_idx(module: Any) -> int | None:
     return None
 
 
+def _gpt_neo_kind(module: Any, config: Any) -> Any:
+    """GPT-Neo's "local"/"global": on the layer, or (transformers before 4.5x) in the config's
+    ``attention_layers`` at its ``layer_id``, or (4.44 and older, no ``layer_id``) only in the
+    causal buffer, whose local band was cut ``window_size`` below the diagonal."""
+    kind = vars(module).get("attention_type")
+    layers = getattr(config, "attention_layers", None)
+    if kind is not None or not isinstance(layers, (list, tuple)):
+        return kind
+    layer = _layer_idx(module)
+    if layer is not None:
+        return layers[layer] if layer < len(layers) else None
+    bias, window = module._buffers.get("bias"), pos_int(getattr(config, "window_size", None))
+    if not isinstance(bias, torch.Tensor) or bias.dtype != torch.bool or bias.ndim != 4:
+        return None
+    if window is None or window >= bias.shape[-1] or bias.device.type == "meta":
+        return None
+    return "global" if bool(bias[0, 0, window, 0]) else "local"  # once, when instrumenting
+
+
 def _window(module: Any) -> int | None:
     if "sliding_window" in vars(module):  # per-layer setting; None means full attention
         return pos_int(module.sliding_window)
     config = getattr(module, "config", None)
-    kind = vars(module).get("attention_type")
+    kind = _gpt_neo_kind(module, config)
     if kind in ("local", "global"):  # GPT-Neo: "local" layers see their last window_size keys
         return pos_int(getattr(config, "window_size", None)) if kind == "local" else None
     if getattr(config, "use_sliding_window", True) is False:
         return None
     return pos_int(getattr(config, "sliding_window", None)) if config is not None else None
+
+
+def _two_sided_local(module: Any) -> bool:
+    """ModernBERT's local layers before transformers 4.5x: ``local_attention = (left, right)``,
+    their band given as ``sliding_window_mask`` beside the global ``attention_mask``."""
+    pair = vars(module).get("local_attention")
+    return isinstance(pair, tuple) and len(pair) == 2 and pair != (-1, -1)
 
 
 def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
@@ -168,6 +195,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
     window = _window(module)
     module_cross = getattr(module, "is_cross_attention", False) is True
     masked_where_true = type(module).__name__ in _MASKED_WHERE_TRUE
+    mask_names = (_LOCAL_MASK, *_MASK) if _two_sided_local(module) else _MASK
 
     def extract(
         instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -189,6 +217,8 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
         if cache is not None:
             facts.cached = True
             facts.past = _past_length(cache, layer_idx, module_cross or source is not None)
+        elif _starts_cache(get, args, kwargs):
+            facts.cached, facts.past = True, 0
         if isinstance(source, torch.Tensor) and source.ndim >= 2:
             facts.seq_kv = source.shape[-2]
         elif module_cross:
@@ -199,7 +229,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
             causal = flag if isinstance(flag, bool) else getattr(instance, "is_causal", False)
             facts.causal = causal is True
             facts.window = window if facts.causal else None
-            facts.mask = get(args, kwargs, _MASK)
+            facts.mask = get(args, kwargs, mask_names)
             facts.mask_ignores = masked_where_true
         return [(ATTENTION_KEY, facts)]
 
@@ -235,7 +265,19 @@ def _model_facts(get: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mod
     if cache is not None:
         facts.cached = True
         facts.past = _past_length(cache, None)
+    elif _starts_cache(get, args, kwargs):
+        facts.cached, facts.past = True, 0
     return facts
+
+
+def _starts_cache(get: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """No cache yet, but ``use_cache=True``: the call starts one (a prefill).
+
+    Tuple-cache models (GPT-2 and GPT-Neo before transformers 4.52, a manual decode loop's first
+    call) pass ``layer_past=None`` / ``past_key_values=None`` on the first step and build the
+    cache from this call's keys; their layers are told so by ``use_cache``.
+    """
+    return get(args, kwargs, ("use_cache",)) is True
 
 
 def generate_facts(model: Any, names: tuple[str, ...]) -> Any:
