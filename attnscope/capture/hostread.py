@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from . import retain as _retain
-from .record import MASK_NAMES, AttentionFacts, Capture, HostCopy, ModelFacts
+from .record import MASK_NAMES, AttentionFacts, Capture, HostCopy, ModelFacts, find_qkv
 from .reduce import attend, enqueue_to_host, generated_numbers, mask_numbers, plan_mask
 
 __all__ = ["to_host"]
@@ -39,9 +39,23 @@ def to_host(cap: Capture) -> bool:
         elif isinstance(value, ModelFacts):
             copied = _model(cap, value) or copied
         elif key in MASK_NAMES and _on_device(value):
-            summary[i] = (key, _positions(cap, value, key == "key_padding_mask"))
+            summary[i] = (key, _argument_mask(cap, value, key == "key_padding_mask"))
             copied = True
     return copied
+
+
+def _argument_mask(cap: Capture, mask: torch.Tensor, ignores: bool) -> Any:
+    """A traced function's mask: read for the call's shape when its (q, k, v) are known (tokens,
+    causality, window, pairs, as for instrumented layers), else per key position."""
+    qkv = find_qkv(cap.summary)
+    if qkv is None or mask.ndim not in (2, 3, 4):
+        return _positions(cap, mask, ignores)
+    b, hq, sq, _ = qkv[0].shape
+    skv = qkv[1].shape[2]
+    plan = plan_mask(tuple(mask.shape), b, hq, sq, skv)
+    numbers = mask_numbers(mask, ignores, plan, sq, skv)
+    _retain.drop(cap, mask)
+    return HostCopy(enqueue_to_host(numbers), "mask", plan)
 
 
 def _on_device(value: Any) -> bool:

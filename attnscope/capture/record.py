@@ -18,7 +18,7 @@ __all__ = [
     "Capture", "TensorMeta", "AttentionFacts", "ModelFacts", "DeviceMemory", "ProfileSession",
     "next_id", "PROFILE_MARKER", "TIER_NONE", "TIER_TIMING", "TIER_PROFILE", "TIER_NAMES",
     "ATTENTION_KEY", "MODEL_KEY", "MASK_NAMES", "MAX_NAME", "MAX_EXTRA", "MAX_ERROR_TEXT",
-    "ErrorInfo", "error_info", "HostCopy",
+    "ErrorInfo", "error_info", "HostCopy", "find_qkv",
 ]
 
 TIER_NONE = 0
@@ -55,6 +55,38 @@ class TensorMeta(NamedTuple):
         none, jagged ones a symbolic one)."""
         shape = () if tensor.is_nested else tuple(tensor.shape)
         return cls(shape, tensor.dtype, tensor.device)
+
+
+_Q_NAMES = ("query", "q", "query_states")
+_K_NAMES = ("key", "k", "key_states")
+_V_NAMES = ("value", "v", "value_states")
+
+
+def find_qkv(summary: list[tuple[str, Any]]) -> tuple[TensorMeta, TensorMeta, TensorMeta] | None:
+    """The query, key and value of a traced function's argument summary, when they form an
+    attention call: ``(B, Hq, Sq, D)``, ``(B, Hkv, Skv, D)``, ``(B, Hkv, Skv, Dv)``, ``Hq`` a
+    multiple of ``Hkv``. By name (``query``/``q``/``query_states``, ...), else the first three 4-D
+    tensors that are not masks. Both sides read a summary this way: the calling thread to reduce a
+    CUDA mask for the call's shape, the worker to derive the call's attributes."""
+    named = dict(summary)
+    found: list[Any] = [next((named[n] for n in names if n in named), None)
+                        for names in (_Q_NAMES, _K_NAMES, _V_NAMES)]
+    if found[0] is None:
+        four = [v for k, v in summary if isinstance(v, TensorMeta) and len(v.shape) == 4
+                and k not in MASK_NAMES]
+        if len(four) >= 3:
+            found = four[:3]
+    q, k, v = found
+    if not (isinstance(q, TensorMeta) and isinstance(k, TensorMeta) and isinstance(v, TensorMeta)):
+        return None
+    if len(q.shape) != 4 or len(k.shape) != 4 or len(v.shape) != 4:
+        return None
+    b, hq, _, d = q.shape
+    kb, hkv, skv, kd = k.shape
+    vb, vh, vs, _ = v.shape
+    if kb != b or vb != b or kd != d or vh != hkv or vs != skv or hkv <= 0 or hq % hkv:
+        return None
+    return q, k, v
 
 
 class HostCopy:
@@ -101,6 +133,8 @@ class Capture:
         "profile",
         "memory",
         "kept_bytes",
+        "step_no",
+        "grant",
     )
 
     def __init__(self) -> None:
@@ -122,6 +156,8 @@ class Capture:
         self.profile: ProfileSession | None = None
         self.memory: DeviceMemory | None = None
         self.kept_bytes = 0  # of tensors this capture keeps by reference (see capture.retain)
+        self.step_no: int | None = None  # attnscope.step() in force when the call was sampled
+        self.grant: Any = None  # capture.grants.Grant: why this call got the profile tier
 
     @property
     def wall_ns(self) -> int:

@@ -23,6 +23,7 @@ from ..capture.record import (
     HostCopy,
     ModelFacts,
     TensorMeta,
+    find_qkv,
 )
 from ..capture.reduce import generated_numbers
 from ..instrument.facts import head_info
@@ -33,8 +34,6 @@ __all__ = ["derive", "causal_pairs", "window_pairs", "attention_flops", "count_t
            "host_rss_bytes", "host_readable"]
 
 _Q_NAMES = ("query", "q", "query_states")
-_K_NAMES = ("key", "k", "key_states")
-_V_NAMES = ("value", "v", "value_states")
 _HIDDEN_NAMES = ("hidden_states", "hidden", "x", "inputs_embeds")
 _CAUSAL_NAMES = ("is_causal", "causal")
 _RSS_EVERY_S = 0.25
@@ -113,14 +112,6 @@ def _derive_arguments(summary: dict[str, Any], summary_list: Sequence[tuple[str,
                       instance: Any) -> dict[str, Any]:
     """Attributes of a traced function or forward, from its argument summary."""
     out: dict[str, Any] = {}
-    q = _find(summary, _Q_NAMES)
-    k = _find(summary, _K_NAMES)
-    v = _find(summary, _V_NAMES)
-    if not (_meta(q) and _meta(k) and _meta(v)):
-        positional = [val for key, val in summary_list if key not in MASK_NAMES and _meta(val)]
-        four_d = [val for val in positional if len(val[0]) == 4]
-        if q is None and len(four_d) >= 3:
-            q, k, v = four_d[:3]
     causal = _find(summary, _CAUSAL_NAMES)
     if not isinstance(causal, bool):
         inst_causal = getattr(instance, "is_causal", None) if instance is not None else None
@@ -128,17 +119,9 @@ def _derive_arguments(summary: dict[str, Any], summary_list: Sequence[tuple[str,
     mask = _find(summary, tuple(MASK_NAMES))
     # nn.MultiheadAttention's key_padding_mask marks padding with True: the opposite of the rest.
     ignores = "key_padding_mask" in summary and mask is summary["key_padding_mask"]
-    if _meta(q) and _meta(k) and _meta(v) and _qkv_ok(q[0], k[0], v[0]):
-        b, hq, sq, d = q[0]
-        _, hkv, skv, _ = k[0]
-        dv = v[0][3]
-        out.update(
-            batch_size=b, num_heads=hq, num_kv_heads=hkv, head_dim=d,
-            seq_len_q=sq, seq_len_kv=skv,
-            dtype=_dtype_name(q[1]), device=str(q[2]),
-            flops=attention_flops(b, hq, sq, skv, d, dv, bool(causal)),
-        )
-        _tokens(out, mask, b, sq, ignores)
+    qkv = find_qkv(list(summary_list))
+    if qkv is not None:
+        causal = _qkv_attributes(out, qkv, mask, ignores, causal)
     else:
         hidden = _find(summary, _HIDDEN_NAMES)
         if _meta(hidden) and len(hidden[0]) == 3:
@@ -151,8 +134,8 @@ def _derive_arguments(summary: dict[str, Any], summary_list: Sequence[tuple[str,
             if heads and head_dim:
                 out.update(num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim)
             _tokens(out, mask, b, s, ignores)
-        elif q is not None or hidden is not None:
-            for meta in (q, hidden):
+        else:
+            for meta in (_find(summary, _Q_NAMES), hidden):
                 if _meta(meta):
                     out.update(dtype=_dtype_name(meta[1]), device=str(meta[2]))
                     break
@@ -161,15 +144,34 @@ def _derive_arguments(summary: dict[str, Any], summary_list: Sequence[tuple[str,
     return out
 
 
-def _qkv_ok(qs: tuple[int, ...], ks: tuple[int, ...], vs: tuple[int, ...]) -> bool:
-    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
-        return False
-    b, hq, _, d = qs
-    kb, hkv, skv, kd = ks
-    vb, vh, vs_len, _ = vs
-    if kb != b or vb != b or kd != d or vh != hkv or vs_len != skv:
-        return False
-    return hkv > 0 and hq % hkv == 0
+def _qkv_attributes(out: dict[str, Any], qkv: tuple[TensorMeta, TensorMeta, TensorMeta],
+                    mask: Any, ignores: bool, causal: bool | None) -> bool | None:
+    """Shapes, FLOPs and tokens of a (q, k, v) call; returns the causality that holds.
+
+    A mask with a query axis decides causality, the window and the visible pairs, as for
+    instrumented layers (an SDPA call given a model's 4-D mask has ``is_causal=False``)."""
+    q, k, v = qkv
+    b, hq, sq, d = q.shape
+    hkv, skv, dv = k.shape[1], k.shape[2], v.shape[3]
+    out.update(batch_size=b, num_heads=hq, num_kv_heads=hkv, head_dim=d, seq_len_q=sq,
+               seq_len_kv=skv, dtype=_dtype_name(q.dtype), device=str(q.device))
+    counts = counts_of(mask, ignores, b, hq, sq, skv)
+    reading, real = (None, None) if counts is None else read_counts(counts, b, hq, sq, skv)
+    if reading is not None and reading.causal is not None:
+        causal = reading.causal
+    window = reading.window if reading is not None else None
+    if window:
+        out["sliding_window"] = window
+    if reading is not None and reading.pairs is not None:
+        out["flops"] = 2 * reading.pairs * (d + dv)
+    else:
+        out["flops"] = attention_flops(b, hq, sq, skv, d, dv, bool(causal), window)
+    if counts is not None:
+        if real is not None:
+            out["tokens"] = real
+    else:
+        _tokens(out, mask, b, sq, ignores)
+    return causal
 
 
 def _tokens(out: dict[str, Any], mask: Any, batch: int, sq: int, ignores: bool = False) -> None:
