@@ -1,11 +1,114 @@
-"""``attnscope diff``: not built yet (issue 13)."""
+"""``attnscope diff BEFORE AFTER``: the performance diary between two traces, and a CI gate.
+
+For each (module, phase) present in both traces: p50/p95/p99 time, tokens/s and memory peak, the
+relative change with a bootstrap confidence interval and a verdict (``_diff_stats``: the rule;
+``_diff_groups``: the data). ``--fail-if-slower PCT`` exits 1 when a p50 time is slower by more
+than PCT% beyond noise. Exit codes: 0 ok, 1 gate failed, 2 bad input.
+"""
 
 from __future__ import annotations
 
+import argparse
+import math
 from typing import Any
 
-__all__ = ["register"]
+from ._diff_groups import Diary, GroupDiff, diary
+from ._diff_stats import CONFIDENCE, Change
+from ._diff_text import HEADERS, group_label, names, notes, row_cells
+from ._errors import CLIError
+
+__all__ = ["register", "run_diff", "percent", "DEFAULT_MIN_CHANGE"]
+
+DEFAULT_MIN_CHANGE = 5.0  # percent
+_WORSE = frozenset({"slower", "larger"})
+_BETTER = frozenset({"faster", "smaller"})
+
+_DESCRIPTION = """\
+Compare two traces (BEFORE, AFTER: Jaeger JSON, OTLP/JSON lines or an `attnscope run` directory),
+attention layer by layer and phase by phase (prefill/decode): p50, p95 and p99 time, tokens/s and
+memory peak, the relative change AFTER/BEFORE - 1 with a 95% bootstrap confidence interval over
+the calls in each file, and a verdict: faster / slower (smaller / larger for memory) when the
+interval excludes 0 and the change is at least --min-change, else "no change".
+
+The interval covers call-to-call variation inside each file, not drift between runs (another
+machine, another load, a warmer cache): --min-change is the allowance for that.
+
+Exit codes: 0 done (and the gate passed), 1 --fail-if-slower tripped, 2 bad input."""
+
+
+def percent(text: str) -> float:
+    """argparse type: a finite percentage, 0 or more."""
+    try:
+        value = float(text.rstrip("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite percentage >= 0, got {text}")
+    return value
 
 
 def register(sub: Any, formatter: Any) -> None:
-    """Add ``attnscope diff`` to the command line (placeholder until it is built)."""
+    """Add ``attnscope diff`` to the command line."""
+    p = sub.add_parser("diff", formatter_class=formatter, description=_DESCRIPTION,
+                       help="compare two traces: what got faster or slower, beyond noise")
+    p.add_argument("before", metavar="BEFORE", help="the reference trace (file or run directory)")
+    p.add_argument("after", metavar="AFTER", help="the trace to judge against it")
+    p.add_argument("--fail-if-slower", metavar="PCT", type=percent, default=None,
+                   help="exit 1 when a p50 time is slower by more than PCT%% beyond noise (the "
+                        "whole confidence interval above PCT%%): a regression gate for CI")
+    p.add_argument("--min-change", metavar="PCT", type=percent, default=DEFAULT_MIN_CHANGE,
+                   help="smallest change (in %%) reported as faster/slower")
+    p.add_argument("--html", metavar="PATH", default=None,
+                   help="also write the diary as a self-contained HTML page")
+    p.set_defaults(func=run_diff)
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    from ._load import attention_calls, load_spans
+
+    calls = []
+    for label, path in (("BEFORE", args.before), ("AFTER", args.after)):
+        found = attention_calls(load_spans(path))
+        if not found:
+            raise CLIError(f"{path}: no attention calls in this trace ({label})")
+        calls.append(found)
+    result = diary(calls[0], calls[1], min_change=args.min_change / 100, confidence=CONFIDENCE)
+    if not result.groups:
+        raise CLIError(f"no layer/phase is in both traces (BEFORE: "
+                       f"{names(result.only_before)}; AFTER: {names(result.only_after)})")
+    failures = (result.gate_failures(args.fail_if_slower / 100)
+                if args.fail_if_slower is not None else [])
+    if args.html:
+        from ._diff_html import write_html
+
+        write_html(args.html, result, args.before, args.after, args.fail_if_slower)
+    _print(result, args.before, args.after, args.fail_if_slower, failures)
+    return 1 if failures else 0
+
+
+# -- the terminal ---------------------------------------------------------------------------
+
+
+def _print(result: Diary, before: str, after: str, limit: float | None,
+           failures: list[tuple[GroupDiff, Change]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console.width = max(console.width, 150)
+    table = Table(title=f"attnscope diff  BEFORE {before}  →  AFTER {after}", title_justify="left")
+    for i, header in enumerate(HEADERS):
+        table.add_column(header, justify="left" if i in (0, 1, 7) else "right")
+    for group in result.groups:
+        for i, change in enumerate(group.changes):
+            cells = row_cells(group, change)
+            style = "red" if change.verdict in _WORSE else "green" if change.verdict in _BETTER \
+                else ""
+            first = group_label((group.module, group.phase)) if i == 0 else ""
+            table.add_row(first, *cells[:-1], Text(cells[-1], style=style),
+                          end_section=i == len(group.changes) - 1)
+    console.print(table)
+    for line in notes(result, limit, failures):
+        console.print(line, soft_wrap=True)

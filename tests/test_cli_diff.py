@@ -1,0 +1,284 @@
+"""``attnscope diff``: the statistics on synthetic samples with known shifts, then the command on
+real traces written by small attnscope programs (``python -m attnscope diff`` in a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from attnscope.cli._diff_groups import diary
+from attnscope.cli._diff_stats import METRICS, calls_needed, compare, gate_failed
+from attnscope.cli._load import SpanRow
+
+ROOT = Path(__file__).resolve().parent.parent
+TIME = tuple(m for m in METRICS if m.value == "time")
+P50, TOKENS = METRICS[0], METRICS[3]
+
+# -- the statistics -------------------------------------------------------------------------
+
+
+def _lognormal(seed: int, n: int, scale: float = 1.0, sigma: float = 0.3) -> np.ndarray:
+    return np.random.default_rng(seed).lognormal(0.0, sigma, n) * scale
+
+
+def test_a_20_percent_slowdown_is_slower_and_trips_a_5_percent_gate() -> None:
+    before, after = _lognormal(1, 300), _lognormal(2, 300, scale=1.2)
+    p50, p95, _ = compare(before, after, TIME, min_change=0.05)
+    assert p50.verdict == p95.verdict == "slower"
+    assert p50.low < 0.2 < p50.high and p50.low > 0.05
+    assert gate_failed(p50, 0.05) and not gate_failed(p50, 0.5)
+
+
+def test_a_speedup_is_faster_and_never_trips_the_gate() -> None:
+    p50, *_ = compare(_lognormal(3, 300), _lognormal(4, 300, scale=0.7), TIME)
+    assert p50.verdict == "faster" and p50.high < 0
+    assert not gate_failed(p50, 0.0)
+
+
+def test_tokens_per_s_higher_is_faster() -> None:
+    up, = compare(_lognormal(5, 200), _lognormal(6, 200, scale=1.5), (TOKENS,))
+    down, = compare(_lognormal(7, 200), _lognormal(8, 200, scale=0.6), (TOKENS,))
+    assert (up.verdict, down.verdict) == ("faster", "slower")
+    assert not gate_failed(down, 0.0)  # the gate is about p50 time only
+
+
+def test_two_draws_of_one_distribution_are_no_change_about_95_percent_of_the_time() -> None:
+    """The interval alone (min_change 0): a false verdict at about the 5% it promises."""
+    changed = 0
+    seeds = 150
+    for seed in range(seeds):
+        p50, = compare(_lognormal(2 * seed, 200), _lognormal(2 * seed + 1, 200), (P50,),
+                       seed=seed, resamples=1000)
+        changed += p50.verdict != "no change"
+    assert changed / seeds <= 0.08
+
+
+def test_a_small_real_shift_is_no_change_below_min_change() -> None:
+    before, after = _lognormal(9, 1000, sigma=0.1), _lognormal(10, 1000, scale=1.03, sigma=0.1)
+    strict, = compare(before, after, (P50,), min_change=0.0)
+    lenient, = compare(before, after, (P50,), min_change=0.05)
+    assert strict.verdict == "slower" and lenient.verdict == "no change"
+
+
+def test_too_few_calls_gives_values_but_no_verdict() -> None:
+    assert calls_needed(0.5) == 20 and calls_needed(0.95) == 60 and calls_needed(0.99) == 300
+    p50, p95, p99 = compare(_lognormal(11, 100), _lognormal(12, 100, scale=3.0), TIME)
+    assert p50.verdict == "slower" and p95.verdict == "slower"
+    assert p99.verdict == "too few calls" and math.isnan(p99.low) and p99.change > 1.0
+    few, = compare(_lognormal(13, 10), _lognormal(14, 10, scale=3.0), (P50,))
+    assert few.verdict == "too few calls" and not gate_failed(few, 0.0)
+
+
+def test_identical_memory_peaks_are_no_change_and_zero_to_zero_too() -> None:
+    same, = compare(np.full(30, 4096.0), np.full(30, 4096.0), (METRICS[4],))
+    zero, = compare(np.zeros(30), np.zeros(30), (METRICS[4],))
+    grew, = compare(np.full(30, 4096.0), np.full(30, 8192.0), (METRICS[4],))
+    assert (same.verdict, zero.verdict, grew.verdict) == ("no change", "no change", "larger")
+
+
+# -- grouping (synthetic spans) -------------------------------------------------------------
+
+
+def _row(i: int, module: str, phase: str | None, ns: float, **extra: Any) -> SpanRow:
+    attrs: Mapping[str, Any] = {"attnscope.tier": "timing", "attnscope.module": module,
+                                "attnscope.wall_ns": int(ns), "attnscope.num_heads": 4,
+                                **({"attnscope.phase": phase} if phase else {}), **extra}
+    return SpanRow("t", f"{module}{phase}{i}", None, module, 0, int(ns), attrs, "svc")
+
+
+def test_diary_groups_by_module_and_phase_and_lists_one_sided_groups() -> None:
+    times = _lognormal(15, 60, scale=1e6)
+    before = [_row(i, "l0", "decode", t, **{"attnscope.tokens": 2}) for i, t in enumerate(times)]
+    before += [_row(i, "gone", None, t) for i, t in enumerate(times[:5])]
+    after = [_row(i, "l0", "decode", 2 * t, **{"attnscope.tokens": 2})
+             for i, t in enumerate(times)]
+    after += [_row(i, "l0", "prefill", t) for i, t in enumerate(times[:7])]
+    # profiled calls are not timed: a slow one must not move the quantiles
+    after += [_row(99, "l0", "decode", 1e12, **{"attnscope.tier": "profile"})]
+    result = diary(before, after, min_change=0.05)
+    assert [(g.module, g.phase) for g in result.groups] == [("l0", "decode")]
+    assert result.only_before == [(("gone", None), 5)]
+    assert result.only_after == [(("l0", "prefill"), 7)]
+    group = result.groups[0]
+    assert group.calls_after == 61 and group.clock_before == "wall"
+    by_name = {c.metric.name: c for c in group.changes}
+    assert by_name["p50"].n_after == 60
+    assert by_name["p50"].change == pytest.approx(1.0)
+    assert by_name["tokens/s p50"].verdict == "slower"
+    assert [g.module for g, _ in result.gate_failures(0.05)] == ["l0"]
+
+
+# -- the command on real traces --------------------------------------------------------------
+
+_PROGRAM = """
+import json, math, sys
+import torch
+import torch.nn.functional as F
+import attnscope
+
+opts = json.loads(sys.argv[1])
+torch.set_num_threads(1)
+attnscope.configure(exporter="jaeger-json:" + opts["path"], service_name="diff-test",
+                    sample_rate=1.0, profile_rate=opts["profile_rate"],
+                    profile_max_per_minute=6000, warmup_calls=5, overhead_budget=1.0,
+                    seed=opts["seed"], metrics=False)
+
+def eager(q, k, v):
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+    return torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1) @ v
+
+def sdpa(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+def slowed(q, k, v):  # the same result, three times the work
+    for _ in range(2):
+        sdpa(q, k, v)
+    return sdpa(q, k, v)
+
+core = {"eager": eager, "sdpa": sdpa, "slowed": slowed}[opts["impl"]]
+
+@attnscope.trace(name="attention")
+def attention(q, k, v, is_causal=True):
+    return core(q, k, v)
+
+torch.manual_seed(0)
+q, k, v = (torch.randn(1, 4, 256, 32) for _ in range(3))
+with torch.inference_mode():
+    for _ in range(opts["calls"]):
+        attention(q, k, v, is_causal=True)
+attnscope.shutdown(timeout_s=60)
+"""
+
+
+def _traces(tmp: Path, impls: Mapping[str, str], calls: int = 120) -> dict[str, Path]:
+    """One trace file per name, the programs run side by side (the same machine load for all)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ATTNSCOPE_", "OTEL_"))}
+    env["ATTNSCOPE_METRICS"] = "false"
+    paths, procs = {}, []
+    for seed, (name, impl) in enumerate(impls.items()):
+        paths[name] = tmp / f"{name}.json"
+        opts = {"path": str(paths[name]), "impl": impl, "calls": calls, "seed": seed,
+                "profile_rate": 0.25}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(_PROGRAM), json.dumps(opts)],
+            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for proc in procs:
+        _, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err[-2000:]
+    return paths
+
+
+def _diff(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """The real command: ``python -m attnscope diff ...`` (about a second of imports, more on a
+    busy machine: most tests call ``main`` in-process instead)."""
+    env = dict(os.environ, COLUMNS="200")
+    return subprocess.run([sys.executable, "-m", "attnscope", "diff", *map(str, args)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+
+
+def _main(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:
+    from attnscope.cli import main
+
+    code = main(["diff", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _verdict(stdout: str, metric: str) -> str:
+    """The verdict cell of the first table row of ``metric``."""
+    for line in stdout.splitlines():
+        cells = [c.strip() for c in line.split("│")]
+        if len(cells) > 3 and cells[2] == metric:
+            return cells[-2]
+    raise AssertionError(f"no {metric} row in:\n{stdout}")
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return _traces(tmp_path_factory.mktemp("diff"),
+                   {"sdpa1": "sdpa", "sdpa2": "sdpa", "eager": "eager", "slowed": "slowed"})
+
+
+def test_two_runs_of_one_configuration_are_no_change_and_pass_the_gate(
+        traces: dict[str, Path]) -> None:
+    done = _diff(traces["sdpa1"], traces["sdpa2"], "--fail-if-slower", "5")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _verdict(done.stdout, "p50") == "no change"
+    assert "gate passed" in done.stdout and not done.stderr
+
+
+def test_eager_and_sdpa_differ_both_ways(traces: dict[str, Path],
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    code, slower, _ = _main(capsys, traces["sdpa1"], traces["eager"])
+    assert code == 0
+    assert _verdict(slower, "p50") == "slower"
+    assert _verdict(slower, "tokens/s p50") == "slower"
+    assert _verdict(slower, "memory peak p50") == "larger"  # the score matrix
+    code, faster, _ = _main(capsys, traces["eager"], traces["sdpa2"])
+    assert code == 0 and _verdict(faster, "p50") == "faster"
+
+
+def test_a_slowed_after_fails_the_gate(traces: dict[str, Path], tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    page = tmp_path / "diff.html"
+    done = _diff(traces["sdpa1"], traces["slowed"], "--fail-if-slower", "5", "--html", page)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert _verdict(done.stdout, "p50") == "slower"
+    fail = re.search(r"FAIL: attention p50 \S+ \(interval \[\+([0-9.]+)%", done.stdout)
+    assert fail, done.stdout
+    text = page.read_text()
+    assert text.startswith("<!DOCTYPE html>") and "<svg" in text and "slower" in text
+    assert "http://" not in text.replace("http://www.w3.org", "")
+    # the gate is the interval's lower end: just above it, the same two traces pass
+    code, out, _ = _main(capsys, traces["sdpa1"], traces["slowed"],
+                         "--fail-if-slower", str(float(fail.group(1)) + 0.1))
+    assert code == 0 and "gate passed" in out
+
+
+def test_bad_input_from_the_real_command_is_one_stderr_line(tmp_path: Path) -> None:
+    done = _diff(tmp_path / "nope.json", tmp_path / "nope2.json")
+    assert done.returncode == 2 and not done.stdout
+    assert done.stderr.strip().splitlines() == [
+        f"attnscope diff: error: {tmp_path / 'nope.json'}: no such file or directory"]
+
+
+@pytest.mark.parametrize("case", ["not_json", "no_spans", "no_shared", "unwritable_html"])
+def test_bad_input_is_one_stderr_line_and_exit_2(case: str, traces: dict[str, Path],
+                                                 tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    other = tmp_path / "other.json"
+    if case == "no_shared":  # a real trace whose only group has another name
+        doc = json.loads(traces["sdpa1"].read_text())
+        for trace in doc["data"]:
+            for span in trace["spans"]:
+                span["operationName"] = "renamed"
+        other.write_text(json.dumps(doc))
+    else:
+        other.write_text({"not_json": "{oops", "no_spans": '{"data": []}'}.get(case, "{}"))
+    args: dict[str, list[str | Path]] = {
+        "not_json": [traces["sdpa1"], other], "no_spans": [other, traces["sdpa1"]],
+        "no_shared": [traces["sdpa1"], other],
+        "unwritable_html": [traces["sdpa1"], traces["sdpa2"], "--html", tmp_path / "no" / "x"]}
+    code, out, err = _main(capsys, *args[case])
+    assert code == 2 and not out
+    assert len(err.strip().splitlines()) == 1 and err.startswith("attnscope diff: error: ")
+
+
+def test_a_bad_percentage_is_refused_by_argparse(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        _main(capsys, "a", "b", "--fail-if-slower", "-3")
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "argument --fail-if-slower: must be a finite percentage >= 0, got -3")
