@@ -80,6 +80,8 @@ def register(sub: Any, formatter: Any) -> None:
     p.add_argument("--out", default="attnscope-out", metavar="DIR",
                    help="directory for the trace files and report.html (created if missing; "
                         "trace files of an earlier run there are replaced)")
+    p.add_argument("--no-report", action="store_true",
+                   help="only say which files were written (no terminal or HTML report)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- PROGRAM [ARGS...]",
                    help="the program and its arguments, after --")
     p.set_defaults(func=run)
@@ -99,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     env = _environment(args, out, service)
     output.clear_previous(out)
     code = _run_child(argv, env)
-    _report(out)
+    _report(out, full=not args.no_report)
     return code
 
 
@@ -211,7 +213,7 @@ def _run_child(argv: list[str], env: dict[str, str]) -> int:
     return 128 - code if code < 0 else code
 
 
-def _report(out: Path) -> None:
+def _report(out: Path, *, full: bool) -> None:
     """What was written, then the report (on stderr); never changes the exit code."""
     err = sys.stderr
     files = output.written(out)
@@ -225,7 +227,8 @@ def _report(out: Path) -> None:
                                                     if len(files) > 4 else "")
     counted = f"{spans} spans" if spans is not None else "trace files"
     print(f"attnscope run: {counted} written: {shown}", file=err)
-    _full_report(out, files)
+    if full:
+        _full_report(out, files)
 
 
 def _full_report(out: Path, files: list[Path]) -> None:

@@ -1,0 +1,306 @@
+"""``attnscope run``: real programs written to a temporary directory, run as subprocesses."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from attnscope.cli import main
+from attnscope.cli._run_output import ENV_PARENT, process_tag
+
+TIMEOUT = 180
+
+
+def _write(tmp_path: Path, name: str, source: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("ATTNSCOPE_")}
+
+
+def _run(tmp_path: Path, *args: str, report: bool = False) -> subprocess.CompletedProcess[bytes]:
+    # no profile tier: its operator spans would make the span counts a matter of chance
+    options = ["--out", "out", "--profile-rate", "0"] + ([] if report else ["--no-report"])
+    return subprocess.run([sys.executable, "-m", "attnscope", "run", *options, "--", *args],
+                          cwd=tmp_path, env=_env(), capture_output=True, timeout=TIMEOUT)
+
+
+def _plain(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(list(args), cwd=tmp_path, env=_env(), capture_output=True,
+                          timeout=TIMEOUT)
+
+
+def _jaeger_names(path: Path) -> collections.Counter[str]:
+    document = json.loads(path.read_text())
+    return collections.Counter(s["operationName"] for t in document["data"] for s in t["spans"])
+
+
+def _otlp_names(path: Path) -> collections.Counter[str]:
+    names: collections.Counter[str] = collections.Counter()
+    for line in path.read_text().splitlines():
+        for rs in json.loads(line)["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                names.update(s["name"] for s in ss["spans"])
+    return names
+
+
+SDPA_APP = """
+    import sys
+    import torch
+    import torch.nn.functional as F
+
+    q = torch.randn(1, 2, 8, 16)
+    calls = int(sys.argv[sys.argv.index("--calls") + 1])
+    for _ in range(calls):
+        F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    sys.stdout.write("args=%r\\n" % (sys.argv[1:],))
+    sys.stdout.buffer.write(b"\\x00\\xff no newline at the end")
+"""
+
+
+def test_sdpa_script_spans_in_both_files_stdout_and_args_pass_through(tmp_path: Path) -> None:
+    app = _write(tmp_path, "app.py", SDPA_APP)
+    args = (sys.executable, str(app), "--calls", "4", "--flag", "x y")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "traces.otlp.jsonl").write_text("an earlier run's lines\n")  # replaced, not appended to
+    (out / "notes.txt").write_text("mine")
+    result = _run(tmp_path, *args, report=True)
+    stderr = result.stderr.decode()
+    assert result.returncode == 0, stderr
+    # byte for byte, the report not mixed in
+    assert result.stdout == b"args=['--calls', '4', '--flag', 'x y']\n\x00\xff no newline at the end"
+    assert _jaeger_names(out / "traces.jaeger.json") == {"scaled_dot_product_attention": 4}
+    assert _otlp_names(out / "traces.otlp.jsonl") == {"scaled_dot_product_attention": 4}
+    assert (out / "notes.txt").read_text() == "mine"
+    assert f"4 spans written: {out / 'traces.jaeger.json'}" in stderr
+    if "HTML report:" in stderr:  # once `attnscope report` exists
+        assert (out / "report.html").is_file()
+
+
+@pytest.mark.parametrize("body, code", [
+    ("import sys\nprint('bye')\nsys.exit(3)\n", 3),
+    ("def f():\n    raise ValueError('boom ' * 3)\nf()\n", 1),
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", 128 + signal.SIGKILL),
+])
+def test_exit_code_and_stderr_pass_through(tmp_path: Path, body: str, code: int) -> None:
+    app = _write(tmp_path, "app.py", body)
+    result = _run(tmp_path, "python", str(app))
+    plain = _plain(tmp_path, sys.executable, str(app))
+    assert plain.returncode in (code, 128 - code)  # killed by signal N: -N, and 128 + N here
+    assert result.returncode == code
+    assert result.stdout == plain.stdout
+    # the program's stderr (a traceback, or nothing) comes first and whole; attnscope's lines after
+    assert result.stderr.startswith(plain.stderr)
+    tail = result.stderr[len(plain.stderr):].decode()
+    assert tail.startswith("attnscope run: no spans captured"), tail
+
+
+HF_APP = """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                      num_hidden_layers=2, intermediate_size=64, vocab_size=64)
+    model = LlamaForCausalLM(cfg).eval()
+    calls = []
+    model.model.layers[0].self_attn.register_forward_hook(lambda *a: calls.append(1))
+    ids = torch.randint(0, 64, (1, 8))
+    with torch.no_grad():
+        model(ids)
+        model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    print("layer calls", len(calls))
+"""
+
+
+def test_transformers_model_built_by_the_program_is_instrumented_once(tmp_path: Path) -> None:
+    app = _write(tmp_path, "app.py", HF_APP)
+    result = _run(tmp_path, sys.executable, "-W", "always::UserWarning", str(app))
+    stderr = result.stderr.decode()
+    assert result.returncode == 0, stderr
+    assert "already instrumented" not in stderr
+    calls = int(result.stdout.decode().split("layer calls")[1])
+    out = tmp_path / "out"
+    for names in (_jaeger_names(out / "traces.jaeger.json"),
+                  _otlp_names(out / "traces.otlp.jsonl")):
+        # nested LlamaModel: instrumented from the outer model (paths start at "model.")
+        assert names["model.layers.0.self_attn"] == calls
+        assert names["model.layers.1.self_attn"] == calls
+        assert names["LlamaForCausalLM.generate"] == 1
+        assert not any(n.startswith("layers.") for n in names)
+
+
+TORCH_APP = """
+    import torch
+    import torch.nn as nn
+
+    layer = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, batch_first=True)
+    encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(32, 4, batch_first=True)
+
+        def forward(self, x):
+            return self.attn(x, x, x)[0]
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(Block() for _ in range(2))
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    model = Model()
+    x = torch.randn(2, 5, 32)
+    encoder(x)
+    model(x)
+    model(x)
+    encoder.eval()
+    with torch.no_grad():
+        encoder(x)  # the fused fast path: one span per layer
+"""
+
+
+def test_torch_models_are_named_from_their_outermost_module(tmp_path: Path) -> None:
+    app = _write(tmp_path, "app.py", TORCH_APP)
+    result = _run(tmp_path, sys.executable, "-W", "always::UserWarning", str(app))
+    stderr = result.stderr.decode()
+    assert result.returncode == 0, stderr
+    assert "already instrumented" not in stderr
+    names = _jaeger_names(tmp_path / "out" / "traces.jaeger.json")
+    assert names == _otlp_names(tmp_path / "out" / "traces.otlp.jsonl")
+    # encoder: clones of the template layer, named from the encoder; the user's model from Model
+    assert names["layers.0.self_attn"] == names["layers.1.self_attn"] == 1
+    assert names["layers.0"] == names["layers.1"] == 1  # eval, no grad: fused
+    assert names["blocks.0.attn"] == names["blocks.1.attn"] == 2
+    assert "MultiheadAttention" not in names and "TransformerEncoderLayer" not in names
+
+
+SPAWN_APP = """
+    import multiprocessing as mp
+    import torch
+    import torch.nn.functional as F
+
+    def work():
+        q = torch.randn(1, 2, 4, 8)
+        F.scaled_dot_product_attention(q, q, q)
+
+    if __name__ == "__main__":
+        child = mp.get_context("spawn").Process(target=work)
+        child.start()
+        child.join()
+        work()
+        work()
+"""
+
+
+def test_each_process_writes_its_own_files(tmp_path: Path) -> None:
+    app = _write(tmp_path, "app.py", SPAWN_APP)
+    result = _run(tmp_path, sys.executable, str(app))
+    assert result.returncode == 0, result.stderr.decode()
+    out = tmp_path / "out"
+    assert _jaeger_names(out / "traces.jaeger.json") == {"scaled_dot_product_attention": 2}
+    others = sorted(out.glob("traces.pid*.jaeger.json"))
+    assert len(others) == 1
+    assert _jaeger_names(others[0]) == {"scaled_dot_product_attention": 1}
+    assert sorted(out.glob("traces.pid*.otlp.jsonl"))
+
+
+def test_process_tag() -> None:
+    env = {ENV_PARENT: "10"}
+    assert process_tag(env, pid=11, parent_pid=10) == ""
+    assert process_tag(env, pid=12, parent_pid=11) == "pid12"
+    assert process_tag({**env, "RANK": "3"}, pid=11, parent_pid=10) == "rank3"
+
+
+def test_signals_are_forwarded(tmp_path: Path) -> None:
+    app = _write(tmp_path, "app.py", """
+        import signal, sys, time
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))
+        try:
+            print("ready", flush=True)
+            time.sleep(60)
+        except KeyboardInterrupt:
+            sys.exit(9)
+    """)
+    for sig, code in ((signal.SIGTERM, 7), (signal.SIGINT, 9)):
+        # a new session: no terminal, so SIGINT reaches the program only through attnscope
+        with subprocess.Popen([sys.executable, "-m", "attnscope", "run", "--out", "out", "--",
+                               "python", str(app)], cwd=tmp_path, env=_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              start_new_session=True) as proc:
+            assert proc.stdout is not None
+            assert proc.stdout.readline() == b"ready\n"
+            proc.send_signal(sig)
+            assert proc.wait(timeout=TIMEOUT) == code
+
+
+def test_an_existing_sitecustomize_still_runs(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import sys\nsys.stderr.write('theirs ran\\n')\n")
+    app = _write(tmp_path, "app.py", "print('hello')\n")
+    env = {**_env(), "PYTHONPATH": str(site)}
+    result = subprocess.run([sys.executable, "-m", "attnscope", "run", "--", "python", str(app)],
+                            cwd=tmp_path, env=env, capture_output=True, timeout=TIMEOUT)
+    assert result.returncode == 0
+    assert result.stdout == b"hello\n"
+    assert result.stderr.startswith(b"theirs ran\n")
+
+
+def _bad(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    try:
+        code = main(["run", *argv])
+    except SystemExit as exc:
+        code = exc.code  # type: ignore[assignment]
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+    return err
+
+
+def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    app = _write(tmp_path, "app.py", "print(1)\n")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert "no program given" in _bad(capsys, [])
+    assert "no program given" in _bad(capsys, ["--"])
+    assert "sample_rate" in _bad(capsys, ["--sample-rate", "2", "--", "python", str(app)])
+    assert "sample_rate" in _bad(capsys, ["--sample-rate", "nan", "--", "python", str(app)])
+    assert "overhead_budget" in _bad(capsys, ["--overhead-budget", "0", "--", str(app)])
+    assert "missing.py: no such file" in _bad(capsys, ["--", "python", "missing.py"])
+    assert "missing.py: no such file" in _bad(capsys, ["--", "python", "-u", "missing.py"])
+    assert "command not found" in _bad(capsys, ["--", "no-such-program-xyz"])
+    assert "cannot write there" in _bad(capsys, ["--out", str(blocker / "sub"), "--",
+                                                 "python", str(app)])
+    monkeypatch.setenv("ATTNSCOPE_QUEUE_SIZE", "lots")
+    assert "ATTNSCOPE_QUEUE_SIZE" in _bad(capsys, ["--out", str(tmp_path / "o"), "--",
+                                                   "python", str(app)])
+
+
+def test_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--help"])
+    assert exc.value.code == 0
+    text: Any = " ".join(capsys.readouterr().out.split())
+    assert "--sample-rate RATE" in text and "(default: 1.0)" in text
+    assert "(default: attnscope-out)" in text and "(default: 0.05)" in text
