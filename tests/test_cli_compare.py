@@ -141,7 +141,8 @@ def test_bad_user_module_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     (["--shape", "1,2,3"], "4 sizes"), (["--shape", "1,2,3,4,5"], "4 sizes"),
     (["--shape", "1,0,8,8"], "at least 1"), (["--shape", "1,-2,8,8"], "at least 1"),
     (["--shape", "a,b,c,d"], "not 4 integers"), (["--shape", "1,8,8,8", "--kv-heads", "3"], "divide"),
-    (["--kv-heads", "0"], "at least 1"), (["--impl", "bogus"], "unknown implementation"),
+    (["--kv-heads", "0"], "at least 1"), (["--kv-heads", "x"], "not an integer"),
+    (["--impl", "bogus"], "unknown implementation"),
     (["--dtype", "int8"], "fp32, bf16, fp16"), (["--device", "mps"], "not supported"),
 ])
 def test_bad_input_is_one_line(args: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -150,7 +151,7 @@ def test_bad_input_is_one_line(args: list[str], words: str, capsys: pytest.Captu
     assert err.count("\n") == 1 and words in err
 
 
-@pytest.mark.parametrize("args", [["--runs", "0"], ["--warmup", "-1"], ["--kv-heads", "x"]])
+@pytest.mark.parametrize("args", [["--runs", "0"], ["--warmup", "-1"], ["--seed", "x"]])
 def test_bad_number_is_one_line(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["compare", *args])
@@ -161,7 +162,8 @@ def test_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["compare", "--help"])
     out = capsys.readouterr().out
-    assert "(default: 1,8,1024,64)" in out and "(default: 50)" in out
+    assert "(default: 1,8,1024,64)" in out and "(default: 50)" in out and "(default: H)" in out
+    assert "(default: None)" not in out and "(default: [])" not in out
 
 
 def test_availability_takes_the_device_as_data() -> None:

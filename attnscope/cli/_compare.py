@@ -44,13 +44,13 @@ def register(sub: Any, formatter: Any) -> None:
                     "Exit code: 0 all within tolerance, 1 one beyond it or failed, 2 bad input.")
     p.add_argument("--shape", default="1,8,1024,64", metavar="B,H,S,D",
                    help="batch, query heads, sequence length, head dim")
-    p.add_argument("--kv-heads", type=int, default=None, metavar="N",
-                   help="key/value heads (GQA/MQA); default: H")
+    p.add_argument("--kv-heads", default="H", metavar="N",
+                   help="key/value heads (fewer than H: GQA/MQA)")
     p.add_argument("--dtype", default="auto", help="fp32, bf16 or fp16; auto: bf16 on CUDA, fp32 on CPU")
     p.add_argument("--causal", action="store_true", help="causal attention")
-    p.add_argument("--impl", action="append", default=[], metavar="NAME",
+    p.add_argument("--impl", action="append", default=argparse.SUPPRESS, metavar="NAME",
                    help="naive, math, flash, efficient, cudnn, flex or module:function; repeat or "
-                        "comma-separate; default: all built-ins (flex on CUDA only)")
+                        "comma-separate (default: every built-in; flex on CUDA only)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N; auto: cuda when present")
     p.add_argument("--runs", type=positive_int, default=50, help="timed calls per implementation")
     p.add_argument("--warmup", type=_non_negative, default=5, help="untimed calls before them")
@@ -105,7 +105,11 @@ def parse_spec(args: Any) -> measure.Spec:
         raise CLIError(f"--shape: {args.shape!r} is not 4 integers B,H,S,D") from None
     if min(b, h, s, d) <= 0:
         raise CLIError(f"--shape: every size must be at least 1, got {args.shape!r}")
-    kv = h if args.kv_heads is None else args.kv_heads
+    kv_text = str(args.kv_heads).strip()
+    try:
+        kv = h if kv_text.upper() == "H" else int(kv_text)
+    except ValueError:
+        raise CLIError(f"--kv-heads: {kv_text!r} is not an integer") from None
     if kv <= 0:
         raise CLIError(f"--kv-heads must be at least 1, got {kv}")
     if h % kv:
@@ -122,7 +126,7 @@ def parse_spec(args: Any) -> measure.Spec:
 
 def _main(args: Any) -> int:
     spec = parse_spec(args)
-    names = resolve(list(args.impl))
+    names = resolve(list(getattr(args, "impl", [])))
     users = {name: load_user(name) for name, _ in names if ":" in name}  # bad ones fail first
     show = not args.no_progress and sys.stderr.isatty()
     rows = run_compare(spec, names, users, show)
@@ -182,6 +186,9 @@ def run_compare(spec: measure.Spec, names: list[tuple[str, bool]], users: dict[s
     spans = list(memory.get_finished_spans())
     for row, impl in measured:
         row.figures = figures(spans, measure.SPAN_PREFIX + impl.name)
+        if row.status != "failed" and row.figures.calls < spec.runs:
+            row.notes.append(f"attnscope recorded {row.figures.calls} of the {spec.runs} timed "
+                             "calls (its log on stderr says why)")
     return rows
 
 
@@ -201,7 +208,8 @@ def _run_one(impl: Impl, inputs: tuple[torch.Tensor, ...], ref: torch.Tensor, to
         row.status, row.reason = "inaccurate", "the output has NaN or infinite values"
     elif abs_err > tolerance:
         row.status = "inaccurate"
-        row.reason = f"max abs error {abs_err:.3g} beyond the {tolerance:g} allowed for {spec.dtype}"
+        dtype = str(spec.dtype).removeprefix("torch.")
+        row.reason = f"max abs error {abs_err:.3g} beyond the {tolerance:g} allowed for {dtype}"
     error = measure.measure(impl, inputs, spec, advance)
     if error is not None:
         row.status, row.reason = "failed", error
