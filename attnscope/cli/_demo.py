@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import shutil
 import statistics
 from collections import defaultdict
 from typing import Any, TextIO
@@ -102,6 +104,8 @@ def register(sub: Any, formatter: Any) -> None:
     parser.add_argument("--seq-len", type=positive_int, default=256, help="tokens per sequence")
     parser.add_argument("--jaeger-json", default="attnscope-demo-trace.json",
                         help="also write the spans here for Jaeger's Upload tab ('' to skip)")
+    parser.add_argument("--html", metavar="PATH", default=None,
+                        help="also write the `attnscope report` of the spans as an HTML page")
     parser.set_defaults(func=_main)
 
 
@@ -109,7 +113,7 @@ def _main(args: Any) -> int:
     import sys
 
     return run_demo(steps=args.steps, seq_len=args.seq_len, jaeger_json=args.jaeger_json or None,
-                    out=sys.stdout)
+                    html=args.html, out=sys.stdout)
 
 
 def _pct(values: list[float], p: float) -> float:
@@ -118,11 +122,14 @@ def _pct(values: list[float], p: float) -> float:
 
 
 def run_demo(steps: int = 20, seq_len: int = 256, jaeger_json: str | None = None,
-             out: TextIO | None = None) -> int:
-    """Run the demo and print its report; returns a process exit code."""
+             out: TextIO | None = None, html: str | None = None) -> int:
+    """Run the demo and print its report (``html``: also as a page); returns an exit code."""
     import sys
+    import tempfile
 
     out = out or sys.stdout
+    scratch = None if jaeger_json else tempfile.mkdtemp(prefix="attnscope-demo-")
+    trace_path = jaeger_json or os.path.join(scratch or "", "trace.json")
     torch.manual_seed(0)
     model = attnscope.instrument(TinyDecoder().eval())  # layers.N.attn spans, layer_index
     x = torch.randn(2, seq_len, 256)
@@ -132,12 +139,11 @@ def run_demo(steps: int = 20, seq_len: int = 256, jaeger_json: str | None = None
     provider = TracerProvider(resource=resource(dataclasses.replace(
         previous, service_name="attnscope-demo")))
     provider.add_span_processor(SimpleSpanProcessor(memory))
-    file_exporter = None
-    if jaeger_json:
-        from ..export.jaeger_json import JaegerJSONFileExporter
+    from ..export.jaeger_json import JaegerJSONFileExporter
 
-        file_exporter = JaegerJSONFileExporter(jaeger_json, service_name="attnscope-demo")
-        provider.add_span_processor(SimpleSpanProcessor(file_exporter))
+    # the file `attnscope report` reads at the end (a scratch one when none was asked for)
+    file_exporter = JaegerJSONFileExporter(trace_path, service_name="attnscope-demo")
+    provider.add_span_processor(SimpleSpanProcessor(file_exporter))
     attnscope.configure(tracer_provider=provider, sample_rate=1.0, warmup_calls=0, profile_rate=0.0,
                         profile_max_per_minute=60, overhead_budget=1.0)
     # A service warms the profiler on attnscope's worker; the demo does it up front so that its
@@ -161,14 +167,31 @@ def run_demo(steps: int = 20, seq_len: int = 256, jaeger_json: str | None = None
         attnscope.shutdown(timeout_s=10)
         _api.restore(previous)
     spans = list(memory.get_finished_spans())
-    if file_exporter is not None:
-        file_exporter.force_flush()
+    file_exporter.force_flush()
     provider.shutdown()
     _report(spans, out)
+    try:
+        _full_report(trace_path, html, out)
+    finally:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
     if jaeger_json:
         print(f"\nWrote {len(spans)} spans to {jaeger_json} — open Jaeger UI → Search → Upload to see "
-              "the span tree (docs/jaeger.md).", file=out)
+              f"the span tree (docs/jaeger.md), or `attnscope report {jaeger_json}`.", file=out)
+    if html:
+        print(f"Wrote the HTML report to {html}.", file=out)
     return 0
+
+
+def _full_report(trace_path: str, html: str | None, out: TextIO) -> None:
+    """``attnscope report`` of the demo's spans: per layer, kernels, slowest calls."""
+    try:
+        from ._report import run_report
+    except ImportError:  # the tables and plots need the cli extra
+        print("\n(pip install 'attnscope[cli]' for the per-layer report)", file=out)
+        return
+    print("", file=out)
+    run_report(trace_path, html=html, out=out)
 
 
 def _report(spans: list[ReadableSpan], out: TextIO) -> None:

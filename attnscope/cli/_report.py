@@ -192,6 +192,7 @@ def _throughput_table(summary: Summary, style: Any, table_type: Any) -> Any:
 
 def _table(table_type: Any, style: Any, title: str, columns: tuple[str, ...]) -> Any:
     t = table_type(title=title, box=style, title_justify="left", pad_edge=False,
+                   min_width=len(title) + 1,
                    collapse_padding=True, title_style="bold")
     for col in columns:
         left = col in ("layer", "phase", "backend", "kernel / op", "start (UTC)", "trace id")
