@@ -219,6 +219,16 @@ def test_figures_use_device_time_when_measured() -> None:
     assert (f.backend, f.kernels_per_call, f.peak_memory_bytes) == ("flash", 3, 512)
 
 
+def test_unfused_implementations_that_cannot_fit_are_not_run() -> None:
+    from attnscope.cli._compare import _prepare
+
+    huge = Spec(64, 64, 64, 2**20, 64, torch.float32, torch.device("cpu"))  # 16 PiB of scores
+    for name in ("naive", "math"):
+        row = _prepare(name, False, {}, huge)
+        assert isinstance(row, Row) and row.status == "unavailable" and "GiB" in str(row.reason)
+    assert isinstance(_prepare("flash", False, {}, huge), Impl)  # it never holds them
+
+
 def test_exit_code() -> None:
     assert exit_code([Row("a", "ok"), Row("b", "unavailable", "why")]) == 0
     assert exit_code([Row("a", "ok"), Row("b", "inaccurate")]) == 1
