@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -282,3 +283,21 @@ def test_a_bad_percentage_is_refused_by_argparse(capsys: pytest.CaptureFixture[s
     assert exit_.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
         "argument --fail-if-slower: must be a finite percentage >= 0, got -3")
+
+
+def test_html_renders_in_chromium(traces: dict[str, Path], tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") \
+        or shutil.which("google-chrome")
+    if browser is None:
+        pytest.skip("no chromium on this machine (apt-get install chromium)")
+    page = tmp_path / "diff.html"
+    code, _, _ = _main(capsys, traces["sdpa1"], traces["eager"], "--html", page)
+    assert code == 0
+    done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
+                           "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("<svg") == 1 and "memory peak p50" in done.stdout
+    assert not [line for line in done.stderr.splitlines()
+                if "CONSOLE" in line or "Uncaught" in line or "net::ERR" in line]

@@ -37,7 +37,7 @@ def _plot(result: Diary, limit: float | None) -> str:
     ax.invert_yaxis()
     ax.set_xlabel("p50 time change, AFTER vs BEFORE (%), with its "
                   f"{result.confidence:.0%} interval")
-    ax.legend(loc="best", fontsize=8)
+    fig.legend(loc="outside right upper", fontsize=8)
     return _html.svg(fig)
 
 
