@@ -154,7 +154,9 @@ def render_terminal(summary: Summary, *, source: str, spans: int, top: int, out:
     console.print(f"{spans} spans, {summary.overall.calls} attention calls sampled "
                   f"(sample rate {rates}"
                   + (f"; ≈ {summary.overall.estimated_calls:,.0f} calls made" if sampled else "")
-                  + f"), {summary.overall.profiled} profiled. Percentiles are of sampled calls.")
+                  + f"), {summary.overall.profiled} profiled.")
+    console.print("Times are of the sampled calls that were not profiled (the profiler slows "
+                  "a call).")
     device = any(g.device for g in summary.groups)
     lat = _table(Table, box.SIMPLE_HEAD, "Latency per attention layer (wall time)",
                  ("layer", "phase", "calls") + (("est. calls",) if sampled else ())

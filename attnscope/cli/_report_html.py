@@ -56,7 +56,7 @@ def _numbers(summary: Summary, duration: Any, si: Any) -> str:
         if cost:
             row.append("—" if g.cost_per_1k_tokens is None else f"{g.cost_per_1k_tokens:.3g}")
         body.append(row)
-    note = ("<p class=\"note\">Percentiles are of wall time over the sampled calls; 'est. calls' "
+    note = ("<p class=\"note\">Percentiles are of wall time over the sampled calls that were not profiled (the profiler slows a call); 'est. calls' "
             "re-weights the count by 1/sample_rate. Rates are totals over total time (device "
             "time where measured); core FLOP/s uses the profiled calls' attention-core time.</p>")
     return note + table(headers, body, left=(0, 1, 11))

@@ -5,6 +5,8 @@ What the numbers are:
 - ``calls``: sampled calls in the file; ``estimated_calls``: the sum of ``1/attnscope.sample_rate``
   over them, the number of calls the program made if sampling was uniform. Everything else is
   computed from the sampled calls only (a percentile is one of the sampled calls).
+- Time, tokens, FLOPs and their rates come from the timed calls: profiled ones ran under
+  ``torch.profiler``, which slows them (when every call was profiled, from those).
 - Time is device time (``attnscope.device_ns``) where a call has it, else wall time; quantiles
   are numpy's default (linear interpolation) of wall and device time separately.
 - Rates are totals over totals: tokens/s = Σ tokens ÷ Σ time, TFLOP/s = Σ FLOPs ÷ Σ time,
@@ -115,17 +117,20 @@ def _kernels(rows: Sequence[SpanRow]) -> list[tuple[str, int, float]]:
 
 def _stats(module: str, phase: str | None, rows: Sequence[SpanRow],
            price_per_hour: float | None, tokens: int | None = None) -> GroupStats:
-    walls = _ints(rows, "attnscope.wall_ns") or [r.duration_ns for r in rows]
-    devices = _ints(rows, "attnscope.device_ns")
-    total_ns = sum(time_ns(r) for r in rows)
-    with_tokens = [r for r in rows if isinstance(r.attributes.get("attnscope.tokens"), int)]
+    # profiled calls ran under torch.profiler, which slows them: time from the timed ones
+    timed = [r for r in rows if r.attributes.get("attnscope.tier") != "profile"] or list(rows)
+    walls = _ints(timed, "attnscope.wall_ns") or [r.duration_ns for r in timed]
+    devices = _ints(timed, "attnscope.device_ns")
+    total_ns = sum(time_ns(r) for r in timed)
+    with_tokens = [r for r in timed if isinstance(r.attributes.get("attnscope.tokens"), int)]
     if tokens is None and with_tokens:
         tokens = sum(_ints(with_tokens, "attnscope.tokens"))
     token_ns = sum(time_ns(r) for r in with_tokens) if with_tokens else total_ns
-    with_flops = [r for r in rows if isinstance(r.attributes.get("attnscope.flops"), int)]
+    with_flops = [r for r in timed if isinstance(r.attributes.get("attnscope.flops"), int)]
     flops = sum(_ints(with_flops, "attnscope.flops")) if with_flops else None
     flop_ns = sum(time_ns(r) for r in with_flops)
-    cored = [r for r in with_flops if isinstance(r.attributes.get("attnscope.core_ns"), int)]
+    cored = [r for r in rows if isinstance(r.attributes.get("attnscope.flops"), int)
+             and isinstance(r.attributes.get("attnscope.core_ns"), int)]
     core_ns = sum(_ints(cored, "attnscope.core_ns"))
     profiled = [r for r in rows if r.attributes.get("attnscope.tier") == "profile"]
     peaks = _ints(rows, "attnscope.memory.peak_bytes")
