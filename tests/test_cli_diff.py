@@ -20,6 +20,7 @@ import pytest
 
 from attnscope.cli._diff_groups import diary
 from attnscope.cli._diff_stats import METRICS, calls_needed, compare, gate_failed
+from attnscope.cli._diff_text import notes, verdict_text
 from attnscope.cli._load import SpanRow
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,6 +119,22 @@ def test_diary_groups_by_module_and_phase_and_lists_one_sided_groups() -> None:
     assert by_name["p50"].change == pytest.approx(1.0)
     assert by_name["tokens/s p50"].verdict == "slower"
     assert [g.module for g, _ in result.gate_failures(0.05)] == ["l0"]
+
+
+def test_notes_name_what_the_gate_could_not_judge() -> None:
+    times = _lognormal(16, 60, scale=1e6)
+    before = [_row(i, "l0", "decode", t) for i, t in enumerate(times)]
+    before += [_row(i, "l0", "prefill", t) for i, t in enumerate(times[:5])]
+    after = [_row(i, "l0", "decode", t) for i, t in enumerate(times[::-1])]
+    after += [_row(i, "l0", "prefill", 9 * t) for i, t in enumerate(times[:5])]
+    result = diary(before, after, min_change=0.05)
+    assert result.gate_failures(0.05) == []  # 9x slower, but on 5 calls: no verdict
+    lines = notes(result, 5.0, [])
+    assert lines[-2].startswith("gate passed")
+    assert lines[-1] == ("not judged by the gate (too few timed calls for a p50 verdict): "
+                         "l0 (prefill)")
+    memory = [c for c in result.groups[0].changes if c.metric.value == "memory"][0]
+    assert verdict_text(memory) == "not measured"
 
 
 # -- the command on real traces --------------------------------------------------------------

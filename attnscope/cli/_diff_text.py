@@ -60,6 +60,8 @@ def interval(change: Change) -> str:
 
 def verdict_text(change: Change) -> str:
     if change.verdict == FEW:
+        if not change.n_before or not change.n_after:
+            return "not measured"
         return f"too few calls (< {calls_needed(change.metric.q)})"
     return change.verdict
 
@@ -97,4 +99,9 @@ def notes(result: Diary, limit: float | None,
                       for g, c in failures]
         else:
             lines.append(f"gate passed: no p50 slower by more than {limit:g}% beyond noise")
+        unjudged = [g for g in result.groups for c in g.changes
+                    if c.metric.name == "p50" and c.verdict == FEW]
+        if unjudged:
+            lines.append(f"not judged by the gate (too few timed calls for a p50 verdict): "
+                         f"{names([((g.module, g.phase), 0) for g in unjudged])}")
     return lines
