@@ -268,6 +268,7 @@ def stats() -> dict[str, Any]:
     # "profiled": calls that really ran under the profiler; "profile_skipped_<reason>": calls
     # granted the profile tier that were timed instead.
     out.update({k if k == "profiled" else "profile_" + k: v for k, v in profiler.stats().items()})
+    out.update(state.grants.stats())  # slow calls and on-demand triggers (docs/live.md)
     return out
 
 

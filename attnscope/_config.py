@@ -52,6 +52,12 @@ class Config:
     metrics: bool = True
     meter_provider: MeterProvider | None = None
     """None: the app's global SDK MeterProvider if it has one, else ours (see docs/exporting.md)."""
+    slow_call_quantile: float = 0.99
+    """A timed call beyond this quantile of its site's latency is slow (docs/live.md); 1.0: off."""
+    live_trigger: bool = True
+    """Read ``attnscope trigger`` requests from ``trigger_dir`` (docs/live.md)."""
+    trigger_dir: str | None = None
+    """None: ``$XDG_RUNTIME_DIR/attnscope``, else ``<tmp>/attnscope-<uid>``."""
 
 
 # name -> (env var, parser)
@@ -79,6 +85,9 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "queue_size": ("ATTNSCOPE_QUEUE_SIZE", int),
     "seed": ("ATTNSCOPE_SEED", int),
     "metrics": ("ATTNSCOPE_METRICS", _parse_bool),
+    "slow_call_quantile": ("ATTNSCOPE_SLOW_CALL_QUANTILE", float),
+    "live_trigger": ("ATTNSCOPE_LIVE_TRIGGER", _parse_bool),
+    "trigger_dir": ("ATTNSCOPE_TRIGGER_DIR", str),
 }
 
 
@@ -139,6 +148,13 @@ def validate(cfg: Config) -> Config:
     _check_bool("enabled", cfg.enabled)
     _check_bool("metrics", cfg.metrics)
     _check_bool("reset_peak_memory_stats", cfg.reset_peak_memory_stats)
+    _check_bool("live_trigger", cfg.live_trigger)
+    if not 0.5 <= check_rate("slow_call_quantile", cfg.slow_call_quantile):
+        raise ValueError(f"attnscope: slow_call_quantile must be in [0.5, 1] (1: off), "
+                         f"got {_shown(cfg.slow_call_quantile)}")
+    if cfg.trigger_dir is not None and (not isinstance(cfg.trigger_dir, str)
+                                        or not cfg.trigger_dir):
+        raise ValueError(f"attnscope: trigger_dir must be a path string, got {_shown(cfg.trigger_dir)}")
     check_rate("sample_rate", cfg.sample_rate)
     check_rate("profile_rate", cfg.profile_rate)
     check_rate("overhead_budget", cfg.overhead_budget)
@@ -173,6 +189,7 @@ def validate(cfg: Config) -> Config:
         profile_rate=float(cfg.profile_rate),
         overhead_budget=float(cfg.overhead_budget),
         profile_max_per_minute=float(ppm),
+        slow_call_quantile=float(cfg.slow_call_quantile),
         exporter=_check_exporter(cfg.exporter),
     )
 

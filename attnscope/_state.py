@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .capture.grants import Grants
 from .capture.sampling import CallSite, Sampler
 
 if TYPE_CHECKING:
@@ -106,6 +107,7 @@ class State:
         self.config: Config | None = None
         # calling thread: sampling, span() call sites, CUDA events, torch.compile registration
         self.sampler = Sampler()
+        self.grants = Grants()  # profile-tier grants: after slow calls, on demand (docs/live.md)
         self.span_sites: dict[str, CallSite] = {}
         self.span_sites_lock = threading.Lock()
         self.kept_lock = threading.Lock()
@@ -240,6 +242,7 @@ def after_fork() -> None:
     state.event_pool = None  # CUDA events of the parent are not valid in a child
     state.sampler.after_fork()
     state.profiler.after_fork()
+    state.grants = Grants()  # the parent's trigger and grants are the parent's
 
 
 def _before_fork() -> None:

@@ -65,7 +65,7 @@ class CallSite:
     __slots__ = (
         "countdown", "key", "name", "forced_rate", "attributes", "param_names", "kind",
         "rng", "gen", "calls", "errors", "disabled", "step_no", "extractor", "on_result",
-        "__weakref__",
+        "grant", "__weakref__",
     )
 
     def __init__(
@@ -98,6 +98,9 @@ class CallSite:
         # Optional (capture, result) -> None run on the calling thread after a call that
         # returned, before the capture is handed over (generate(): the returned ids).
         self.on_result: Callable[[Any, Any], None] | None = None
+        # A profile-tier grant the worker armed this site with (capture.grants); read only on
+        # the sampled path.
+        self.grant: Any = None
 
 
 class TokenBucket:
@@ -236,6 +239,8 @@ class Sampler:
         self.reset_peak = cfg.reset_peak_memory_stats
         self.bucket = TokenBucket(cfg.profile_max_per_minute, self._clock)
         self.budget = OverheadBudget(cfg.overhead_budget, clock=self._clock)
+        for site in list(self._sites):
+            site.grant = None  # slow-call grants the worker armed (capture.grants): dropped
         self._invalidate()
 
     def _invalidate(self) -> None:

@@ -24,6 +24,7 @@ from .._state import state
 from . import args as _args
 from . import compile as _compile
 from . import device as _device
+from . import grants as _grants
 from . import hostread as _hostread
 from . import profiler as _profiler
 from . import retain as _retain
@@ -90,10 +91,17 @@ def enter(site: CallSite, args: tuple[Any, ...], kwargs: dict[str, Any],
             site.countdown = 1  # decide again on the next eager call
             _compile.register_pending()
             return None
-        tier, rate = decide(state.sampler, site, forced)
-        if tier == TIER_NONE:
+        grant = None
+        if site.grant is None:
+            tier, rate = decide(state.sampler, site, forced)
+        else:  # armed by the worker after a slow call: settled on the call's shapes in _open
+            tier, rate, grant = _grants.decide(state.grants, state.sampler, site, forced)
+        if state.grants.trigger and grant is None:
+            grant = _grants.on_demand(state.grants, site, tier)
+            tier = TIER_PROFILE if grant is not None else tier
+        if tier == TIER_NONE and grant is None:
             return None
-        cap = _open(site, tier, rate, args, kwargs, extra)
+        cap = _open(site, tier, rate, args, kwargs, extra, grant)
         if cap is None:
             return None
         return cap, current.set(cap.capture_id), t_enter
@@ -141,7 +149,7 @@ def leave(site: CallSite, active: Active, error: BaseException | None, result: A
 
 
 def _open(site: CallSite, tier: int, rate: float, args: tuple[Any, ...], kwargs: dict[str, Any],
-          extra: dict[str, Any] | None) -> Capture | None:
+          extra: dict[str, Any] | None, grant: Any = None) -> Capture | None:
     cap = Capture()
     cap.capture_id = next_id()
     cap.parent_id = current.get()
@@ -149,6 +157,7 @@ def _open(site: CallSite, tier: int, rate: float, args: tuple[Any, ...], kwargs:
     cap.name = site.name
     cap.sample_rate = rate
     cap.extra = extra
+    cap.step_no = state.sampler.step_no
     span_ctx = otel_trace.get_current_span().get_span_context()
     if span_ctx.is_valid:
         cap.otel_parent = span_ctx
@@ -168,6 +177,12 @@ def _open(site: CallSite, tier: int, rate: float, args: tuple[Any, ...], kwargs:
             _site_error(site, "extract", exc)
         if not summary:  # nothing it recognised: the shapes of the arguments, as for @trace
             summary.extend(_args.summarize(args, kwargs, site.param_names))
+    if grant is not None:
+        tier, cap.grant = _grants.settle(state.grants, state.sampler, site, grant, summary, tier)
+        if tier == TIER_NONE:  # an armed call outside the slow call's bucket: call through
+            if cap.timer is not None:
+                cap.timer.release()
+            return None
     if tier == TIER_PROFILE:
         cap.profile = _profiler.start(device)
         if cap.profile is None:

@@ -18,7 +18,7 @@ from ._errors import CLIError
 __all__ = ["main", "CLIError"]
 
 # the order in which `attnscope --help` lists them
-_COMMANDS = ("demo", "run", "report", "diff", "compare")
+_COMMANDS = ("demo", "run", "report", "diff", "compare", "trigger")
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

@@ -25,7 +25,9 @@ from .._version import __version__
 from ..capture.record import Capture
 from ..export import metrics, pipeline
 from . import at_exit, derive, emit, profile
+from .control import ControlFile
 from .cuda import DeviceAccess
+from .latency import Escalator
 from .resolve import Resolver
 from .spans import SpanBuilder, result_of, site_attributes
 
@@ -63,6 +65,8 @@ class Worker:
         self.builder = SpanBuilder(emit.SdkEmitter(self.pipeline.tracer), cfg.max_spans_per_trace)
         self.resolver: Resolver[Capture] = Resolver(lambda cap: cap.timer)
         self.cuda = DeviceAccess()
+        self.escalator = Escalator()  # slow calls, and the trigger file (docs/live.md)
+        self.control = ControlFile()
         self._cond = threading.Condition()
         self._submit_lock = threading.Lock()
         self._stop = threading.Event()
@@ -155,6 +159,11 @@ class Worker:
 
     def _step(self) -> bool:
         worked = False
+        cfg = state.config or self._cfg  # both read from the configuration in force now
+        if cfg.live_trigger:  # once a second at most, and only when awake anyway
+            trigger = self.control.poll(cfg.trigger_dir)
+            if trigger is not None:
+                state.grants.set_trigger(*trigger)
         while self.dropped_ids:
             self.builder.parent_dropped(self.dropped_ids.popleft())
         if self.notices_lost:
@@ -209,6 +218,8 @@ class Worker:
                 # the configuration in force now: profile_dir and max_kernel_spans apply at once
                 attrs, children = profile.finish(cap, state.config or self._cfg, found)
                 found.update(attrs)
+            # slow? arm the site; a granted call says why
+            self.escalator.observe(cap, found, (state.config or self._cfg).slow_call_quantile)
             self.builder.add(result_of(cap, found, children, self._site_attrs(cap.site)))
         except Exception as exc:
             self.worker_errors += 1

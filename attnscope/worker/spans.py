@@ -116,7 +116,7 @@ class Result:
     """What the worker made of one capture: all its span needs, and no live handle."""
 
     __slots__ = ("capture_id", "parent_id", "name", "otel_parent", "start_ns", "end_ns", "attrs",
-                 "children", "error", "added")
+                 "children", "error", "added", "link_id")
 
     def __init__(self, cap: Capture, attrs: dict[str, Any], children: list[ChildSpan]) -> None:
         self.capture_id = cap.capture_id
@@ -129,6 +129,8 @@ class Result:
         self.children = children
         self.error = cap.error
         self.added = time.monotonic()
+        # a call profiled after a slow one links to the slow call's span (capture.grants)
+        self.link_id = cap.grant.link if cap.grant is not None else None
 
 
 def result_of(cap: Capture, derived: dict[str, Any], children: list[ChildSpan],
@@ -205,6 +207,9 @@ class SpanBuilder:
             # drop a child, so this span starts its own trace and links to the app's span.
             links = [Link(target)]
             target = None
+        slow = self._fate.get(item.link_id) if item.link_id is not None else None
+        if isinstance(slow, SpanContext) and slow.is_valid:
+            links = [*(links or ()), Link(slow, {P + "link": "slow_call"})]
         if target is not None and self._over_cap(target.trace_id):
             self._cut(item)
             return

@@ -1,0 +1,110 @@
+"""Per call site, a running estimate of its latency distribution; slow calls escalate.
+
+The worker sees every timing-tier capture. For each (call site, phase) it keeps a log-bucketed
+histogram of the call's time (device time when there is one, else wall time): ``_PER_OCTAVE``
+buckets per doubling from 1 µs to about 18 minutes, counts halved every ``_HALF_LIFE`` samples so
+the estimate follows a service whose load drifts. A call beyond the ``slow_call_quantile`` of the
+estimate made *before* it (at least ``MIN_SAMPLES`` earlier calls) is slow: its span says so, and
+the site is armed (``state.grants``) so that its next call in the same shape bucket is profiled.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any
+
+from .. import _buckets
+from .._state import state
+from ..capture.record import TIER_TIMING, Capture
+
+__all__ = ["Histogram", "Escalator", "MIN_SAMPLES"]
+
+_PER_OCTAVE = 8
+_OCTAVES = 30  # 1 µs · 2**30 ≈ 18 minutes
+_BUCKETS = _PER_OCTAVE * _OCTAVES
+_LOG_STEP = math.log(2.0) / _PER_OCTAVE
+_MIN_NS = 1_000
+_HALF_LIFE = 2_048
+MIN_SAMPLES = 100  # a p99 needs about this many calls before it means anything
+_RECOMPUTE = 16
+_MAX_PHASES = 8  # estimates per call site (phases are "", "prefill", "decode")
+
+
+class Histogram:
+    """A fixed-size log-bucketed histogram of durations (ns) with exponential forgetting."""
+
+    __slots__ = ("counts", "total", "added", "_cached", "_cached_at")
+
+    def __init__(self) -> None:
+        self.counts = [0.0] * _BUCKETS
+        self.total = 0.0
+        self.added = 0
+        self._cached = (-1.0, 0.0)  # (q, its quantile)
+        self._cached_at = -1
+
+    def threshold(self, q: float) -> float:
+        """:meth:`quantile`, recomputed every ``_RECOMPUTE`` samples (a walk over the buckets
+        costs the worker more than the rest of the decision)."""
+        if self._cached[0] != q or self.added - self._cached_at >= _RECOMPUTE:
+            self._cached = (q, self.quantile(q))
+            self._cached_at = self.added
+        return self._cached[1]
+
+    @staticmethod
+    def _index(ns: int) -> int:
+        if ns <= _MIN_NS:
+            return 0
+        return min(_BUCKETS - 1, int(math.log(ns / _MIN_NS) / _LOG_STEP))
+
+    def add(self, ns: int) -> None:
+        self.counts[self._index(ns)] += 1.0
+        self.total += 1.0
+        self.added += 1
+        if self.added % _HALF_LIFE == 0:
+            self.counts = [c * 0.5 for c in self.counts]
+            self.total *= 0.5
+
+    def quantile(self, q: float) -> float:
+        """The duration (ns) below which a fraction ``q`` of the calls fell, interpolated
+        geometrically inside its bucket."""
+        target = q * self.total
+        seen = 0.0
+        for i, count in enumerate(self.counts):
+            if count and seen + count >= target:
+                inside = (target - seen) / count
+                return _MIN_NS * math.exp((i + inside) * _LOG_STEP)
+            seen += count
+        return _MIN_NS * math.exp(_BUCKETS * _LOG_STEP)
+
+
+class Escalator:
+    """The worker's latency estimates and the slow-call decision (one per worker)."""
+
+    def __init__(self) -> None:
+        self._sites: weakref.WeakKeyDictionary[Any, dict[str, Histogram]] = (
+            weakref.WeakKeyDictionary())
+
+    def observe(self, cap: Capture, found: dict[str, Any], quantile: float) -> None:
+        """One finished capture: mark it slow (``found``) and arm its site, or just learn."""
+        if cap.grant is not None:
+            found["trigger"] = cap.grant.kind
+            return
+        if quantile >= 1.0 or cap.tier != TIER_TIMING or cap.error is not None:
+            return
+        device_ns = found.get("device_ns")
+        ns = device_ns if isinstance(device_ns, int) and device_ns > 0 else cap.wall_ns
+        phases = self._sites.get(cap.site)
+        if phases is None:
+            phases = self._sites[cap.site] = {}
+        key = _buckets.phase(cap.summary)
+        hist = phases.get(key)
+        if hist is None:
+            if len(phases) >= _MAX_PHASES:
+                return
+            hist = phases[key] = Histogram()
+        if hist.added >= MIN_SAMPLES and ns > hist.threshold(quantile):
+            found["slow"] = True
+            found["slow_quantile"] = quantile
+            state.grants.arm(cap.site, _buckets.bucket(cap.summary), cap.capture_id, quantile)
+        hist.add(ns)

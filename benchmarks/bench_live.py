@@ -1,0 +1,110 @@
+"""Calling-thread cost of issue 14's live features, before/after side by side in one run.
+
+"before" = the same process with slow-call escalation and the trigger file off
+(``slow_call_quantile=1.0, live_trigger=False``); "after" = both on (the defaults). Rounds are
+interleaved. Prints ns/call (median) for the unsampled path and the timing tier, and their
+ratios to a pass-through wrapper / an OTel span, as bench_hotpath.py does.
+
+Run: python benchmarks/bench_live.py [--rounds 9] [--calls 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+import attnscope
+
+OFF = {"slow_call_quantile": 1.0, "live_trigger": False}
+ON = {"slow_call_quantile": 0.99, "live_trigger": True}
+
+
+class Discard(SpanExporter):
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+def body(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return q
+
+
+def passthrough(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def per_call_ns(fn: Callable[[], Any], calls: int) -> float:
+    start = time.perf_counter_ns()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter_ns() - start) / calls
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--calls", type=int, default=20_000)
+    args = parser.parse_args(argv)
+    q = torch.zeros(1, 8, 128, 64)
+    plain = passthrough(body)
+    unsampled = attnscope.trace(body)
+    sampled = attnscope.trace(sample_rate=1.0)(passthrough(body))
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Discard()))
+    tracer = provider.get_tracer("bench")
+    ten = {f"attr.{i}": i for i in range(10)}
+
+    def otel_span() -> None:
+        with tracer.start_as_current_span("attention", attributes=ten):
+            body(q, q, q)
+
+    ours = TracerProvider()
+    ours.add_span_processor(BatchSpanProcessor(Discard()))
+    base = {"tracer_provider": ours, "sample_rate": 0.0, "warmup_calls": 0,
+            "overhead_budget": 1.0, "profile_rate": 0.0, "queue_size": 1_000_000}
+    rows: dict[str, list[float]] = {}
+
+    def measure(name: str, fn: Callable[[], Any], calls: int) -> None:
+        rows.setdefault(name, []).append(per_call_ns(fn, calls))
+
+    for _ in range(args.rounds + 1):  # the first round warms every path up and is dropped
+        for label, live in (("before", OFF), ("after", ON)):
+            attnscope.configure(**base, **live)  # the worker reads both settings per capture
+            measure("pass-through wrapper", lambda: plain(q, q, q), args.calls)
+            measure(f"unsampled, {label}", lambda: unsampled(q, q, q), args.calls)
+            measure(f"timing tier, {label}", lambda: sampled(q, q, q), args.calls // 10)
+            attnscope.flush(timeout_s=30)  # the worker's backlog stays out of the next row
+            measure("OTel span, 10 attributes", otel_span, args.calls // 10)
+    med = {name: statistics.median(v[1:]) for name, v in rows.items()}
+    print(f"machine: {platform.processor() or platform.machine()}, "
+          f"{platform.python_version()}, torch {torch.__version__}, rounds={args.rounds}, "
+          f"calls/round={args.calls}; before = escalation and trigger off, after = on")
+    print(f"{'variant':28} {'ns/call (median)':>18} {'min':>10} {'max':>10}")
+    for name, v in rows.items():
+        print(f"{name:28} {med[name]:18.0f} {min(v[1:]):10.0f} {max(v[1:]):10.0f}")
+    out: dict[str, float] = {}
+    print()
+    for label in ("before", "after"):
+        r1 = med[f"unsampled, {label}"] / med["pass-through wrapper"]
+        r2 = med[f"timing tier, {label}"] / med["OTel span, 10 attributes"]
+        out[f"unsampled_{label}"], out[f"timing_{label}"] = r1, r2
+        print(f"{label:6}  unsampled / pass-through = {r1:.2f} (target <= 1.5)   "
+              f"timing tier / OTel span = {r2:.2f} (target <= 0.33)")
+    attnscope.shutdown(timeout_s=10)
+    return out
+
+
+if __name__ == "__main__":
+    main()

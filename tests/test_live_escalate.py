@@ -1,0 +1,153 @@
+"""Slow calls escalate: a timed call beyond its site's p99 arms the site, its next call in the
+same shape bucket is profiled and links to the slow call's span (issue 14, part 2)."""
+
+from __future__ import annotations
+
+import bisect
+import time
+from typing import Any
+
+import pytest
+import torch
+
+import attnscope
+from attnscope import _buckets
+from attnscope._state import state
+from attnscope.capture import grants
+from attnscope.capture.record import TensorMeta
+from attnscope.capture.sampling import CallSite
+from attnscope.testing import capture_spans
+from attnscope.worker.latency import MIN_SAMPLES, Histogram
+
+SMALL, BIG = torch.zeros(8), torch.zeros(512)
+Q = torch.zeros(4)
+
+
+@attnscope.trace
+def attention(q: torch.Tensor, k: torch.Tensor, i: int) -> torch.Tensor:
+    if k.shape[0] > 100:  # the slow pattern: every 50th call has a long key sequence
+        time.sleep(0.003)
+    return q
+
+
+def _run(calls: int, **settings: Any) -> list[Any]:
+    chosen: dict[str, Any] = {"profile_max_per_minute": 1e6}
+    chosen.update(settings)
+    with capture_spans(**chosen) as spans:
+        for i in range(1, calls + 1):
+            attention(Q, BIG if i % 50 == 0 else SMALL, i)
+            if i % 200 == 0:
+                attnscope.flush()
+    return spans
+
+
+def _is_slow_pattern(span: Any) -> bool:
+    return bool(span.attributes.get("attnscope.wall_ns", 0) > 2_000_000)
+
+
+def test_profiles_concentrate_on_the_slow_pattern() -> None:
+    spans = _run(1500, profile_rate=0.02)
+    profiled = [s for s in spans if s.attributes["attnscope.tier"] == "profile"]
+    slow_profiled = [s for s in profiled if _is_slow_pattern(s)]
+    # random profiling alone: 1 in 50 of the profiled calls is a slow one
+    share = len(slow_profiled) / len(profiled)
+    assert share >= 5 * (1 / 50), (len(slow_profiled), len(profiled))
+    escalated = [s for s in profiled if s.attributes.get("attnscope.trigger") == "slow_call"]
+    assert escalated and all(_is_slow_pattern(s) for s in escalated)
+    stats = attnscope.stats()
+    assert stats["slow_granted"] == len(escalated) and stats["slow_calls"] >= len(escalated)
+
+
+def test_slow_span_is_marked_and_the_profiled_span_links_to_it() -> None:
+    spans = _run(600)
+    by_id = {s.context.span_id: s for s in spans}
+    slow = [s for s in spans if s.attributes.get("attnscope.slow") is True]
+    assert slow and all(s.attributes["attnscope.slow_quantile"] == 0.99 for s in slow)
+    assert all(s.attributes["attnscope.tier"] == "timing" for s in slow)
+    profiled = [s for s in spans if s.attributes.get("attnscope.trigger") == "slow_call"]
+    assert profiled
+    for span in profiled:
+        assert span.attributes["attnscope.tier"] == "profile"
+        (link,) = span.links
+        assert link.attributes == {"attnscope.link": "slow_call"}
+        target = by_id[link.context.span_id]
+        assert target.attributes.get("attnscope.slow") is True
+        assert target.end_time <= span.start_time
+
+
+def test_no_escalation_before_enough_samples_or_when_off() -> None:
+    spans = _run(MIN_SAMPLES - 10)
+    assert not [s for s in spans if "attnscope.slow" in s.attributes]
+    spans = _run(600, slow_call_quantile=1.0)
+    assert not [s for s in spans if "attnscope.slow" in s.attributes
+                or "attnscope.trigger" in s.attributes]
+    assert attnscope.stats()["slow_calls"] == 0
+
+
+def test_token_bucket_still_limits_escalated_profiles() -> None:
+    _run(1000, profile_max_per_minute=1)
+    stats = attnscope.stats()
+    assert stats["slow_granted"] == 1 and stats["slow_lapsed"] >= 1
+
+
+def _sampled_calls(escalate: bool) -> list[int]:
+    settings = {"sample_rate": 0.2, "slow_call_quantile": 0.99 if escalate else 1.0}
+    # one step: its spans may share a trace, so no per-trace cap may cut them
+    chosen: dict[str, Any] = {"profile_max_per_minute": 1e6, "max_spans_per_trace": 100_000,
+                              **settings}
+    starts: list[int] = []
+    with capture_spans(**chosen) as spans:
+        attnscope.step(7)  # seeded draws: the same calls are sampled in both runs
+        for i in range(1, 3001):
+            starts.append(time.time_ns())  # the span of call i starts after this
+            attention(Q, BIG if i % 50 == 0 else SMALL, i)
+            if i % 500 == 0:
+                attnscope.flush()
+    # a granted call the sampler would not have chosen is an extra capture, at rate 1.0
+    natural = [s for s in spans if s.attributes["attnscope.sample_rate"] == 0.2]
+    extra = [s for s in spans if s.attributes["attnscope.sample_rate"] == 1.0]
+    assert len(natural) + len(extra) == len(spans)
+    assert all(s.attributes["attnscope.trigger"] == "slow_call" for s in extra)
+    assert bool(extra) == escalate
+    assert attnscope.stats()["dropped_trace_cap"] == 0
+    return sorted(bisect.bisect_right(starts, s.start_time) for s in natural)
+
+
+def test_the_random_sample_is_unchanged_by_escalation() -> None:
+    assert _sampled_calls(escalate=True) == _sampled_calls(escalate=False)
+
+
+def test_histogram_quantile() -> None:
+    hist = Histogram()
+    for ns in range(1, 1001):
+        hist.add(ns * 10_000)  # 10 µs .. 10 ms, uniform
+    assert hist.quantile(0.5) == pytest.approx(5_000_000, rel=0.1)
+    assert hist.quantile(0.99) == pytest.approx(9_900_000, rel=0.1)
+
+
+def test_buckets_separate_prefill_and_decode_and_round_sizes() -> None:
+    def meta(*shape: int) -> list[tuple[str, Any]]:
+        return [("q", TensorMeta(shape, torch.float32, torch.device("cpu")))]
+
+    assert _buckets.bucket(meta(1, 8, 300, 64)) == _buckets.bucket(meta(1, 8, 400, 64))
+    assert _buckets.bucket(meta(1, 8, 300, 64)) != _buckets.bucket(meta(1, 8, 600, 64))
+    assert _buckets.phase(meta(1, 8, 300, 64)) == ""
+
+
+def test_an_armed_site_restores_its_countdown() -> None:
+    site = CallSite("k", "n")
+    state.sampler.register(site)
+    site.gen = state.sampler.gen
+    site.countdown = 40
+    assert state.grants.arm(site, (1, 1), link=5, quantile=0.99)  # one 1-D tensor of size 1
+    assert site.countdown == 1 and site.grant is not None
+    assert not state.grants.arm(site, (1,), link=6, quantile=0.99)  # one grant at a time
+    tier, rate, grant = grants.decide(state.grants, state.sampler, site, None)
+    assert (tier, rate) == (0, 1.0) and grant is site.grant and site.countdown == 1
+    tier, chosen = grants.settle(state.grants, state.sampler, site, grant, [], tier)
+    assert chosen is None and tier == 0  # another bucket: call through, still armed
+    tier, rate, grant = grants.decide(state.grants, state.sampler, site, None)
+    tier, chosen = grants.settle(state.grants, state.sampler, site, grant,
+                                 [("x", TensorMeta((1,), torch.float32, None))], tier)
+    assert chosen is grant and tier == 2
+    assert site.grant is None and site.countdown == 38  # 40, less the two armed calls

@@ -1,0 +1,150 @@
+"""Profile on demand: `attnscope trigger` writes a control file the worker reads (issue 14,
+part 1). The file is trusted only in a 0700 directory of this user."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import time
+from typing import Any
+
+import pytest
+import torch
+
+import attnscope
+from attnscope.cli import main
+from attnscope.testing import capture_spans
+from attnscope.worker import control
+
+
+@attnscope.trace
+def g(x: torch.Tensor) -> torch.Tensor:
+    return x + 1
+
+
+@attnscope.trace
+def other(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+@pytest.fixture
+def tdir(tmp_path: pathlib.Path) -> str:
+    d = tmp_path / "trig"
+    d.mkdir(mode=0o700)
+    return str(d)
+
+
+def _until_consumed(path: str, *calls: Any) -> None:
+    """Make calls (each sampled call wakes the worker) until it has read the trigger."""
+    x = torch.zeros(4)
+    deadline = time.monotonic() + 20
+    while os.path.exists(path) and time.monotonic() < deadline:
+        for fn in calls:
+            fn(x)
+        attnscope.flush()
+        time.sleep(0.05)
+    assert not os.path.exists(path)
+
+
+def test_cli_trigger_profiles_the_next_sampled_calls_of_matching_sites(tdir: str) -> None:
+    x = torch.zeros(4)
+    with capture_spans(trigger_dir=tdir) as spans:
+        g(x)  # the worker runs
+        assert main(["trigger", "--pid", str(os.getpid()), "--calls", "3", "--site", "*.g:*",
+                     "--dir", tdir]) == 0
+        _until_consumed(control.trigger_path(tdir, os.getpid()), other)
+        for _ in range(6):
+            other(x)
+            g(x)
+    on_demand = [s for s in spans if s.attributes.get("attnscope.trigger") == "on_demand"]
+    assert len(on_demand) == 3
+    assert all(s.name == "g" and s.attributes["attnscope.tier"] == "profile" for s in on_demand)
+    assert not [s for s in spans if s.name == "other" and s.attributes["attnscope.tier"] != "timing"]
+    stats = attnscope.stats()
+    assert stats["on_demand_granted"] == 3 and stats["on_demand_remaining"] == 0
+
+
+def test_triggered_calls_respect_the_users_profiler(tdir: str) -> None:
+    x = torch.zeros(4)
+    with capture_spans(trigger_dir=tdir) as spans:
+        g(x)
+        path = control.write(tdir, os.getpid(), 2, "*")
+        _until_consumed(path, other)
+        with torch.profiler.profile():
+            g(x)
+            g(x)
+    on_demand = [s for s in spans if s.attributes.get("attnscope.trigger") == "on_demand"]
+    assert len(on_demand) == 2 and all(s.attributes["attnscope.tier"] == "timing"
+                                       for s in on_demand)
+    assert attnscope.stats()["profile_skipped_user_profiler"] == 2
+
+
+def test_off_means_the_file_is_not_read(tdir: str) -> None:
+    x = torch.zeros(4)
+    with capture_spans(trigger_dir=tdir, live_trigger=False):
+        path = control.write(tdir, os.getpid(), 2, "*")
+        for _ in range(3):
+            g(x)
+            attnscope.flush()
+    assert os.path.exists(path) and attnscope.stats()["on_demand_granted"] == 0
+
+
+def test_a_directory_others_can_enter_is_not_trusted(tmp_path: pathlib.Path) -> None:
+    d = tmp_path / "open"
+    d.mkdir(mode=0o700)
+    control.write(str(d), 123, 2, "*")
+    os.chmod(d, 0o755)
+    with pytest.raises(ValueError, match="permissions"):
+        control.read(str(d), 123)
+    assert main(["trigger", "--pid", str(os.getpid()), "--dir", str(d)]) == 2
+
+
+def test_files_that_are_not_this_users_plain_trigger_are_refused(tdir: str) -> None:
+    path = control.write(tdir, 1, 2, "*")
+    os.chmod(path, 0o666)
+    with pytest.raises(ValueError, match="regular file"):
+        control.read(tdir, 1)
+    os.unlink(path)
+    target = pathlib.Path(tdir) / "elsewhere"
+    target.write_text('{"calls": 2, "site": "*"}')
+    os.symlink(target, path)
+    with pytest.raises(ValueError, match="regular file"):
+        control.read(tdir, 1)
+    os.unlink(path)
+    pathlib.Path(path).write_text('{"calls": 0}')
+    with pytest.raises(ValueError, match="calls"):
+        control.read(tdir, 1)
+    assert not os.path.exists(path)  # a bad trigger is consumed, not read every second
+
+
+def test_write_is_atomic_and_read_consumes(tdir: str) -> None:
+    path = control.write(tdir, 42, 5, "*Attention*")
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert os.listdir(tdir) == ["42.trigger"]  # no temporary file left
+    assert control.read(tdir, 42) == (5, "*Attention*")
+    assert control.read(tdir, 42) is None
+
+
+def test_cli_rejects_bad_input(tdir: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["trigger", "--pid", "999999999", "--dir", tdir]) == 2
+    assert "no process" in capsys.readouterr().err
+    assert main(["trigger", "--pid", str(os.getpid()), "--calls", "100000", "--dir", tdir]) == 2
+    with pytest.raises(SystemExit):
+        main(["trigger", "--pid", "0"])
+
+
+def test_poll_rate_limited(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [0.0]
+    poller = control.ControlFile(every_s=1.0, clock=lambda: now[0])
+    calls: list[int] = []
+    real = control.read
+
+    def counting(d: str, pid: int) -> Any:
+        calls.append(pid)
+        return real(d, pid)
+
+    monkeypatch.setattr(control, "read", counting)
+    for t in (0.0, 0.3, 0.9, 1.0, 1.5, 2.2):
+        now[0] = t
+        poller.poll("/nonexistent-attnscope")
+    assert len(calls) == 3  # at 0.0, 1.0 and 2.2
