@@ -1,0 +1,216 @@
+"""Tiny models of transformers architectures, and what each model itself says its attention did.
+
+Not a test module: ``tests/test_arch_sweep.py`` uses it. A config is shrunk by overriding the
+attribute names that configs share (width, layers, heads, vocabulary, feed-forward sizes...);
+the reference is the model run with eager attention and ``output_attentions=True``: the softmax
+weights' shapes give batch, heads, Sq and Skv, a (query, key) pair is visible when its weight is
+not zero, and torch's FLOP counter gives each attention module's QKᵀ and PV matmul FLOPs over
+the full (B, H, Sq, Skv) block, hence its Dqk + Dv. Nothing here is read from attnscope.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, NamedTuple
+
+import torch
+import transformers
+from torch.utils.flop_counter import FlopCounterMode
+
+__all__ = ["Reference", "Weights", "build", "inputs_for", "quiet", "reference", "tiny_overrides"]
+
+WIDTH, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB, POSITIONS = 32, 4, 2, 8, 64, 96, 64
+_SET: dict[tuple[str, ...], int] = {
+    ("hidden_size", "d_model", "n_embd", "embed_dim", "n_embed", "model_dim",
+     "projection_size"): WIDTH,
+    ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
+     "decoder_attention_heads", "num_decoder_attention_heads"): HEADS,
+    ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num"): KV_HEADS,
+    ("head_dim", "attention_head_size", "kv_channels", "d_kv", "head_size"): HEAD_DIM,
+    ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "n_inner", "d_ff",
+     "ffn_hidden_size", "moe_intermediate_size", "shared_expert_intermediate_size",
+     "expert_intermediate_size", "dense_intermediate_size"): FFN,
+    ("vocab_size",): VOCAB,
+    ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length",
+     "max_target_positions", "max_sequence_length"): POSITIONS,
+    ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"): 4,
+    ("num_experts_per_tok", "moe_topk"): 2,
+    ("kv_lora_rank", "q_lora_rank"): 16,
+    ("qk_nope_head_dim", "v_head_dim"): 8,  # MLA: Dqk = nope + rope = 12, Dv = 8
+    ("qk_rope_head_dim", "rotary_dim"): 4,
+    ("sliding_window", "window_size", "attention_window_size", "local_attention"): 4,
+    ("n_group", "topk_group", "first_k_dense_replace"): 1,
+    ("image_size",): 32,
+    ("patch_size",): 8,
+    ("num_mel_bins",): 16,
+    ("max_source_positions",): 16,
+}
+_LAYERS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers",
+           "decoder_layers", "num_decoder_layers")
+_TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
+              "sep_token_id", "cls_token_id")
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _layers(cfg: Any, out: dict[str, Any]) -> None:
+    """Two layers, or one of each kind where the config lists per-layer kinds."""
+    kinds = getattr(cfg, "layer_types", None)
+    n = 2
+    if isinstance(kinds, (list, tuple)) and kinds:
+        picked = [k for i, k in enumerate(kinds) if k not in kinds[:i]][:3]
+        n = len(picked)
+        out["layer_types"] = picked
+    for name in _LAYERS:
+        if _int(getattr(cfg, name, None)):
+            out[name] = n
+
+
+def tiny_overrides(cfg: Any) -> dict[str, Any]:
+    """Constructor keywords that shrink ``cfg`` (sub-configs as dicts, shrunk the same way)."""
+    out: dict[str, Any] = {}
+    for names, value in _SET.items():
+        for name in names:
+            if _int(getattr(cfg, name, None)) and not isinstance(
+                    getattr(type(cfg), name, None), property):  # Falcon: derived head_dim
+                out[name] = value
+    _layers(cfg, out)
+    if "qk_rope_head_dim" in out:  # MLA (DeepSeek): head_dim is the rotary part; no GQA
+        out.update(head_dim=4, num_key_value_heads=HEADS, num_experts_per_tok=2, n_group=1,
+                   topk_group=1)
+    if getattr(cfg, "attention_types", None):  # GPT-Neo: one global and one local layer
+        out["attention_types"] = [[["global", "local"], 1]]
+    if getattr(cfg, "depths", None):  # Swin-like stages
+        out.update(depths=[1, 1], num_heads=[2, 4], embed_dim=16, window_size=2)
+    for name in _TOKEN_IDS:
+        if _int(getattr(cfg, name, None)) and getattr(cfg, name) >= VOCAB:
+            out[name] = 2
+    for key in getattr(type(cfg), "sub_configs", {}):
+        sub = getattr(cfg, key, None)
+        if isinstance(sub, transformers.PretrainedConfig):
+            out[key] = {**sub.to_dict(), **tiny_overrides(sub)}
+    return out
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """The models' own warnings (deprecations, generation defaults) are not what is tested."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def build(model_type: str, class_name: str, **extra: Any) -> Any:
+    """An eager tiny model of ``class_name`` for ``model_type``, in eval mode, seeded."""
+    config_cls = transformers.CONFIG_MAPPING[model_type]
+    with quiet():
+        cfg = config_cls(**{**tiny_overrides(config_cls()), "attn_implementation": "eager",
+                            **extra})
+        cls = getattr(transformers, class_name)
+        torch.manual_seed(0)
+        model = cls(cfg).eval()
+        model.set_attn_implementation("eager")
+    return model
+
+
+def _config_of(model: Any, key: str) -> Any:
+    cfg = model.config
+    return getattr(cfg, key, None) or cfg
+
+
+def inputs_for(kind: str, model: Any, padded: bool) -> dict[str, Any]:
+    """Inputs of a batch of two; ``padded``: the second row's first two tokens are padding."""
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 60, (2, 8), generator=gen)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, :2] = 0
+    text = {"input_ids": ids, "attention_mask": mask}
+    if kind in ("causal", "encoder"):
+        return text
+    if kind == "seq2seq":
+        return {**text, "decoder_input_ids": torch.randint(3, 60, (2, 5), generator=gen)}
+    if kind == "whisper":
+        cfg = model.config
+        feats = torch.randn(2, cfg.num_mel_bins, 2 * cfg.max_source_positions, generator=gen)
+        return {"input_features": feats, "decoder_input_ids": ids[:, :5]}
+    vision = _config_of(model, "vision_config")
+    size = vision.image_size
+    pixels = torch.randn(2, getattr(vision, "num_channels", 3), size, size, generator=gen)
+    if kind == "vision":
+        return {"pixel_values": pixels}
+    return {**text, "pixel_values": pixels}  # text + vision (CLIP, SigLIP)
+
+
+class Weights(NamedTuple):
+    """One attention call as the model reports it."""
+
+    group: str  # the output field it came in: attentions, encoder_attentions, cross_attentions...
+    module: str  # path of the innermost module that returned this tensor
+    w: torch.Tensor  # (B, H, Sq, Skv) softmax weights
+
+
+class Reference(NamedTuple):
+    calls: list[Weights]  # in the order the model returned them
+    dims: dict[str, int | None]  # module path -> Dqk + Dv (None: not a whole number)
+    pooling_calls: int  # nn.MultiheadAttention calls (SigLIP's pooling head): weights not returned
+
+
+def _groups(out: Any) -> list[tuple[str, torch.Tensor]]:
+    found: list[tuple[str, torch.Tensor]] = []
+    for name in ("attentions", "encoder_attentions", "decoder_attentions", "cross_attentions"):
+        found += [(name, w) for w in getattr(out, name, None) or () if isinstance(w, torch.Tensor)]
+    for side in ("vision", "text"):
+        sub = getattr(out, f"{side}_model_output", None)
+        found += [(side, w) for w in getattr(sub, "attentions", None) or ()]
+    return found
+
+
+def _producers(model: Any) -> tuple[list[tuple[str, Any]], Callable[[], None]]:
+    """(module path, output) of every module call, innermost first; and the hooks' remover."""
+    paths = {id(m): path for path, m in model.named_modules()}
+    seen: list[tuple[str, Any]] = []
+
+    def record(module: torch.nn.Module, args: Any, output: Any) -> None:
+        if id(module) in paths:
+            seen.append((paths[id(module)], output))
+
+    hook = torch.nn.modules.module.register_module_forward_hook(record)
+    return seen, hook.remove
+
+
+def _produced_by(seen: list[tuple[str, Any]], w: torch.Tensor) -> str:
+    """The innermost module that returned ``w`` beside its output (a tuple: a bare tensor is a
+    dropout's identity in eval mode)."""
+    for path, output in seen:  # a forward hook runs as its module returns: inner ones first
+        if isinstance(output, tuple) and any(o is w for o in output):
+            return path
+    return "?"
+
+
+def reference(model: Any, inputs: dict[str, Any]) -> tuple[Reference, Any]:
+    """The model's own account of one forward: each returned weights tensor with the module
+    that returned it, and each such module's Dqk + Dv = its matmul FLOPs / (2 · B·H·Sq·Skv
+    summed over its calls) (ALBERT runs one shared layer several times)."""
+    seen, remove = _producers(model)
+    try:
+        with quiet(), torch.no_grad(), FlopCounterMode(display=False) as counter:
+            out = model(**inputs, output_attentions=True)
+    finally:
+        remove()
+    calls = [Weights(group, _produced_by(seen, w), w) for group, w in _groups(out)]
+    root = type(model).__name__ + "."
+    bmm = {key.removeprefix(root): sum(n for op, n in ops.items() if "bmm" in str(op))
+           for key, ops in counter.get_flop_counts().items()}
+    dims: dict[str, int | None] = {}
+    for path in {c.module for c in calls}:
+        block = 2 * sum(c.w.numel() for c in calls if c.module == path)
+        flops = bmm.get(path, 0)
+        dims[path] = flops // block if flops and flops % block == 0 else None
+    pools = {p for p, m in model.named_modules() if isinstance(m, torch.nn.MultiheadAttention)}
+    pooling = sum(1 for path, _ in seen if path in pools)
+    return Reference(calls, dims, pooling), out
