@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["rank", "world_size"]
+__all__ = ["rank", "world_size", "run_id", "host"]
 
 
 def rank() -> int:
@@ -15,6 +15,29 @@ def rank() -> int:
 def world_size() -> int:
     """Number of processes: torch.distributed when initialised, else $WORLD_SIZE, else 1."""
     return _dist_value("get_world_size", "WORLD_SIZE", 1)
+
+
+def run_id(configured: str | None = None) -> str | None:
+    """The id every rank of one job shares, or None: ``configured`` (the ``run_id`` setting), else
+    torchrun's ``$TORCHELASTIC_RUN_ID`` with ``$TORCHELASTIC_RESTART_COUNT`` (a restarted worker
+    group replays its steps: its traces must not merge with the failed attempt's). torchrun's
+    default ``--rdzv-id`` on several nodes, ``none``, is the same in every job: not an id."""
+    if configured:
+        return configured
+    job = os.environ.get("TORCHELASTIC_RUN_ID", "").strip()
+    if not job or job.lower() == "none":
+        return None
+    return f"{job}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0').strip()}"
+
+
+def host() -> str:
+    """This machine's name (``socket.gethostname()``), "" when it cannot be read."""
+    try:
+        import socket
+
+        return socket.gethostname()
+    except Exception:
+        return ""
 
 
 def _dist_value(fn: str, env: str, default: int) -> int:

@@ -14,13 +14,22 @@ Instruments (see docs/exporting.md):
 
 The first three carry ``attnscope.module_class`` (the span name where there is no module) /
 ``attnscope.backend`` / ``attnscope.device`` / ``attnscope.phase`` when the span has them.
+
+The two histograms are recorded in the context of the span just emitted, so a meter provider with
+exemplars (the SDK's default ``trace_based`` filter, ``OTEL_METRICS_EXEMPLAR_FILTER``) keeps, per
+bucket, the trace and span id of a sampled call: a p99 bucket links to its trace.
 """
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, TypeGuard
+
+from opentelemetry import trace as otel_trace
+from opentelemetry.context import Context
+from opentelemetry.trace import NonRecordingSpan
 
 from .. import _log
 from .._config import Config
@@ -159,6 +168,8 @@ class _Instruments:
             description="Peak device memory allocated during sampled calls",
             explicit_bucket_boundaries_advisory=list(MEMORY_BUCKETS_BYTES),
         )
+        # The context argument (exemplars) exists from opentelemetry-api 1.28 on.
+        self._with_context = _takes_context(self.duration.record)
         for create, name, callback, unit, description in (
             (meter.create_observable_counter, "attnscope.spans.dropped", _observe_dropped,
              "{span}", "attnscope spans not delivered, by reason"),
@@ -184,9 +195,13 @@ class _Instruments:
             _log.internal_error("metrics.observe", exc)
             return []
 
-    def record(self, result: Any) -> None:
-        """Record one built span (a ``worker.spans.Result``): its name and attributes."""
+    def record(self, result: Any, span_context: Any = None) -> None:
+        """Record one built span (a ``worker.spans.Result``): its name and attributes.
+        ``span_context``: the span's own, for exemplars (when sampled)."""
         try:
+            ctx = None
+            if span_context is not None and self._with_context and span_context.trace_flags.sampled:
+                ctx = otel_trace.set_span_in_context(NonRecordingSpan(span_context), _EMPTY)
             attrs: dict[str, Any] = result.attrs
             labels: dict[str, str] = {}
             for key in _LABELS:
@@ -199,7 +214,10 @@ class _Instruments:
             wall_ns = attrs.get(P + "wall_ns")
             ns = device_ns if _positive_int(device_ns) else wall_ns
             if _count(ns):
-                self.duration.record(ns / 1e9, labels)
+                if ctx is None:
+                    self.duration.record(ns / 1e9, labels)
+                else:
+                    self.duration.record(ns / 1e9, labels, context=ctx)
             tokens = attrs.get(P + "tokens")
             if _count(tokens) and tokens > 0:
                 rate = attrs.get(P + "sample_rate")
@@ -210,9 +228,22 @@ class _Instruments:
                     totals[series] = totals.get(series, 0.0) + tokens * weight
             peak = attrs.get(P + "memory.peak_bytes")
             if _count(peak):
-                self.memory_peak.record(peak, labels)
+                if ctx is None:
+                    self.memory_peak.record(peak, labels)
+                else:
+                    self.memory_peak.record(peak, labels, context=ctx)
         except Exception as exc:
             _log.internal_error("metrics", exc)
+
+
+_EMPTY = Context()
+
+
+def _takes_context(record: Callable[..., Any]) -> bool:
+    try:
+        return "context" in inspect.signature(record).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _positive_int(value: Any) -> bool:
@@ -235,8 +266,8 @@ def _instruments_for(meter_provider: Any) -> _Instruments:
         return found
 
 
-def recorder(cfg: Config, pipeline: Any = None) -> Callable[[Any], None] | None:
-    """A callable ``(result)`` that records a built span's metrics; None when metrics are off.
+def recorder(cfg: Config, pipeline: Any = None) -> Callable[[Any, Any], None] | None:
+    """A callable ``(result, span_context)`` that records a built span's metrics; None when off.
 
     ``pipeline`` (an ``export.pipeline.Pipeline``) supplies the meter provider it resolved, which it also
     flushes and shuts down. Without one, only ``meter_provider=`` or the app's global SDK provider

@@ -38,12 +38,13 @@ from opentelemetry.trace import (
 
 from ..capture.record import MAX_NAME, ErrorInfo
 
-__all__ = ["Emitter", "SdkEmitter", "DirectEmitter", "NowhereEmitter", "for_pipeline",
-           "error_status", "span_name"]
+__all__ = ["Emitter", "SdkEmitter", "DirectEmitter", "NowhereEmitter", "OpenSpan",
+           "for_pipeline", "error_status", "span_name"]
 
 MAX_STRING = 256  # attribute string values and status descriptions
 _INTERNAL = SpanKind.INTERNAL
 _EMPTY = Context()
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 
 def error_status(err: ErrorInfo) -> Status:
@@ -73,6 +74,29 @@ class Emitter:
              error: ErrorInfo | None = None) -> SpanContext | None:
         raise NotImplementedError
 
+    def context_with(self, trace_id: int, span_id: int, name: str,
+                     parent: SpanContext | None) -> SpanContext:
+        """The context a span with these ids would have (a step's spans, docs/live.md): sampled,
+        unless the provider's sampler (when attnscope asks it) says otherwise."""
+        return SpanContext(trace_id, span_id, is_remote=True, trace_flags=_SAMPLED)
+
+    def open_span(self, ctx: SpanContext, name: str, parent: SpanContext | None,
+                  attrs: dict[str, Any], start_ns: int) -> OpenSpan | None:
+        """A span whose children are emitted before it ends; None when this emitter cannot make
+        one with ``ctx``'s trace id (no parent to take it from) or makes none at all."""
+        return None
+
+
+class OpenSpan:
+    """A span that ends later (:meth:`close`); ``context`` is what its children hang under."""
+
+    def __init__(self, context: SpanContext, close: Any) -> None:
+        self.context = context
+        self._close = close
+
+    def close(self, start_ns: int, end_ns: int) -> None:
+        self._close(start_ns, end_ns)
+
 
 class SdkEmitter(Emitter):
     """Through ``tracer.start_span``: the application's provider, its sampler and processors."""
@@ -91,6 +115,20 @@ class SdkEmitter(Emitter):
         span.end(end_time=end_ns)
         sc: SpanContext = span.get_span_context()
         return sc
+
+    def open_span(self, ctx: SpanContext, name: str, parent: SpanContext | None,
+                  attrs: dict[str, Any], start_ns: int) -> OpenSpan | None:
+        """A running span of the application's tracer (it picks the span id: ``ctx``'s trace id
+        comes from ``parent``; without one there is no way to ask for it)."""
+        if parent is None:
+            return None
+        span = self.tracer.start_span(span_name(name), context=_parent_context(parent),
+                                      kind=_INTERNAL, attributes=attrs, start_time=start_ns)
+
+        def close(start: int, end_ns: int) -> None:
+            span.end(end_time=end_ns)
+
+        return OpenSpan(span.get_span_context(), close)
 
 
 class NowhereEmitter(Emitter):
@@ -131,6 +169,12 @@ class DirectEmitter(Emitter):
             return sc
         if result.attributes and result.attributes is not attrs:
             attrs = {**attrs, **result.attributes}
+        self._end(sc, name, parent, attrs, start_ns, end_ns, links, error)
+        return sc
+
+    def _end(self, sc: SpanContext, name: str, parent: SpanContext | None, attrs: dict[str, Any],
+             start_ns: int, end_ns: int, links: Sequence[Link] = (),
+             error: ErrorInfo | None = None) -> None:
         events: tuple[Event, ...] = ()
         status = Status(StatusCode.UNSET)
         if error is not None:
@@ -140,7 +184,28 @@ class DirectEmitter(Emitter):
             name=name, context=sc, parent=parent, resource=self.resource, attributes=attrs,
             events=events, links=links, kind=_INTERNAL, status=status, start_time=start_ns,
             end_time=end_ns, instrumentation_scope=self.scope))
-        return sc
+
+    def context_with(self, trace_id: int, span_id: int, name: str,
+                     parent: SpanContext | None) -> SpanContext:
+        """These ids, with the provider's sampler's decision (a ratio sampler decides on the trace
+        id: the same on every rank)."""
+        result = self.sampler.should_sample(_parent_context(parent), trace_id, span_name(name),
+                                            _INTERNAL)
+        flags = TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT
+        return SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags),
+                           trace_state=result.trace_state)
+
+    def open_span(self, ctx: SpanContext, name: str, parent: SpanContext | None,
+                  attrs: dict[str, Any], start_ns: int) -> OpenSpan | None:
+        """A span with exactly ``ctx`` (ids chosen by the caller), handed to the processor when
+        it is closed, with the times given then."""
+        name = span_name(name)
+
+        def close(start: int, end_ns: int) -> None:
+            if ctx.trace_flags.sampled:
+                self._end(ctx, name, parent, attrs, start, end_ns)
+
+        return OpenSpan(ctx, close)
 
 
 def _exception_attributes(err: ErrorInfo) -> dict[str, str]:

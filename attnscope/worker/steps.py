@@ -1,0 +1,137 @@
+"""One trace per declared step, shared by every rank of a job, on the worker thread.
+
+The ids are a pure function of the run id (the ``run_id`` setting, else torchrun's
+``TORCHELASTIC_RUN_ID`` and restart count) and the step number, so the ranks agree without
+talking: the trace id (128 bits) and the step root's span id (64 bits) hash ``(run id, step)``; a
+rank's own span id hashes ``(run id, step, rank)``. Rank 0 emits the root (``attnscope.step``),
+every rank emits one ``attnscope.rank`` span under it, and the rank's top-level sampled calls of
+the step hang under that. Without a run id, the ids come from a random per-process id: one trace
+per step of this process (ranks of a job without one do not join; a warning says so once).
+
+The root and rank spans cover this process's sampled calls of the step: from the first one's start
+to the last one's end (the worker never sees the step's own boundaries). Rank 0's root therefore
+covers rank 0's calls; a straggler's rank span may end after it — Jaeger and the file exporters
+draw it as it is. They are emitted when the worker sees a sampled call of another step (or none),
+and when it stops (``shutdown()``, exit): a late call of a step already closed still goes under its
+rank span, past its end.
+
+Through the application's own provider (``SdkEmitter``) attnscope cannot choose span ids: the rank
+span is a running span of that provider, its parent the step root's id, and no root is emitted
+(Jaeger shows the rank spans side by side under a missing parent, in one trace).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+
+from opentelemetry.trace import SpanContext
+
+from .. import _dist, _log
+from .._state import state
+from .emit import Emitter, OpenSpan
+
+__all__ = ["StepTraces", "step_ids", "configured_run_id", "ROOT_NAME", "RANK_NAME"]
+
+ROOT_NAME = "attnscope.step"
+RANK_NAME = "attnscope.rank"
+P = "attnscope."
+_KEEP_CLOSED = 64  # closed steps whose rank span late calls can still find
+
+
+def step_ids(run_id: str, step_no: int, rank: int) -> tuple[int, int, int]:
+    """(trace id, step root span id, this rank's span id): the same in every process."""
+    digest = hashlib.blake2b(f"attnscope-step\x00{run_id}\x00{step_no}".encode(),
+                             digest_size=24).digest()
+    rank_digest = hashlib.blake2b(f"attnscope-rank\x00{run_id}\x00{step_no}\x00{rank}".encode(),
+                                  digest_size=8).digest()
+    # An all-zero id is invalid in OpenTelemetry; 1 in 2**64 is not worth another hash.
+    return (int.from_bytes(digest[:16], "big") or 1, int.from_bytes(digest[16:], "big") or 1,
+            int.from_bytes(rank_digest, "big") or 1)
+
+
+def configured_run_id() -> str | None:
+    """The ``run_id`` setting in force, else torchrun's (read when a step starts)."""
+    cfg = state.config
+    return _dist.run_id(cfg.run_id if cfg is not None else None)
+
+
+class _Step:
+    __slots__ = ("step_no", "root", "rank_span", "parent", "start_ns", "end_ns")
+
+    def __init__(self, step_no: int, root: OpenSpan | None, rank_span: OpenSpan | None,
+                 parent: SpanContext, start_ns: int, end_ns: int) -> None:
+        self.step_no = step_no
+        self.root = root
+        self.rank_span = rank_span
+        self.parent = parent  # what the step's top-level calls hang under
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+
+
+class StepTraces:
+    """The open step's spans; :meth:`parent_for` is asked once per top-level call of a step."""
+
+    def __init__(self, emitter: Emitter, run_id: Callable[[], str | None]) -> None:
+        self.emitter = emitter
+        self._run_id = run_id
+        self._own_id = uuid.uuid4().hex  # no run id: this process's steps, one trace each
+        self._open: _Step | None = None
+        self._closed: OrderedDict[int, SpanContext] = OrderedDict()
+
+    def parent_for(self, step_no: int | None, start_ns: int, end_ns: int) -> SpanContext | None:
+        """The span a top-level call of ``step_no`` goes under (None: no step, its own trace).
+        A call of another step (or none) closes the open one first."""
+        step = self._open
+        if step is not None and step.step_no != step_no:
+            self.close()
+            step = None
+        if step_no is None:
+            return None
+        if step is None:
+            closed = self._closed.get(step_no)
+            if closed is not None:  # a late call of a closed step: under its rank span
+                return closed
+            step = self._open = self._start(step_no, start_ns, end_ns)
+        step.start_ns = min(step.start_ns, start_ns)
+        step.end_ns = max(step.end_ns, end_ns)
+        return step.parent
+
+    def close(self) -> None:
+        """Emit the open step's rank span (and, on rank 0, its root)."""
+        step, self._open = self._open, None
+        if step is None:
+            return
+        self._closed[step.step_no] = step.parent
+        if len(self._closed) > _KEEP_CLOSED:
+            self._closed.popitem(last=False)
+        for span in (step.rank_span, step.root):  # children first, as a span processor expects
+            if span is not None:
+                span.close(step.start_ns, step.end_ns)
+
+    def _start(self, step_no: int, start_ns: int, end_ns: int) -> _Step:
+        run_id = self._run_id()
+        world = _dist.world_size()
+        if run_id is None:
+            if world > 1:
+                _log.warn_once("step-run-id", "attnscope: no run id shared by the ranks (set "
+                               "ATTNSCOPE_RUN_ID or configure(run_id=...), or start with torchrun "
+                               "--rdzv-id); each rank's steps get traces of their own")
+            run_id = self._own_id
+        rank = _dist.rank()
+        trace_id, root_id, rank_id = step_ids(run_id, step_no, rank)
+        emitter = self.emitter
+        root_ctx = emitter.context_with(trace_id, root_id, ROOT_NAME, None)
+        root = None
+        if rank == 0:
+            root = emitter.open_span(root_ctx, ROOT_NAME, None, {
+                P + "step": step_no, P + "world_size": world, P + "run_id": run_id[:256]},
+                start_ns)
+        rank_attrs = {P + "step": step_no, P + "rank": rank, P + "world_size": world,
+                      "host.name": _dist.host()[:256]}
+        rank_ctx = emitter.context_with(trace_id, rank_id, RANK_NAME, root_ctx)
+        rank_span = emitter.open_span(rank_ctx, RANK_NAME, root_ctx, rank_attrs, start_ns)
+        parent = rank_span.context if rank_span is not None else root_ctx
+        return _Step(step_no, root, rank_span, parent, start_ns, end_ns)
