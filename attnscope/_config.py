@@ -58,6 +58,8 @@ class Config:
     """Read ``attnscope trigger`` requests from ``trigger_dir`` (docs/live.md)."""
     trigger_dir: str | None = None
     """None: ``$XDG_RUNTIME_DIR/attnscope``, else ``<tmp>/attnscope-<uid>``."""
+    run_id: str | None = None
+    """Shared by every rank of one job: step traces' ids (docs/live.md). None: torchrun's."""
 
 
 # name -> (env var, parser)
@@ -88,6 +90,7 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "slow_call_quantile": ("ATTNSCOPE_SLOW_CALL_QUANTILE", float),
     "live_trigger": ("ATTNSCOPE_LIVE_TRIGGER", _parse_bool),
     "trigger_dir": ("ATTNSCOPE_TRIGGER_DIR", str),
+    "run_id": ("ATTNSCOPE_RUN_ID", str),
 }
 
 
@@ -181,6 +184,8 @@ def validate(cfg: Config) -> Config:
             f"attnscope: meter_provider must be an OpenTelemetry MeterProvider, "
             f"got {_shown(cfg.meter_provider)}"
         )
+    if cfg.run_id is not None and not (isinstance(cfg.run_id, str) and cfg.run_id.strip()):
+        raise ValueError(f"attnscope: run_id must be a non-empty string, got {_shown(cfg.run_id)}")
     if cfg.profile_dir is not None and not isinstance(cfg.profile_dir, str):
         raise ValueError(f"attnscope: profile_dir must be a path string, got {_shown(cfg.profile_dir)}")
     return dataclasses.replace(

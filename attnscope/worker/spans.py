@@ -21,6 +21,7 @@ from opentelemetry.trace import INVALID_SPAN_CONTEXT, Link, SpanContext
 from ..capture.record import TIER_NAMES, Capture
 from .emit import MAX_STRING, Emitter, span_name
 from .optree import ChildSpan, hand_down
+from .steps import StepTraces, configured_run_id
 
 __all__ = ["SpanBuilder", "Result", "result_of", "capture_attributes", "site_attributes",
            "BuildStats"]
@@ -116,7 +117,7 @@ class Result:
     """What the worker made of one capture: all its span needs, and no live handle."""
 
     __slots__ = ("capture_id", "parent_id", "name", "otel_parent", "start_ns", "end_ns", "attrs",
-                 "children", "error", "added", "link_id")
+                 "children", "error", "added", "link_id", "step_no")
 
     def __init__(self, cap: Capture, attrs: dict[str, Any], children: list[ChildSpan]) -> None:
         self.capture_id = cap.capture_id
@@ -131,6 +132,7 @@ class Result:
         self.added = time.monotonic()
         # a call profiled after a slow one links to the slow call's span (capture.grants)
         self.link_id = cap.grant.link if cap.grant is not None else None
+        self.step_no = cap.step_no
 
 
 def result_of(cap: Capture, derived: dict[str, Any], children: list[ChildSpan],
@@ -146,7 +148,7 @@ class SpanBuilder:
     """Builds spans parents-first with at most ``max_spans_per_trace`` per trace."""
 
     def __init__(self, emitter: Emitter, max_spans_per_trace: int,
-                 on_span: Callable[[Result], None] | None = None) -> None:
+                 on_span: Callable[[Result, SpanContext], None] | None = None) -> None:
         self.emitter = emitter
         self.max_per_trace = max_spans_per_trace
         self.stats = BuildStats()
@@ -155,6 +157,7 @@ class SpanBuilder:
         self._fate: OrderedDict[int, Any] = OrderedDict()
         self._stash: dict[int, list[Result]] = {}
         self._per_trace: OrderedDict[int, int] = OrderedDict()
+        self.steps: StepTraces | None = None  # made by the first call under attnscope.step()
 
     def add(self, item: Result) -> None:
         """Build now if the parent is settled; otherwise wait for it."""
@@ -195,14 +198,19 @@ class SpanBuilder:
         stopping (their parent may go to the next one) or lost track of dropped parents."""
         for parent_id in list(self._stash):
             self._settle(parent_id, _LOST)
+        if self.steps is not None:
+            self.steps.close()
 
     def pending(self) -> int:
         return sum(len(v) for v in self._stash.values())
 
     def _build(self, item: Result, parent: SpanContext | None) -> None:
         target = parent if parent is not None else item.otel_parent
+        in_step = target is None and (item.step_no is not None or self.steps is not None)
+        if in_step:
+            target = self._step_parent(item)
         links = None
-        if target is not None and not target.trace_flags.sampled:
+        if target is not None and not target.trace_flags.sampled and not in_step:
             # A forced capture inside a trace the app chose not to record: the app's sampler would
             # drop a child, so this span starts its own trace and links to the app's span.
             links = [Link(target)]
@@ -223,8 +231,16 @@ class SpanBuilder:
             self._children(item, sc)
         self.stats.emitted += 1
         if self._on_span is not None:
-            self._on_span(item)
+            self._on_span(item, sc)
         self._settle(item.capture_id, sc)
+
+    def _step_parent(self, item: Result) -> SpanContext | None:
+        """A top-level call outside any application span: under its step's rank span
+        (docs/live.md); a call of no step closes the open step."""
+        steps = self.steps
+        if steps is None:
+            steps = self.steps = StepTraces(self.emitter, configured_run_id)
+        return steps.parent_for(item.step_no, item.start_ns, item.end_ns)
 
     def _children(self, item: Result, sc: SpanContext) -> None:
         """Kernel/op spans, each under its parent op (parents come first). Ops that ran inside a
