@@ -1,7 +1,7 @@
 """Tuple-style (legacy) KV caches: the model's tuple of per-layer pairs, a layer's own pair, and
 an encoder-decoder layer's 4-tuple (issue 12 item 8: every decode step looked like prefill); the
-first call of a tuple-cache model, which passes no cache but ``use_cache=True`` (GPT-2 and
-GPT-Neo before transformers 4.52: its spans had no phase)."""
+first call of a tuple-cache model, which passes no cache but ``use_cache=True`` (GPT-2 up to
+transformers 4.51, GPT-Neo 4.44: their first spans had no phase)."""
 
 from __future__ import annotations
 
@@ -147,3 +147,60 @@ def test_gpt2_generate_and_manual_loop_with_trace_model() -> None:
     inputs = [s.attributes.get("gen_ai.usage.input_tokens") for s in spans
               if s.name == "GPT2LMHeadModel"]
     assert sorted(inputs, key=lambda u: u is None) == [6, 6, *([None] * 4)]  # not 9: each prompt
+
+
+# ---- per-layer windows that older releases keep elsewhere ------------------------------------
+
+
+class _Config:
+    def __init__(self, **kw: Any) -> None:
+        self.__dict__.update(kw)
+
+
+class _OldGPTNeoAttention(torch.nn.Module):
+    """GPT-Neo's inner layer before transformers 5: no ``attention_type``; ``layer_id`` from 4.48,
+    and in 4.44 not even that: a local layer is known by its causal buffer only."""
+
+    def __init__(self, kind: str, layer_id: int | None, size: int = 16, window: int = 4) -> None:
+        super().__init__()
+        self.config = _Config(num_heads=2, hidden_size=8, window_size=window,
+                              attention_layers=["global", "local"])
+        self.q_proj, self.k_proj, self.v_proj = (torch.nn.Linear(8, 8) for _ in range(3))
+        if layer_id is not None:
+            self.layer_id = layer_id
+        bias = torch.ones(size, size, dtype=torch.bool).tril().view(1, 1, size, size)
+        if kind == "local":  # as GPT-Neo 4.44 built it
+            bias = torch.bitwise_xor(bias, torch.tril(bias, -window))
+        self.register_buffer("bias", bias, persistent=False)
+
+
+@pytest.mark.parametrize("layer_id", [0, 1, None], ids=["global-id", "local-id", "no-id"])
+@pytest.mark.parametrize("buffer_kind", ["global", "local"])
+def test_gpt_neo_local_window_without_attention_type(layer_id: int | None,
+                                                     buffer_kind: str) -> None:
+    from attnscope.instrument.transformers import _window
+
+    module = _OldGPTNeoAttention(buffer_kind, layer_id)
+    # layer_id indexes the config's attention_layers; without it the buffer is all there is
+    kind = buffer_kind if layer_id is None else module.config.attention_layers[layer_id]
+    assert _window(module) == (4 if kind == "local" else None)
+
+
+def test_modernbert_local_layer_reads_its_sliding_window_mask() -> None:
+    from attnscope.capture.record import AttentionFacts
+    from attnscope.instrument.transformers import hidden_state_extractor
+
+    def facts(local: tuple[int, int]) -> Any:
+        module = torch.nn.Module()
+        module.Wqkv = torch.nn.Linear(8, 24)
+        module.num_heads, module.head_dim, module.local_attention = 2, 4, local
+        extract = hidden_state_extractor(module, ("self", "hidden_states", "output_attentions"))
+        kw = {"attention_mask": full, "sliding_window_mask": band}
+        ((_, found),) = extract(module, (module, torch.zeros(1, 6, 8)), kw)
+        assert isinstance(found, AttentionFacts)
+        return found.mask
+
+    full = torch.zeros(1, 1, 6, 6)
+    band = torch.zeros(1, 1, 6, 6)
+    assert facts((2, 2)) is band  # the local layer's band, not the global mask
+    assert facts((-1, -1)) is full

@@ -146,9 +146,9 @@ def _layer_idx(module: Any) -> int | None:
 
 
 def _gpt_neo_kind(module: Any, config: Any) -> Any:
-    """GPT-Neo's "local"/"global": on the layer, or (transformers before 4.5x) in the config's
-    ``attention_layers`` at its ``layer_id``, or (4.44 and older, no ``layer_id``) only in the
-    causal buffer, whose local band was cut ``window_size`` below the diagonal."""
+    """GPT-Neo's "local"/"global": on the layer (transformers 5), else in the config's
+    ``attention_layers`` at its ``layer_id`` (4.48 to 4.57 checked), else (4.44: no ``layer_id``)
+    only in the causal buffer, whose local band was cut ``window_size`` below the diagonal."""
     kind = vars(module).get("attention_type")
     layers = getattr(config, "attention_layers", None)
     if kind is not None or not isinstance(layers, (list, tuple)):
@@ -177,8 +177,8 @@ def _window(module: Any) -> int | None:
 
 
 def _two_sided_local(module: Any) -> bool:
-    """ModernBERT's local layers before transformers 4.5x: ``local_attention = (left, right)``,
-    their band given as ``sliding_window_mask`` beside the global ``attention_mask``."""
+    """ModernBERT's local layers before transformers 5 (4.48 to 4.57 checked): ``local_attention =
+    (left, right)``, their band given as ``sliding_window_mask`` beside the global mask."""
     pair = vars(module).get("local_attention")
     return isinstance(pair, tuple) and len(pair) == 2 and pair != (-1, -1)
 
@@ -273,9 +273,9 @@ def _model_facts(get: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mod
 def _starts_cache(get: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """No cache yet, but ``use_cache=True``: the call starts one (a prefill).
 
-    Tuple-cache models (GPT-2 and GPT-Neo before transformers 4.52, a manual decode loop's first
-    call) pass ``layer_past=None`` / ``past_key_values=None`` on the first step and build the
-    cache from this call's keys; their layers are told so by ``use_cache``.
+    Tuple-cache models (GPT-2 up to transformers 4.51 at least, GPT-Neo 4.44, a manual decode
+    loop's first call) pass ``layer_past=None`` / ``past_key_values=None`` on the first step and
+    build the cache from this call's keys; their layers are told so by ``use_cache``.
     """
     return get(args, kwargs, ("use_cache",)) is True
 
