@@ -43,6 +43,7 @@ _CACHE = ("cache", "past_key_values", "past_key_value", "layer_past")
 _SOURCE = ("key_value_states", "encoder_hidden_states")
 _MASK = ("attention_mask", "mask")
 _LOCAL_MASK = "sliding_window_mask"
+_CAUSAL_MASK = ("causal_attention_mask",)
 # Layers whose boolean mask is True where a pair is masked (the worker reads the others' polarity
 # from the mask's diagonal).
 _MASKED_WHERE_TRUE = ("MptAttention",)
@@ -227,9 +228,13 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
         else:
             flag = kwargs.get("is_causal")
             causal = flag if isinstance(flag, bool) else getattr(instance, "is_causal", False)
-            facts.causal = causal is True
+            # CLIP's text layers before transformers 5: causality as a mask of its own
+            causal_mask = get(args, kwargs, _CAUSAL_MASK)
+            facts.causal = causal is True or causal_mask is not None
             facts.window = window if facts.causal else None
             facts.mask = get(args, kwargs, mask_names)
+            if facts.mask is None:
+                facts.mask = causal_mask
             facts.mask_ignores = masked_where_true
         return [(ATTENTION_KEY, facts)]
 
