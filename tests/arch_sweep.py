@@ -61,7 +61,8 @@ def _layers(cfg: Any, out: dict[str, Any]) -> None:
     """Two layers, or one of each kind where the config lists per-layer kinds."""
     kinds = getattr(cfg, "layer_types", None)
     n = 2
-    if isinstance(kinds, (list, tuple)) and kinds:
+    if isinstance(kinds, (list, tuple)) and kinds and not isinstance(
+            getattr(type(cfg), "layer_types", None), property):
         picked = [k for i, k in enumerate(kinds) if k not in kinds[:i]][:3]
         n = len(picked)
         out["layer_types"] = picked
@@ -187,7 +188,7 @@ def _produced_by(seen: list[tuple[str, Any]], w: torch.Tensor) -> str:
     """The innermost module that returned ``w`` beside its output (a tuple: a bare tensor is a
     dropout's identity in eval mode)."""
     for path, output in seen:  # a forward hook runs as its module returns: inner ones first
-        if isinstance(output, tuple) and any(o is w for o in output):
+        if isinstance(output, (tuple, list)) and any(o is w for o in output):
             return path
     return "?"
 
@@ -209,7 +210,9 @@ def reference(model: Any, inputs: dict[str, Any]) -> tuple[Reference, Any]:
     dims: dict[str, int | None] = {}
     for path in {c.module for c in calls}:
         block = 2 * sum(c.w.numel() for c in calls if c.module == path)
-        flops = bmm.get(path, 0)
+        children = [] if path == "?" else [n for n, _ in model.get_submodule(path).named_children()]
+        # the module's own matmuls: a sparse-attention indexer below it scores keys apart
+        flops = bmm.get(path, 0) - sum(bmm.get(f"{path}.{name}", 0) for name in children)
         dims[path] = flops // block if flops and flops % block == 0 else None
     pools = {p for p, m in model.named_modules() if isinstance(m, torch.nn.MultiheadAttention)}
     pooling = sum(1 for path, _ in seen if path in pools)

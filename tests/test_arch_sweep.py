@@ -12,6 +12,7 @@ the phase and the cache length the step's weights show.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any, NamedTuple
 
 import pytest
@@ -251,3 +252,81 @@ KNOWN = {(t, "generate"): SLIDING_CACHE
 @pytest.mark.parametrize(("case", "check"), params(NAMED, KNOWN))
 def test_named_family(case: Case, check: str) -> None:
     assert CHECKS[check](case) == []
+
+
+def _auto_causal_lms() -> list[Case]:
+    """Every ``*ForCausalLM`` transformers maps, beyond the named families."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as names
+
+    named = {c.model_type for c in NAMED}
+    return [Case(t, c, "causal") for t, c in sorted(names.items())
+            if t not in named and isinstance(c, str)]
+
+
+CONFIG_WINDOW = (
+    "a full-attention layer of a model whose config has a sliding_window gets that window: "
+    "instrument/transformers.py _window falls back to config.sliding_window; it should honour "
+    "config.layer_types[layer_idx] (FLOPs too low)")
+NOT_TRACED = "not recognised as attention (no span); projections named otherwise or a list output"
+AUTO_KNOWN = {
+    **{(t, "generate"): SLIDING_CACHE for t in (
+        "afmoe", "beam", "cohere2_moe", "cwm", "flint", "gemma3", "granite_swa", "granitemoe_swa",
+        "inkling_text", "lara_mini", "mimo_v2_flash", "modernbert-decoder", "olmo3", "vaultgemma")},
+    **{(t, check): CONFIG_WINDOW for t in ("exaone4", "exaone_moe", "kolibri1", "moshi")
+       for check in ("forward", "generate")},
+    **{(t, check): NOT_TRACED for t in ("cpmant", "openai-gpt", "xlnet")
+       for check in ("forward", "generate")},
+    **{(t, check): reason for t, reason in (
+        ("diffllama", "differential attention: two softmax maps per head, FLOPs counted once"),
+        ("minimax", "lightning (linear) attention layers traced as softmax attention"),
+        ("lfm3", "a convolution block with a fused in_proj and a head count traced as attention"),
+        ("rwkv", "RWKV time-mixing returns 'attentions' but is not traced (recurrent, no QKᵀ)"),
+        ("hrm_text", "recurrent module reuse: seq_len_kv of the low-level module reads 16, not 8"),
+        ("deepseek_v4", "compressed-KV layers: the weights show more keys than attnscope counts"),
+    ) for check in ("forward", "generate")},
+    ("ministral3", "generate"): "decode FLOPs above the weights' visible pairs (not investigated)",
+}
+EVERYTHING = "ATTNSCOPE_ARCH_SWEEP"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get(EVERYTHING) != "all",
+                    reason=f"every other causal LM: about 95 s of CPU; set {EVERYTHING}=all")
+@pytest.mark.parametrize(("case", "check"), params(_auto_causal_lms(), AUTO_KNOWN))
+def test_every_other_causal_lm(case: Case, check: str) -> None:
+    assert CHECKS[check](case) == []
+
+
+class _Mixer(torch.nn.Module):
+    """A token mixer with attention-like projections and a head count (linear attention)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = 2, 4
+        self.q_proj, self.k_proj, self.v_proj = (torch.nn.Linear(8, 8) for _ in range(3))
+
+
+class _Softmax(_Mixer):
+    pass
+
+
+def _hybrid(declares: bool) -> torch.nn.Module:
+    layers = torch.nn.ModuleList(torch.nn.Module() for _ in range(3))
+    for layer, cls in zip(layers, (_Mixer, _Softmax, _Mixer), strict=True):
+        layer.self_attn = cls()
+    layers[2].cross_attn = _Mixer()  # another slot: not a layer the declared class sits in
+    model = torch.nn.Module()
+    model.layers = layers
+    if declares:  # what transformers models say through _can_record_outputs (a fresh class)
+        model.__class__ = type("Hybrid", (torch.nn.Module,),
+                               {"_can_record_outputs": {"attentions": _Softmax}})
+    return model
+
+
+def test_hybrid_model_traces_its_declared_attention_not_the_other_mixers() -> None:
+    model = attnscope.instrument(_hybrid(declares=True))
+    assert attnscope.instrumented_modules(model) == [
+        "layers.1.self_attn", "layers.2.cross_attn"]
+    plain = attnscope.instrument(_hybrid(declares=False))  # nothing declared: structure decides
+    assert attnscope.instrumented_modules(plain) == [
+        "layers.0.self_attn", "layers.1.self_attn", "layers.2.self_attn", "layers.2.cross_attn"]

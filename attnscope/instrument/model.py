@@ -41,6 +41,7 @@ _PRIOR = "_attnscope_prior_"  # + "forward" / "generate": the instance attribute
 _MISSING = object()
 _FACT_FIELDS = frozenset(AttentionFacts.__slots__) - {"batch", "seq_q"}
 _LAYER = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
+_LAYER_DIGITS = re.compile(r"\.\d+(?=\.|$)")
 
 
 def register_attention(cls: type, extractor: UserExtractor | None = None) -> None:
@@ -101,8 +102,17 @@ def _targets(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
             for other, _ in structural + explicit
         )
     ]
-    chosen = {id(module) for _, module in explicit + inner}
+    chosen = {id(module) for _, module in explicit + _no_other_mixers(model, inner, declared)}
     return [(path, module) for path, module in model.named_modules() if id(module) in chosen]
+
+
+def _no_other_mixers(model: torch.nn.Module, found: list[tuple[str, torch.nn.Module]],
+                     declared: tuple[type, ...]) -> list[tuple[str, torch.nn.Module]]:
+    """Hybrid models (linear attention, Mamba): a module of another class where the model's
+    declared attention class sits in other layers is a different token mixer, not attention."""
+    slots = {_LAYER_DIGITS.sub(".*", p) for p, m in model.named_modules() if isinstance(m, declared)}
+    return [(p, m) for p, m in found
+            if not declared or isinstance(m, declared) or _LAYER_DIGITS.sub(".*", p) not in slots]
 
 
 def _layer_index(path: str) -> int | None:
@@ -122,21 +132,15 @@ def _extractor_for(module: torch.nn.Module, names: tuple[str, ...]) -> Extractor
 def _wrap_user_extractor(module: torch.nn.Module, user: UserExtractor) -> Extractor:
     heads, kv_heads, head_dim, head_dim_v = head_info(module)
 
-    def extract(
-        instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> list[tuple[str, Any]]:
+    def extract(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
         found = user(instance, args[1:], kwargs)
         if isinstance(found, AttentionFacts):
             return [(ATTENTION_KEY, found)]
         if not isinstance(found, Mapping):
             return []
         facts = AttentionFacts(int(found["batch"]), int(found["seq_q"]))
-        facts.heads, facts.kv_heads, facts.head_dim, facts.head_dim_v = (
-            heads,
-            kv_heads,
-            head_dim,
-            head_dim_v,
-        )
+        facts.heads, facts.kv_heads = heads, kv_heads
+        facts.head_dim, facts.head_dim_v = head_dim, head_dim_v
         for key, value in found.items():
             if key in _FACT_FIELDS:
                 setattr(facts, key, value)
@@ -349,9 +353,8 @@ def instrument(
         raise TypeError(f"attnscope.instrument expects an nn.Module, got {type(model).__name__}")
     inner = _unwrap_compiled(model)
     if inner is not model:  # torch.compile'd already: instrument the module it wraps
-        instrument(
-            inner, include, exclude, name_prefix, trace_model=trace_model, sample_rate=sample_rate
-        )
+        instrument(inner, include, exclude, name_prefix, trace_model=trace_model,
+                   sample_rate=sample_rate)
         return model
     root_name = name_prefix or type(model).__name__
     already = 0
