@@ -6,9 +6,9 @@
 On CPU the worker runs the reductions on the kept mask: "time" is its cost per sampled call. On
 CUDA the calling thread enqueues them on the call's stream after the call: "enqueue" is the host
 time of that (launches and the pinned copy, nothing waited for), "device" the GPU time behind the
-call. "ops" counts the ATen operators the reductions run (on CUDA about one kernel each). Printed
-side by side with the old worker-side reading (``worker.masks.read_mask`` on the boolean view,
-which synchronised the host several times on CUDA) where it still exists.
+call. "ops" counts the ATen operators the reductions run (on CUDA about one kernel each). The
+old worker-side reading (``worker.masks.read_mask``, removed since) was measured beside it at
+commit a291b86: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def main() -> None:
     shapes = [(1, 128, 128), (4, 512, 512), (2, 1024, 2048), (1, 1, 4096), (1, 2048, 2048)]
     print(f"device={args.device}  torch {torch.__version__}")
     print(f"{'mask (B,1,Sq,Skv) float32':28} {'MiB':>6} {'ops':>4} {'time/enqueue ms':>16} "
-          f"{'device ms':>10} {'old read_mask ms':>17}")
+          f"{'device ms':>10}")
     for batch, sq, skv in shapes:
         mask = _causal(batch, sq, skv, args.device)
         plan = reduce.plan_mask(tuple(mask.shape), batch, 8, sq, skv)
@@ -76,17 +76,9 @@ def main() -> None:
 
         run()  # warm-up
         host_ms, dev_ms = _time(run, args.device, args.repeat)
-        old_ms = float("nan")
-        if args.device == "cpu":
-            from attnscope.worker import masks
-
-            old = getattr(masks, "read_mask", None)
-            if old is not None:
-                seen = reduce.attend(mask, False)
-                old_ms, _ = _time(lambda: old(seen, batch, 8, sq, skv), "cpu", args.repeat)
         mib = mask.numel() * mask.element_size() / 2**20
         print(f"{str((batch, 1, sq, skv)):28} {mib:6.1f} {_ops(run):4d} {host_ms:16.3f} "
-              f"{dev_ms:10.3f} {old_ms:17.3f}")
+              f"{dev_ms:10.3f}")
 
 
 if __name__ == "__main__":

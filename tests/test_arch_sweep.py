@@ -225,12 +225,6 @@ def generate_problems(case: Case) -> list[str]:
         attnscope.uninstrument(p.model)
 
 
-SLIDING_CACHE = (
-    "a sliding-window cache holds window-1 keys, but kv_cache_len/seq_len_kv are read from "
-    "get_seq_length() (every token seen); FLOPs are right. Fix: instrument/transformers.py "
-    "_past_length should read the layer's held keys (keys.shape[-2]) for sliding layers")
-
-
 CHECKS = {"forward": forward_problems, "generate": generate_problems}
 
 
@@ -245,8 +239,7 @@ def params(cases: list[Case], known: dict[tuple[str, str], str]) -> list[Any]:
     return out
 
 
-KNOWN = {(t, "generate"): SLIDING_CACHE
-         for t in ("mistral", "gemma2", "gemma3_text", "cohere2", "gpt_oss")}
+KNOWN: dict[tuple[str, str], str] = {}  # every named family is exact
 
 
 @pytest.mark.parametrize(("case", "check"), params(NAMED, KNOWN))
@@ -263,17 +256,8 @@ def _auto_causal_lms() -> list[Case]:
             if t not in named and isinstance(c, str)]
 
 
-CONFIG_WINDOW = (
-    "a full-attention layer of a model whose config has a sliding_window gets that window: "
-    "instrument/transformers.py _window falls back to config.sliding_window; it should honour "
-    "config.layer_types[layer_idx] (FLOPs too low)")
 NOT_TRACED = "not recognised as attention (no span); projections named otherwise or a list output"
 AUTO_KNOWN = {
-    **{(t, "generate"): SLIDING_CACHE for t in (
-        "afmoe", "beam", "cohere2_moe", "cwm", "flint", "gemma3", "granite_swa", "granitemoe_swa",
-        "inkling_text", "lara_mini", "mimo_v2_flash", "modernbert-decoder", "olmo3", "vaultgemma")},
-    **{(t, check): CONFIG_WINDOW for t in ("exaone4", "exaone_moe", "kolibri1", "moshi")
-       for check in ("forward", "generate")},
     **{(t, check): NOT_TRACED for t in ("cpmant", "openai-gpt", "xlnet")
        for check in ("forward", "generate")},
     **{(t, check): reason for t, reason in (
@@ -283,6 +267,8 @@ AUTO_KNOWN = {
         ("rwkv", "RWKV time-mixing returns 'attentions' but is not traced (recurrent, no QKᵀ)"),
         ("hrm_text", "recurrent module reuse: seq_len_kv of the low-level module reads 16, not 8"),
         ("deepseek_v4", "compressed-KV layers: the weights show more keys than attnscope counts"),
+        ("moshi", "config.sliding_window is set but its attention never applies it; attnscope takes "
+                  "the config's window for a layer without its own (as Mistral's need)"),
     ) for check in ("forward", "generate")},
     ("ministral3", "generate"): "decode FLOPs above the weights' visible pairs (not investigated)",
 }

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from attnscope.capture import hostread, reduce
 from attnscope.capture.record import AttentionFacts, Capture, HostCopy, ModelFacts
 from attnscope.worker.maskread import counts_of, positions_tokens, read_counts
-from attnscope.worker.masks import read_mask
+from attnscope.worker.masks import MaskReading, band_pairs
 
 
 def _brute(seen: torch.Tensor, batch: int, heads: int, sq: int) -> tuple[int, int]:
@@ -141,3 +141,43 @@ def test_to_host_replaces_device_values_by_counts(monkeypatch: pytest.MonkeyPatc
     assert isinstance(model.output, HostCopy) and model.output.read() == [2 + 2]
     positions = cap.summary[2][1]
     assert isinstance(positions, HostCopy) and positions_tokens(positions, 2, 4) == 8
+
+
+# ---- the reference: the reading the worker made from the boolean tensor before the reductions ----
+
+
+def read_mask(seen: torch.Tensor, batch: int, heads: int, sq: int, skv: int) -> MaskReading | None:  # noqa: E501
+    """The pre-reduction reading, kept as a reference: structure and visible pairs of a ``(B|1, H|1, Sq, Skv)`` "may attend" mask, or None when
+    its layout does not match the call (a padding mask, ``(B, 1, 1, S)``, has no query axis)."""
+    if seen.ndim == 3:
+        seen = seen.unsqueeze(1)
+    if seen.ndim != 4 or tuple(seen.shape[-2:]) != (sq, skv) or sq < 1:
+        return None
+    mb, mh = seen.shape[0], seen.shape[1]
+    if mb not in (1, batch) or mh not in (1, heads):
+        return None
+    scale = (batch if mb == 1 else 1) * (heads if mh == 1 else 1)
+    exact = int(seen.sum()) * scale
+    rows = seen.any(-1) & ~seen.all(-1)  # queries that see some keys but not all
+    kept = seen & rows.unsqueeze(-1)
+    cols = kept.any(-2)
+    hidden = (rows.unsqueeze(-1) & cols.unsqueeze(-2) & ~seen).flatten(0, 1).any(0)
+    visible = kept.flatten(0, 1).any(0)
+    if not bool(visible.any()):  # every row sees all keys or none: no structure to read
+        full = bool(seen.all())
+        return MaskReading(False if full and sq > 1 else None, None, exact)
+    d = (torch.arange(skv, device=seen.device).unsqueeze(0)
+         - torch.arange(sq, device=seen.device).unsqueeze(1) - (skv - sq))
+    vd = d[visible]
+    vlo, vhi = int(vd.min()), int(vd.max())
+    hd = d[hidden]
+    if bool(((hd >= vlo) & (hd <= vhi)).any()):  # a real key hidden inside the band: not a band
+        return MaskReading(None if vhi <= 0 else False, None, exact)
+    hi = vhi if bool((hd > vhi).any()) else None
+    lo = vlo if bool((hd < vlo).any()) else None
+    causal = False if vhi > 0 else (True if hi is not None else None)
+    if causal is None:  # no real query is kept from a later real key, nor shown one: unknown
+        return MaskReading(None, None, None)
+    window = hi - lo + 1 if hi is not None and lo is not None else None
+    return MaskReading(causal, window, batch * heads * band_pairs(sq, skv, lo, hi))
+

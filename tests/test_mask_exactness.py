@@ -18,7 +18,8 @@ import attnscope
 from attnscope.capture.record import AttentionFacts
 from attnscope.testing import capture_spans
 from attnscope.worker.derive import derive_attention
-from attnscope.worker.masks import attend, band_pairs, read_mask
+from attnscope.worker.maskread import counts_of, read_counts
+from attnscope.worker.masks import MaskReading, band_pairs
 
 transformers = pytest.importorskip("transformers")
 
@@ -121,6 +122,12 @@ def test_band_pairs_brute_force() -> None:
                     assert band_pairs(sq, skv, lo, hi) == _brute(sq, skv, lo, hi)
 
 
+def read_mask(mask: torch.Tensor, ignores: bool, batch: int, heads: int, sq: int,
+              skv: int) -> MaskReading | None:
+    counts = counts_of(mask, ignores, batch, heads, sq, skv)
+    return None if counts is None else read_counts(counts, batch, heads, sq, skv)[0]
+
+
 def _band_mask(sq: int, skv: int, lo: int | None, hi: int | None) -> torch.Tensor:
     d = torch.arange(skv)[None, :] - torch.arange(sq)[:, None] - (skv - sq)
     ok = torch.ones(sq, skv, dtype=torch.bool)
@@ -137,7 +144,7 @@ def test_boolean_polarity_from_the_diagonal_with_padding(polarity: str) -> None:
     ok[1, :, :, :2] = False  # row 1: two left-padded keys
     ok[1, :, :2, :] = False  # and their queries see nothing
     mask = ok if polarity == "attend" else ~ok
-    reading = read_mask(attend(mask, False), 2, 4, 6, 6)
+    reading = read_mask(mask, False, 2, 4, 6, 6)
     assert reading is not None
     assert (reading.causal, reading.window) == (True, 3)
     assert reading.pairs == 2 * 4 * _brute(6, 6, -2, 0)  # padding does not change FLOPs
@@ -146,21 +153,21 @@ def test_boolean_polarity_from_the_diagonal_with_padding(polarity: str) -> None:
 def test_additive_float_mask_and_the_layer_convention() -> None:
     ok = _band_mask(5, 7, None, 0)  # causal decode-chunk layout: 5 queries after 2 cached keys
     additive = torch.zeros(1, 1, 5, 7).masked_fill(~ok, torch.finfo(torch.float32).min)
-    reading = read_mask(attend(additive, False), 3, 2, 5, 7)
+    reading = read_mask(additive, False, 3, 2, 5, 7)
     assert reading is not None and (reading.causal, reading.window) == (True, None)
     assert reading.pairs == 3 * 2 * _brute(5, 7, None, 0)
     # most rows padding: the diagonal is outvoted, the layer's convention (MPT) is believed
     heavy = _band_mask(5, 5, None, 0).expand(1, 1, 5, 5).clone()
     heavy[..., :3] = False
     heavy[..., :3, :] = False
-    told = read_mask(attend(~heavy, True), 1, 1, 5, 5)
+    told = read_mask(~heavy, True, 1, 1, 5, 5)
     assert told is not None and (told.causal, told.pairs) == (True, _brute(5, 5, None, 0))
-    guessed = read_mask(attend(~heavy, False), 1, 1, 5, 5)
+    guessed = read_mask(~heavy, False, 1, 1, 5, 5)
     assert guessed is None or guessed.pairs != told.pairs
     # one real token shows no structure: the module's attributes decide
-    lone = torch.zeros(1, 1, 4, 4, dtype=torch.bool)
-    lone[..., 3, 3] = True
-    single = read_mask(lone, 1, 1, 4, 4)
+    lone = torch.full((1, 1, 4, 4), float("-inf"))
+    lone[..., 3, 3] = 0.0
+    single = read_mask(lone, False, 1, 1, 4, 4)
     assert single is not None and (single.causal, single.pairs) == (None, None)
 
 def test_a_mask_without_a_query_axis_leaves_the_attributes_in_charge() -> None:

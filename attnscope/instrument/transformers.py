@@ -123,6 +123,9 @@ def _past_length(cache: Any, layer_idx: int | None, cross: bool = False) -> Any:
         layer = layers[idx]
         if not getattr(layer, "is_initialized", True):
             return 0
+        held = _sliding_held(layer) if layer_idx is not None else None
+        if held is not None:
+            return held
         getter = getattr(layer, "get_seq_length", None)
     else:
         getter = getattr(inner, "get_seq_length", None)
@@ -135,6 +138,21 @@ def _past_length(cache: Any, layer_idx: int | None, cross: bool = False) -> Any:
     if isinstance(length, torch.Tensor):
         return int(length) if length.device.type == "cpu" else length.detach().clone()
     return length if isinstance(length, int) else None
+
+
+def _sliding_held(layer: Any) -> int | None:
+    """Keys a sliding-window cache layer holds for the next call (window - 1 once full), or None
+    for other layers. Its ``get_seq_length()`` is every token seen, not what it keeps: the keys
+    this call attends are the held ones plus its own (``get_mask_sizes``). Host ints only."""
+    if getattr(layer, "is_sliding", False) is not True:
+        return None
+    seen = getattr(layer, "cumulative_length_int", None)  # static: the int mirror of its tensor
+    if seen is None:
+        seen = getattr(layer, "cumulative_length", None)
+    window = getattr(layer, "sliding_window", None) or getattr(layer, "max_cache_len", None)
+    if not isinstance(seen, int) or not isinstance(window, int) or window < 1:
+        return None
+    return min(seen, window - 1)
 
 
 def _layer_idx(module: Any) -> int | None:
@@ -166,9 +184,17 @@ def _gpt_neo_kind(module: Any, config: Any) -> Any:
 
 
 def _window(module: Any) -> int | None:
+    config = getattr(module, "config", None)
+    # Hybrid models (EXAONE 4, ...) give every layer the config's window and say per layer whether
+    # it applies: an ``is_sliding`` flag, or ``config.layer_types``.
+    if vars(module).get("is_sliding") is False:
+        return None
+    types, layer = getattr(config, "layer_types", None), _layer_idx(module)
+    if isinstance(types, (list, tuple)) and layer is not None and layer < len(types):
+        if types[layer] == "full_attention":
+            return None
     if "sliding_window" in vars(module):  # per-layer setting; None means full attention
         return pos_int(module.sliding_window)
-    config = getattr(module, "config", None)
     kind = _gpt_neo_kind(module, config)
     if kind in ("local", "global"):  # GPT-Neo: "local" layers see their last window_size keys
         return pos_int(getattr(config, "window_size", None)) if kind == "local" else None
