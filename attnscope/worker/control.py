@@ -42,7 +42,20 @@ def default_dir(environ: Mapping[str, str] | None = None) -> str:
     runtime = env.get("XDG_RUNTIME_DIR", "")
     if runtime and os.path.isabs(runtime):
         return os.path.join(runtime, "attnscope")
-    return os.path.join(tempfile.gettempdir(), f"attnscope-{os.getuid()}")
+    return os.path.join(_temp_root(env), f"attnscope-{os.getuid()}")
+
+
+def _temp_root(env: Mapping[str, str]) -> str:
+    """``TMPDIR`` / ``TEMP`` / ``TMP``, else ``/tmp``: without ``tempfile.gettempdir()``, whose
+    first call probes directories under a module lock; a fork meanwhile (the worker polls while
+    the program forks its DataLoader workers) leaves that lock held in the child for good."""
+    if tempfile.tempdir:
+        return tempfile.tempdir
+    for name in ("TMPDIR", "TEMP", "TMP"):
+        value = env.get(name, "")
+        if value and os.path.isabs(value):
+            return value
+    return "/tmp"
 
 
 def trigger_path(directory: str, pid: int) -> str:
