@@ -30,8 +30,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, i: int) -> torch.Tensor:
     return q
 
 
+# escalation needs the profile tier on (profile_rate 0 turns the profiler off altogether); a
+# rate this small profiles no call at random in these runs
+ON = 1e-9
+
+
 def _run(calls: int, **settings: Any) -> list[Any]:
-    chosen: dict[str, Any] = {"profile_max_per_minute": 1e6}
+    chosen: dict[str, Any] = {"profile_max_per_minute": 1e6, "profile_rate": ON}
     chosen.update(settings)
     with capture_spans(**chosen) as spans:
         for i in range(1, calls + 1):
@@ -84,6 +89,13 @@ def test_no_escalation_before_enough_samples_or_when_off() -> None:
     assert attnscope.stats()["slow_calls"] == 0
 
 
+def test_slow_calls_are_marked_but_not_profiled_with_the_profile_tier_off() -> None:
+    spans = _run(600, profile_rate=0.0)
+    assert [s for s in spans if s.attributes.get("attnscope.slow") is True]
+    assert not [s for s in spans if s.attributes["attnscope.tier"] == "profile"]
+    assert attnscope.stats()["slow_granted"] == 0
+
+
 def test_token_bucket_still_limits_escalated_profiles() -> None:
     _run(1000, profile_max_per_minute=1)
     stats = attnscope.stats()
@@ -94,7 +106,7 @@ def _sampled_calls(escalate: bool) -> list[int]:
     settings = {"sample_rate": 0.2, "slow_call_quantile": 0.99 if escalate else 1.0}
     # one step: its spans may share a trace, so no per-trace cap may cut them
     chosen: dict[str, Any] = {"profile_max_per_minute": 1e6, "max_spans_per_trace": 100_000,
-                              **settings}
+                              "profile_rate": ON, **settings}
     starts: list[int] = []
     with capture_spans(**chosen) as spans:
         attnscope.step(7)  # seeded draws: the same calls are sampled in both runs

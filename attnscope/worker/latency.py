@@ -85,8 +85,11 @@ class Escalator:
         self._sites: weakref.WeakKeyDictionary[Any, dict[str, Histogram]] = (
             weakref.WeakKeyDictionary())
 
-    def observe(self, cap: Capture, found: dict[str, Any], quantile: float) -> None:
-        """One finished capture: mark it slow (``found``) and arm its site, or just learn."""
+    def observe(self, cap: Capture, found: dict[str, Any], quantile: float,
+                escalate: bool = True) -> None:
+        """One finished capture: mark it slow (``found``) and arm its site, or just learn.
+        ``escalate=False`` (the profile tier is off: ``profile_rate`` or
+        ``profile_max_per_minute`` is 0): slow calls are marked, no site is armed."""
         if cap.grant is not None:
             found["trigger"] = cap.grant.kind
             return
@@ -106,5 +109,7 @@ class Escalator:
         if hist.added >= MIN_SAMPLES and ns > hist.threshold(quantile):
             found["slow"] = True
             found["slow_quantile"] = quantile
-            state.grants.arm(cap.site, _buckets.bucket(cap.summary), cap.capture_id, quantile)
+            if escalate:
+                state.grants.arm(cap.site, _buckets.bucket(cap.summary), cap.capture_id,
+                                 quantile)
         hist.add(ns)

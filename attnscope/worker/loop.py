@@ -219,7 +219,9 @@ class Worker:
                 attrs, children = profile.finish(cap, state.config or self._cfg, found)
                 found.update(attrs)
             # slow? arm the site; a granted call says why
-            self.escalator.observe(cap, found, (state.config or self._cfg).slow_call_quantile)
+            cfg = state.config or self._cfg
+            self.escalator.observe(cap, found, cfg.slow_call_quantile,
+                                   cfg.profile_rate > 0 and cfg.profile_max_per_minute > 0)
             self.builder.add(result_of(cap, found, children, self._site_attrs(cap.site)))
         except Exception as exc:
             self.worker_errors += 1
