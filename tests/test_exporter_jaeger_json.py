@@ -150,6 +150,7 @@ def test_public_names_are_pinned() -> None:
     assert attnscope.exporters.__all__ == [
         "JaegerJSONFileExporter",
         "OTLPJSONFileExporter",
+        "merge_jaeger_json",
         "read_otlp_json_lines",
     ]
 

@@ -172,22 +172,36 @@ def render_terminal(summary: Summary, *, source: str, spans: int, top: int, out:
                     end_section=g is summary.groups[-1])
     console.print(lat)
     console.print(_throughput_table(summary, box.SIMPLE_HEAD, Table))
+    if summary.price_per_hour is not None:
+        console.print(_cost_table(summary, box.SIMPLE_HEAD, Table))
     _kernels_and_slowest(console, summary, top, box.SIMPLE_HEAD, Table)
 
 
 def _throughput_table(summary: Summary, style: Any, table_type: Any) -> Any:
-    cost = summary.price_per_hour is not None
     t = _table(table_type, style, "Throughput per attention layer (totals ÷ total time)",
                ("layer", "phase", "time", "tok/s", "FLOP/s", "core FLOP/s", "mem peak",
-                "backend") + (("$/1k tok",) if cost else ()))
+                "backend"))
     for g in [*summary.groups, summary.overall]:
         cells = [g.module, g.phase or "—", duration(g.time_ns), si(g.tokens_per_s),
                  si(g.tflops * 1e12 if g.tflops is not None else None),
                  si(g.core_tflops * 1e12 if g.core_tflops is not None else None),
                  bytes_(g.memory_peak_bytes), ",".join(sorted(g.backends)) or "—"]
-        if cost:
-            cells.append("—" if g.cost_per_1k_tokens is None else f"{g.cost_per_1k_tokens:.3g}")
         t.add_row(*cells, style="bold" if g is summary.overall else None,
+                  end_section=g is summary.groups[-1])
+    return t
+
+
+def _cost_table(summary: Summary, style: Any, table_type: Any) -> Any:
+    """Cost per 1,000 tokens at the given device price (its own table: 100 columns hold it)."""
+    t = _table(table_type, style,
+               f"Cost at ${summary.price_per_hour:g} per device-hour (attention time only)",
+               ("layer", "phase", "time", "tokens", "$/1k tok"))
+    for g in [*summary.groups, summary.overall]:
+        cost = g.cost_per_1k_tokens
+        t.add_row(g.module, g.phase or "—", duration(g.time_ns),
+                  "—" if g.tokens is None else f"{g.tokens:,}",
+                  "—" if cost is None else f"{cost:.3g}",
+                  style="bold" if g is summary.overall else None,
                   end_section=g is summary.groups[-1])
     return t
 
