@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -272,3 +273,25 @@ def test_flush_is_bounded_when_the_exporter_hangs() -> None:
         assert time.monotonic() - t0 < 2.0
     finally:
         release.set()
+
+
+def test_file_exporters_given_as_objects_count_as_local_at_exit(tmp_path: Path) -> None:
+    """Exit waits on local work (writing a file) longer than on a network exporter: an exporter
+    object that writes files is local too, like the ``jaeger-json:`` setting."""
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    from attnscope._config import Config
+    from attnscope.export import pipeline
+    from attnscope.export.jaeger_json import JaegerJSONFileExporter
+
+    class Remote(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    files = JaegerJSONFileExporter(str(tmp_path / "t.json"))
+    built = [pipeline.build(Config(exporter=e, metrics=False)) for e in (files, Remote())]
+    try:
+        assert [p.local for p in built] == [True, False]
+    finally:
+        for p in built:
+            p.provider.shutdown()

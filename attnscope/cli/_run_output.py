@@ -58,6 +58,8 @@ class RunExporter:
     process that exports (a forked child makes its own, under its own names).
     """
 
+    attnscope_writes_files = True  # local work at exit: see export.pipeline
+
     def __init__(self, directory: str, environ: Mapping[str, str]) -> None:
         self._directory = directory
         self._environ = dict(environ)

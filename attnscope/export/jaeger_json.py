@@ -173,6 +173,8 @@ class JaegerJSONFileExporter(SpanExporter):
     ``dropped_spans``.
     """
 
+    attnscope_writes_files = True  # local work at exit: see export.pipeline
+
     def __init__(
         self,
         path: str | os.PathLike[str],

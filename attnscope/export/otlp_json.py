@@ -98,6 +98,8 @@ class OTLPJSONFileExporter(SpanExporter):
     ``dropped_spans`` and the next ``force_flush()`` returns False.
     """
 
+    attnscope_writes_files = True  # local work at exit: see export.pipeline
+
     def __init__(
         self,
         path: str | os.PathLike[str],

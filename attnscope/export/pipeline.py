@@ -258,7 +258,10 @@ def build(cfg: Config) -> Pipeline:
     pipeline = Pipeline(provider.get_tracer(INSTRUMENTATION_NAME, __version__), provider, owned,
                         exporter=span_exporter, meter_provider=meter_provider,
                         meter_owned=meter_owned)
-    pipeline.local = traces_via is not None and traces_via.startswith(_LOCAL)
+    # a file exporter given as an object (attnscope's own, or `attnscope run`'s pair) waits on
+    # no network either: exit lets it finish instead of cutting it at the network limit
+    pipeline.local = (traces_via is not None and traces_via.startswith(_LOCAL)) or (
+        getattr(span_exporter, "attnscope_writes_files", False) is True)
     if owned and span_exporter is not None or meter_owned:
         reporting.install_log_filter()  # after the exporters' modules are loaded
     if owned and span_exporter is not None:
