@@ -55,6 +55,27 @@ def test_both_formats_and_the_directory_give_the_same_rows(traces: TraceFiles) -
         assert row.start_ns == other.start_ns // 1000 * 1000  # Jaeger keeps microseconds
 
 
+def test_a_directory_of_several_processes_reads_every_process_once(
+        traces: TraceFiles, tmp_path: Path) -> None:
+    """`attnscope run -- torchrun ...` writes one file per rank (and none for the launcher)."""
+    batches = [json.loads(line) for line in traces.otlp.read_text().splitlines() if line.strip()]
+    halves: list[list[str]] = [[], []]
+    for batch in batches:  # each span goes to one "rank", in whole OTLP documents
+        for part in (0, 1):
+            doc = json.loads(json.dumps(batch))
+            for rs in doc["resourceSpans"]:
+                for ss in rs["scopeSpans"]:
+                    ss["spans"] = ss["spans"][part::2]
+            halves[part].append(json.dumps(doc))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "traces.rank0.otlp.jsonl").write_text("\n".join(halves[0]) + "\n")
+    (run / "traces.rank1.otlp.jsonl").write_text("\n".join(halves[1]) + "\n")
+    (run / "traces.pid7.otlp.jsonl").write_text("")  # a process that exported nothing
+    shutil.copy(traces.jaeger, run / "traces.rank0.jaeger.json")  # the same spans: not read
+    assert load_spans(run) == load_spans(traces.otlp)
+
+
 def test_same_numbers_from_either_format(traces: TraceFiles, tmp_path: Path) -> None:
     reports = [_json_report(p, tmp_path) for p in (traces.jaeger, traces.otlp, traces.directory)]
     for report in reports[1:]:

@@ -17,6 +17,7 @@ import base64
 import binascii
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,18 +63,26 @@ class SpanRow:
 def load_spans(path: str | os.PathLike[str]) -> list[SpanRow]:
     """Every span in a trace file or ``attnscope run`` directory, by start time.
 
-    Raises :class:`TraceFileError` unless at least one span was written by attnscope.
+    A directory holds one file per process that exported (``traces.otlp.jsonl``, and per rank
+    or extra process ``traces.rank1.otlp.jsonl``, ``traces.pid42.otlp.jsonl``, rotated ones with
+    ``.1`` ...): all of them are read, in one format (OTLP/JSON lines, else Jaeger JSON: the two
+    hold the same spans). Raises :class:`TraceFileError` unless at least one span was written by
+    attnscope.
     """
-    file = _trace_file(Path(path))
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TraceFileError(f"{file}: cannot read it as text ({_reason(exc)})") from None
-    rows = _parse(file, text)
+    given = Path(path)
+    rows: list[SpanRow] = []
+    for file in _trace_files(given):
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TraceFileError(f"{file}: cannot read it as text ({_reason(exc)})") from None
+        if given.is_dir() and not text.strip():
+            continue  # a process that exported nothing (an empty trace document or file)
+        rows.extend(_parse(file, text))
     if not rows:
-        raise TraceFileError(f"{file}: the trace holds no spans (did the program sample any call?)")
+        raise TraceFileError(f"{given}: the trace holds no spans (did the program sample any call?)")
     if not any("attnscope.tier" in r.attributes for r in rows):
-        raise TraceFileError(f"{file}: {len(rows)} spans but none from attnscope (no "
+        raise TraceFileError(f"{given}: {len(rows)} spans but none from attnscope (no "
                              "attnscope.tier attribute): a trace written by another tool?")
     unique = {(r.trace_id, r.span_id): r for r in rows}
     return sorted(unique.values(), key=lambda r: (r.start_ns, r.end_ns, r.span_id))
@@ -126,18 +135,20 @@ def _ancestors(row: SpanRow, by_id: Mapping[str, SpanRow]) -> Iterator[SpanRow]:
 # -- reading files --------------------------------------------------------------------------
 
 
-def _trace_file(path: Path) -> Path:
+def _trace_files(path: Path) -> list[Path]:
     if path.is_dir():
-        for name in DIRECTORY_FILES:
-            if (path / name).is_file():
-                return path / name
+        for suffix in ("otlp.jsonl", "jaeger.json"):
+            pattern = re.compile(rf"^traces(\.[A-Za-z0-9-]+)?\.{re.escape(suffix)}(\.\d+)?$")
+            found = sorted(p for p in path.iterdir() if pattern.match(p.name) and p.is_file())
+            if found:
+                return found
         raise TraceFileError(f"{path}: no trace file in this directory (expected "
                              f"{' or '.join(DIRECTORY_FILES)}, as `attnscope run` writes)")
     if not path.exists():
         raise TraceFileError(f"{path}: no such file or directory")
     if not path.is_file():
         raise TraceFileError(f"{path}: not a regular file")
-    return path
+    return [path]
 
 
 def _reason(exc: BaseException) -> str:
