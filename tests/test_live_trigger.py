@@ -148,3 +148,71 @@ def test_poll_rate_limited(monkeypatch: pytest.MonkeyPatch) -> None:
         now[0] = t
         poller.poll("/nonexistent-attnscope")
     assert len(calls) == 3  # at 0.0, 1.0 and 2.2
+
+
+_SERVICE = """
+import json, os, sys, time
+import torch
+import attnscope
+
+out, ready, stop = sys.argv[1], sys.argv[2], sys.argv[3]
+attnscope.configure(exporter="otlp-json:" + out, sample_rate=0.2, warmup_calls=0,
+                    profile_rate=0.0, overhead_budget=1.0, slow_call_quantile=1.0)
+
+@attnscope.trace(name="serve.attention")
+def attention(q):
+    return torch.nn.functional.scaled_dot_product_attention(q, q, q)
+
+q = torch.randn(1, 2, 16, 8)
+open(ready, "w").close()
+deadline = time.monotonic() + 60
+while not os.path.exists(stop) and time.monotonic() < deadline:
+    attention(q)
+    time.sleep(0.001)
+attnscope.shutdown(10)
+print(json.dumps(attnscope.stats()))
+"""
+
+
+def test_trigger_from_another_process_profiles_a_running_service(tmp_path: pathlib.Path) -> None:
+    """As an operator would: a service samples 20% of its calls and profiles none; from a second
+    process, ``attnscope trigger --pid`` asks for 4 profiles; they arrive, marked on_demand."""
+    import json
+    import subprocess
+    import sys
+
+    tdir = tmp_path / "trig"
+    tdir.mkdir(mode=0o700)
+    out, ready, stop = tmp_path / "spans.jsonl", tmp_path / "ready", tmp_path / "stop"
+    env = {**os.environ, "ATTNSCOPE_TRIGGER_DIR": str(tdir)}
+    service = subprocess.Popen([sys.executable, "-c", _SERVICE, str(out), str(ready), str(stop)],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline and service.poll() is None:
+            time.sleep(0.05)
+        assert ready.exists(), service.communicate(timeout=5)
+        done = subprocess.run([sys.executable, "-m", "attnscope", "trigger", "--pid",
+                               str(service.pid), "--calls", "4", "--site", "serve.*"],
+                              env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        trigger = control.trigger_path(str(tdir), service.pid)
+        while os.path.exists(trigger) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(trigger)  # consumed by the service's worker
+        time.sleep(1.0)  # the next sampled calls are profiled
+    finally:
+        stop.touch()
+        stdout, stderr = service.communicate(timeout=60)
+    assert service.returncode == 0, stderr
+    stats = json.loads(stdout.strip().splitlines()[-1])
+    spans = [s for line in out.read_text().splitlines() if line.strip()
+             for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"]
+             for s in ss["spans"]]
+    def tag(span: dict[str, Any], key: str) -> Any:
+        return next((a["value"] for a in span.get("attributes", []) if a["key"] == key), None)
+    on_demand = [s for s in spans if tag(s, "attnscope.trigger") == {"stringValue": "on_demand"}]
+    assert len(on_demand) == 4 == stats["on_demand_granted"]
+    assert all(tag(s, "attnscope.tier") == {"stringValue": "profile"} for s in on_demand)
+    profiled = [s for s in spans if tag(s, "attnscope.tier") == {"stringValue": "profile"}]
+    assert len(profiled) == 4  # the service profiles nothing at random
