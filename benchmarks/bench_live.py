@@ -11,45 +11,23 @@ Run: python benchmarks/bench_live.py [--rounds 9] [--calls 20000]
 from __future__ import annotations
 
 import argparse
-import functools
 import platform
 import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
+
+# the harness of bench_hotpath.py (same folder: on the path when run as a script), so the two
+# tables measure the same things the same way
+from bench_hotpath import Discard, body, passthrough, per_call_ns
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 import attnscope
 
 OFF = {"slow_call_quantile": 1.0, "live_trigger": False}
 ON = {"slow_call_quantile": 0.99, "live_trigger": True}
-
-
-class Discard(SpanExporter):
-    def export(self, spans: Sequence[Any]) -> SpanExportResult:
-        return SpanExportResult.SUCCESS
-
-
-def body(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return q
-
-
-def passthrough(fn: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **kwargs)
-
-    return wrapper
-
-
-def per_call_ns(fn: Callable[[], Any], calls: int) -> float:
-    start = time.perf_counter_ns()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter_ns() - start) / calls
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
