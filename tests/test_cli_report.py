@@ -170,16 +170,23 @@ def _bad_inputs(tmp: Path) -> dict[str, Path]:
     return out
 
 
-def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    for what, path in _bad_inputs(tmp_path).items():
-        done = _report(path)
-        assert done.returncode == 2, (what, done.stderr)
-        assert "Traceback" not in done.stderr, what
-        lines = done.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("attnscope report: error: "), \
-            (what, done.stderr)
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Every bad input through ``main()`` in this process; one through the real command too
+    (each subprocess costs a torch import)."""
+    from attnscope.cli import main
+
+    bad = _bad_inputs(tmp_path)
+    for what, path in bad.items():
+        assert main(["report", str(path)]) == 2, what
+        out, err = capsys.readouterr()
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("attnscope report: error: "), (what, err)
         assert str(path) in lines[0], what
-        assert done.stdout == ""
+        assert out == ""
+    done = _report(bad["other-tool.json"])
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and done.stdout == ""
 
 
 def _row(span_id: str, parent: str | None, **attrs: Any) -> SpanRow:
