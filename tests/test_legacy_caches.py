@@ -259,11 +259,5 @@ def test_causal_attention_mask_alone() -> None:
     _causal_mask_case(with_padding=False)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "two masks (padding + causal, added by the layer): the extractor can hand the worker one; "
-    "with the padding mask the reading says 'not causal' and wins over facts.causal: the span "
-    "says causal=False and FLOPs count all pairs. Fix: worker/derive.py _structure (or worker/masks.py) should keep a "
-    "declared causal flag when the mask only shows padding (reading.causal False from keys "
-    "masked per column), or AttentionFacts should carry a second mask"))
 def test_causal_attention_mask_with_a_padding_mask() -> None:
     _causal_mask_case(with_padding=True)

@@ -264,7 +264,8 @@ class AttentionFacts:
     """
 
     __slots__ = ("batch", "seq_q", "seq_kv", "past", "cached", "heads", "kv_heads", "head_dim",
-                 "head_dim_v", "causal", "window", "dtype", "device", "mask", "mask_ignores")
+                 "head_dim_v", "causal", "window", "dtype", "device", "mask", "mask_ignores",
+                 "causal_apart")
 
     def __init__(self, batch: int, seq_q: int) -> None:
         self.batch = batch
@@ -282,6 +283,9 @@ class AttentionFacts:
         self.device: Any = None
         self.mask: Any = None
         self.mask_ignores = False
+        # the layer adds its causal mask itself, apart from ``mask`` (padding only): the mask
+        # gives the tokens, ``causal``/``window`` the structure (CLIP before transformers 5)
+        self.causal_apart = False
 
 
 class ModelFacts:

@@ -261,6 +261,8 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
             facts.mask = get(args, kwargs, mask_names)
             if facts.mask is None:
                 facts.mask = causal_mask
+            elif causal_mask is not None:
+                facts.causal_apart = True
             facts.mask_ignores = masked_where_true
         return [(ATTENTION_KEY, facts)]
 

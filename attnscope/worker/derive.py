@@ -296,6 +296,8 @@ def _structure(f: AttentionFacts, reading: MaskReading | None) -> tuple[bool, in
     A causal layer that declares a narrower window than its mask shows applies it itself (GPT-Neo's
     local layers: a plain causal mask, the window in the module's own buffer): the window is the
     module's then, and the mask's pair count does not hold."""
+    if f.causal_apart:  # the mask holds padding only: the layer applies causality on its own
+        return f.causal, f.window if f.causal else None, False
     causal = f.causal if reading is None or reading.causal is None else reading.causal
     own = f.window if causal and f.window else None
     if reading is not None and reading.window is not None:
