@@ -50,29 +50,40 @@ def per_call_ns(fn: Callable[[], Any], calls: int) -> float:
     return (time.perf_counter_ns() - start) / calls
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--calls", type=int, default=20_000)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    q = torch.zeros(1, 8, 128, 64)
-    plain = passthrough(body)
-    unsampled = attnscope.trace(body)
-    sampled = attnscope.trace(sample_rate=1.0)(passthrough(body))
 
+def discarding_provider() -> TracerProvider:
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(Discard()))
-    tracer = provider.get_tracer("bench")
+    return provider
+
+
+def otel_span_call(q: torch.Tensor) -> Callable[[], None]:
+    """The reference: one OTel ``start_as_current_span`` with 10 attributes around the body."""
+    tracer = discarding_provider().get_tracer("bench")
     ten = {f"attr.{i}": i for i in range(10)}
 
     def otel_span() -> None:
         with tracer.start_as_current_span("attention", attributes=ten):
             body(q, q, q)
 
-    our_provider = TracerProvider()
-    our_provider.add_span_processor(BatchSpanProcessor(Discard()))
-    attnscope.configure(tracer_provider=our_provider, sample_rate=0.0, warmup_calls=0,
+    return otel_span
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    args = parse_args(argv)
+
+    q = torch.zeros(1, 8, 128, 64)
+    plain = passthrough(body)
+    unsampled = attnscope.trace(body)
+    sampled = attnscope.trace(sample_rate=1.0)(passthrough(body))
+    otel_span = otel_span_call(q)
+    attnscope.configure(tracer_provider=discarding_provider(), sample_rate=0.0, warmup_calls=0,
                         overhead_budget=1.0, profile_rate=0.0, queue_size=1_000_000)
 
     class Plain:

@@ -10,7 +10,6 @@ Run: python benchmarks/bench_live.py [--rounds 9] [--calls 20000]
 
 from __future__ import annotations
 
-import argparse
 import platform
 import statistics
 from collections.abc import Callable
@@ -20,9 +19,14 @@ import torch
 
 # the harness of bench_hotpath.py (same folder: on the path when run as a script), so the two
 # tables measure the same things the same way
-from bench_hotpath import Discard, body, passthrough, per_call_ns
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from bench_hotpath import (
+    body,
+    discarding_provider,
+    otel_span_call,
+    parse_args,
+    passthrough,
+    per_call_ns,
+)
 
 import attnscope
 
@@ -31,26 +35,13 @@ ON = {"slow_call_quantile": 0.99, "live_trigger": True}
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--calls", type=int, default=20_000)
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     q = torch.zeros(1, 8, 128, 64)
     plain = passthrough(body)
     unsampled = attnscope.trace(body)
     sampled = attnscope.trace(sample_rate=1.0)(passthrough(body))
-    provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(Discard()))
-    tracer = provider.get_tracer("bench")
-    ten = {f"attr.{i}": i for i in range(10)}
-
-    def otel_span() -> None:
-        with tracer.start_as_current_span("attention", attributes=ten):
-            body(q, q, q)
-
-    ours = TracerProvider()
-    ours.add_span_processor(BatchSpanProcessor(Discard()))
-    base = {"tracer_provider": ours, "sample_rate": 0.0, "warmup_calls": 0,
+    otel_span = otel_span_call(q)
+    base = {"tracer_provider": discarding_provider(), "sample_rate": 0.0, "warmup_calls": 0,
             "overhead_budget": 1.0, "profile_rate": 0.0, "queue_size": 1_000_000}
     rows: dict[str, list[float]] = {}
 
