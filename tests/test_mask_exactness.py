@@ -107,13 +107,7 @@ def test_modernbert_local_layer_reports_its_two_sided_window() -> None:
 
 
 def _brute(sq: int, skv: int, lo: int | None, hi: int | None) -> int:
-    d = torch.arange(skv)[None, :] - torch.arange(sq)[:, None] - (skv - sq)
-    ok = torch.ones(sq, skv, dtype=torch.bool)
-    if lo is not None:
-        ok &= d >= lo
-    if hi is not None:
-        ok &= d <= hi
-    return int(ok.sum())
+    return int(_band_mask(sq, skv, lo, hi).sum())
 
 
 def test_band_pairs_brute_force() -> None:
