@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from attnscope.capture import hostread, reduce
 from attnscope.capture.record import AttentionFacts, Capture, HostCopy, ModelFacts
-from attnscope.worker.maskread import counts_of, positions_tokens, read_counts
+from attnscope.worker.maskread import MaskCounts, counts_of, positions_tokens, read_counts
 from attnscope.worker.masks import MaskReading, band_pairs
 
 
@@ -83,16 +83,10 @@ def test_a_static_cache_buffer_is_read_up_to_the_filled_keys_only() -> None:
     for keys in (skv, torch.tensor(skv)):  # a host int, or the cache's own device length
         plan = reduce.plan_mask(tuple(mask.shape), 2, 4, sq, keys if isinstance(keys, int) else None)
         counts = reduce.mask_numbers(mask, False, plan, sq, keys).tolist()
-        reading, tokens = read_counts(_Counts(counts, plan), 2, 4, sq, skv)
+        reading, tokens = read_counts(MaskCounts(counts, plan), 2, 4, sq, skv)
         assert tokens == 2 * sq
         assert reading is not None and reading.causal is True
         assert reading.pairs == 2 * 4 * sum(min(skv, i + skv - sq + 1) for i in range(sq))
-
-
-def _Counts(values: list[int], plan: reduce.MaskPlan) -> Any:
-    from attnscope.worker.maskread import MaskCounts
-
-    return MaskCounts(values, plan)
 
 
 def test_mpt_style_inverted_bool_mask_takes_its_polarity_from_the_diagonal() -> None:
@@ -109,10 +103,6 @@ def test_generated_tokens_stop_at_each_rows_first_eos() -> None:
     assert reduce.generated_numbers(ids, 2, (9,)).tolist() == [2 + 4 + 4]
     assert reduce.generated_numbers(ids, 2, (9, 7)).tolist() == [2 + 4 + 1]
     assert reduce.generated_numbers(ids, 2, ()).tolist() == [12]
-
-
-class _FakeHost:
-    """Stands in for the pinned copy on CPU: the same values, as a CPU tensor."""
 
 
 def test_to_host_replaces_device_values_by_counts(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -136,7 +126,7 @@ def test_to_host_replaces_device_values_by_counts(monkeypatch: pytest.MonkeyPatc
     assert hostread.to_host(cap) is True
     assert isinstance(facts.past, HostCopy) and facts.past.read() == [3]
     assert isinstance(facts.mask, HostCopy) and isinstance(model.mask, HostCopy)
-    reading, tokens = read_counts(_Counts(facts.mask.read(), facts.mask.plan), 2, 2, 4, 7)
+    reading, tokens = read_counts(MaskCounts(facts.mask.read(), facts.mask.plan), 2, 2, 4, 7)
     assert tokens == 8 and reading is not None and reading.causal is True
     assert isinstance(model.output, HostCopy) and model.output.read() == [2 + 2]
     positions = cap.summary[2][1]

@@ -51,11 +51,7 @@ def _argument_mask(cap: Capture, mask: torch.Tensor, ignores: bool) -> Any:
     if qkv is None or mask.ndim not in (2, 3, 4):
         return _positions(cap, mask, ignores)
     b, hq, sq, _ = qkv[0].shape
-    skv = qkv[1].shape[2]
-    plan = plan_mask(tuple(mask.shape), b, hq, sq, skv)
-    numbers = mask_numbers(mask, ignores, plan, sq, skv)
-    _retain.drop(cap, mask)
-    return HostCopy(enqueue_to_host(numbers), "mask", plan)
+    return _mask_copy(cap, mask, ignores, b, hq, sq, qkv[1].shape[2])
 
 
 def _on_device(value: Any) -> bool:
@@ -63,40 +59,29 @@ def _on_device(value: Any) -> bool:
 
 
 def _attention(cap: Capture, f: AttentionFacts) -> bool:
-    past = f.past
     copied = False
     if _on_device(f.mask):
         if f.seq_kv is None:  # self-attention: the mask is read (cross-attention counts b * sq)
-            past_keys = past if past is not None else 0
-            skv = past_keys + f.seq_q
-            plan = plan_mask(tuple(f.mask.shape), f.batch, f.heads, f.seq_q,
-                             skv if isinstance(skv, int) else None)
-            numbers = mask_numbers(f.mask, f.mask_ignores, plan, f.seq_q, skv)
-            _retain.drop(cap, f.mask)
-            f.mask = HostCopy(enqueue_to_host(numbers), "mask", plan)
+            skv = (f.past if f.past is not None else 0) + f.seq_q
+            f.mask = _mask_copy(cap, f.mask, f.mask_ignores, f.batch, f.heads, f.seq_q, skv)
             copied = True
         else:
             _retain.drop(cap, f.mask)
             f.mask = None
-    if _on_device(past):
-        f.past = HostCopy(enqueue_to_host(past.reshape(1).to(torch.long)), "int")
+    if _on_device(f.past):
+        f.past = _int_copy(f.past)
         copied = True
     return copied
 
 
 def _model(cap: Capture, f: ModelFacts) -> bool:
-    past = f.past
     copied = False
     if _on_device(f.mask):
-        skv = (past if past is not None else 0) + f.seq_q if f.cached else None
-        plan = plan_mask(tuple(f.mask.shape), f.batch, None, f.seq_q,
-                         skv if isinstance(skv, int) else None)
-        numbers = mask_numbers(f.mask, False, plan, f.seq_q, skv)
-        _retain.drop(cap, f.mask)
-        f.mask = HostCopy(enqueue_to_host(numbers), "mask", plan)
+        skv = (f.past if f.past is not None else 0) + f.seq_q if f.cached else None
+        f.mask = _mask_copy(cap, f.mask, False, f.batch, None, f.seq_q, skv)
         copied = True
-    if _on_device(past):
-        f.past = HostCopy(enqueue_to_host(past.reshape(1).to(torch.long)), "int")
+    if _on_device(f.past):
+        f.past = _int_copy(f.past)
         copied = True
     ids = f.output
     if _on_device(ids) and ids.ndim == 2:
@@ -106,6 +91,20 @@ def _model(cap: Capture, f: ModelFacts) -> bool:
             f.output = HostCopy(enqueue_to_host(generated_numbers(ids, prompt, f.eos)), "int")
             copied = True
     return copied
+
+
+def _mask_copy(cap: Capture, mask: torch.Tensor, ignores: bool, batch: int, heads: int | None,
+               sq: int, skv: Any) -> HostCopy:
+    """The mask's counts for this call, enqueued; ``skv``: an int, a 0-d device tensor (a
+    static cache's length, past + sq) or None (the mask's last axis)."""
+    plan = plan_mask(tuple(mask.shape), batch, heads, sq, skv if isinstance(skv, int) else None)
+    numbers = mask_numbers(mask, ignores, plan, sq, skv)
+    _retain.drop(cap, mask)
+    return HostCopy(enqueue_to_host(numbers), "mask", plan)
+
+
+def _int_copy(value: torch.Tensor) -> HostCopy:
+    return HostCopy(enqueue_to_host(value.reshape(1).to(torch.long)), "int")
 
 
 def _positions(cap: Capture, mask: torch.Tensor, ignores: bool) -> Any:

@@ -239,7 +239,7 @@ def _as_int(value: Any) -> int | None:
         return value
     if isinstance(value, HostCopy) and value.kind == "int":
         return value.read()[0]
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_cuda:
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and host_readable(value):
         return int(value.item())
     return None
 
@@ -341,7 +341,7 @@ def _generated_tokens(ids: Any, prompt_len: int, eos: tuple[int, ...]) -> int | 
         return ids.read()[0] if ids.kind == "int" else None
     if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.shape[1] < prompt_len:
         return None
-    if ids.is_cuda:
+    if not host_readable(ids):
         return None
     return int(generated_numbers(ids, prompt_len, eos)[0])
 
