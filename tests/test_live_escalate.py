@@ -13,7 +13,7 @@ import torch
 import attnscope
 from attnscope import _buckets
 from attnscope._state import state
-from attnscope.capture import grants
+from attnscope.capture import grants, profiler
 from attnscope.capture.record import TensorMeta
 from attnscope.capture.sampling import CallSite
 from attnscope.testing import capture_spans
@@ -26,7 +26,7 @@ Q = torch.zeros(4)
 @attnscope.trace
 def attention(q: torch.Tensor, k: torch.Tensor, i: int) -> torch.Tensor:
     if k.shape[0] > 100:  # the slow pattern: every 50th call has a long key sequence
-        time.sleep(0.003)
+        time.sleep(0.02)  # far above what a loaded machine adds to a fast call
     return q
 
 
@@ -39,6 +39,7 @@ def _run(calls: int, **settings: Any) -> list[Any]:
     chosen: dict[str, Any] = {"profile_max_per_minute": 1e6, "profile_rate": ON}
     chosen.update(settings)
     with capture_spans(**chosen) as spans:
+        profiler.warm_up()  # not a race with the worker's warm-up: a grant is never timed instead
         for i in range(1, calls + 1):
             attention(Q, BIG if i % 50 == 0 else SMALL, i)
             if i % 200 == 0:
@@ -47,7 +48,7 @@ def _run(calls: int, **settings: Any) -> list[Any]:
 
 
 def _is_slow_pattern(span: Any) -> bool:
-    return bool(span.attributes.get("attnscope.wall_ns", 0) > 2_000_000)
+    return bool(span.attributes.get("attnscope.wall_ns", 0) > 15_000_000)
 
 
 def test_profiles_concentrate_on_the_slow_pattern() -> None:
