@@ -234,10 +234,11 @@ def _split_alternately(path: Path, first: Path, second: Path) -> None:
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("diff")
-    # the two plain runs side by side (a core each on a 2-core machine: the same conditions),
-    # then the eager and slowed programs, whose differences dwarf the machine's
-    paths = _traces(tmp, {"sdpa1": "sdpa", "sdpa2": "sdpa"}, calls=240)
-    paths.update(_traces(tmp, {"eager": "eager", "slowed": "slowed"}))
+    # every pair a test compares runs side by side (a core each on a 2-core machine): two
+    # separate runs on a shared machine can differ by 40% at p50 (seen in CI), so a pair run
+    # one after the other would measure the machine, not the programs
+    paths = _traces(tmp, {"sdpa1": "sdpa", "eager": "eager"}, calls=240)
+    paths.update(_traces(tmp, {"sdpa2": "sdpa", "slowed": "slowed"}))
     _split_alternately(paths["sdpa1"], tmp / "same_a.json", tmp / "same_b.json")
     return {**paths, "same_a": tmp / "same_a.json", "same_b": tmp / "same_b.json"}
 
@@ -253,31 +254,21 @@ def test_two_traces_of_one_configuration_are_no_change_and_pass_the_gate(
     assert "gate passed" in done.stdout and not done.stderr
 
 
-def test_two_separate_runs_of_one_configuration_pass_a_gate_wider_than_run_to_run_noise(
-        traces: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    """Two processes of the same program differ by up to ~10% here (cores, memory layout):
-    a gate set above that passes; the same gate fails the slowed program below."""
-    code, out, _ = _main(capsys, traces["sdpa1"], traces["sdpa2"], "--fail-if-slower", "25")
-    assert code == 0, out
-    code, out, _ = _main(capsys, traces["sdpa1"], traces["slowed"], "--fail-if-slower", "25")
-    assert code == 1, out
-
-
 def test_eager_and_sdpa_differ_both_ways(traces: dict[str, Path],
                                          capsys: pytest.CaptureFixture[str]) -> None:
     code, slower, _ = _main(capsys, traces["sdpa1"], traces["eager"])
-    assert code == 0
+    assert code == 0  # no gate asked for: a slower verdict alone does not fail
     assert _verdict(slower, "p50") == "slower"
     assert _verdict(slower, "tokens/s p50") == "slower"
     assert _verdict(slower, "memory peak p50") == "larger"  # the score matrix
-    code, faster, _ = _main(capsys, traces["eager"], traces["sdpa2"])
+    code, faster, _ = _main(capsys, traces["eager"], traces["sdpa1"])
     assert code == 0 and _verdict(faster, "p50") == "faster"
 
 
 def test_a_slowed_after_fails_the_gate(traces: dict[str, Path], tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     page = tmp_path / "diff.html"
-    done = _diff(traces["sdpa1"], traces["slowed"], "--fail-if-slower", "5", "--html", page)
+    done = _diff(traces["sdpa2"], traces["slowed"], "--fail-if-slower", "5", "--html", page)
     assert done.returncode == 1, done.stdout + done.stderr
     assert _verdict(done.stdout, "p50") == "slower"
     fail = re.search(r"FAIL: attention p50 \S+ \(interval \[\+([0-9.]+)%", done.stdout)
@@ -286,9 +277,12 @@ def test_a_slowed_after_fails_the_gate(traces: dict[str, Path], tmp_path: Path,
     assert text.startswith("<!DOCTYPE html>") and "<svg" in text and "slower" in text
     assert "http://" not in text.replace("http://www.w3.org", "")
     # the gate is the interval's lower end: just above it, the same two traces pass
-    code, out, _ = _main(capsys, traces["sdpa1"], traces["slowed"],
+    code, out, _ = _main(capsys, traces["sdpa2"], traces["slowed"],
                          "--fail-if-slower", str(float(fail.group(1)) + 0.1))
     assert code == 0 and "gate passed" in out
+    # a gate wide enough for run-to-run noise (25%) still fails three times the work
+    code, out, _ = _main(capsys, traces["sdpa2"], traces["slowed"], "--fail-if-slower", "25")
+    assert code == 1, out
 
 
 def test_bad_input_from_the_real_command_is_one_stderr_line(tmp_path: Path) -> None:
