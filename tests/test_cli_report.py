@@ -23,9 +23,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory: pytest.TempPathFactory) -> TraceFiles:
-    # sample_rate < 1: the re-weighted counts differ from the sampled ones
+    # sample_rate < 1: the re-weighted counts differ from the sampled ones. Outside a step,
+    # sampling is not seeded: at profile_rate 0.2 the ~24 sampled calls had no profiled one
+    # about once in 200 runs (seen in a suite run); at 0.5, about once in ten million.
     return generate(tmp_path_factory.mktemp("report") / "run", sample_rate=0.5, repeats=4,
-                    profile_rate=0.2, seed=3)
+                    profile_rate=0.5, seed=3)
 
 
 def _report(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
