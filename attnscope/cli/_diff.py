@@ -3,16 +3,19 @@
 For each (module, phase) present in both traces: p50/p95/p99 time, tokens/s and memory peak, the
 relative change with a bootstrap confidence interval and a verdict (``_diff_stats``: the rule;
 ``_diff_groups``: the data). ``--fail-if-slower PCT`` exits 1 when a p50 time is slower by more
-than PCT% beyond noise. Exit codes: 0 ok, 1 gate failed, 2 bad input.
+than PCT% beyond noise; ``--json`` writes the same diary for scripts (``_diff_json``). Exit codes:
+0 ok, 1 gate failed, 2 bad input.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from typing import Any
 
 from ._diff_groups import Diary, GroupDiff, diary
+from ._diff_json import to_json
 from ._diff_stats import CONFIDENCE, Change
 from ._diff_text import HEADERS, group_label, names, notes, row_cells
 from ._errors import CLIError
@@ -60,6 +63,8 @@ def register(sub: Any, formatter: Any) -> None:
                    help="smallest change (in %%) reported as faster/slower")
     p.add_argument("--html", metavar="PATH", default=None,
                    help="also write the diary as a self-contained HTML page")
+    p.add_argument("--json", metavar="PATH", default=None,
+                   help="also write the diary as JSON ('-': to stdout instead of the table)")
     p.set_defaults(func=run_diff)
 
 
@@ -82,8 +87,24 @@ def run_diff(args: argparse.Namespace) -> int:
         from ._diff_html import write_html
 
         write_html(args.html, result, args.before, args.after, args.fail_if_slower)
-    _print(result, args.before, args.after, args.fail_if_slower, failures)
+    if args.json:
+        _write_json(args.json, to_json(result, before=args.before, after=args.after,
+                                       limit=args.fail_if_slower, failures=failures))
+    if args.json != "-":
+        _print(result, args.before, args.after, args.fail_if_slower, failures)
     return 1 if failures else 0
+
+
+def _write_json(path: str, document: dict[str, Any]) -> None:
+    text = json.dumps(document, indent=2)
+    if path == "-":
+        print(text)
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    except OSError as exc:
+        raise CLIError(f"{path}: cannot write the JSON file ({exc.strerror or exc})") from None
 
 
 # -- the terminal ---------------------------------------------------------------------------
