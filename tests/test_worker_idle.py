@@ -21,6 +21,14 @@ def f(x: int) -> int:
     return x
 
 
+def _asleep() -> None:
+    """Wait until the worker has gone back to sleep (after a flush it still finishes its loop)."""
+    deadline = time.monotonic() + 10
+    while not state.worker._sleeping and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert state.worker._sleeping
+
+
 def _count_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     steps = [0]
     real = Worker._step
@@ -37,16 +45,19 @@ def test_idle_worker_does_not_wake(monkeypatch: pytest.MonkeyPatch) -> None:
     attnscope.configure(**SETTINGS)
     f(1)
     assert attnscope.flush(timeout_s=5)
+    _asleep()  # its last steps after the flush are not wakes
     steps = _count_steps(monkeypatch)
     time.sleep(0.5)  # the old worker polled 20 times a second
     assert steps[0] == 0
 
 
 def test_one_wake_per_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    # one batch however slowly this machine makes the 200 calls (the flush below cuts it short)
+    monkeypatch.setattr(loop, "_GATHER_S", 600.0)
     attnscope.configure(**SETTINGS)
     f(1)
     assert attnscope.flush(timeout_s=5)
-    time.sleep(0.05)  # asleep again
+    _asleep()  # asleep again
     wakes = [0]
     event = state.worker._wake
     real_set = event.set

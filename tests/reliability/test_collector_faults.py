@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,17 @@ def attention_plain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fail: boo
 
 
 attention_traced = attnscope.trace(name="attention")(attention_plain)
+
+
+@pytest.fixture
+def _one_torch_thread() -> Iterator[None]:
+    """The calls run on one CPU thread. With torch's default of one per core, a busy machine
+    makes a call wait for a descheduled OpenMP thread: medians of 8-12 ms instead of 50 us, in
+    some runs and not others, of either exporter (seen with CPU burners on 2 cores)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def _traffic(n: int, escapes: list[BaseException], rss_peak: list[int]) -> list[float]:
@@ -142,6 +153,7 @@ def _start(exporter: str, mode: str, port: int = 0) -> Any:
     return cls(mode).start(port)
 
 
+@pytest.mark.usefixtures("_one_torch_thread")
 @pytest.mark.parametrize(("exporter", "fault"), FAULTS, ids=[f"{e}-{f}" for e, f in FAULTS])
 def test_collector_fault(exporter: str, fault: str, monkeypatch: pytest.MonkeyPatch,
                          figures: Figures) -> None:
