@@ -2,7 +2,7 @@
 tests/test_live_steps.py: each step runs an instrumented attention model, all-reduces its
 gradients, and declares ``attnscope.step(n)``; each rank writes its own Jaeger JSON file.
 
-Usage: torchrun --standalone --nproc-per-node 2 tests/live_steps_job.py OUT_DIR STEPS
+Usage: torchrun [--standalone | --rdzv-id ID] --nproc-per-node 2 tests/live_steps_job.py OUT_DIR STEPS
 """
 
 from __future__ import annotations

@@ -1,21 +1,28 @@
 """One trace per declared step across the ranks of a job (docs/live.md).
 
-In-process tests pose as rank 0 and rank 1 with ``RANK``/``WORLD_SIZE``; the last one runs a real
-``torchrun --nproc-per-node 2`` job on CPU (gloo, an all-reduce per step) and merges the ranks'
+In-process tests pose as rank 0 and rank 1 with ``RANK``/``WORLD_SIZE`` (and a ``HashStore`` as
+the process group's store); the last ones run real ``torchrun --nproc-per-node 2`` jobs on CPU
+(gloo, an all-reduce per step) — plain, ``--standalone`` and ``--rdzv-id`` — and merge the ranks'
 Jaeger JSON files.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -24,6 +31,8 @@ import attnscope
 from attnscope import _api, _dist
 from attnscope.exporters import merge_jaeger_json
 from attnscope.testing import capture_spans
+from attnscope.worker import run_id
+from attnscope.worker.run_id import STORE_KEY, RunId
 from attnscope.worker.steps import RANK_NAME, ROOT_NAME, step_ids
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,31 +170,148 @@ def test_calls_outside_a_step_and_under_an_app_span_keep_their_own_traces() -> N
     assert not _by_name(spans, ROOT_NAME)
 
 
+def _job_store() -> Any:
+    """A fresh store, as a new job's process group has (torch's in-memory one)."""
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    from torch._C._distributed_c10d import HashStore
+
+    return HashStore()
+
+
+class _Asked:
+    """The process group's store as :class:`RunId` sees it: counts the look-ups, may be absent."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.calls = 0
+        self.threads: list[str] = []
+
+    def __call__(self) -> Any:
+        self.calls += 1
+        self.threads.append(threading.current_thread().name)
+        return self.store
+
+
+def _none() -> str | None:
+    return None
+
+
+def test_ranks_agree_on_one_id_through_the_store_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    job = _job_store()
+    rank0, rank1 = _Asked(job), _Asked(job)
+    id0, id1 = RunId(_none, rank0), RunId(_none, rank1)
+    agreed = id1()  # whichever rank asks first puts the id there: no rank waits for rank 0
+    assert agreed == id0() == job.get(STORE_KEY + "0").decode()
+    assert agreed not in (id0.own, id1.own) and re.fullmatch(r"[0-9a-f]{32}", agreed)
+    assert id0() == id1() == agreed and (rank0.calls, rank1.calls) == (1, 1)  # asked once
+    # the next job has a store of its own; a restarted attempt asks under its restart count
+    assert RunId(_none, _Asked(_job_store()))() != agreed
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    restarted = RunId(_none, _Asked(job))()
+    assert restarted != agreed and RunId(_none, _Asked(job))() == restarted
+    # a run id from the setting or from torchrun wins: the store is never asked
+    asked = _Asked(job)
+    assert RunId(lambda: "mine", asked)() == "mine" and asked.calls == 0
+
+
+def test_steps_before_init_process_group_keep_their_own_id() -> None:
+    asked = _Asked(None)  # torch.distributed not initialised yet
+    rid = RunId(_none, asked)
+    assert rid() == rid.own and rid() == rid.own and asked.calls == 2  # asked again each step
+    asked.store = _job_store()
+    agreed = rid()
+    assert agreed != rid.own and rid() == agreed and asked.calls == 3
+
+
+class _HungStore:
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.asked = 0
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        self.asked += 1
+        self.release.wait(30)
+        return desired.encode()
+
+
+def test_a_hung_or_failing_store_falls_back_once_and_says_so(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="attnscope")
+    monkeypatch.setattr(run_id, "AGREE_TIMEOUT_S", 0.2)
+    hung = _HungStore()
+    rid = RunId(_none, _Asked(hung))
+    try:
+        started = time.monotonic()
+        assert rid() == rid.own
+        assert time.monotonic() - started < 5.0  # bounded: 0.2 s here, never the store's timeout
+        assert rid() == rid.own and hung.asked == 1  # the failure is remembered
+    finally:
+        hung.release.set()
+
+    def broken() -> Any:
+        raise RuntimeError("store gone")
+
+    failing = RunId(_none, broken)
+    assert failing() == failing.own and failing() == failing.own
+    warnings = [r for r in caplog.records if "could not agree on a run id" in r.getMessage()]
+    assert len(warnings) == 1  # once (rate-limited): the first failure's
+
+
+def test_the_store_is_asked_on_the_worker_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    job = _job_store()
+    asked = _Asked(job)
+    monkeypatch.setattr(run_id, "default_store", asked)
+    spans = _run_steps(InMemorySpanExporter(), steps=2, calls=1)
+    # asked once, by attnscope's worker thread: never the calling thread
+    assert asked.calls == 1 and asked.threads[0] != threading.current_thread().name
+    assert asked.threads[0].startswith("attnscope")
+    assert job.check([STORE_KEY + "0"])
+    agreed = job.get(STORE_KEY + "0").decode()
+    for step in range(2):
+        trace_id = step_ids(agreed, step, 0)[0]
+        (root,) = [s for s in _by_name(spans, ROOT_NAME) if s.context.trace_id == trace_id]
+        assert dict(root.attributes or {})["attnscope.run_id"] == agreed
+
+
 def _clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ATTNSCOPE_", "OTEL_"))}
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
                                      else "")
     env["OMP_NUM_THREADS"] = "1"
-    env.pop("TORCHELASTIC_RUN_ID", None)
+    for var in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+        env.pop(var, None)
     return env
 
 
-@pytest.mark.slow
-def test_torchrun_two_ranks_one_trace_per_step(tmp_path: Path) -> None:
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _torchrun(out: Path, launch: list[str], steps: int) -> tuple[list[str], str]:
+    """Run tests/live_steps_job.py under ``torchrun <launch> --nproc-per-node 2``; check the merged
+    ranks' files hold one trace per step with both ranks in it. Returns the traces' run ids (the
+    root's ``attnscope.run_id``, in step order) and the job's stderr."""
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():
         pytest.skip("torchrun is not installed next to this Python")
-    steps = 3
+    out.mkdir()
     proc = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc-per-node", "2",
-         str(ROOT / "tests" / "live_steps_job.py"), str(tmp_path), str(steps)],
-        capture_output=True, text=True, timeout=240, env=_clean_env(), cwd=tmp_path)
+        [str(torchrun), *launch, "--nproc-per-node", "2",
+         str(ROOT / "tests" / "live_steps_job.py"), str(out), str(steps)],
+        check=False, capture_output=True, text=True, timeout=240, env=_clean_env(), cwd=out)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stderr.count("shutdown ok True") == 2, proc.stderr[-4000:]
-    files = [tmp_path / "trace.rank0.json", tmp_path / "trace.rank1.json"]
-    merged = tmp_path / "merged.json"
-    assert merge_jaeger_json(merged, files) == steps
+    files = [out / "trace.rank0.json", out / "trace.rank1.json"]
+    merged = out / "merged.json"
+    assert merge_jaeger_json(merged, files) == steps, "the ranks' steps are not in one trace"
     document = json.loads(merged.read_text())
+    run_ids: dict[int, str] = {}
     for trace in document["data"]:
         spans = trace["spans"]
         by_id = {s["spanID"]: s for s in spans}
@@ -202,6 +328,38 @@ def test_torchrun_two_ranks_one_trace_per_step(tmp_path: Path) -> None:
         assert all(by_id.get(s["references"][0]["spanID"]) for s in spans if s["references"])
         procs = {_process_tag(p, "attnscope.rank") for p in trace["processes"].values()}
         assert procs == {0, 1}
+        run_ids[_tag(root, "attnscope.step")] = _tag(root, "attnscope.run_id")
+    assert sorted(run_ids) == list(range(steps))
+    return [run_ids[step] for step in range(steps)], proc.stderr
+
+
+_LAUNCHES = {
+    # torchrun's default launch: TORCHELASTIC_RUN_ID=none, the ranks agree through the store
+    "plain": ([], r"[0-9a-f]{32}", "run id none"),
+    # --standalone makes a fresh rendezvous id (a UUID) per job: TORCHELASTIC_RUN_ID/restart
+    "standalone": (["--standalone"], r"[0-9a-f-]{36}/0", None),
+    "rdzv-id": (["--rdzv-id", "job-x"], r"job-x/0", "run id job-x"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launch", sorted(_LAUNCHES))
+def test_torchrun_two_ranks_one_trace_per_step(tmp_path: Path, launch: str) -> None:
+    args, pattern, said = _LAUNCHES[launch]
+    port = [] if launch == "standalone" else ["--master-port", str(_free_port())]
+    run_ids, stderr = _torchrun(tmp_path / "job", [*args, *port], steps=3)
+    assert len(set(run_ids)) == 1 and re.fullmatch(pattern, run_ids[0]), run_ids
+    if said:
+        assert stderr.count(said) == 2, stderr[-4000:]
+
+
+@pytest.mark.slow
+def test_consecutive_plain_torchrun_jobs_on_one_port_get_different_run_ids(
+        tmp_path: Path) -> None:
+    port = ["--master-port", str(_free_port())]  # both jobs: the same address, the same env
+    first, _ = _torchrun(tmp_path / "first", port, steps=1)
+    second, _ = _torchrun(tmp_path / "second", port, steps=1)
+    assert first != second, "two jobs share a run id: their steps would land in one trace"
 
 
 def _tag(span: dict[str, Any], key: str) -> Any:

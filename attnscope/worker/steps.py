@@ -1,8 +1,9 @@
 """One trace per declared step, shared by every rank of a job, on the worker thread.
 
-The ids are a pure function of the run id (the ``run_id`` setting, else torchrun's
-``TORCHELASTIC_RUN_ID`` and restart count) and the step number, so the ranks agree without
-talking: the trace id (128 bits) and the step root's span id (64 bits) hash ``(run id, step)``; a
+The ids are a pure function of the run id (worker/run_id.py: the ``run_id`` setting, else
+torchrun's ``TORCHELASTIC_RUN_ID`` and restart count, else one id agreed once through
+torch.distributed's store) and the step number, so the ranks agree without talking at each step:
+the trace id (128 bits) and the step root's span id (64 bits) hash ``(run id, step)``; a
 rank's own span id hashes ``(run id, step, rank)``. Rank 0 emits the root (``attnscope.step``),
 every rank emits one ``attnscope.rank`` span under it, and the rank's top-level sampled calls of
 the step hang under that. Without a run id, the ids come from a random per-process id: one trace
@@ -23,17 +24,17 @@ span is a running span of that provider, its parent the step root's id, and no r
 from __future__ import annotations
 
 import hashlib
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 
 from opentelemetry.trace import SpanContext
 
-from .. import _dist, _log
+from .. import _dist
 from .._state import state
 from .emit import Emitter, OpenSpan
+from .run_id import RunId
 
-__all__ = ["StepTraces", "step_ids", "configured_run_id", "ROOT_NAME", "RANK_NAME"]
+__all__ = ["RANK_NAME", "ROOT_NAME", "StepTraces", "configured_run_id", "step_ids"]
 
 ROOT_NAME = "attnscope.step"
 RANK_NAME = "attnscope.rank"
@@ -53,13 +54,14 @@ def step_ids(run_id: str, step_no: int, rank: int) -> tuple[int, int, int]:
 
 
 def configured_run_id() -> str | None:
-    """The ``run_id`` setting in force, else torchrun's (read when a step starts)."""
+    """The ``run_id`` setting in force, else torchrun's (read when a step starts); None when
+    neither gives one (then :class:`RunId` asks the process group's store)."""
     cfg = state.config
     return _dist.run_id(cfg.run_id if cfg is not None else None)
 
 
 class _Step:
-    __slots__ = ("step_no", "root", "rank_span", "parent", "start_ns", "end_ns")
+    __slots__ = ("end_ns", "parent", "rank_span", "root", "start_ns", "step_no")
 
     def __init__(self, step_no: int, root: OpenSpan | None, rank_span: OpenSpan | None,
                  parent: SpanContext, start_ns: int, end_ns: int) -> None:
@@ -76,8 +78,7 @@ class StepTraces:
 
     def __init__(self, emitter: Emitter, run_id: Callable[[], str | None]) -> None:
         self.emitter = emitter
-        self._run_id = run_id
-        self._own_id = uuid.uuid4().hex  # no run id: this process's steps, one trace each
+        self._run_id = RunId(run_id)  # ``run_id``, else agreed by the ranks, else this process's
         self._open: _Step | None = None
         self._closed: OrderedDict[int, SpanContext] = OrderedDict()
 
@@ -114,12 +115,6 @@ class StepTraces:
     def _start(self, step_no: int, start_ns: int, end_ns: int) -> _Step:
         run_id = self._run_id()
         world = _dist.world_size()
-        if run_id is None:
-            if world > 1:
-                _log.warn_once("step-run-id", "attnscope: no run id shared by the ranks (set "
-                               "ATTNSCOPE_RUN_ID or configure(run_id=...), or start with torchrun "
-                               "--rdzv-id); each rank's steps get traces of their own")
-            run_id = self._own_id
         rank = _dist.rank()
         trace_id, root_id, rank_id = step_ids(run_id, step_no, rank)
         emitter = self.emitter
