@@ -38,8 +38,10 @@ checks, for every scenario:
   returns exactly what the untraced call returns and raises what it raises;
 - **nothing is lost silently**: `stats()` accounts for every span exactly,
   `captured == emitted + dropped_queue_full + dropped_trace_cap + worker_errors + pending`, and
-  for a provider attnscope owns every emitted span is received by the collector or counted in
-  `export_failed` / `export_dropped`;
+  for a provider attnscope owns every emitted span is received by the collector (or is in the
+  trace file) or counted in `export_failed` / `export_dropped`, and at every return of `flush()` /
+  `shutdown()`, timed out or not,
+  `emitted == exported + export_failed + export_dropped + export_in_flight`;
 - **nothing hangs or leaks**: `flush()`/`shutdown()` return within their timeouts, exit is
   prompt, RSS, threads and open files stay bounded, forked children and signals are handled
   cleanly, and no tensor or argument value leaves the process (spans, logs, profile files).

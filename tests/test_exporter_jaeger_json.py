@@ -445,3 +445,79 @@ def test_concurrent_exports_lose_nothing(tmp_path: Path) -> None:
 def test_bad_configuration_raises_value_error(tmp_path: Path, kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         JaegerJSONFileExporter(tmp_path / "t.json", **kwargs)
+
+
+# -- what attnscope's pipeline counts, and a file reopened in the same process (issue 20) -----
+
+def _named(provider: TracerProvider, *names: str) -> None:
+    for name in names:
+        provider.get_tracer("t").start_span(name).end()
+
+
+def test_bound_delivery_reports_spans_once_they_are_in_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    exporter = JaegerJSONFileExporter(path, flush_interval_s=None)
+    provider, _ = make_provider(exporter)
+    _named(provider, "before")  # taken before the pipeline bound it: not the pipeline's
+    reports: list[tuple[int, int]] = []
+    exporter.attnscope_bind_delivery(lambda written, lost: reports.append((written, lost)))
+    _named(provider, "a", "b", "c")
+    assert reports == []  # in memory only: not exported yet
+    assert exporter.force_flush() is True
+    assert reports == [(3, 0)]
+    _named(provider, "d", "e")
+    path.unlink()
+    path.mkdir()  # every write fails from here on
+    assert exporter.force_flush() is False
+    assert reports == [(3, 0)]  # kept for the next write: neither exported nor lost
+    exporter.shutdown()  # the final write fails: they never reach a file
+    assert reports == [(3, 0), (0, 2)]
+    assert exporter.export([]) is SpanExportResult.FAILURE  # refused after shutdown
+
+
+def test_rotation_reports_what_it_writes_and_what_it_loses(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    exporter = JaegerJSONFileExporter(path, max_bytes=2000, backups=0, flush_interval_s=None)
+    provider, _ = make_provider(exporter)
+    reports: list[tuple[int, int]] = []
+    exporter.attnscope_bind_delivery(lambda written, lost: reports.append((written, lost)))
+    _named(provider, *(f"span-{n}" for n in range(30)))
+    exporter.shutdown()
+    # every span was in the file at some point (without backups a rotation writes, then starts
+    # over), so all 30 count as exported; dropped_spans says how many are no longer there
+    assert sum(w for w, _ in reports) == 30 and sum(lost for _, lost in reports) == 0
+    kept = sum(len(t["spans"]) for t in load(path)["data"])
+    assert kept + exporter.dropped_spans == 30
+
+
+def test_reopened_in_this_process_keeps_what_the_file_holds(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    first = JaegerJSONFileExporter(path, flush_interval_s=None)
+    provider, _ = make_provider(first)
+    emit_two_traces(provider)
+    first.shutdown()
+    before = load(path)
+    second = JaegerJSONFileExporter(path, flush_interval_s=None)  # a restarted worker
+    provider2, _ = make_provider(second, attrs={"service.name": "other"})
+    _named(provider2, "after-restart")
+    second.shutdown()
+    doc = load(path)  # still passes the UI's checks
+    names = sorted(s["operationName"] for t in doc["data"] for s in t["spans"])
+    assert names == ["after-restart", "attention", "kernel", "request", "second"]
+    # the spans read back are the same, process tables included
+    old = {s["spanID"]: (s, t["processes"][s["processID"]]) for t in before["data"]
+           for s in t["spans"]}
+    new = {s["spanID"]: (s, t["processes"][s["processID"]]) for t in doc["data"]
+           for s in t["spans"]}
+    assert all(new[k] == v for k, v in old.items())
+
+
+def test_a_file_from_another_process_is_still_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    path.write_text('{"data":[{"traceID":"1","spans":[],"processes":{}}]}')  # a previous run's
+    exporter = JaegerJSONFileExporter(path, flush_interval_s=None)
+    provider, _ = make_provider(exporter)
+    _named(provider, "new")
+    exporter.shutdown()
+    doc = load(path)
+    assert [s["operationName"] for t in doc["data"] for s in t["spans"]] == ["new"]

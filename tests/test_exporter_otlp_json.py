@@ -245,3 +245,31 @@ def test_reader_names_the_bad_line(tmp_path: Path) -> None:
 def test_bad_configuration_raises_value_error(tmp_path: Path, kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         OTLPJSONFileExporter(tmp_path / "t.jsonl", **kwargs)
+
+
+def test_a_deleted_or_replaced_file_is_not_written_into(tmp_path: Path) -> None:
+    """Lines go where the path points now: never into an unlinked file (issue 20)."""
+    directory = tmp_path / "d"
+    directory.mkdir()
+    path = directory / "t.jsonl"
+    exporter = OTLPJSONFileExporter(path)
+    provider, _ = make_provider(exporter)
+    tracer = provider.get_tracer("t")
+    tracer.start_span("a").end()
+    path.unlink()  # deleted: the next line starts a new file
+    tracer.start_span("b").end()
+    assert len(read_otlp_json_lines(path)) == 1
+    other = directory / "new.jsonl"
+    other.write_text("")
+    os.replace(other, path)  # replaced by another file (a log rotation)
+    tracer.start_span("c").end()
+    assert exporter.force_flush() is True
+    assert len(read_otlp_json_lines(path)) == 1 and exporter.dropped_spans == 0
+    for name in os.listdir(directory):
+        os.unlink(directory / name)
+    directory.rmdir()  # the directory is gone: the line fails and says so
+    tracer.start_span("d").end()
+    assert exporter.dropped_spans == 1
+    assert exporter.force_flush() is False
+    exporter.shutdown()
+    assert not directory.exists()

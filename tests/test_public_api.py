@@ -22,6 +22,15 @@ def test_all_is_the_public_surface() -> None:
         "testing", "exporters", "cli", "annotations", "capture", "worker", "export", "instrument"}
 
 
+def test_stats_span_count_keys_are_pinned() -> None:
+    """The span and export counts of ``stats()`` (docs/sampling.md), all there from the start."""
+    counts = ("captured", "emitted", "dropped_queue_full", "dropped_trace_cap", "orphaned",
+              "pending", "worker_errors", "exported", "export_failed", "export_dropped",
+              "export_in_flight")
+    stats = attnscope.stats()
+    assert {k: stats[k] for k in counts} == dict.fromkeys(counts, 0)
+
+
 def test_demo_prints_a_table_for_both_implementations(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from attnscope.cli._demo import run_demo
 

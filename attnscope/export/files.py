@@ -30,8 +30,8 @@ import weakref
 from collections.abc import Callable
 from types import ModuleType
 
-__all__ = ["Claim", "check_target", "claim", "describe", "ensure_safe", "open_append", "rotate",
-           "write_all", "write_atomically"]
+__all__ = ["Claim", "check_target", "claim", "describe", "ensure_safe", "open_append",
+           "read_regular", "rotate", "same_file", "write_all", "write_atomically"]
 
 # (key, message, **fields), as attnscope._log.warn_once.
 Warn = Callable[..., None]
@@ -43,6 +43,7 @@ _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO must fail to open, not block 
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
 _APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC | _NOCTTY | _NONBLOCK
 _LOCK = os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC | _NOCTTY | _NONBLOCK
+_READ = os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NOCTTY | _NONBLOCK
 _MODE = 0o666  # the kernel applies the umask
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -151,6 +152,25 @@ def open_append(path: str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def read_regular(path: str) -> bytes:
+    """The contents of the regular file at ``path`` (never through a link, never a FIFO)."""
+    fd = os.open(path, _READ)
+    try:
+        ensure_regular(fd, path)
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def same_file(fd: int, path: str) -> bool:
+    """Whether ``path`` still names the file ``fd`` has open (False once it was removed,
+    renamed away or replaced, or its directory was)."""
+    return _same_file(fd, path)
 
 
 def ensure_regular(fd: int, path: str) -> None:

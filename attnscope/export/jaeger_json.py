@@ -9,7 +9,12 @@ so a reader never sees half a document. Which paths are accepted, permissions an
 lock: :mod:`attnscope.export.files`. Writes happen on ``force_flush()``, ``shutdown()``, on
 rotation, and from ``export()`` at most once per ``flush_interval_s``: the SDK's span processors
 never call an exporter's ``force_flush()``, so without the interval the file would only appear at
-shutdown.
+shutdown. The encoding of spans: :mod:`attnscope.export.jaeger_encode`.
+
+attnscope's pipeline counts a span exported only once a write that holds it succeeded, and failed
+once it can no longer reach the file (``attnscope_bind_delivery``): between the two it is in
+``stats()["export_in_flight"]``. A file an exporter of this process wrote is read back by the next
+exporter opened on it (a restarted worker), so a restart adds to the file instead of replacing it.
 """
 
 from __future__ import annotations
@@ -19,138 +24,20 @@ import math
 import os
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.trace import StatusCode
 
 from .._log import internal_error, warn_once
-from . import files
+from .._state import state
+from . import files, jaeger_encode
 
 __all__ = ["JaegerJSONFileExporter"]
 
 _STAGE = "exporter.jaeger_json"
 _DEFAULT_MAX_BYTES = 64 * 1024 * 1024
-_UNKNOWN_SERVICE = "unknown_service"
-_UNNAMED = "(unnamed)"
-
-
-def _dumps(obj: object) -> str:
-    # Compact output keeps files small. ensure_ascii (the default) makes len(text) equal the
-    # encoded byte count, which the size accounting relies on. allow_nan=False because the UI's
-    # JSON.parse rejects NaN/Infinity; _tag already turns non-finite floats into strings.
-    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
-
-
-def _tag(key: str, value: object) -> dict[str, object]:
-    """One Jaeger typed tag. Sequences become a JSON string, as Jaeger's own translator does."""
-    if isinstance(value, bool):  # before int: bool is an int subclass
-        return {"key": key, "type": "bool", "value": value}
-    if isinstance(value, int):
-        return {"key": key, "type": "int64", "value": value}
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return {"key": key, "type": "float64", "value": value}
-        return {"key": key, "type": "string", "value": repr(value)}
-    if isinstance(value, str):
-        return {"key": key, "type": "string", "value": value}
-    if isinstance(value, (list, tuple)):
-        # The list lives inside a string, so NaN in it cannot break the outer document.
-        return {"key": key, "type": "string", "value": json.dumps(list(value), default=str)}
-    return {"key": key, "type": "string", "value": str(value)}
-
-
-def _process_json(resource: Resource, service_name: str | None) -> str:
-    attrs = resource.attributes
-    if service_name is None:
-        service_name = str(attrs.get("service.name", ""))
-    # The UI rejects the whole file if any process has an empty serviceName.
-    service_name = service_name or _UNKNOWN_SERVICE
-    tags = [_tag(k, v) for k, v in attrs.items() if k != "service.name"]
-    return _dumps({"serviceName": service_name, "tags": tags})
-
-
-def _references(span: ReadableSpan) -> list[dict[str, str]]:
-    # The UI takes the first reference as the parent, so the parent goes first.
-    refs = [(span.parent, "CHILD_OF")] if span.parent is not None else []
-    refs += [(link.context, "FOLLOWS_FROM") for link in span.links]
-    return [{"refType": kind, "traceID": f"{ctx.trace_id:032x}", "spanID": f"{ctx.span_id:016x}"}
-            for ctx, kind in refs]
-
-
-def _tags(span: ReadableSpan) -> list[dict[str, object]]:
-    tags = [_tag(k, v) for k, v in (span.attributes or {}).items()]
-    scope = span.instrumentation_scope
-    if scope is not None:
-        tags.append(_tag("otel.scope.name", scope.name))
-        if scope.version:
-            tags.append(_tag("otel.scope.version", scope.version))
-    tags.append(_tag("span.kind", span.kind.name.lower()))
-    status = span.status
-    if status.status_code is StatusCode.ERROR:
-        tags.append(_tag("otel.status_code", "ERROR"))
-        tags.append(_tag("error", True))
-        if status.description:
-            tags.append(_tag("otel.status_description", status.description))
-    elif status.status_code is StatusCode.OK:
-        tags.append(_tag("otel.status_code", "OK"))
-    return tags
-
-
-def _span_fields(span: ReadableSpan) -> dict[str, object]:
-    """Everything about ``span`` except its processID, which depends on the document."""
-    ctx = span.context
-    logs = [
-        {
-            "timestamp": event.timestamp // 1000,
-            "fields": [_tag("event", event.name)]
-            + [_tag(k, v) for k, v in (event.attributes or {}).items()],
-        }
-        for event in span.events
-    ]
-    warnings = [
-        f"{count} {what} dropped by the SDK's span limits"
-        for count, what in (
-            (span.dropped_attributes, "attributes"),
-            (span.dropped_events, "events"),
-            (span.dropped_links, "links"),
-        )
-        if count
-    ]
-    start_ns = span.start_time or 0
-    end_ns = span.end_time or start_ns
-    return {
-        "traceID": f"{ctx.trace_id:032x}",
-        "spanID": f"{ctx.span_id:016x}",
-        # The UI rejects the whole file if any operationName is empty.
-        "operationName": span.name or _UNNAMED,
-        "references": _references(span),
-        "startTime": start_ns // 1000,
-        "duration": max(0, end_ns - start_ns) // 1000,
-        "tags": _tags(span),
-        "logs": logs,
-        "processID": "",
-        "warnings": warnings or None,
-    }
-
-
-@dataclass
-class _Trace:
-    spans: list[str] = field(default_factory=list)
-    processes: dict[str, str] = field(default_factory=dict)  # process JSON -> processID
-
-
-def _trace_json(trace_id: str, trace: _Trace) -> str:
-    procs = ",".join(f'"{pid}":{proc}' for proc, pid in trace.processes.items())
-    return f'{{"traceID":"{trace_id}","spans":[{",".join(trace.spans)}],"processes":{{{procs}}}}}'
-
-
-_EMPTY_DOCUMENT_BYTES = len('{"data":[]}')
-# Upper bounds, counting one separator comma each, so the estimate never undershoots the file.
-_TRACE_OVERHEAD_BYTES = len(_trace_json("0" * 32, _Trace())) + 1
 
 
 class JaegerJSONFileExporter(SpanExporter):
@@ -160,7 +47,9 @@ class JaegerJSONFileExporter(SpanExporter):
     would grow past ``max_bytes``, the current file moves to ``path.1`` (older ones to ``.2`` ...
     up to ``backups``; ``backups=0`` keeps none) and a new document starts, so memory and each
     file stay bounded by ``max_bytes``, except that a single span larger than that gets a file to
-    itself. An existing file at ``path`` is replaced by the first write. ``service_name``
+    itself. An existing file at ``path`` is replaced by the first write, unless an exporter of
+    this process wrote it (a worker restarted by ``shutdown()`` or ``configure()``): then its
+    traces are read back and kept in the document. ``service_name``
     overrides the resource's ``service.name``. ``export()`` rewrites the file at most once per
     ``flush_interval_s`` seconds (``None``: only on flush, shutdown and rotation); each rewrite
     costs time proportional to the document, up to ``max_bytes``.
@@ -203,8 +92,8 @@ class JaegerJSONFileExporter(SpanExporter):
         self._lock = threading.Lock()
         self._shut_down = False
         # The document being built: every span since the last rotation, already serialised.
-        self._traces: dict[str, _Trace] = {}
-        self._size = _EMPTY_DOCUMENT_BYTES
+        self._traces: dict[str, jaeger_encode.Trace] = {}
+        self._size = jaeger_encode.EMPTY_DOCUMENT_BYTES
         self._span_count = 0
         # True: the first flush writes the file even with no span (a valid, empty document)
         self._dirty = True
@@ -215,9 +104,22 @@ class JaegerJSONFileExporter(SpanExporter):
         self._lost = False  # spans lost to a failure since the last force_flush()
         # Most programs have one Resource, so a one-entry identity cache avoids re-serialising it.
         self._last_process: tuple[Resource, str] | None = None
+        # attnscope's pipeline, told when spans reach the file or are lost: (written, lost)
+        self._on_delivery: Callable[[int, int], None] | None = None
+        self._unbound = 0  # spans taken before that, still unwritten: not the pipeline's
         # Last: the one-writer lock, held until shutdown() (or garbage collection).
         self._claim = files.claim(requested, warn_once)
         self._path = self._claim.path
+        if self._path in state.delivery.written_paths:
+            self._keep_existing()
+
+    def attnscope_bind_delivery(self, report: Callable[[int, int], None]) -> None:
+        """Call ``report(written, lost)`` as spans exported from now on reach the file (written)
+        or will never reach it (lost); used by attnscope's pipeline to count a span exported
+        only once it is on disk. Each span is reported once."""
+        with self._lock:
+            self._unbound = self._span_count - self._written
+            self._on_delivery = report
 
     @property
     def path(self) -> str:
@@ -236,11 +138,17 @@ class JaegerJSONFileExporter(SpanExporter):
             with self._lock:
                 if self._shut_down:
                     warn_once(_STAGE + ".after_shutdown", "export() after shutdown(); spans lost")
+                    self._settle(0, len(spans))
                     return SpanExportResult.FAILURE
                 ok = True
                 rotated = False
                 for span in spans:
-                    added, did_rotate = self._add(span)
+                    try:
+                        added, did_rotate = self._add(span)
+                    except Exception as exc:  # noqa: BLE001 (this span is lost, the others are not)
+                        internal_error(_STAGE, exc)
+                        self._settle(0, 1)
+                        added, did_rotate = False, False
                     ok = ok and added
                     rotated = rotated or did_rotate
                 if self._dirty and (rotated or self._interval_passed()):
@@ -265,12 +173,54 @@ class JaegerJSONFileExporter(SpanExporter):
             if self._shut_down:
                 return
             if self._dirty and not self._write_current():
-                self._count_lost(self._span_count - self._written)
+                unwritten = self._span_count - self._written
+                self._count_lost(unwritten)
+                self._settle(0, unwritten)
             self._shut_down = True
             self._traces = {}
             self._claim.release()
 
     # -- internals; all run with self._lock held ---------------------------------------------
+
+    def _settle(self, written: int, lost: int) -> None:
+        """Tell the pipeline (if any) that spans reached the file or never will."""
+        report = self._on_delivery
+        if report is None or not (written or lost):
+            return
+        # spans taken before the pipeline bound this exporter resolve first (each write takes
+        # every unwritten span), and are not the pipeline's to count
+        skip = min(self._unbound, written + lost)
+        self._unbound -= skip
+        skip_written = min(skip, written)
+        written, lost = written - skip_written, lost - (skip - skip_written)
+        if written or lost:
+            report(written, lost)
+
+    def _keep_existing(self) -> None:
+        """Read back the document an exporter of this process wrote at the path (a restarted
+        worker), so that the first write keeps its spans instead of replacing them."""
+        try:
+            document = json.loads(files.read_regular(self._path))
+            kept = 0
+            for trace in document.get("data") or ():
+                trace_id = str(trace["traceID"])
+                processes = trace.get("processes") or {}
+                for fields in trace.get("spans") or ():
+                    process = jaeger_encode.dumps(processes[fields["processID"]])
+                    text, pid, added = self._encode(trace_id, dict(fields), process)
+                    entry = self._traces.setdefault(trace_id, jaeger_encode.Trace())
+                    entry.processes.setdefault(process, pid)
+                    entry.spans.append(text)
+                    self._size += added
+                    kept += 1
+        except FileNotFoundError:
+            return
+        except Exception as exc:  # noqa: BLE001 (not our document: replaced, as any other)
+            self._traces, self._size, kept = {}, jaeger_encode.EMPTY_DOCUMENT_BYTES, 0
+            warn_once(_STAGE + ".reread", "attnscope: cannot read back the Jaeger JSON file "
+                      "this process wrote; the next write replaces it", path=self._path,
+                      error=files.describe(exc))
+        self._span_count = self._written = kept
 
     def _count_lost(self, spans: int) -> None:
         self._dropped += spans
@@ -295,7 +245,7 @@ class JaegerJSONFileExporter(SpanExporter):
     def _process_for(self, resource: Resource) -> str:
         cached = self._last_process
         if cached is None or cached[0] is not resource:
-            cached = (resource, _process_json(resource, self._service_name))
+            cached = (resource, jaeger_encode.process_json(resource, self._service_name))
             self._last_process = cached
         return cached[1]
 
@@ -310,16 +260,17 @@ class JaegerJSONFileExporter(SpanExporter):
             pid = f"p{len(trace.processes) + 1 if trace is not None else 1}"
             added += len(pid) + 3 + len(process) + 1  # "pN": + process + comma
         if trace is None:
-            added += _TRACE_OVERHEAD_BYTES
+            added += jaeger_encode.TRACE_OVERHEAD_BYTES
         fields["processID"] = pid
-        text = _dumps(fields)
+        text = jaeger_encode.dumps(fields)
         return text, pid, added + len(text) + 1
 
     def _add(self, span: ReadableSpan) -> tuple[bool, bool]:
         """Add one span: (no spans were lost, the document rotated)."""
         if span.context is None:
+            self._settle(0, 1)  # nothing to write: it never reaches the file
             return True, False
-        fields = _span_fields(span)
+        fields = jaeger_encode.span_fields(span)
         trace_id = str(fields["traceID"])
         process = self._process_for(span.resource)
         text, pid, added = self._encode(trace_id, fields, process)
@@ -328,7 +279,7 @@ class JaegerJSONFileExporter(SpanExporter):
             ok = self._rotate()
             rotated = True
             text, pid, added = self._encode(trace_id, fields, process)
-        trace = self._traces.setdefault(trace_id, _Trace())
+        trace = self._traces.setdefault(trace_id, jaeger_encode.Trace())
         trace.processes.setdefault(process, pid)
         trace.spans.append(text)
         self._size += added
@@ -337,7 +288,7 @@ class JaegerJSONFileExporter(SpanExporter):
         return ok, rotated
 
     def _document(self) -> str:
-        body = ",".join(_trace_json(tid, trace) for tid, trace in self._traces.items())
+        body = ",".join(jaeger_encode.trace_json(tid, trace) for tid, trace in self._traces.items())
         return '{"data":[' + body + "]}"
 
     def _write_current(self) -> bool:
@@ -349,7 +300,9 @@ class JaegerJSONFileExporter(SpanExporter):
         except Exception as exc:
             self._report(exc)
             return False
+        state.delivery.written_paths.add(self._path)
         self._dirty = False
+        self._settle(self._span_count - self._written, 0)
         self._written = self._span_count
         return True
 
@@ -361,19 +314,26 @@ class JaegerJSONFileExporter(SpanExporter):
         """
         count = self._span_count
         ok = True
+        written = False
         try:
+            # written first, also without backups: a span counts as exported once in a file
+            files.write_atomically(self._path, self._document().encode("ascii"))
+            written = True
+            state.delivery.written_paths.add(self._path)
+            self._settle(count - self._written, 0)
             if self._backups == 0:
                 self._dropped += count  # rotated out, as configured: not a failure
             else:
-                files.write_atomically(self._path, self._document().encode("ascii"))
                 files.rotate(self._path, self._backups)
                 self._keep_backup(count)
         except Exception as exc:
             self._report(exc)
             self._count_lost(count)
+            if not written:
+                self._settle(0, count - self._written)
             ok = False
         self._traces = {}
-        self._size = _EMPTY_DOCUMENT_BYTES
+        self._size = jaeger_encode.EMPTY_DOCUMENT_BYTES
         self._span_count = 0
         self._written = 0
         self._dirty = False

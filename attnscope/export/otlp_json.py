@@ -90,6 +90,8 @@ class OTLPJSONFileExporter(SpanExporter):
     When a line would take the file past ``max_bytes``, ``path`` moves to ``path.1`` (older ones
     to ``.2`` ... up to ``backups``; ``backups=0`` keeps none) and a new file starts. A line
     larger than ``max_bytes`` gets a file to itself. An existing file at ``path`` is appended to.
+    If the file is deleted or replaced while the exporter runs, the next line goes to a new file
+    at ``path`` (and fails, counted, if its directory is gone), never into the unlinked one.
 
     ``path`` must be a regular file or not exist, in an existing directory (``ValueError``
     otherwise); while another process writes it, this one writes ``path`` with its pid before
@@ -167,6 +169,7 @@ class OTLPJSONFileExporter(SpanExporter):
             ok = not self._lost
             self._lost = False
             try:
+                self._drop_stale()
                 if self._fd is None and not self._shut_down:
                     self._open()  # the file exists after a flush, even with no line in it
                 if self._fd is not None:
@@ -214,7 +217,14 @@ class OTLPJSONFileExporter(SpanExporter):
             except OSError as exc:
                 self._report(exc, 0)
 
+    def _drop_stale(self) -> None:
+        """Close the descriptor if the path no longer names its file (deleted, replaced, its
+        directory removed): lines written there would be lost with no error."""
+        if self._fd is not None and not files.same_file(self._fd, self._path):
+            self._close()
+
     def _write(self, data: bytes) -> None:
+        self._drop_stale()  # two stat calls a line: a line lands where the path points
         fd = self._fd if self._fd is not None else self._open()
         if self._size > 0 and self._size + len(data) > self._max_bytes:
             self._close()

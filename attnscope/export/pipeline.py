@@ -34,7 +34,12 @@ _LOCAL = (*EXPORTER_PREFIXES, "console", "none")  # exporters that wait on no ne
 
 
 class _CountingExporter(SpanExporter):
-    """Delegates to the real exporter and counts the spans of failed exports.
+    """Delegates to the real exporter and counts what became of the spans of each export.
+
+    Spans leave ``Delivery.in_flight`` here: exported or failed as the export returns. A file
+    exporter that writes later than ``export()`` (Jaeger JSON keeps the document in memory and
+    rewrites the file) says itself when spans are in the file or lost, through
+    ``attnscope_bind_delivery``: a span counts as exported only once it is on disk.
 
     For an OTLP exporter (see :mod:`attnscope.export.reporting`): its own log lines stay out of
     an unconfigured console, the endpoint is tried once before the first export (nothing
@@ -48,6 +53,13 @@ class _CountingExporter(SpanExporter):
         self.endpoint = reporting.endpoint_of(inner)
         self._checked = self.endpoint is None
         self._reported = False
+        bind = getattr(inner, "attnscope_bind_delivery", None)
+        self.reports_itself = callable(bind)
+        if self.reports_itself:
+            bind(self._settled)  # type: ignore[misc]
+
+    def _settled(self, written: int, lost: int) -> None:
+        self.delivery.settle(exported=written, failed=lost)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not self._checked:
@@ -61,10 +73,14 @@ class _CountingExporter(SpanExporter):
         except Exception as exc:
             _log.internal_error("exporter", exc)
             result = SpanExportResult.FAILURE
+            self.delivery.settle(failed=len(spans))  # an exporter that raises took nothing
+            return result
+        if self.reports_itself:
+            return result  # the exporter settles its spans when they are written or lost
         if result is SpanExportResult.SUCCESS:
-            self.delivery.exported += len(spans)
+            self.delivery.settle(exported=len(spans))
         else:
-            self.delivery.export_failed += len(spans)
+            self.delivery.settle(failed=len(spans))
             if self.endpoint is not None and not self._reported:
                 self._reported = True
                 if reporting.listening(self.endpoint):
@@ -88,49 +104,111 @@ class _CountingExporter(SpanExporter):
         return bool(self.inner.force_flush(timeout_millis))
 
 
+def _report_queue_full() -> None:
+    # In place of the SDK's "Queue full, dropping Span." per span (kept off the console, below).
+    _log.warn_once("export-queue-full", "attnscope: the export queue is full; spans are dropped "
+                   "(counted in attnscope.stats()['export_dropped']). A collector slower than "
+                   "the traffic, or raise OTEL_BSP_MAX_QUEUE_SIZE")
+
+
 class _CountingQueue(deque[Any]):
-    """The batch processor's queue, counting the spans a full queue evicts.
+    """The batch processor's queue, counting the spans that enter it and those it evicts.
 
     The SDK appends on the left of a bounded deque, which silently drops the oldest span when
     full. Checking the length before appending races with the export thread's pops (a span seen
     as dropped would be exported too); a lock around both sides makes the count exact.
+
+    After the processor's shutdown has given up (its timeout), nothing exports the queue any
+    more: :meth:`abandon` counts what is left as dropped.
     """
 
     def __init__(self, items: Any, maxlen: int, delivery: Delivery) -> None:
         super().__init__(items, maxlen)
         self._lock = threading.Lock()
         self._delivery = delivery
+        self._abandoned = False
 
     def appendleft(self, item: Any) -> None:
         with self._lock:
-            if len(self) == self.maxlen:
-                self._delivery.export_queue_full += 1
+            evicted = len(self) == self.maxlen
+            if evicted:
+                self._delivery.settle(dropped=1)
+            self._delivery.queued()
             super().appendleft(item)
+        if evicted:
+            _report_queue_full()
 
     def pop(self, *index: int) -> Any:  # deque.pop takes no index; the signature is its base's
         with self._lock:
-            return super().pop(*index)
+            item = super().pop(*index)
+            if self._abandoned:  # an export that began as shutdown gave up: counted again there
+                with self._delivery.lock:
+                    self._delivery.export_queue_full -= 1
+                    self._delivery.in_flight += 1
+            return item
+
+    def abandon(self) -> None:
+        """The processor will export nothing more: what is queued is dropped (and counted)."""
+        with self._lock:
+            if not self._abandoned:
+                self._abandoned = True
+                self._delivery.settle(dropped=len(self))
 
 
 class _CountingBatchSpanProcessor(BatchSpanProcessor):
-    """A BatchSpanProcessor that counts the spans it drops on a full queue."""
+    """A BatchSpanProcessor that counts the spans it queues, drops on a full queue, and gives up
+    on at shutdown; the SDK's per-span "Queue full" line is replaced by one of attnscope's."""
 
     def __init__(self, exporter: SpanExporter, delivery: Delivery) -> None:
         super().__init__(exporter, **batch_kwargs())
         self.delivery = delivery
         inner = getattr(self, "_batch_processor", None)
         queue = getattr(inner, "_queue", None)
+        self._inner = inner
         self._approximate = not (isinstance(queue, deque) and queue.maxlen)
-        if not self._approximate:  # the SDK's internals as of 1.2x; else the check below
-            inner._queue = _CountingQueue(queue, queue.maxlen, delivery)  # type: ignore[union-attr]
+        self._queue: _CountingQueue | None = None
+        self._maxlen = 0
+        if not self._approximate:  # the SDK's internals as of 1.2x; else the check in on_end
+            self._maxlen = queue.maxlen  # type: ignore[union-attr]
+            self._queue = _CountingQueue(queue, self._maxlen, delivery)
+            inner._queue = self._queue  # type: ignore[union-attr]
 
     def on_end(self, span: ReadableSpan) -> None:
-        if self._approximate:
-            queue = getattr(getattr(self, "_batch_processor", None), "_queue", None)
-            maxlen = getattr(queue, "maxlen", None)
-            if maxlen is not None and len(queue) >= maxlen:  # type: ignore[arg-type]
-                self.delivery.export_queue_full += 1
+        inner, queue = self._inner, self._queue
+        if getattr(inner, "_shutdown", False):
+            if span.context and span.context.trace_flags.sampled:  # the SDK queues only these
+                self._dropped_unqueued()  # the SDK would drop it with an INFO line, uncounted
+            return
+        if queue is not None:
+            if len(queue) < self._maxlen:
+                super().on_end(span)
+                return
+            # the SDK logs "Queue full, dropping Span." for each: as attnscope's own export's
+            # record, it stays off a console nobody configured (export.reporting)
+            with reporting.exporting():
+                super().on_end(span)
+            return
+        queue = getattr(inner, "_queue", None)
+        maxlen = getattr(queue, "maxlen", None)
+        if not (span.context and span.context.trace_flags.sampled):
+            return
+        if maxlen is not None and len(queue) >= maxlen:  # type: ignore[arg-type]
+            self._dropped_unqueued()
+            _report_queue_full()
+            return
+        self.delivery.queued()
         super().on_end(span)
+
+    def _dropped_unqueued(self) -> None:
+        with self.delivery.lock:
+            self.delivery.export_queue_full += 1
+
+    def shutdown(self) -> None:
+        try:
+            super().shutdown()  # type: ignore[no-untyped-call]
+        finally:
+            if self._queue is not None:
+                self._queue.abandon()
 
 
 class Pipeline:
