@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import enum
 import inspect
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from . import _log, _state, _unsampled
-from ._config import Config, check_rate, from_env, validate
+from . import _exit_status, _log, _state, _unsampled
+from ._config import Config, check_rate, from_env, shown, validate
 from ._state import state
 from .capture import profiler, wrapper
+from .capture.args import check_attributes
 from .capture.sampling import force as _force
 
 if TYPE_CHECKING:
@@ -55,29 +57,47 @@ def current() -> Config:
     return cfg
 
 
+class _NotGiven(enum.Enum):
+    """:func:`configure`'s "argument not given" (``None`` is a value there: the default)."""
+
+    NOT_GIVEN = "not given"
+
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
+_NOT_GIVEN = _NotGiven.NOT_GIVEN
+
+
 def configure(
     *,
-    service_name: str | None = None,
-    sample_rate: float | None = None,
-    exporter: Any = None,
-    tracer_provider: Any = None,
-    enabled: bool | None = None,
+    service_name: str | None | _NotGiven = _NOT_GIVEN,
+    sample_rate: float | None | _NotGiven = _NOT_GIVEN,
+    exporter: Any = _NOT_GIVEN,
+    tracer_provider: Any = _NOT_GIVEN,
+    enabled: bool | None | _NotGiven = _NOT_GIVEN,
     **settings: Any,
 ) -> Config:
-    """Set attnscope's configuration; unset arguments keep their current (or environment) value.
+    """Set attnscope's configuration; settings not given keep their current value, and ``None``
+    puts one back to its default: its environment variable's value if set (read now), else the
+    built-in default.
 
     Raises ``ValueError`` naming the setting when a value is invalid. See docs/configuration.md
     for every setting and its environment variable.
     """
-    settings.update(service_name=service_name, sample_rate=sample_rate, exporter=exporter,
-                    tracer_provider=tracer_provider, enabled=enabled)
+    named = {"service_name": service_name, "sample_rate": sample_rate, "exporter": exporter,
+             "tracer_provider": tracer_provider, "enabled": enabled}
+    settings.update({k: v for k, v in named.items() if v is not _NOT_GIVEN})
     unknown = set(settings) - {f.name for f in dataclasses.fields(Config)}
     if unknown:
         raise ValueError(f"attnscope: unknown setting(s): {', '.join(sorted(unknown))}")
-    given = {k: v for k, v in settings.items() if v is not None}
     with state.config_lock:
         base = state.config if state.config is not None else from_env(strict=True)
-        cfg = validate(dataclasses.replace(base, **given))
+        if any(v is None for v in settings.values()):
+            # the default as at import: an invalid environment value is warned about and skipped
+            defaults = from_env(strict=False, warn=_warn)
+            settings = {k: getattr(defaults, k) if v is None else v for k, v in settings.items()}
+        cfg = validate(dataclasses.replace(base, **settings))
         _set(cfg)
         return cfg
 
@@ -152,20 +172,23 @@ def trace(
     function and skips warm-up and the parent's sampling decision. The wrapper keeps the signature,
     name, docstring and return value. Async functions are supported; generators are refused.
     ``name`` (default: the function's qualified name) must be a non-empty ``str``: anything else
-    raises ``TypeError`` here; spans carry at most its first 128 characters.
+    raises ``TypeError`` here; spans carry at most its first 128 characters. ``attributes``: a
+    dict (``TypeError`` otherwise), recorded on every span of the function.
     """
     if name is not None and (not isinstance(name, str) or not name):
-        raise TypeError(f"attnscope.trace needs a non-empty str name, got {name!r}")
+        raise TypeError(f"attnscope.trace needs a non-empty str name, got {shown(name)}")
+    check_attributes(attributes, "attnscope.trace")
     rate = _checked_rate(sample_rate, "attnscope.trace")
 
     def decorate(func: F) -> F:
         if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+            shown_fn = shown(getattr(func, "__qualname__", func))
             raise TypeError(
-                f"attnscope.trace cannot time generator {getattr(func, '__qualname__', func)!r}: "
+                f"attnscope.trace cannot time generator {shown_fn}: "
                 "wrap the code that consumes it with attnscope.span() instead"
             )
         if not callable(func):
-            raise TypeError(f"attnscope.trace expects a callable, got {func!r}")
+            raise TypeError(f"attnscope.trace expects a callable, got {shown(func)}")
         if getattr(func, "__attnscope_site__", None) is not None:
             return func  # already traced: one wrapper is enough
         site = wrapper.make_site(func, name, rate, attributes)
@@ -274,4 +297,5 @@ def stats() -> dict[str, Any]:
 
 # Read the environment now (never raising), so the sampler starts with it.
 current()
+atexit.register(_exit_status.at_exit)  # first, so it runs last: after an exit hook's exec
 atexit.register(_unsampled.at_exit)  # before any worker's hook, so it runs after them

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
 __all__ = ["Config", "EXPORTER_NAMES", "EXPORTER_PREFIXES", "Warn", "check_rate", "from_env",
-           "validate"]
+           "shown", "validate"]
 
 ExporterSetting = Union[str, "SpanExporter"]
 
@@ -69,7 +69,7 @@ def _parse_bool(raw: str) -> bool:
         return True
     if value in ("0", "false", "no", "off", ""):
         return False
-    raise ValueError(f"expected true/false, got {_shown(raw)}")
+    raise ValueError(f"expected true/false, got {shown(raw)}")
 
 
 _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
@@ -96,28 +96,39 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
 
 def check_rate(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"attnscope: {name} must be a number in [0, 1], got {_shown(value)}")
+        raise ValueError(f"attnscope: {name} must be a number in [0, 1], got {shown(value)}")
     # A comparison, not math.isnan(): NaN fails it too, and a huge int does not overflow.
     if not 0.0 <= value <= 1.0:
-        raise ValueError(f"attnscope: {name} must be in [0, 1], got {_shown(value)}")
+        raise ValueError(f"attnscope: {name} must be in [0, 1], got {shown(value)}")
     return float(value)
 
 
-def _shown(value: Any) -> str:
-    """A value for an error message: its repr, bounded."""
-    text = repr(value)
+def shown(value: Any) -> str:
+    """A value for an error message: its repr, bounded; never raises (a ``__repr__`` that raises
+    would replace the message that names the setting)."""
+    try:
+        text = repr(value)
+    except Exception:
+        return f"<{_type_name(value)} object (its repr() raised)>"
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _type_name(value: Any) -> str:
+    try:
+        return str(type(value).__qualname__)[:80]
+    except Exception:
+        return "unknown"
 
 
 def _check_bool(name: str, value: Any) -> None:
     # A string such as "false" is truthy: accepting it would turn the setting on.
     if not isinstance(value, bool):
-        raise ValueError(f"attnscope: {name} must be True or False, got {_shown(value)}")
+        raise ValueError(f"attnscope: {name} must be True or False, got {shown(value)}")
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"attnscope: {name} must be an integer >= {minimum}, got {_shown(value)}")
+        raise ValueError(f"attnscope: {name} must be an integer >= {minimum}, got {shown(value)}")
     return value
 
 
@@ -135,29 +146,29 @@ def _check_exporter(value: Any) -> ExporterSetting | None:
             return name
         raise ValueError(
             f"attnscope: exporter must be one of {', '.join(EXPORTER_NAMES)}, "
-            f"'jaeger-json:PATH', 'otlp-json:PATH' or a SpanExporter, got {_shown(value)}"
+            f"'jaeger-json:PATH', 'otlp-json:PATH' or a SpanExporter, got {shown(value)}"
         )
     if isinstance(value, type):
         raise ValueError(f"attnscope: exporter must be a SpanExporter instance, not the class "
                          f"{value.__name__} (write {value.__name__}(...))")
     if hasattr(value, "export") and hasattr(value, "shutdown"):
         return value  # type: ignore[no-any-return]
-    raise ValueError(f"attnscope: exporter must be a name or a SpanExporter, got {_shown(value)}")
+    raise ValueError(f"attnscope: exporter must be a name or a SpanExporter, got {shown(value)}")
 
 
 def validate(cfg: Config) -> Config:
     if not isinstance(cfg.service_name, str) or not cfg.service_name:
-        raise ValueError(f"attnscope: service_name must be a non-empty string, got {_shown(cfg.service_name)}")
+        raise ValueError(f"attnscope: service_name must be a non-empty string, got {shown(cfg.service_name)}")
     _check_bool("enabled", cfg.enabled)
     _check_bool("metrics", cfg.metrics)
     _check_bool("reset_peak_memory_stats", cfg.reset_peak_memory_stats)
     _check_bool("live_trigger", cfg.live_trigger)
     if not 0.5 <= check_rate("slow_call_quantile", cfg.slow_call_quantile):
         raise ValueError(f"attnscope: slow_call_quantile must be in [0.5, 1] (1: off), "
-                         f"got {_shown(cfg.slow_call_quantile)}")
+                         f"got {shown(cfg.slow_call_quantile)}")
     if cfg.trigger_dir is not None and (not isinstance(cfg.trigger_dir, str)
                                         or not cfg.trigger_dir):
-        raise ValueError(f"attnscope: trigger_dir must be a path string, got {_shown(cfg.trigger_dir)}")
+        raise ValueError(f"attnscope: trigger_dir must be a path string, got {shown(cfg.trigger_dir)}")
     check_rate("sample_rate", cfg.sample_rate)
     check_rate("profile_rate", cfg.profile_rate)
     check_rate("overhead_budget", cfg.overhead_budget)
@@ -167,7 +178,7 @@ def validate(cfg: Config) -> Config:
     if isinstance(ppm, bool) or not isinstance(ppm, (int, float)) or not ppm >= 0 \
             or not isinstance(ppm, float) and ppm > 1e18:  # NaN fails >= 0; a huge int, float()
         raise ValueError(f"attnscope: profile_max_per_minute must be a number from 0 to 1e18 "
-                         f"(or inf), got {_shown(ppm)}")
+                         f"(or inf), got {shown(ppm)}")
     _check_int("warmup_calls", cfg.warmup_calls, 0)
     _check_int("max_spans_per_trace", cfg.max_spans_per_trace, 1)
     _check_int("max_kernel_spans", cfg.max_kernel_spans, 1)
@@ -177,17 +188,17 @@ def validate(cfg: Config) -> Config:
     if cfg.tracer_provider is not None and not hasattr(cfg.tracer_provider, "get_tracer"):
         raise ValueError(
             f"attnscope: tracer_provider must be an OpenTelemetry TracerProvider, "
-            f"got {_shown(cfg.tracer_provider)}"
+            f"got {shown(cfg.tracer_provider)}"
         )
     if cfg.meter_provider is not None and not hasattr(cfg.meter_provider, "get_meter"):
         raise ValueError(
             f"attnscope: meter_provider must be an OpenTelemetry MeterProvider, "
-            f"got {_shown(cfg.meter_provider)}"
+            f"got {shown(cfg.meter_provider)}"
         )
     if cfg.run_id is not None and not (isinstance(cfg.run_id, str) and cfg.run_id.strip()):
-        raise ValueError(f"attnscope: run_id must be a non-empty string, got {_shown(cfg.run_id)}")
+        raise ValueError(f"attnscope: run_id must be a non-empty string, got {shown(cfg.run_id)}")
     if cfg.profile_dir is not None and not isinstance(cfg.profile_dir, str):
-        raise ValueError(f"attnscope: profile_dir must be a path string, got {_shown(cfg.profile_dir)}")
+        raise ValueError(f"attnscope: profile_dir must be a path string, got {shown(cfg.profile_dir)}")
     return dataclasses.replace(
         cfg,
         sample_rate=float(cfg.sample_rate),

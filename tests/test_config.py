@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
+import logging
 import math
+from pathlib import Path
 
 import pytest
 
@@ -122,3 +125,54 @@ def test_unparsable_otel_sdk_disabled_warns_and_stays_enabled(
     assert _api.current().enabled is True
     [record] = [r for r in caplog.records if "OTEL_SDK_DISABLED" in r.getMessage()]
     assert "maybe" in record.getMessage()
+
+
+# ---- None puts a setting back to its default (issue 20) ------------------------------------------
+
+
+def test_none_restores_the_built_in_default(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ATTNSCOPE_EXPORTER", raising=False)
+    attnscope.configure(profile_dir=str(tmp_path), exporter="console", sample_rate=0.5,
+                        run_id="job-1", warmup_calls=3)
+    cfg = attnscope.configure(profile_dir=None, exporter=None, sample_rate=None, run_id=None)
+    assert (cfg.profile_dir, cfg.exporter, cfg.run_id) == (None, None, None)
+    assert cfg.sample_rate == _config.Config().sample_rate
+    assert cfg.warmup_calls == 3  # not given: kept
+    assert _api.current() == cfg
+
+
+def test_none_restores_the_environments_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATTNSCOPE_EXPORTER", "otlp-http")
+    monkeypatch.setenv("ATTNSCOPE_SAMPLE_RATE", "0.25")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "inference")
+    _api.reset_defaults()
+    attnscope.configure(exporter="console", sample_rate=1.0, service_name="svc", enabled=False)
+    cfg = attnscope.configure(exporter=None, sample_rate=None, service_name=None, enabled=None)
+    assert (cfg.exporter, cfg.sample_rate, cfg.service_name, cfg.enabled) == (
+        "otlp-http", 0.25, "inference", True)
+
+
+def test_none_with_an_invalid_environment_value_falls_back_with_a_warning(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="attnscope")
+    attnscope.configure(sample_rate=0.5)
+    monkeypatch.setenv("ATTNSCOPE_SAMPLE_RATE", "lots")
+    assert attnscope.configure(sample_rate=None).sample_rate == _config.Config().sample_rate
+    assert any("ATTNSCOPE_SAMPLE_RATE" in r.getMessage() for r in caplog.records)
+
+
+def test_not_given_is_not_none() -> None:
+    attnscope.configure(exporter="console", tracer_provider=None)
+    assert attnscope.configure(sample_rate=0.5).exporter == "console"
+    assert "not given" in repr(inspect.signature(attnscope.configure).parameters["exporter"])
+
+
+def test_a_run_id_whose_repr_raises_gets_the_value_error() -> None:
+    class Broken:
+        def __repr__(self) -> str:
+            raise RuntimeError("broken __repr__")
+
+    with pytest.raises(ValueError, match=r"run_id must be a non-empty string, got <.*Broken obj"):
+        attnscope.configure(run_id=Broken())
+    assert "Broken object" in _config.shown(Broken())

@@ -123,3 +123,75 @@ def test_keyboard_interrupt_in_the_users_call_passes_through_and_is_recorded() -
     [span] = got
     assert span.status.status_code.name == "ERROR"
     assert _log.error_count() == 0
+
+
+# ---- misuse of the public API: the documented error, never an AttributeError (issue 20) --------
+
+
+class _BrokenText:
+    """A key or value whose own text raises: user code's error, met inside attnscope."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("broken __str__")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("broken __repr__")
+
+
+@pytest.mark.parametrize("attributes", [[("a", 1)], "a=1", 3, ["a"]])
+def test_attributes_that_are_not_a_dict_raise_type_error(attributes: Any) -> None:
+    with pytest.raises(TypeError, match=r"attnscope\.span needs attributes as a dict"):
+        attnscope.span("w", attributes=attributes)
+    with pytest.raises(TypeError, match=r"attnscope\.trace needs attributes as a dict"):
+        attnscope.trace(attributes=attributes)
+    with pytest.raises(TypeError, match=r"attnscope\.trace needs attributes as a dict"):
+        attnscope.trace(attributes=attributes)(lambda: None)
+
+
+def test_a_mapping_that_is_not_a_dict_is_accepted() -> None:
+    from types import MappingProxyType
+
+    @attnscope.trace(attributes=MappingProxyType({"team": "a"}))
+    def f() -> int:
+        return 1
+
+    with capture_spans() as got, attnscope.span("w", attributes=MappingProxyType({"phase": "x"})):
+        assert f() == 1
+    by_name = {s.name.rsplit(".", 1)[-1]: dict(s.attributes or {}) for s in got}
+    assert by_name["w"]["phase"] == "x" and by_name["f"]["team"] == "a"
+
+
+def test_a_key_or_value_whose_own_code_raises_is_an_internal_error(
+        caplog: pytest.LogCaptureFixture) -> None:
+    class Shaped:  # looks like a tensor, but reading its shape raises
+        dtype = "float32"
+
+        @property
+        def shape(self) -> Any:
+            raise RuntimeError("broken shape")
+
+    caplog.set_level(logging.WARNING, logger="attnscope")
+    broken = {_BrokenText(): 1, "kept": 2, "shaped": Shaped()}
+
+    @attnscope.trace(attributes=broken)
+    def f() -> int:
+        return 1
+
+    with capture_spans() as got, attnscope.span("w", attributes=broken) as block:
+        block.set(also=Shaped(), fine=3)
+        assert f() == 1
+    by_name = {s.name.rsplit(".", 1)[-1]: dict(s.attributes or {}) for s in got}
+    assert by_name["w"]["kept"] == 2 and by_name["w"]["attnscope.fine"] == 3
+    assert "shaped" not in by_name["w"] and "attnscope.also" not in by_name["w"]
+    assert by_name["f"]["kept"] == 2 and "shaped" not in by_name["f"]
+    assert _log.error_count("attributes") == 5
+    assert any(getattr(r, "attnscope", {}).get("stage") == "attributes" for r in caplog.records)
+
+
+def test_a_name_or_function_whose_repr_raises_still_gets_the_type_error() -> None:
+    with pytest.raises(TypeError, match=r"non-empty str name, got <_BrokenText object"):
+        attnscope.span(_BrokenText())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"non-empty str name, got <_BrokenText object"):
+        attnscope.trace(name=_BrokenText())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"expects a callable, got <_BrokenText object"):
+        attnscope.trace(_BrokenText())  # type: ignore[call-overload]

@@ -12,9 +12,11 @@ from typing import Any
 
 import torch
 
-from .record import MASK_NAMES, TensorMeta
+from .. import _log
+from .record import MASK_NAMES, MAX_EXTRA, MAX_NAME, TensorMeta
 
-__all__ = ["summarize", "tensor_device", "param_names", "attribute_value"]
+__all__ = ["summarize", "tensor_device", "param_names", "attribute_value", "add_attributes",
+           "check_attributes"]
 
 _MAX_POSITIONAL = 8
 _Tensor = torch.Tensor
@@ -85,3 +87,29 @@ def attribute_value(value: Any) -> Any:
         dtype = str(value.dtype).removeprefix("torch.")
         return f"{kind}(shape={shape}, dtype={dtype})" if shape is not None else f"{kind}(dtype={dtype})"
     return value
+
+
+def check_attributes(attributes: Any, where: str) -> None:
+    """``attributes=`` of ``trace``/``span``: None or a mapping of name to value, else a
+    ``TypeError`` here, at the call that misused (docs/attributes.md)."""
+    if attributes is not None and type(attributes) is not dict \
+            and not isinstance(attributes, Mapping):
+        raise TypeError(f"{where} needs attributes as a dict of name to value, got "
+                        f"{type(attributes).__name__}")
+
+
+def add_attributes(into: dict[str, Any], attributes: Mapping[Any, Any], prefix: str = "") -> None:
+    """User attributes into ``into``: names (``prefix`` + ``str(key)``) cut to ``MAX_NAME``, values
+    as :func:`attribute_value`, at most ``MAX_EXTRA`` names. Never raises: one whose own code
+    raises (a key's ``__str__``, a value's ``shape``, the mapping's ``items()``) is an internal
+    error, left out."""
+    try:
+        for key, value in attributes.items():
+            try:
+                name = (prefix + str(key))[:MAX_NAME]
+                if name in into or len(into) < MAX_EXTRA:
+                    into[name] = attribute_value(value)
+            except Exception as exc:
+                _log.internal_error("attributes", exc)
+    except Exception as exc:
+        _log.internal_error("attributes", exc)

@@ -6,9 +6,10 @@ from types import TracebackType
 from typing import Any
 
 from .. import _log
+from .._config import shown
 from .._state import state
-from .args import attribute_value
-from .record import MAX_EXTRA, MAX_NAME
+from .args import add_attributes, check_attributes
+from .record import MAX_NAME
 from .sampling import CallSite
 from .wrapper import Active, enter, leave
 
@@ -58,7 +59,7 @@ class Span:
         """Add attributes to the span if this block is captured, as ``attnscope.<keyword>``
         (``tokens=`` is ``attnscope.tokens``)."""
         if self._active is not None:
-            _add(self._extra, attributes, prefix=True)
+            add_attributes(self._extra, attributes, _PREFIX)
 
     def __enter__(self) -> Span:
         site = self._site
@@ -87,23 +88,15 @@ def span(name: str, *, tokens: int | None = None, sample: bool | None = None,
     ``name`` must be a non-empty ``str`` (``TypeError`` otherwise); spans carry at most its first
     128 characters. ``sample=True`` always captures the block, ``False`` never; None follows the
     configured rate. ``tokens`` is recorded as ``attnscope.tokens`` (and drives
-    ``attnscope.tokens_per_s``); ``attributes`` under the names given (at most 64).
+    ``attnscope.tokens_per_s``); ``attributes`` (a dict: ``TypeError`` otherwise) under the names
+    given (at most 64).
     """
     if not isinstance(name, str) or not name:
-        raise TypeError(f"attnscope.span needs a non-empty str name, got {name!r}")
+        raise TypeError(f"attnscope.span needs a non-empty str name, got {shown(name)}")
     extra: dict[str, Any] = {}
-    _add(extra, attributes or {})
+    if attributes is not None:
+        check_attributes(attributes, "attnscope.span")
+        add_attributes(extra, attributes)
     if tokens is not None:
         extra[_TOKENS] = tokens
     return Span(name[:MAX_NAME], sample, extra)
-
-
-def _add(extra: dict[str, Any], attributes: dict[str, Any], prefix: bool = False) -> None:
-    """User attributes under the names given, or as ``attnscope.<name>`` with ``prefix``; at most
-    ``MAX_EXTRA``."""
-    for key, value in attributes.items():
-        key = str(key)[:MAX_NAME]
-        if prefix:
-            key = _PREFIX + key
-        if key in extra or len(extra) < MAX_EXTRA:
-            extra[key] = attribute_value(value)

@@ -29,7 +29,6 @@ from . import hostread as _hostread
 from . import profiler as _profiler
 from . import retain as _retain
 from .record import (
-    MAX_EXTRA,
     MAX_NAME,
     TIER_NONE,
     TIER_PROFILE,
@@ -66,11 +65,12 @@ def make_site(fn: Callable[..., Any], name: str | None, sample_rate: float | Non
         key=key or f"{getattr(fn, '__module__', '')}.{qualname}:{name or ''}",
         name=name or str(qualname)[:MAX_NAME],
         forced_rate=sample_rate,
-        attributes={str(k)[:MAX_NAME]: _args.attribute_value(v)
-                    for k, v in list((attributes or {}).items())[:MAX_EXTRA]},
+        attributes={},
         param_names=names,
         kind=kind,
     )
+    if attributes is not None:
+        _args.add_attributes(site.attributes, attributes)
     site.attributes.setdefault("code.function.name", qualname)
     state.sampler.register(site)
     return site

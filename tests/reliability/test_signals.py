@@ -110,6 +110,27 @@ _FLUSH = _HEADER + textwrap.dedent(
 )
 
 
+# Traffic that nothing catches: Ctrl-C ends the program. The exit hook registered before attnscope
+# runs after attnscope's exit flush and says how many calls were captured.
+_UNCAUGHT = textwrap.dedent(
+    """
+    import atexit, json
+    atexit.register(lambda: print(json.dumps({"tag": "exit", "captured":
+                                              __import__("attnscope").stats()["captured"]}),
+                                  flush=True))
+    """
+) + _HEADER + textwrap.dedent(
+    """
+    n = 0
+    while True:
+        work(X)
+        n += 1
+        if n == int(os.environ["READY_AT"]):
+            say("ready")
+    """
+)
+
+
 class Script:
     """A running script whose stdout lines (JSON) are read as they come."""
 
@@ -277,3 +298,36 @@ def test_ctrl_c_during_flush_and_again_during_exit(tmp_path: Path, figures: Figu
         server.close()
     figures.lost = "the spans held by the unanswering collector (counted as export failures)"
     assert max(exit_times) < 10, exit_times
+
+
+@pytest.mark.parametrize("when", ["early", "traffic"])
+def test_uncaught_ctrl_c_ends_the_process_by_sigint(when: str, tmp_path: Path,
+                                                   figures: Figures) -> None:
+    """The exit status is the program's own (issue 20): -SIGINT, 130 to a shell, as without
+    attnscope, and what was captured is exported first. "early": right after the first traced
+    call, while the worker side is still being imported (its imports ran on during the exit and
+    cleared CPython's record of the interrupt: status 1)."""
+    figures.set("6 signals and exit", f"traced 64x64 matmuls in a loop (timing tier), otlp-json, "
+                f"x{REPEATS} processes",
+                {"early": "SIGINT after the first traced call, not caught (the program ends)",
+                 "traffic": "SIGINT during traffic, not caught (the program ends)"}[when])
+    path = tmp_path / "uncaught.py"
+    path.write_text(_UNCAUGHT)
+    statuses, exported = [], []
+    for r in range(REPEATS):
+        out = tmp_path / f"spans-{r}.jsonl"
+        script = Script(path, [str(out), "0.0"],
+                        clean_env(READY_AT="1" if when == "early" else "20"))
+        script.wait_for("ready", timeout_s=90)
+        if when == "traffic":
+            time.sleep(0.2)
+        script.signal(signal.SIGINT)
+        rc = script.finish(timeout_s=60)
+        statuses.append(rc)
+        spans = [s for s in otlp_json_spans(out) if s["name"] == "work"]
+        exported.append(len(spans))
+        figures.add(processes=r + 1, returncodes=statuses, spans_exported=exported)
+        assert rc == -signal.SIGINT, (rc, script.stderr[-3000:])
+        assert "attnscope internal error" not in script.stderr, script.stderr[-3000:]
+        assert len(spans) == script.last("exit")["captured"] > 0, (len(spans), script.seen)
+    figures.lost = "none"
