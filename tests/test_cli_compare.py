@@ -234,3 +234,32 @@ def test_exit_code() -> None:
     assert exit_code([Row("a", "ok"), Row("b", "inaccurate")]) == 1
     assert exit_code([Row("a", "failed")]) == 1
     assert exit_code([Row("a", "unavailable", "why")]) == 1  # nothing ran
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_the_table_is_readable_in_an_80_column_terminal(
+        width: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every figure whole and every line within the width (80: folded, led by the name)."""
+    import io
+
+    from attnscope.cli._compare_render import _cells, render_table
+    from attnscope.cli._compare_stats import Figures
+
+    spec = Spec(1, 8, 2, 512, 64, torch.float32, torch.device("cpu"), causal=True, runs=30)
+    times = {"p50": 898_130.0, "p95": 1_057_280.0, "p99": 1_242_120.0}
+    rows = [Row(name, status, max_abs_error=err, max_rel_error=err / 3, figures=Figures(
+                calls=30, wall_us=times, flops=268959744, tflops=0.000299, backend="flash",
+                kernels_per_call=162, peak_memory_bytes=4_300_000))
+            for name, status, err in (("my_attention:chunked", "ok", 6.1e-7),
+                                      ("my_attention:no_scale_at_all", "inaccurate", 4.08))]
+    monkeypatch.setenv("COLUMNS", str(width))
+    out = io.StringIO()
+    render_table(spec, rows, out)
+    text = out.getvalue()
+    table = [line for line in text.splitlines()[1:] if "━" in line or "│" in line or "┃" in line]
+    assert table and max(len(line) for line in table) <= width, text
+    assert "…" not in text
+    for row in rows:
+        for cell in _cells(row):
+            assert f" {cell} " in f" {' '.join(text.split())} ", (cell, text)
+    assert (text.count("implementation") > 1) == (width == 80)  # folded: the name leads each

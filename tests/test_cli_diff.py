@@ -121,6 +121,43 @@ def test_diary_groups_by_module_and_phase_and_lists_one_sided_groups() -> None:
     assert [g.module for g, _ in result.gate_failures(0.05)] == ["l0"]
 
 
+def _wide_cells(group: Any) -> list[str]:
+    from attnscope.cli._diff_text import group_label, row_cells
+
+    return [group_label((group.module, group.phase))] + [cell for change in group.changes
+                                                        for cell in row_cells(group, change)]
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_the_table_is_readable_in_an_80_column_terminal(
+        width: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every figure and name whole, every line within the width (80: folded; 200: one table)."""
+    from attnscope.cli._diff import _print
+
+    times = _lognormal(17, 320, scale=1e6)
+    before, after = [], []
+    for module in ("model.layers.0.self_attn", "model.decoder.layers.11.encoder_attn"):
+        for i, t in enumerate(times):
+            extra = {"attnscope.tokens": 64, "attnscope.memory.peak_bytes": 300_000 + i % 7}
+            before.append(_row(i, module, "prefill", t, **extra))
+            after.append(_row(i, module, "prefill", t * (40 if "decoder" in module else 0.4),
+                              **extra))
+    result = diary(before, after, min_change=0.05)
+    failures = result.gate_failures(0.05)
+    monkeypatch.setenv("COLUMNS", str(width))
+    _print(result, "before-a-long-name.json", "after-a-long-name.json", 5.0, failures)
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    table_lines = [line for line in lines if not line.startswith(("change =", "FAIL", "gate"))]
+    assert max(len(line) for line in table_lines) <= width, out
+    assert "…" not in out
+    text = " ".join(out.split())
+    for group in result.groups:
+        for cell in _wide_cells(group):  # the layer, metric names, figures, intervals, verdicts
+            assert cell in text, (cell, out)
+    assert ("│ model.layers.0.self_attn (prefill) " in out) == (width == 200)  # one table
+
+
 def test_notes_name_what_the_gate_could_not_judge() -> None:
     times = _lognormal(16, 60, scale=1e6)
     before = [_row(i, "l0", "decode", t) for i, t in enumerate(times)]

@@ -81,4 +81,4 @@ def test_an_unwritable_json_path_is_one_stderr_line(traces: dict[str, Path], tmp
     out, err = capsys.readouterr()
     assert code == 2 and not out
     assert err.strip().splitlines() == [
-        f"attnscope diff: error: {target}: cannot write the JSON file (No such file or directory)"]
+        f"attnscope diff: error: --json {target}: the directory {target.parent} does not exist"]

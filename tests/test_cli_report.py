@@ -193,6 +193,42 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path,
     assert len(done.stderr.strip().splitlines()) == 1 and done.stdout == ""
 
 
+def test_output_paths_are_checked_before_the_work(traces: TraceFiles, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from attnscope.cli import main
+
+    for option in ("--html", "--json"):
+        for target in (tmp_path / "missing_dir" / "x.out", tmp_path):
+            assert main(["report", str(traces.otlp), option, str(target)]) == 2
+            out, err = capsys.readouterr()
+            assert out == "", out  # no report printed first
+            assert err.startswith(f"attnscope report: error: {option} {target}: "), err
+            assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "missing_dir").exists()
+
+
+def test_a_chrome_trace_is_named_as_such(tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """What torch.profiler's export_chrome_trace writes: told apart, and what to do instead."""
+    import torch
+
+    from attnscope.cli import main
+
+    path = tmp_path / "trace.json"
+    with torch.profiler.profile() as prof:
+        torch.ones(4) @ torch.ones(4)
+    prof.export_chrome_trace(str(path))
+    bare = tmp_path / "events.json"
+    bare.write_text(json.dumps(json.loads(path.read_text())["traceEvents"]))
+    for trace in (path, bare):
+        for argv in (["report", str(trace)], ["diff", str(trace), str(trace)]):
+            assert main(argv) == 2
+            out, err = capsys.readouterr()
+            assert out == "" and len(err.strip().splitlines()) == 1, err
+            assert f"{trace}: a Chrome trace" in err and "Perfetto" in err
+            assert "jaeger-json:PATH" in err and "not a trace" not in err
+
+
 def _row(span_id: str, parent: str | None, **attrs: Any) -> SpanRow:
     return SpanRow("t" * 32, span_id, parent, span_id, 0, 1, attrs, None)
 

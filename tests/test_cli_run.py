@@ -66,6 +66,7 @@ SDPA_APP = """
     for _ in range(calls):
         F.scaled_dot_product_attention(q, q, q, is_causal=True)
     sys.stdout.write("args=%r\\n" % (sys.argv[1:],))
+    sys.stdout.flush()  # text, then bytes: in this order in any shell (a pipe is block-buffered)
     sys.stdout.buffer.write(b"\\x00\\xff no newline at the end")
 """
 
@@ -223,6 +224,72 @@ def test_each_process_writes_its_own_files(tmp_path: Path) -> None:
     assert sorted(out.glob("traces.pid*.otlp.jsonl"))
 
 
+POOL_APP = """
+    import multiprocessing as mp
+    import sys
+    import torch
+    import torch.nn.functional as F
+
+    def work(i):
+        q = torch.randn(1, 2, 4, 8)
+        for _ in range(10):
+            F.scaled_dot_product_attention(q, q, q)
+        return i
+
+    def work_then_wait(done):
+        work(0)
+        done.set()
+        import time
+        time.sleep(120)
+
+    if __name__ == "__main__":
+        context = mp.get_context(sys.argv[1])
+        if sys.argv[2] == "pool":  # the end of the block terminates the workers (SIGTERM)
+            with context.Pool(2) as pool:
+                print(sum(pool.map(work, range(4))))
+        elif sys.argv[2] == "terminate":  # SIGTERM: the status stays the signal's
+            done = context.Event()
+            child = context.Process(target=work_then_wait, args=(done,))
+            child.start()
+            done.wait(120)
+            child.terminate()
+            child.join()
+            print(child.exitcode)
+        else:
+            child = context.Process(target=work, args=(0,))
+            child.start()
+            child.join()
+            print(child.exitcode)
+"""
+
+
+@pytest.mark.parametrize("method, kind", [("spawn", "pool"), ("fork", "pool"), ("fork", "process"),
+                                          ("spawn", "terminate")])
+def test_multiprocessing_children_write_their_spans(tmp_path: Path, method: str,
+                                                    kind: str) -> None:
+    """A pool's workers end by SIGTERM, a forked child by os._exit(): no atexit either way."""
+    app = _write(tmp_path, "app.py", POOL_APP)
+    result = _run(tmp_path, sys.executable, str(app), method, kind)
+    stderr = result.stderr.decode()
+    assert result.returncode == 0, stderr
+    # the program's own result; a terminated child's status is still -SIGTERM
+    assert result.stdout == {"pool": b"6\n", "process": b"0\n",
+                             "terminate": b"%d\n" % -signal.SIGTERM}[kind]
+    out = tmp_path / "out"
+    assert not (out / "traces.jaeger.json").exists()  # the main process ran no attention
+    files = sorted(out.glob("traces.pid*.jaeger.json"))
+    total = collections.Counter[str]()
+    for path in files:
+        total.update(_jaeger_names(path))
+    calls = 40 if kind == "pool" else 10
+    assert total == {"scaled_dot_product_attention": calls}, stderr
+    otlp: collections.Counter[str] = collections.Counter()
+    for path in sorted(out.glob("traces.pid*.otlp.jsonl")):
+        otlp.update(_otlp_names(path))
+    assert otlp == total
+    assert "spans written" in stderr or "trace files written" in stderr
+
+
 def test_process_tag() -> None:
     env = {ENV_PARENT: "10"}
     assert process_tag(env, pid=11, parent_pid=10) == ""
@@ -273,6 +340,7 @@ def _bad(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     err = capsys.readouterr().err
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("attnscope run: error: "), err  # the command's name, not a list
     assert "Traceback" not in err
     return err
 
@@ -295,6 +363,51 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
     monkeypatch.setenv("ATTNSCOPE_QUEUE_SIZE", "lots")
     assert "ATTNSCOPE_QUEUE_SIZE" in _bad(capsys, ["--out", str(tmp_path / "o"), "--",
                                                    "python", str(app)])
+    monkeypatch.delenv("ATTNSCOPE_QUEUE_SIZE")
+    for var, value in (("ATTNSCOPE_SAMPLE_RATE", "2"), ("ATTNSCOPE_PROFILE_RATE", "often"),
+                       ("ATTNSCOPE_OVERHEAD_BUDGET", "-1"), ("ATTNSCOPE_WARMUP_CALLS", "x")):
+        monkeypatch.setenv(var, value)  # no flag for it: the environment is the setting
+        assert var in _bad(capsys, ["--out", str(tmp_path / "o"), "--", "python", str(app)])
+        monkeypatch.delenv(var)
+    # the real command: one line (its own process does not import the library, whose import
+    # would log a warning about the same value first)
+    env = {**_env(), "ATTNSCOPE_SAMPLE_RATE": "2"}
+    done = subprocess.run([sys.executable, "-m", "attnscope", "run", "--", "python", str(app)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT,
+                          check=False)
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr.splitlines() == [("attnscope run: error: environment variable "
+                                         "ATTNSCOPE_SAMPLE_RATE=2.0 is invalid for sample_rate")]
+
+
+SETTINGS_APP = """
+    import torch
+    from attnscope import _api
+
+    c = _api.current()
+    print(c.sample_rate, c.profile_rate, c.overhead_budget, c.warmup_calls)
+"""
+
+
+def test_the_environment_is_a_setting_and_flags_win(tmp_path: Path) -> None:
+    app = _write(tmp_path, "app.py", SETTINGS_APP)
+    env = {**_env(), "ATTNSCOPE_SAMPLE_RATE": "0.25", "ATTNSCOPE_PROFILE_RATE": "0.5",
+           "ATTNSCOPE_OVERHEAD_BUDGET": "0.2", "ATTNSCOPE_WARMUP_CALLS": "7"}
+
+    def settings(*flags: str) -> list[str]:
+        result = subprocess.run([sys.executable, "-m", "attnscope", "run", "--out", "out",
+                                 "--no-report", *flags, "--", "python", str(app)],
+                                cwd=tmp_path, env=env, capture_output=True, timeout=TIMEOUT,
+                                check=False)
+        assert result.returncode == 0, result.stderr.decode()
+        return result.stdout.decode().split()
+
+    assert settings() == ["0.25", "0.5", "0.2", "7"]  # the run's defaults give way
+    assert settings("--sample-rate", "1", "--warmup-calls", "0") == ["1.0", "0.5", "0.2", "0"]
+    assert settings("--profile-rate", "0.05", "--overhead-budget", "1") == [
+        "0.25", "0.05", "1.0", "7"]  # a flag given with the default's value still wins
+    del env["ATTNSCOPE_SAMPLE_RATE"], env["ATTNSCOPE_WARMUP_CALLS"]
+    assert settings()[::3] == ["1.0", "0"]  # nothing given: the run's own defaults
 
 
 def test_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
@@ -304,3 +417,16 @@ def test_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     text: Any = " ".join(capsys.readouterr().out.split())
     assert "--sample-rate RATE" in text and "(default: 1.0)" in text
     assert "(default: attnscope-out)" in text and "(default: 0.05)" in text
+
+
+def test_the_command_list_says_what_each_command_says() -> None:
+    """`attnscope --help` lists the commands without importing them: the same help lines."""
+    import argparse
+
+    from attnscope.cli import build_parser
+
+    def lines(parser: argparse.ArgumentParser) -> dict[str, str | None]:
+        action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        return {c.dest: c.help for c in action._choices_actions}
+
+    assert lines(build_parser(listing=True)) == lines(build_parser())

@@ -3,8 +3,10 @@ part 1). The file is trusted only in a 0700 directory of this user."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+import stat
 import time
 from typing import Any
 
@@ -50,6 +52,7 @@ def test_cli_trigger_profiles_the_next_sampled_calls_of_matching_sites(tdir: str
     x = torch.zeros(4)
     with capture_spans(trigger_dir=tdir) as spans:
         g(x)  # the worker runs
+        attnscope.flush()  # and has looked at the directory once: it advertised itself there
         assert main(["trigger", "--pid", str(os.getpid()), "--calls", "3", "--site", "*.g:*",
                      "--dir", tdir]) == 0
         _until_consumed(control.trigger_path(tdir, os.getpid()), other)
@@ -89,14 +92,17 @@ def test_off_means_the_file_is_not_read(tdir: str) -> None:
     assert os.path.exists(path) and attnscope.stats()["on_demand_granted"] == 0
 
 
-def test_a_directory_others_can_enter_is_not_trusted(tmp_path: pathlib.Path) -> None:
+def test_a_directory_others_can_enter_is_not_trusted(tmp_path: pathlib.Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
     d = tmp_path / "open"
     d.mkdir(mode=0o700)
     control.write(str(d), 123, 2, "*")
+    control.advertise(str(d))
     os.chmod(d, 0o755)
     with pytest.raises(ValueError, match="permissions"):
         control.read(str(d), 123)
     assert main(["trigger", "--pid", str(os.getpid()), "--dir", str(d)]) == 2
+    assert "unsafe trigger directory" in capsys.readouterr().err
 
 
 def test_files_that_are_not_this_users_plain_trigger_are_refused(tdir: str) -> None:
@@ -125,6 +131,84 @@ def test_write_is_atomic_and_read_consumes(tdir: str) -> None:
     assert control.read(tdir, 42) is None
 
 
+def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("attnscope trigger: error: "), err
+    return err
+
+
+def test_a_process_without_attnscope_is_refused(tdir: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """`sleep 300` never reads a trigger: refused, and no file is left for nothing to read."""
+    import subprocess
+
+    sleeper = subprocess.Popen(["sleep", "300"])
+    try:
+        assert main(["trigger", "--pid", str(sleeper.pid), "--dir", tdir]) == 2
+        assert "no attnscope worker" in _one_line(capsys)
+        assert os.listdir(tdir) == []
+        # a stale advertisement of a process that had this pid before is not believed either
+        path = control.worker_path(tdir, sleeper.pid)
+        pathlib.Path(path).write_text(json.dumps({"version": 1, "pid": sleeper.pid,
+                                                  "started": 1}))
+        os.chmod(path, 0o600)
+        assert main(["trigger", "--pid", str(sleeper.pid), "--dir", tdir]) == 2
+        assert "no attnscope worker" in _one_line(capsys)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_the_worker_advertises_itself_until_exit(tdir: str) -> None:
+    x = torch.zeros(4)
+    gone = control.worker_path(tdir, 999_999_999)  # a process that crashed: swept
+    pathlib.Path(gone).write_text("{}")
+    with capture_spans(trigger_dir=tdir):
+        g(x)
+        attnscope.flush()
+        assert control.advertised(tdir, os.getpid())
+        assert sorted(os.listdir(tdir)) == [f"{os.getpid()}.worker"]
+    assert os.stat(control.worker_path(tdir, os.getpid())).st_mode & 0o777 == 0o600
+    code = ("import os, sys, torch, attnscope\n"
+            "attnscope.configure(trigger_dir=sys.argv[1], exporter='none', sample_rate=1.0,"
+            " warmup_calls=0)\n"
+            "attnscope.trace(lambda x: x)(torch.zeros(1)); attnscope.flush()\n"
+            "print(os.path.exists(os.path.join(sys.argv[1], f'{os.getpid()}.worker')))\n")
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code, tdir], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.stdout.strip() == "True", done.stderr
+    assert sorted(os.listdir(tdir)) == [f"{os.getpid()}.worker"]  # the child's: gone at its exit
+
+
+def test_a_squatted_shared_directory_is_passed_over(tmp_path: pathlib.Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """No XDG_RUNTIME_DIR: another user created <tmp>/attnscope-<uid> first."""
+    env = {"TMPDIR": str(tmp_path / "tmp"), "HOME": str(tmp_path / "home")}
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(control.tempfile, "tempdir", None)
+    shared = tmp_path / "tmp" / f"attnscope-{os.getuid()}"
+    assert control.default_dir(env) == str(shared)  # missing: it is created 0700 when written
+    shared.mkdir(mode=0o700)
+    assert control.default_dir(env) == str(shared)  # this user's own
+    other = os.getuid() + 1
+    monkeypatch.setattr(control.os, "getuid", lambda: other)
+    shared.rename(tmp_path / "tmp" / f"attnscope-{control.os.getuid()}")  # someone else's now
+    fallback = control.default_dir(env)
+    assert fallback.startswith(str(tmp_path / "home" / ".cache" / "attnscope" / "control-"))
+    monkeypatch.undo()
+    (tmp_path / "tmp" / f"attnscope-{os.getuid() + 1}").rename(shared)
+    os.chmod(shared, 0o777)  # this user's, but open to others: not trusted either
+    monkeypatch.setattr(control.tempfile, "tempdir", None)
+    fallback = control.default_dir(env)
+    assert fallback.startswith(str(tmp_path / "home"))
+    path = control.write(fallback, 42, 1, "*")
+    assert control.read(fallback, 42) == (1, "*") and not os.path.exists(path)
+    assert stat.S_IMODE(os.stat(fallback).st_mode) == 0o700
+
+
 def test_cli_rejects_bad_input(tdir: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["trigger", "--pid", "999999999", "--dir", tdir]) == 2
     assert "no process" in capsys.readouterr().err
@@ -133,7 +217,8 @@ def test_cli_rejects_bad_input(tdir: str, capsys: pytest.CaptureFixture[str]) ->
         main(["trigger", "--pid", "0"])
 
 
-def test_poll_rate_limited(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_poll_rate_limited(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
+    nowhere = tmp_path / "none"
     now = [0.0]
     poller = control.ControlFile(every_s=1.0, clock=lambda: now[0])
     calls: list[int] = []
@@ -146,7 +231,7 @@ def test_poll_rate_limited(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(control, "read", counting)
     for t in (0.0, 0.3, 0.9, 1.0, 1.5, 2.2):
         now[0] = t
-        poller.poll("/nonexistent-attnscope")
+        poller.poll(str(nowhere))
     assert len(calls) == 3  # at 0.0, 1.0 and 2.2
 
 
@@ -193,6 +278,10 @@ def test_trigger_from_another_process_profiles_a_running_service(tmp_path: pathl
         while not ready.exists() and time.monotonic() < deadline and service.poll() is None:
             time.sleep(0.05)
         assert ready.exists(), service.communicate(timeout=5)
+        # its worker says it is listening at its first wake-up (the trigger is refused before)
+        advertised = control.worker_path(str(tdir), service.pid)
+        while not os.path.exists(advertised) and time.monotonic() < deadline:
+            time.sleep(0.05)
         done = subprocess.run([sys.executable, "-m", "attnscope", "trigger", "--pid",
                                str(service.pid), "--calls", "4", "--site", "serve.*"],
                               env=env, capture_output=True, text=True, timeout=60)
@@ -219,3 +308,36 @@ def test_trigger_from_another_process_profiles_a_running_service(tmp_path: pathl
     assert all(tag(s, "attnscope.tier") == {"stringValue": "profile"} for s in on_demand)
     profiled = [s for s in spans if tag(s, "attnscope.tier") == {"stringValue": "profile"}]
     assert len(profiled) == 4  # the service profiles nothing at random
+
+
+@pytest.mark.parametrize("argv", [["trigger", "--pid", "1", "--dir", "/nonexistent-x"],
+                                  ["--version"], ["trigger", "--help"], ["--help"],
+                                  ["report", "/nonexistent-x"], ["diff", "--help"],
+                                  ["run", "--", "/nonexistent-x.py"]])
+def test_commands_that_run_no_model_do_not_import_torch(argv: list[str]) -> None:
+    """`attnscope trigger`, the command list and the commands that read files start in
+    milliseconds: neither torch nor the library's API."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "attnscope", *argv],
+                          capture_output=True, text=True, timeout=120, check=False)
+    imported = [line.split("|")[-1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")]
+    assert imported and "attnscope" in imported, done.stderr[-2000:]
+    assert not [m for m in imported if m == "torch" or m.startswith("torch.")], done.stderr[-500:]
+    assert "attnscope._api" not in imported
+    assert done.returncode == (2 if "-x" in argv[-1] else 0), done.stderr[-500:]
+
+
+def test_which_processes_skip_the_library_imports() -> None:
+    from attnscope import _light_cli
+
+    for argv in (["py", "-m", "attnscope", "trigger", "--pid", "1"],
+                 ["py", "-X", "importtime", "-u", "-m", "attnscope.cli", "--version"],
+                 ["py", "/venv/bin/attnscope", "trigger"], ["py", "/venv/bin/attnscope", "-h"]):
+        assert _light_cli(argv), argv
+    for argv in (["py", "-m", "attnscope", "demo"], ["py", "app.py", "trigger"],
+                 ["py", "-c", "import attnscope", "trigger"], ["py", "-m", "attnscope"],
+                 ["py", "/venv/bin/attnscope", "compare", "--help"], ["py"], []):
+        assert not _light_cli(argv), argv

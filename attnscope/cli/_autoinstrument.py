@@ -214,4 +214,10 @@ def start(environ: dict[str, str] | None = None) -> Session | None:
         if isinstance(cls, type):
             _wrap_init(cls, session.torch_built)
     patch_transformers(session)
+    try:
+        from . import _run_children
+
+        _run_children.watch(session)  # multiprocessing children export before they end
+    except Exception as err:  # noqa: BLE001  (the program's import goes on)
+        _log.internal_error("run.child", err)
     return session

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 import torch
@@ -12,6 +13,7 @@ import torch
 from .._version import __version__
 from ._compare_measure import TOLERANCE, Spec
 from ._compare_stats import Figures
+from ._table_fold import fold, width_for
 
 __all__ = ["Row", "render_table", "render_json", "STATUSES"]
 
@@ -102,7 +104,7 @@ def render_table(spec: Spec, rows: list[Row], out: TextIO) -> None:
     from rich.table import Table
 
     h = _header(spec)
-    console = Console(file=out, width=None if out.isatty() else 150, highlight=False)
+    console = Console(file=out, width=width_for(out.isatty()), highlight=False)
     gqa = f", {spec.kv_heads} KV heads" if spec.kv_heads != spec.heads else ""
     basis = "device time" if h["time_basis"] == "device" else "wall time"
     unit = "kernels" if spec.device.type == "cuda" else "ops"
@@ -110,26 +112,36 @@ def render_table(spec: Spec, rows: list[Row], out: TextIO) -> None:
                   f"D={spec.head_dim} {h['dtype']}{' causal' if spec.causal else ''} on "
                   f"{h['device_name']} · {spec.runs} timed calls each ({basis}) · torch "
                   f"{h['torch_version']}", markup=False)
-    table = Table(show_edge=False, pad_edge=False)
-    for title in ("implementation", "status", "backend", "p50", "p95", "p99", "TFLOP/s",
-                  f"{unit}/call", "peak mem", "max abs err", "rel err"):
-        table.add_column(title, justify="left" if title in ("implementation", "status",
-                                                              "backend") else "right")
+    titles = ("implementation", "status", "backend", "p50", "p95", "p99", "TFLOP/s",
+              f"{unit}/call", "peak mem", "max abs err", "rel err")
     ran = [r for r in rows if r.status in ("ok", "inaccurate", "failed")]
-    for r in ran:
-        f = r.figures or Figures()
-        t = f.time_us or {}
-        table.add_row(r.name, r.status, f.backend or "-", _time(t.get("p50")), _time(t.get("p95")),
-                      _time(t.get("p99")), "-" if f.tflops is None else f"{f.tflops:.3g}",
-                      "-" if f.kernels_per_call is None else str(f.kernels_per_call),
-                      _bytes(f.peak_memory_bytes), _error(r.max_abs_error),
-                      _error(r.max_rel_error))
-    console.print(table)
+    cells = [_cells(r) for r in ran]
+
+    def table_of(columns: Sequence[int]) -> Any:
+        table = Table(show_edge=False, pad_edge=False)
+        for c in columns:  # figures are never wrapped or cut
+            table.add_column(titles[c], justify="left" if c < 3 else "right", no_wrap=True)
+        for row in cells:
+            table.add_row(*(row[c] for c in columns))
+        return table
+
+    # a narrow terminal: the columns folded into tables that fit, each led by the name
+    for table in fold(console, table_of, len(titles)):
+        console.print(table)
     flops = next((r.figures.flops for r in ran if r.figures and r.figures.flops), None)
     console.print(f"FLOPs per call (attnscope.flops): {flops if flops is not None else '-'} · "
                   f"error against float64 attention of the same inputs, allowed max abs "
                   f"{h['tolerance_max_abs']:g} for {h['dtype']}", markup=False)
     _notes(console, rows)
+
+
+def _cells(r: Row) -> list[str]:
+    f = r.figures or Figures()
+    t = f.time_us or {}
+    return [r.name, r.status, f.backend or "-", _time(t.get("p50")), _time(t.get("p95")),
+            _time(t.get("p99")), "-" if f.tflops is None else f"{f.tflops:.3g}",
+            "-" if f.kernels_per_call is None else str(f.kernels_per_call),
+            _bytes(f.peak_memory_bytes), _error(r.max_abs_error), _error(r.max_rel_error)]
 
 
 def _notes(console: Any, rows: list[Row]) -> None:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._diff_groups import Diary, GroupDiff, diary
 from ._diff_json import to_json
 from ._diff_stats import CONFIDENCE, Change
 from ._diff_text import HEADERS, group_label, names, notes, row_cells
-from ._errors import CLIError
+from ._errors import CLIError, check_output
 
 __all__ = ["register", "run_diff", "percent", "DEFAULT_MIN_CHANGE"]
 
@@ -71,6 +72,8 @@ def register(sub: Any, formatter: Any) -> None:
 def run_diff(args: argparse.Namespace) -> int:
     from ._load import attention_calls, load_spans
 
+    check_output(args.html, "--html")  # before the work
+    check_output(args.json, "--json")
     calls = []
     for label, path in (("BEFORE", args.before), ("AFTER", args.after)):
         found = attention_calls(load_spans(path))
@@ -113,23 +116,53 @@ def _write_json(path: str, document: dict[str, Any]) -> None:
 def _print(result: Diary, before: str, after: str, limit: float | None,
            failures: list[tuple[GroupDiff, Change]]) -> None:
     from rich.console import Console
+
+    from ._table_fold import fold, natural_width, width_for
+
+    console = Console(highlight=False)
+    console.width = width_for(console.is_terminal) or console.width
+    title = f"attnscope diff  BEFORE {before}  →  AFTER {after}"
+    table = _table(result.groups, range(len(HEADERS)), title)
+    if natural_width(console, table) <= console.width:
+        console.print(table)
+    else:  # narrow: each layer under its own heading, its columns folded into tables that fit
+        console.print(title, markup=False, soft_wrap=True)
+        for group in result.groups:
+            console.print(group_label((group.module, group.phase)), markup=False,
+                          soft_wrap=True, style="bold")
+            for part in fold(console, _group_table(group), len(HEADERS) - 1):
+                console.print(part)
+    for line in notes(result, limit, failures):
+        console.print(line, soft_wrap=True)
+
+
+def _group_table(group: GroupDiff) -> Callable[[Sequence[int]], Any]:
+    """For :func:`fold`: one layer's table of the given columns of ``HEADERS`` without its
+    first ("layer (phase)": the heading above), so the key column is the metric."""
+    def build(columns: Sequence[int]) -> Any:
+        return _table([group], [0, *(c + 1 for c in columns)], None, layer=False)
+
+    return build
+
+
+def _table(groups: list[GroupDiff], columns: Any, title: str | None, *,
+           layer: bool = True) -> Any:
+    """The diary's table with the given columns of ``HEADERS`` (0: the layer, shown only when
+    ``layer``); figures are never wrapped or cut, the verdict may wrap."""
     from rich.table import Table
     from rich.text import Text
 
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console.width = max(console.width, 150)
-    table = Table(title=f"attnscope diff  BEFORE {before}  →  AFTER {after}", title_justify="left")
-    for i, header in enumerate(HEADERS):
-        table.add_column(header, justify="left" if i in (0, 1, 7) else "right")
-    for group in result.groups:
+    shown = [c for c in columns if c != 0 or layer]
+    table = Table(title=title, title_justify="left")
+    for c in shown:
+        table.add_column(HEADERS[c], justify="left" if c in (0, 1, 7) else "right",
+                         no_wrap=c != 7)
+    for group in groups:
         for i, change in enumerate(group.changes):
-            cells = row_cells(group, change)
+            cells: list[Any] = [group_label((group.module, group.phase)) if i == 0 else "",
+                                *row_cells(group, change)]
             style = "red" if change.verdict in _WORSE else "green" if change.verdict in _BETTER \
                 else ""
-            first = group_label((group.module, group.phase)) if i == 0 else ""
-            table.add_row(first, *cells[:-1], Text(cells[-1], style=style),
-                          end_section=i == len(group.changes) - 1)
-    console.print(table)
-    for line in notes(result, limit, failures):
-        console.print(line, soft_wrap=True)
+            cells[7] = Text(cells[7], style=style)
+            table.add_row(*(cells[c] for c in shown), end_section=i == len(group.changes) - 1)
+    return table

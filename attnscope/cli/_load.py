@@ -176,6 +176,12 @@ def _parse(file: Path, text: str) -> list[SpanRow]:
             spans = _jaeger_rows(doc["data"])
         elif isinstance(doc, dict) and isinstance(doc.get("resourceSpans"), list):
             spans = _otlp_rows(doc["resourceSpans"])
+        elif _is_chrome_trace(doc):
+            raise TraceFileError(
+                f"{file}: a Chrome trace (traceEvents, as torch.profiler's export_chrome_trace "
+                "writes), not spans: open it in Perfetto (ui.perfetto.dev) or chrome://tracing; "
+                "attnscope reads the Jaeger JSON / OTLP/JSON files of exporter=\"jaeger-json:PATH\""
+                " / \"otlp-json:PATH\" or an `attnscope run` directory")
         else:
             raise TraceFileError(f"{file}: JSON but not a trace (expected a Jaeger JSON document "
                                  '{"data": [...]} or OTLP/JSON lines {"resourceSpans": [...]})')
@@ -185,6 +191,15 @@ def _parse(file: Path, text: str) -> list[SpanRow]:
             raise TraceFileError(f"{file}: a malformed span ({type(exc).__name__}: "
                                  f"{_reason(exc)})") from None
     return rows
+
+
+def _is_chrome_trace(doc: Any) -> bool:
+    """The Trace Event Format: ``{"traceEvents": [...]}`` (torch.profiler, Chrome, Perfetto) or
+    its bare array of events (each with a phase ``"ph"``)."""
+    if isinstance(doc, dict):
+        return isinstance(doc.get("traceEvents"), list)
+    return isinstance(doc, list) and bool(doc) and all(
+        isinstance(e, dict) and "ph" in e for e in doc[:10])
 
 
 def _jaeger_value(tag: Mapping[str, Any]) -> Any:

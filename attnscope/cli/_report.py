@@ -12,7 +12,7 @@ import math
 import os
 from typing import Any
 
-from ._errors import CLIError, positive_int
+from ._errors import CLIError, check_output, positive_int
 from ._load import SpanRow, attention_calls, group_key, load_spans
 from ._report_format import bytes_, duration, si, when
 from ._stats import GroupStats, Quantiles, Summary, summarize, time_ns
@@ -63,6 +63,8 @@ def run_report(trace: str | os.PathLike[str], *, html: str | None = None,
                json_path: str | None = None, price_per_hour: float | None = None,
                top: int = 5, out: Any = None) -> int:
     """Load, summarise, print; write the JSON/HTML files asked for. Returns the exit code."""
+    check_output(html, "--html")  # before the work, not after the whole report is printed
+    check_output(json_path, "--json")
     rows = load_spans(trace)
     calls = attention_calls(rows)
     summary = summarize(calls, price_per_hour=price_per_hour, top=top)

@@ -38,6 +38,17 @@ _FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP")
 _USAGE = "attnscope run [options] -- python app.py [args...]"
 
 
+class _RunDefault(float):
+    """A flag's default, told apart from the same value given on the command line: a default
+    gives way to the ``ATTNSCOPE_*`` variable of the same setting (a setting the user gave)."""
+
+
+# flag -> the environment variable the child reads it from
+_SETTINGS = {"sample_rate": "ATTNSCOPE_SAMPLE_RATE", "profile_rate": "ATTNSCOPE_PROFILE_RATE",
+             "overhead_budget": "ATTNSCOPE_OVERHEAD_BUDGET",
+             "warmup_calls": "ATTNSCOPE_WARMUP_CALLS"}
+
+
 def _rate(name: str, *, zero: bool = True) -> Any:
     def parse(text: str) -> float:
         try:
@@ -57,6 +68,10 @@ def _count(text: str) -> int:
     return int(text)
 
 
+class _IntDefault(int):
+    """:class:`_RunDefault` for a count."""
+
+
 def register(sub: Any, formatter: Any) -> None:
     """Add ``attnscope run`` to the command line."""
     p = sub.add_parser(
@@ -68,21 +83,27 @@ def register(sub: Any, formatter: Any) -> None:
                     "At exit: DIR/traces.jaeger.json, DIR/traces.otlp.jsonl (other processes "
                     "of the program: traces.rank<N>.* / traces.pid<PID>.*) and the report, on "
                     "stderr. The program's exit code, stdout and stderr pass through unchanged.")
-    p.add_argument("--sample-rate", type=_rate("sample_rate"), default=1.0, metavar="RATE",
-                   help="fraction of attention calls traced (an experiment: all of them)")
-    p.add_argument("--profile-rate", type=_rate("profile_rate"), default=0.05, metavar="RATE",
-                   help="fraction of traced calls run under torch.profiler (kernels, backend)")
-    p.add_argument("--overhead-budget", type=_rate("overhead_budget", zero=False), default=1.0,
-                   metavar="FRACTION", help="attnscope's own time kept under this fraction of "
-                   "the traced calls' time by sampling less; 1 means no budget")
-    p.add_argument("--warmup-calls", type=_count, default=0, metavar="N",
-                   help="calls at each call site before sampling starts")
+    p.add_argument("--sample-rate", type=_rate("sample_rate"), default=_RunDefault(1.0),
+                   metavar="RATE", help="fraction of attention calls traced (an experiment: all "
+                   "of them); without the flag, $ATTNSCOPE_SAMPLE_RATE when set")
+    p.add_argument("--profile-rate", type=_rate("profile_rate"), default=_RunDefault(0.05),
+                   metavar="RATE", help="fraction of traced calls run under torch.profiler "
+                   "(kernels, backend); without the flag, $ATTNSCOPE_PROFILE_RATE when set")
+    p.add_argument("--overhead-budget", type=_rate("overhead_budget", zero=False),
+                   default=_RunDefault(1.0), metavar="FRACTION",
+                   help="attnscope's own time kept under this fraction of the traced calls' time "
+                   "by sampling less; 1 means no budget; without the flag, "
+                   "$ATTNSCOPE_OVERHEAD_BUDGET when set")
+    p.add_argument("--warmup-calls", type=_count, default=_IntDefault(0), metavar="N",
+                   help="calls at each call site before sampling starts; without the flag, "
+                   "$ATTNSCOPE_WARMUP_CALLS when set")
     p.add_argument("--out", default="attnscope-out", metavar="DIR",
                    help="directory for the trace files and report.html (created if missing; "
                         "trace files of an earlier run there are replaced)")
     p.add_argument("--no-report", action="store_true",
                    help="only say which files were written (no terminal or HTML report)")
-    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- PROGRAM [ARGS...]",
+    # (not dest="command": that is the subcommand's name, which error lines start with)
+    p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- PROGRAM [ARGS...]",
                    help="the program and its arguments, after --")
     p.set_defaults(func=run)
     # bad input is one line on stderr, not the usage as well
@@ -91,7 +112,7 @@ def register(sub: Any, formatter: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the program; returns its exit code once the report is printed."""
-    command = list(args.command)
+    command = list(args.program)
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
@@ -159,11 +180,12 @@ def _output_dir(text: str) -> Path:
 
 def _environment(args: argparse.Namespace, out: Path, service: str) -> dict[str, str]:
     env = dict(os.environ)
+    for field, var in _SETTINGS.items():
+        value = getattr(args, field)
+        given = not isinstance(value, (_RunDefault, _IntDefault))
+        if given or not env.get(var, "").strip():  # a flag wins; a default gives way
+            env[var] = repr(float(value)) if isinstance(value, float) else str(int(value))
     env.update({
-        "ATTNSCOPE_SAMPLE_RATE": repr(args.sample_rate),
-        "ATTNSCOPE_PROFILE_RATE": repr(args.profile_rate),
-        "ATTNSCOPE_OVERHEAD_BUDGET": repr(args.overhead_budget),
-        "ATTNSCOPE_WARMUP_CALLS": str(args.warmup_calls),
         output.ENV_DIR: str(out),
         output.ENV_PARENT: str(os.getpid()),
         output.ENV_SERVICE: service,

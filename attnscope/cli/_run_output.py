@@ -99,11 +99,13 @@ class RunExporter:
 
 
 def clear_previous(directory: Path) -> list[Path]:
-    """Remove the trace files an earlier run left in ``directory`` (OTLP lines would be appended
-    to them); returns what was removed. Other files are left alone."""
+    """Remove the trace files (and their lock files) an earlier run left in ``directory`` (OTLP
+    lines would be appended to them); returns what was removed. Other files are left alone."""
     removed = []
     for path in sorted(directory.iterdir()):
-        if _OURS.match(path.name) and path.is_file() and not path.is_symlink():
+        # (PATH.lock: left by a process killed before its exporter shut down)
+        name = path.name.removesuffix(".lock")
+        if _OURS.match(name) and path.is_file() and not path.is_symlink():
             path.unlink()
             removed.append(path)
     return removed

@@ -3,6 +3,8 @@
 Writes the control file the process's worker reads (``attnscope.worker.control``; the security
 model is in docs/live.md): nothing is sent over a network and no signal is delivered. The
 process picks the request up at its worker's next wake-up (at most a second after a sampled call).
+A process whose worker has not advertised itself in the directory (``<pid>.worker``: a process
+that does not run attnscope, or has not sampled a call yet) is refused: nothing would read it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ def _main(args: argparse.Namespace) -> int:
         raise CLIError(f"process {pid} belongs to another user: run attnscope trigger as "
                        f"that user (the trigger directory is per user)") from None
     directory = args.dir or os.environ.get("ATTNSCOPE_TRIGGER_DIR") or control.default_dir()
+    if not control.advertised(directory, pid):
+        raise CLIError(f"process {pid} has no attnscope worker listening in {directory} (not "
+                       f"traced by attnscope, live_trigger off, another trigger directory, or "
+                       f"nothing sampled yet): nothing would read the trigger")
     try:
         path = control.write(directory, pid, args.calls, args.site)
     except ValueError as exc:

@@ -12,12 +12,26 @@ directory, renamed), so the worker never reads half a file.
 
 The worker looks for the file at most once per ``CHECK_EVERY_S``, when it is awake anyway
 (captures to build): an idle worker is not woken for it, and the calling thread never reads it.
+
+**Who is listening.** At its first look the worker also writes ``<pid>.worker`` in the same
+directory (:func:`advertise`): the CLI refuses to trigger a process without one (a ``sleep 300``
+would never read its trigger). It holds the process's start time (``/proc``), so a dead process's
+file is not mistaken for a new process that got the same pid; it is removed at exit, and each
+advertisement removes those of processes that are gone (at most ``MAX_SWEEP`` looked at), so the
+directory stays bounded even after crashes.
+
+**Which directory.** Without ``$XDG_RUNTIME_DIR`` the default is in the shared temporary
+directory, where another local user can create ``attnscope-<uid>`` first: such a directory (not
+a 0700 directory of this user) is passed over for ``~/.cache/attnscope/control-<host>``, which
+both the worker and the CLI pick the same way (:func:`default_dir`).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import socket
 import stat
 import tempfile
 import time
@@ -25,14 +39,17 @@ from collections.abc import Callable, Mapping
 
 from .. import _log
 
-__all__ = ["ControlFile", "default_dir", "trigger_path", "check_dir", "write", "read",
-           "CHECK_EVERY_S", "MAX_BYTES", "MAX_CALLS", "MAX_PATTERN"]
+__all__ = ["CHECK_EVERY_S", "MAX_BYTES", "MAX_CALLS", "MAX_PATTERN", "MAX_SWEEP", "ControlFile",
+           "advertise", "advertised", "check_dir", "default_dir", "read", "trigger_path",
+           "worker_path", "write"]
 
 CHECK_EVERY_S = 1.0
 MAX_BYTES = 4096
 MAX_CALLS = 10_000
 MAX_PATTERN = 256
+MAX_SWEEP = 256  # files of other processes one advertisement looks at
 _SUFFIX = ".trigger"
+_WORKER = ".worker"
 
 
 def default_dir(environ: Mapping[str, str] | None = None) -> str:
@@ -42,7 +59,28 @@ def default_dir(environ: Mapping[str, str] | None = None) -> str:
     runtime = env.get("XDG_RUNTIME_DIR", "")
     if runtime and os.path.isabs(runtime):
         return os.path.join(runtime, "attnscope")
-    return os.path.join(_temp_root(env), f"attnscope-{os.getuid()}")
+    shared = os.path.join(_temp_root(env), f"attnscope-{os.getuid()}")
+    home = env.get("HOME", "")
+    if not home or not os.path.isabs(home) or _missing_or_ours(shared):
+        return shared
+    # taken by someone else (or not 0700): a directory under this user's home instead
+    return os.path.join(home, ".cache", "attnscope", f"control-{_host()}")
+
+
+def _missing_or_ours(directory: str) -> bool:
+    try:
+        os.lstat(directory)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return check_dir(directory) is None
+
+
+def _host() -> str:
+    """This host's name, as a file name (a home directory may be shared by several hosts)."""
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname())
+    return name.strip(".")[:64] or "localhost"
 
 
 def _temp_root(env: Mapping[str, str]) -> str:
@@ -79,18 +117,21 @@ def check_dir(directory: str) -> str | None:
 
 def write(directory: str, pid: int, calls: int, site: str) -> str:
     """Write a trigger for ``pid`` atomically; returns its path. ValueError: an unsafe directory."""
+    body = json.dumps({"version": 1, "calls": int(calls), "site": site}).encode()
+    return _write_file(directory, pid, trigger_path(directory, pid), body)
+
+
+def _write_file(directory: str, pid: int, path: str, body: bytes) -> str:
     os.makedirs(directory, mode=0o700, exist_ok=True)
     problem = check_dir(directory)
     if problem is not None:
         raise ValueError(f"{directory}: {problem}")
-    body = json.dumps({"version": 1, "calls": int(calls), "site": site}).encode()
     fd, tmp = tempfile.mkstemp(prefix=f".{int(pid)}.", suffix=".tmp", dir=directory)  # 0600
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(body)
             out.flush()
             os.fsync(out.fileno())
-        path = trigger_path(directory, pid)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -143,6 +184,89 @@ def _parse(raw: bytes, path: str) -> tuple[int, str]:
     return calls, site
 
 
+def worker_path(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"{int(pid)}{_WORKER}")
+
+
+def _started(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (``/proc/<pid>/stat``), or None."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            raw = f.read(4096)
+        return int(raw[raw.rindex(b")") + 2:].split()[19])  # field 22, after "(comm)"
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def advertise(directory: str) -> str:
+    """Say in ``directory`` that this process's worker reads its triggers; returns the path.
+    Removed at exit; files of processes that are gone are removed now. ValueError: an unsafe
+    directory; OSError: it cannot be written."""
+    pid = os.getpid()
+    if advertised(directory, pid):  # a later worker of this process: exit already removes it
+        return worker_path(directory, pid)
+    body = json.dumps({"version": 1, "pid": pid, "started": _started(pid)}).encode()
+    path = _write_file(directory, pid, worker_path(directory, pid), body)
+    atexit.register(_withdraw, path, pid)
+    _sweep(directory, pid)
+    return path
+
+
+def _withdraw(path: str, pid: int) -> None:
+    if os.getpid() != pid:  # a forked child's exit: the file is its parent's
+        return
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _sweep(directory: str, own: int) -> None:
+    """Remove the advertisements of processes that no longer exist (bounded)."""
+    try:
+        with os.scandir(directory) as entries:
+            names = [e.name for _, e in zip(range(MAX_SWEEP), entries)]
+    except OSError:
+        return
+    for name in names:
+        stem = name.removesuffix(_WORKER)
+        if stem == name or not stem.isdigit() or int(stem) == own:
+            continue
+        if not _alive(int(stem)):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: alive
+        return True
+    return True
+
+
+def advertised(directory: str, pid: int) -> bool:
+    """Whether process ``pid`` has a worker reading its triggers in ``directory``: its
+    advertisement is a regular file of this user there, written by that very process."""
+    path = worker_path(directory, pid)
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size > MAX_BYTES:
+            return False
+        with open(path, "rb") as f:
+            data = json.loads(f.read(MAX_BYTES).decode())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    if not isinstance(data, dict) or data.get("pid") != pid:
+        return False
+    started = data.get("started")
+    return started is None or started == _started(pid)  # else: another process, same pid
+
+
 class ControlFile:
     """The worker's view of its trigger file: :meth:`poll` reads it at most once per
     ``every_s`` (on the worker's own wake-ups) and never raises."""
@@ -152,6 +276,7 @@ class ControlFile:
         self.every_s = every_s
         self._clock = clock
         self._last = float("-inf")
+        self._advertised: tuple[int, str] | None = None  # (pid, directory)
 
     def poll(self, directory: str | None) -> tuple[int, str] | None:
         """The trigger in ``directory`` (None: :func:`default_dir`), if it is time to look."""
@@ -159,8 +284,11 @@ class ControlFile:
         if now - self._last < self.every_s:
             return None
         self._last = now
+        directory = directory or default_dir()
+        if self._advertised != (os.getpid(), directory):  # the first look (or a forked child's)
+            self._advertise(directory)
         try:
-            found = read(directory or default_dir(), os.getpid())
+            found = read(directory, os.getpid())
         except ValueError as exc:
             _log.warn_once("trigger-file", "attnscope: ignoring an on-demand trigger",
                            reason=str(exc))
@@ -172,3 +300,15 @@ class ControlFile:
             _log.info_once("trigger:" + str(found), "attnscope: profiling on demand",
                            calls=found[0], site=found[1])
         return found
+
+    def _advertise(self, directory: str) -> None:
+        self._advertised = (os.getpid(), directory)  # tried once: a failure is not retried
+        try:
+            advertise(directory)
+        except ValueError as exc:
+            _log.warn_once("trigger-dir", "attnscope: on-demand triggers cannot reach this "
+                           "process (unsafe trigger directory)", reason=str(exc))
+        except OSError as exc:
+            _log.warn_once("trigger-dir", "attnscope: on-demand triggers cannot reach this "
+                           "process (trigger directory not writable)",
+                           directory=directory, reason=exc.strerror or str(exc))
