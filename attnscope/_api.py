@@ -2,9 +2,10 @@
 ``sampling`` and ``step`` (``span`` lives in :mod:`attnscope.capture.block`).
 
 This is the one module that knows both sides: it hands the capture side the function that starts
-the worker, and the worker the profiler's warm-up. The worker side (and with it the OpenTelemetry
-SDK, exporters and psutil) is imported when the worker first starts, not with ``import attnscope``:
-an inference process that loads attnscope pays for what it uses.
+the worker, and the worker the profiler's warm-up. Of the worker side only its light front
+(:mod:`attnscope.worker.loop`: a queue and a thread) is imported here; the rest (the OpenTelemetry
+SDK, exporters, psutil) is imported by the worker's own thread when it starts, never by
+``import attnscope`` nor by the calling thread of the first sampled call.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ._state import state
 from .capture import profiler, wrapper
 from .capture.args import check_attributes
 from .capture.sampling import force as _force
+from .worker import loop, spare
 
 if TYPE_CHECKING:
     from .worker.loop import Worker
@@ -99,7 +101,9 @@ def configure(
             settings = {k: getattr(defaults, k) if v is None else v for k, v in settings.items()}
         cfg = validate(dataclasses.replace(base, **settings))
         _set(cfg)
-        return cfg
+    if cfg.enabled:
+        spare.preload()  # set-up time: the worker side loads now, not on the first sampled call
+    return cfg
 
 
 def restore(cfg: Config) -> None:
@@ -127,9 +131,7 @@ def _set(cfg: Config) -> None:
 
 
 def _start_worker() -> Worker | None:
-    with state.import_lock:  # a fork during this import would leave the child waiting for it
-        from .worker import loop
-
+    # The calling thread of the first sampled call: the worker's thread imports and builds.
     return loop.start(current(), on_start=profiler.on_worker_start)
 
 
@@ -252,8 +254,6 @@ def flush(timeout_s: float = 5.0) -> bool:
             _unsampled.write_empty_file(current())  # a file exporter's file exists after flush()
         return True
     try:
-        from .worker import loop
-
         return loop.flush(timeout_s)
     except Exception as exc:
         _log.internal_error("flush", exc)
@@ -265,8 +265,6 @@ def shutdown(timeout_s: float = 5.0) -> bool:
     if state.worker is None:
         return True
     try:
-        from .worker import loop
-
         return loop.shutdown(timeout_s)
     except Exception as exc:
         _log.internal_error("shutdown", exc)

@@ -156,6 +156,8 @@ class State:
         # held while attnscope imports its worker side or builds a pipeline (imports), so that a
         # fork waits for the import to finish (see _before_fork)
         self.import_lock = threading.Lock()
+        # worker.spare.Spare: a worker thread configure() started, waiting for the first worker
+        self.spare_thread: Any = None
         self.fork_held = False
         self.atexit_registered = False
         self.exiting = False  # the exit flush has begun: no new worker (it could not export)
@@ -245,7 +247,8 @@ def reset() -> None:
     # The sampler knows every call site (decorated functions live on in user code) and the
     # instrumentation registry and SDPA wrapper are installed in user-visible places.
     keep = {"sampler", "profiler", "dynamo_loaded", "dynamo_pending", "dynamo_hook",
-            "attention_registry", "sdpa_original", "instruments", "prometheus_started"}
+            "attention_registry", "sdpa_original", "instruments", "prometheus_started",
+            "spare_thread"}  # a parked thread: one per process is enough
     for name, value in vars(fresh).items():
         if name not in keep:
             setattr(state, name, value)
@@ -261,6 +264,7 @@ def after_fork() -> None:
         elif isinstance(value, type(threading.RLock())):
             setattr(state, name, threading.RLock())
     state.worker = None
+    state.spare_thread = None  # the parent's thread does not exist here
     state.fork_held = False
     state.retired_counts = {}  # the child counts its own spans
     state.delivery = Delivery()

@@ -65,7 +65,8 @@ def _at_exit(shutdown: Callable[..., bool]) -> None:
     state.exiting = True
     try:
         worker = state.worker
-        local = worker is not None and worker.pipeline.local  # a file: no collector to wait on
+        # a file: no collector to wait on
+        local = worker is not None and worker.engine is not None and worker.engine.pipeline.local
         shutdown(timeout_s=max(0.0, _EXIT_TIMEOUT_S - state.exit_wait_s),
                  export_s=None if local else _EXIT_EXPORT_S)
     except BaseException:  # a second Ctrl-C included: exit goes on

@@ -4,32 +4,37 @@ The calling thread only appends a Capture to a deque (dropping and counting when
 thread resolves device timers without blocking anyone, derives attributes, parses profiles and
 builds spans. It sleeps on an event while there is nothing to do, and polls (every 2 ms) only
 while CUDA events are pending. ``flush()`` and ``shutdown()`` wait at most their timeout.
+
+This module is light (the standard library and attnscope's own state): the first sampled call
+creates the :class:`Worker` and returns. The worker's thread then imports :mod:`.engine` (the
+SDK, the exporters, the profile parser) and builds the pipeline; captures that arrive meanwhile
+wait in the bounded queue.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Any
-
-from opentelemetry.trace import NoOpTracer
+from typing import TYPE_CHECKING, Any
 
 from .. import _log
 from .._config import Config
 from .._state import give_bytes, span_counts, state
 from .._state import submit as submit_to_current
-from .._version import __version__
 from ..capture.record import Capture
-from ..export import metrics, pipeline
-from . import at_exit, derive, emit, profile
+from . import at_exit
 from .control import ControlFile
 from .cuda import DeviceAccess
 from .latency import Escalator
 from .resolve import Resolver
-from .spans import SpanBuilder, result_of, site_attributes
+from .spare import Spare
+
+if TYPE_CHECKING:
+    from ..export.pipeline import Pipeline
+    from .engine import Engine
+    from .spans import SpanBuilder
 
 __all__ = ["Worker", "start", "flush", "shutdown", "stats"]
 
@@ -37,6 +42,7 @@ _BUSY_WAIT_S = 0.002  # poll interval while CUDA events are pending
 _STASH_CHECK_S = 1.0  # children waiting for a parent: look at their age this often
 _YIELD_EVERY_S = 0.002
 _GATHER_S = 0.1
+_HAND_BACK_S = 0.001
 _MAX_DROP_NOTICES = 65_536
 
 
@@ -44,14 +50,13 @@ class Worker:
     """One background thread that turns captures into spans."""
 
     def __init__(self, cfg: Config,
-                 build: Callable[[Config], pipeline.Pipeline] = pipeline.build,
+                 build: Callable[[Config], Pipeline] | None = None,
                  on_start: Callable[[Config], None] | None = None) -> None:
-        # The real pipeline (exporter imports, gRPC channel: up to hundreds of ms) is built on the
-        # worker thread, never on the calling thread of the first sampled call.
-        self.pipeline = pipeline.Pipeline(NoOpTracer(), None, owned=False)
         self._cfg = cfg
-        self._build = build
+        self._build = build  # None: export.pipeline.build, looked up on the worker thread
         self._on_start = on_start
+        # The pipeline and span builder: made on the worker thread (see the module docstring).
+        self.engine: Engine | None = None
         self.max_queue = cfg.queue_size
         self.queue: deque[Capture] = deque()
         # ids of dropped captures, for their children waiting in the builder; past the bound a
@@ -62,7 +67,6 @@ class Worker:
         self.processed = 0
         self.dropped_queue = 0
         self.worker_errors = 0
-        self.builder = SpanBuilder(emit.SdkEmitter(self.pipeline.tracer), cfg.max_spans_per_trace)
         self.resolver: Resolver[Capture] = Resolver(lambda cap: cap.timer)
         self.cuda = DeviceAccess()
         self.escalator = Escalator()  # slow calls, and the trigger file (docs/live.md)
@@ -73,11 +77,29 @@ class Worker:
         self._wake = threading.Event()
         self._hurry = threading.Event()
         self._sleeping = False
-        self.built = threading.Event()  # set once the pipeline build has finished (or failed)
-        # a call site's attributes, cleaned once (sites are weakly held: they live in user code)
-        self._sites: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
-        self.thread = threading.Thread(target=self._run, name="attnscope-worker", daemon=True)
-        self.thread.start()
+        self.built = threading.Event()  # set once the engine exists (its pipeline built or failed)
+        spare, state.spare_thread = state.spare_thread, None
+        if isinstance(spare, Spare) and spare.take(self._run):
+            self.thread = spare.thread  # started by configure(): nothing to start on this call
+        else:
+            self.thread = threading.Thread(target=self._run, name="attnscope-worker",
+                                           daemon=True)
+            self.thread.start()
+
+    @property
+    def pipeline(self) -> Pipeline:
+        """The pipeline the worker built (only once :attr:`built` is set)."""
+        return self._engine().pipeline
+
+    @property
+    def builder(self) -> SpanBuilder:
+        """The span builder (only once :attr:`built` is set)."""
+        return self._engine().builder
+
+    def _engine(self) -> Engine:
+        if self.engine is None:
+            raise RuntimeError("attnscope's worker has not built its pipeline yet")
+        return self.engine
 
     # -- calling thread --------------------------------------------------------------------------
     def submit(self, cap: Capture) -> bool:
@@ -111,17 +133,18 @@ class Worker:
 
     # -- worker thread ---------------------------------------------------------------------------
     def _run(self) -> None:
+        # thread.start() returned to the calling thread only once this thread ran; left to run,
+        # this thread would keep the GIL for the interpreter's switch interval (5 ms) of import
+        # work while the first sampled call waits to return. Hand it straight back.
+        time.sleep(_HAND_BACK_S)
         try:
-            with state.import_lock:  # building imports the SDK's exporters: no fork meanwhile
-                built = self._build(self._cfg)
-            self.builder = SpanBuilder(
-                emit.for_pipeline(built, pipeline.INSTRUMENTATION_NAME, __version__),
-                self._cfg.max_spans_per_trace, metrics.recorder(self._cfg, built))
-            self.pipeline = built
-        except Exception as exc:  # spans go nowhere, but captures are still drained and counted
-            _log.internal_error("pipeline", exc)
-            self.builder = SpanBuilder(emit.NowhereEmitter(self.pipeline.delivery),
-                                       self._cfg.max_spans_per_trace)
+            # importing the worker side and building the pipeline import modules: no fork meanwhile
+            with state.import_lock:
+                from .engine import Engine
+
+                self.engine = Engine(self._cfg, self._build)
+        except Exception as exc:  # the worker side cannot load: captures are counted as errors
+            _log.internal_error("worker", exc)
         finally:
             self.built.set()
         try:
@@ -136,7 +159,8 @@ class Worker:
         finally:  # stopped: captures still waiting on device timers get their spans, then counts
             for cap, _ in self.resolver.drain():
                 self._finish(cap, True)
-            self.builder.give_up()
+            if self.engine is not None:
+                self.engine.builder.give_up()
             _retire(self)
 
     def _idle(self) -> None:
@@ -148,7 +172,8 @@ class Worker:
         self._sleeping = True
         try:
             if not self.queue and not self.dropped_ids and not self._stop.is_set():
-                self._wake.wait(_STASH_CHECK_S if self.builder.pending() else None)
+                waiting = self.engine is not None and self.engine.builder.pending()
+                self._wake.wait(_STASH_CHECK_S if waiting else None)
         finally:
             self._sleeping = False
         # Woken by a capture: let a few more arrive before taking the GIL, so a program making
@@ -164,11 +189,15 @@ class Worker:
             trigger = self.control.poll(cfg.trigger_dir)
             if trigger is not None:
                 state.grants.set_trigger(*trigger)
+        engine = self.engine
         while self.dropped_ids:
-            self.builder.parent_dropped(self.dropped_ids.popleft())
+            notice = self.dropped_ids.popleft()
+            if engine is not None:
+                engine.builder.parent_dropped(notice)
         if self.notices_lost:
             self.notices_lost = False
-            self.builder.give_up()
+            if engine is not None:
+                engine.builder.give_up()
         yielded = time.perf_counter()
         while self.queue:
             cap = self.queue.popleft()
@@ -189,40 +218,19 @@ class Worker:
             for cap, timed_out in self.resolver.poll():
                 worked = True
                 self._finish(cap, timed_out)
-        self.builder.expire()
+        if engine is not None:
+            engine.builder.expire()
         with self._cond:
             self._cond.notify_all()
         return worked
 
     def _finish(self, cap: Capture, timed_out: bool) -> None:
         try:
-            if cap.timer is None:
-                found = derive.derive(cap.summary, cap.instance)
-            else:
-                with self.cuda.reading(cap.timer.device):
-                    found = derive.derive(cap.summary, cap.instance, device_reads=not timed_out)
-            if cap.timer is not None:
-                if not timed_out:
-                    found["device_ns"] = cap.timer.elapsed_ns()
-                cap.timer.release()
-            if cap.memory is not None:
-                found["memory.delta_bytes"] = cap.memory.delta_bytes
-                peak = cap.memory.peak_bytes
-                if peak is not None:
-                    found["memory.peak_bytes"] = peak
-            rss = derive.host_rss_bytes()
-            if rss is not None:
-                found["memory.host_rss_bytes"] = rss
-            children: list[Any] = []
-            if cap.profile is not None:
-                # the configuration in force now: profile_dir and max_kernel_spans apply at once
-                attrs, children = profile.finish(cap, state.config or self._cfg, found)
-                found.update(attrs)
-            # slow? arm the site; a granted call says why
-            cfg = state.config or self._cfg
-            self.escalator.observe(cap, found, cfg.slow_call_quantile,
-                                   cfg.profile_rate > 0 and cfg.profile_max_per_minute > 0)
-            self.builder.add(result_of(cap, found, children, self._site_attrs(cap.site)))
+            if self.engine is None:
+                if cap.timer is not None:
+                    cap.timer.release()
+                raise RuntimeError("attnscope's worker side could not be loaded")
+            self.engine.finish(cap, timed_out, self.cuda, self.escalator)
         except Exception as exc:
             self.worker_errors += 1
             _log.internal_error("worker", exc)
@@ -230,18 +238,13 @@ class Worker:
             give_bytes(cap.kept_bytes)  # its tensors are let go with it
             self.processed += 1
 
-    def _site_attrs(self, site: Any) -> dict[str, Any]:
-        found = self._sites.get(site)
-        if found is None:
-            found = self._sites[site] = site_attributes(site.attributes)
-        return found
-
     def drop_counts(self) -> dict[str, int]:
         """Spans lost so far, by reason (read by the metrics callbacks)."""
-        delivery = self.pipeline.delivery
+        engine = self.engine
+        delivery = engine.pipeline.delivery if engine is not None else state.delivery
         return {
             "queue_full": self.dropped_queue,
-            "trace_cap": self.builder.stats.dropped_trace_cap,
+            "trace_cap": engine.builder.stats.dropped_trace_cap if engine is not None else 0,
             "export_failed": delivery.export_failed,
             "export_queue_full": delivery.export_queue_full + delivery.no_pipeline,
         }
@@ -249,16 +252,21 @@ class Worker:
     def counts(self) -> dict[str, int]:
         """This worker's counters of :func:`attnscope.stats` (the export counts are the
         process's: ``state.delivery``)."""
-        b = self.builder.stats
+        engine = self.engine
         with self._submit_lock:  # the two a submit changes together, read together
             captured, dropped = self.submitted, self.dropped_queue
+        emitted = trace_cap = orphaned = building = 0
+        if engine is not None:
+            b = engine.builder.stats
+            emitted, trace_cap, orphaned = b.emitted, b.dropped_trace_cap, b.orphaned
+            building = engine.builder.pending()
         return {
             "captured": captured,
-            "emitted": b.emitted,
+            "emitted": emitted,
             "dropped_queue_full": dropped,
-            "dropped_trace_cap": b.dropped_trace_cap,
-            "orphaned": b.orphaned,
-            "pending": len(self.queue) + len(self.resolver) + self.builder.pending(),
+            "dropped_trace_cap": trace_cap,
+            "orphaned": orphaned,
+            "pending": len(self.queue) + len(self.resolver) + building,
             "worker_errors": self.worker_errors,
         }
 
@@ -316,16 +324,20 @@ def flush(timeout_s: float = 5.0) -> bool:
     worker: Worker | None = state.worker
     if worker is None:
         return ok
-    lost_before = worker.pipeline.delivery.lost
+    delivery = worker.pipeline.delivery if worker.engine is not None else state.delivery
+    lost_before = delivery.lost
     ok = worker.wait_idle(deadline) and ok
+    engine = worker.engine  # built once the worker has processed anything
+    if engine is None:
+        return False  # still importing the worker side when the time ran out
     remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
     try:
-        ok = worker.pipeline.force_flush(remaining_ms) and ok
+        ok = engine.pipeline.force_flush(remaining_ms) and ok
     except Exception as exc:
         _log.internal_error("flush", exc)
         ok = False
     # spans failed or dropped while this flush ran: what it flushed did not all arrive
-    return ok and worker.pipeline.delivery.lost == lost_before
+    return ok and delivery.lost == lost_before
 
 
 def shutdown(timeout_s: float = 5.0, export_s: float | None = None) -> bool:
@@ -342,18 +354,22 @@ def shutdown(timeout_s: float = 5.0, export_s: float | None = None) -> bool:
             state.retiring.append(worker)  # counted in stats() until its thread has ended
     if worker is None:
         return True
-    lost_before = worker.pipeline.delivery.lost
+    delivery = worker.pipeline.delivery if worker.engine is not None else state.delivery
+    lost_before = delivery.lost
     ok = worker.stop(deadline)
+    engine = worker.engine
+    if engine is None:  # still importing when the time ran out: it stops once it has built
+        return False
     if export_s is not None:
         deadline = min(deadline, time.monotonic() + export_s)
     try:
         remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
-        ok = worker.pipeline.force_flush(remaining_ms) and ok
-        _shutdown_pipeline(worker.pipeline, deadline)
+        ok = engine.pipeline.force_flush(remaining_ms) and ok
+        _shutdown_pipeline(engine.pipeline, deadline)
     except Exception as exc:
         _log.internal_error("shutdown", exc)
         ok = False
-    return ok and worker.pipeline.delivery.lost == lost_before
+    return ok and delivery.lost == lost_before
 
 
 def _retire(worker: Worker) -> None:
@@ -367,7 +383,7 @@ def _retire(worker: Worker) -> None:
                 state.retired_counts[key] = state.retired_counts.get(key, 0) + value
 
 
-def _shutdown_pipeline(built: pipeline.Pipeline, deadline: float) -> None:
+def _shutdown_pipeline(built: Pipeline, deadline: float) -> None:
     """Provider shutdown can block on a hanging exporter: give it a thread and the remaining time."""
     t = threading.Thread(target=built.shutdown, name="attnscope-shutdown", daemon=True)
     t.start()

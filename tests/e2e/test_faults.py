@@ -34,7 +34,7 @@ attention_traced = attnscope.trace(name="attention")(attention_plain)
 
 def _bsp_queue_len() -> int | None:
     worker = state.worker
-    if worker is None:
+    if worker is None or worker.engine is None:  # no pipeline yet: its thread still builds it
         return None
     processors = getattr(getattr(worker.pipeline.provider, "_active_span_processor", None),
                          "_span_processors", ())
@@ -77,7 +77,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, exporter: str, endpoint: str,
         max_pending = max(max_pending, stats.get("pending", 0))
         max_bsp = max(max_bsp, _bsp_queue_len() or 0)
     worker = state.worker
-    assert worker is not None
+    assert worker is not None and worker.built.wait(30)
     delivery = worker.pipeline.delivery
 
     t0 = time.monotonic()

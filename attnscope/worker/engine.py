@@ -1,0 +1,87 @@
+"""What the worker thread does with a capture, and the pipeline its spans leave through.
+
+This is the heavy half of the worker side: importing it brings in the OpenTelemetry SDK, the
+exporters (gRPC among them) and the profile parser, and building the pipeline can open a channel
+(together 100 ms and more). Only the worker's own thread imports it (:mod:`.loop` does, in the
+thread), so no calling thread ever pays for it, not even the first sampled call's.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.trace import NoOpTracer
+
+from .. import _log
+from .._config import Config
+from .._state import state
+from .._version import __version__
+from ..capture.record import Capture
+from ..export import metrics, pipeline
+from . import derive, emit, profile
+from .spans import SpanBuilder, result_of, site_attributes
+
+if TYPE_CHECKING:
+    from .cuda import DeviceAccess
+    from .latency import Escalator
+
+__all__ = ["Engine"]
+
+
+class Engine:
+    """The pipeline the worker built and the span builder over it; turns captures into spans."""
+
+    def __init__(self, cfg: Config,
+                 build: Callable[[Config], pipeline.Pipeline] | None = None) -> None:
+        self._cfg = cfg
+        # a call site's attributes, cleaned once (sites are weakly held: they live in user code)
+        self._sites: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+        try:
+            built = (build or pipeline.build)(cfg)
+            self.builder = SpanBuilder(
+                emit.for_pipeline(built, pipeline.INSTRUMENTATION_NAME, __version__),
+                cfg.max_spans_per_trace, metrics.recorder(cfg, built))
+            self.pipeline = built
+        except Exception as exc:  # spans go nowhere, but captures are still drained and counted
+            _log.internal_error("pipeline", exc)
+            self.pipeline = pipeline.Pipeline(NoOpTracer(), None, owned=False)
+            self.builder = SpanBuilder(emit.NowhereEmitter(self.pipeline.delivery),
+                                       cfg.max_spans_per_trace)
+
+    def finish(self, cap: Capture, timed_out: bool, cuda: DeviceAccess,
+               escalator: Escalator) -> None:
+        """Derive what the capture says, parse its profile and hand its span to the builder."""
+        if cap.timer is None:
+            found = derive.derive(cap.summary, cap.instance)
+        else:
+            with cuda.reading(cap.timer.device):
+                found = derive.derive(cap.summary, cap.instance, device_reads=not timed_out)
+        if cap.timer is not None:
+            if not timed_out:
+                found["device_ns"] = cap.timer.elapsed_ns()
+            cap.timer.release()
+        if cap.memory is not None:
+            found["memory.delta_bytes"] = cap.memory.delta_bytes
+            peak = cap.memory.peak_bytes
+            if peak is not None:
+                found["memory.peak_bytes"] = peak
+        rss = derive.host_rss_bytes()
+        if rss is not None:
+            found["memory.host_rss_bytes"] = rss
+        children: list[Any] = []
+        cfg = state.config or self._cfg  # in force now: profile_dir and max_kernel_spans at once
+        if cap.profile is not None:
+            attrs, children = profile.finish(cap, cfg, found)
+            found.update(attrs)
+        # slow? arm the site; a granted call says why
+        escalator.observe(cap, found, cfg.slow_call_quantile,
+                          cfg.profile_rate > 0 and cfg.profile_max_per_minute > 0)
+        self.builder.add(result_of(cap, found, children, self._site_attrs(cap.site)))
+
+    def _site_attrs(self, site: Any) -> dict[str, Any]:
+        found = self._sites.get(site)
+        if found is None:
+            found = self._sites[site] = site_attributes(site.attributes)
+        return found

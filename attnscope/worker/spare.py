@@ -1,0 +1,59 @@
+"""A worker thread started ahead of the worker, at set-up time (``configure()``).
+
+It imports the worker side (:mod:`.engine`: the SDK, the exporters, the profile parser) while the
+program sets itself up, then waits to run the first worker the process starts: that worker's
+first sampled call neither imports nor starts a thread. Light, like :mod:`.loop`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from .. import _log
+from .._state import state
+
+__all__ = ["Spare", "preload"]
+
+_SPARE_POLL_S = 0.1
+
+
+class Spare:
+    """A thread named like the worker's that imports the worker side, then runs the job given."""
+
+    def __init__(self) -> None:
+        self._job: Callable[[], None] | None = None
+        self._lock = threading.Lock()
+        self._never = threading.Event()  # only waited on, with a timeout: the poll's clock
+        self.thread = threading.Thread(target=self._run, name="attnscope-worker", daemon=True)
+        self.thread.start()
+
+    def take(self, job: Callable[[], None]) -> bool:
+        """Give this thread ``job`` (a worker's loop); False if it is not there to run it."""
+        with self._lock:
+            if self._job is not None or not self.thread.is_alive():
+                return False
+            self._job = job
+        return True
+
+    def _run(self) -> None:
+        try:
+            with state.import_lock:  # no fork while a module is half imported
+                from . import engine  # noqa: F401
+        except Exception as exc:  # the worker imports again when it runs, and says why
+            _log.internal_error("preload", exc)
+        # Polled, not woken: waking a waiting thread cost the first sampled call 0.2 ms here
+        # (a futex hand-over under load); a worker that starts up to 0.1 s later costs nothing.
+        while self._job is None:
+            self._never.wait(_SPARE_POLL_S)
+        self._job()
+
+
+def preload() -> None:
+    """``configure()``: start the spare worker thread (once, while no worker runs); never raises."""
+    try:
+        with state.worker_lock:
+            if state.spare_thread is None and state.worker is None:
+                state.spare_thread = Spare()
+    except Exception as exc:  # no thread now: the first sampled call starts one
+        _log.internal_error("preload", exc)
