@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
+
+# A shell without job control starts a background command (`pytest &`, a CI step run under
+# `nohup`) with SIGINT ignored, and children inherit that: Python then installs no
+# KeyboardInterrupt handler, and the tests that send a child Ctrl-C wait for one in vain. A
+# handler of ours is reset to the default in every child, so children get the usual Ctrl-C.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Tests never send to a collector unless they configure one themselves.
 os.environ.setdefault("ATTNSCOPE_EXPORTER", "none")
