@@ -159,6 +159,7 @@ class _Instruments:
         # counter's add() costs the worker as much per span as the histogram record does.
         # Written by the worker thread only; the reader's callback takes a snapshot.
         self._token_totals: dict[tuple[tuple[str, str], ...], float] = {}
+        self._labels: dict[tuple[Any, ...], _Labels] = {}  # see _labels_of
         meter.create_observable_counter(
             "attnscope.attention.tokens", callbacks=[self._observe_tokens], unit="{token}",
             description="Tokens processed by attention calls (sampled calls / sample rate)",
@@ -203,13 +204,7 @@ class _Instruments:
             if span_context is not None and self._with_context and span_context.trace_flags.sampled:
                 ctx = otel_trace.set_span_in_context(NonRecordingSpan(span_context), _EMPTY)
             attrs: dict[str, Any] = result.attrs
-            labels: dict[str, str] = {}
-            for key in _LABELS:
-                value = attrs.get(key)
-                if isinstance(value, str) and value:
-                    labels[key] = value
-            if P + "module_class" not in labels and getattr(result, "name", None):
-                labels[P + "module_class"] = str(result.name)[:128]
+            labels, series = self._labels_of(attrs, getattr(result, "name", None))
             device_ns = attrs.get(P + "device_ns")
             wall_ns = attrs.get(P + "wall_ns")
             ns = device_ns if _positive_int(device_ns) else wall_ns
@@ -222,7 +217,6 @@ class _Instruments:
             if _count(tokens) and tokens > 0:
                 rate = attrs.get(P + "sample_rate")
                 weight = 1.0 / rate if isinstance(rate, float) and 0.0 < rate <= 1.0 else 1.0
-                series = tuple(sorted(labels.items()))
                 totals = self._token_totals
                 if series in totals or len(totals) < _MAX_TOKEN_SERIES:
                     totals[series] = totals.get(series, 0.0) + tokens * weight
@@ -234,6 +228,40 @@ class _Instruments:
                     self.memory_peak.record(peak, labels, context=ctx)
         except Exception as exc:
             _log.internal_error("metrics", exc)
+
+    def _labels_of(self, attrs: dict[str, Any], name: Any) -> _Labels:
+        """A span's labels and their token series, kept per combination of the values they are
+        read from (bounded; the dicts are the instruments' to read, never changed)."""
+        get = attrs.get
+        key = (get(_LABELS[0]), get(_LABELS[1]), get(_LABELS[2]), get(_LABELS[3]), name)
+        kept = self._labels
+        try:
+            found = kept.get(key)
+        except TypeError:  # an unhashable value (a list: never a label), read each time
+            return _labels(attrs, name)
+        if found is None:
+            found = kept[key] = _labels(attrs, name)
+            if len(kept) > _MAX_LABEL_SETS:
+                try:  # a retiring worker may record on the same instruments for a moment
+                    kept.pop(next(iter(kept)), None)
+                except (RuntimeError, StopIteration):
+                    pass
+        return found
+
+
+_Labels = tuple[dict[str, str], tuple[tuple[str, str], ...]]
+_MAX_LABEL_SETS = 256
+
+
+def _labels(attrs: dict[str, Any], name: Any) -> _Labels:
+    labels: dict[str, str] = {}
+    for key in _LABELS:
+        value = attrs.get(key)
+        if isinstance(value, str) and value:
+            labels[key] = value
+    if P + "module_class" not in labels and name:
+        labels[P + "module_class"] = str(name)[:128]
+    return labels, tuple(sorted(labels.items()))
 
 
 _EMPTY = Context()

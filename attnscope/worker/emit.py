@@ -25,6 +25,7 @@ from typing import Any
 from opentelemetry import trace as otel_trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.sampling import Decision, ParentBased, StaticSampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
     Link,
@@ -45,6 +46,8 @@ MAX_STRING = 256  # attribute string values and status descriptions
 _INTERNAL = SpanKind.INTERNAL
 _EMPTY = Context()
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_DEFAULT = TraceFlags(TraceFlags.DEFAULT)
+_UNSET = Status(StatusCode.UNSET)  # immutable: one for every span without an error
 
 
 def error_status(err: ErrorInfo) -> Status:
@@ -153,6 +156,8 @@ class DirectEmitter(Emitter):
         self.resource = provider.resource
         self.processor = processor
         self.scope = InstrumentationScope(scope_name, version)
+        # the SDK's own fixed-decision samplers, decided here once (else asked per span)
+        self._fixed = _fixed_decisions(self.sampler)
 
     def emit(self, name: str, parent: SpanContext | None, attrs: dict[str, Any], start_ns: int,
              end_ns: int, links: Sequence[Link] | None = None,
@@ -160,15 +165,21 @@ class DirectEmitter(Emitter):
         name = span_name(name)
         trace_id = parent.trace_id if parent is not None else self.ids.generate_trace_id()
         links = links or ()
-        result = self.sampler.should_sample(_parent_context(parent), trace_id, name, _INTERNAL,
-                                            attrs, links)
-        flags = TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT
+        fixed = self._fixed
+        if fixed is not None:
+            sampled, recording, trace_state = _decide(fixed, parent)
+        else:
+            result = self.sampler.should_sample(_parent_context(parent), trace_id, name,
+                                                _INTERNAL, attrs, links)
+            sampled = result.decision.is_sampled()
+            recording = result.decision.is_recording()
+            trace_state = result.trace_state
+            if recording and result.attributes and result.attributes is not attrs:
+                attrs = {**attrs, **result.attributes}
         sc = SpanContext(trace_id, self.ids.generate_span_id(), is_remote=False,
-                         trace_flags=TraceFlags(flags), trace_state=result.trace_state)
-        if not result.decision.is_recording():
+                         trace_flags=_SAMPLED if sampled else _DEFAULT, trace_state=trace_state)
+        if not recording:
             return sc
-        if result.attributes and result.attributes is not attrs:
-            attrs = {**attrs, **result.attributes}
         self._end(sc, name, parent, attrs, start_ns, end_ns, links, error)
         return sc
 
@@ -176,7 +187,7 @@ class DirectEmitter(Emitter):
              start_ns: int, end_ns: int, links: Sequence[Link] = (),
              error: ErrorInfo | None = None) -> None:
         events: tuple[Event, ...] = ()
-        status = Status(StatusCode.UNSET)
+        status = _UNSET
         if error is not None:
             events = (_exception_event(error, end_ns),)
             status = error_status(error)
@@ -216,6 +227,42 @@ def _exception_attributes(err: ErrorInfo) -> dict[str, str]:
 
 def _exception_event(err: ErrorInfo, timestamp: int) -> Event:
     return Event("exception", _exception_attributes(err), timestamp=timestamp)
+
+
+# (root, remote parent sampled, remote parent not sampled, local parent sampled, local not sampled)
+_Fixed = tuple[tuple[bool, bool], ...]
+
+
+def _fixed_decisions(sampler: Any) -> _Fixed | None:
+    """(sampled, recording) per kind of parent when ``sampler`` is exactly one of the SDK's
+    samplers whose decision is fixed (``ALWAYS_ON``/``ALWAYS_OFF``, the default
+    ``ParentBased`` over them): the same result ``should_sample`` returns, without asking it per
+    span. Anything else (a ratio, a subclass, the application's own): None, asked per span."""
+
+    def fixed(s: Any) -> tuple[bool, bool] | None:
+        decision = getattr(s, "_decision", None) if type(s) is StaticSampler else None
+        if not isinstance(decision, Decision):  # set once, in its constructor
+            return None
+        return decision is Decision.RECORD_AND_SAMPLE, decision is not Decision.DROP
+
+    if type(sampler) is StaticSampler:
+        one = fixed(sampler)
+        return (one,) * 5 if one is not None else None
+    if type(sampler) is not ParentBased:
+        return None
+    found = [fixed(getattr(sampler, attr, None)) for attr in (
+        "_root", "_remote_parent_sampled", "_remote_parent_not_sampled",
+        "_local_parent_sampled", "_local_parent_not_sampled")]
+    return tuple(f for f in found if f is not None) if None not in found else None
+
+
+def _decide(fixed: _Fixed, parent: SpanContext | None) -> tuple[bool, bool, Any]:
+    """``ParentBased.should_sample`` over fixed samplers: the delegate by the parent's remote and
+    sampled flags; a fixed sampler passes on a valid parent's trace state."""
+    if parent is None or not parent.is_valid:
+        return (*fixed[0], None)
+    index = (1 if parent.is_remote else 3) + (0 if parent.trace_flags.sampled else 1)
+    return (*fixed[index], parent.trace_state)
 
 
 def for_pipeline(pipeline: Any, scope_name: str, version: str) -> Emitter:

@@ -21,7 +21,8 @@ from .._version import __version__
 from ..capture.record import Capture
 from ..export import metrics, pipeline
 from . import derive, emit, profile
-from .spans import SpanBuilder, result_of, site_attributes
+from .shapecache import ShapeCache, summary_key
+from .spans import SpanBuilder, derived_attributes, result_of, site_attributes
 
 if TYPE_CHECKING:
     from .cuda import DeviceAccess
@@ -38,6 +39,7 @@ class Engine:
         self._cfg = cfg
         # a call site's attributes, cleaned once (sites are weakly held: they live in user code)
         self._sites: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+        self._shapes = ShapeCache()  # derive's attributes per summary of plain values (bounded)
         try:
             built = (build or pipeline.build)(cfg)
             self.builder = SpanBuilder(
@@ -53,11 +55,17 @@ class Engine:
     def finish(self, cap: Capture, timed_out: bool, cuda: DeviceAccess,
                escalator: Escalator) -> None:
         """Derive what the capture says, parse its profile and hand its span to the builder."""
-        if cap.timer is None:
-            found = derive.derive(cap.summary, cap.instance)
+        # derive's attributes for a summary of plain values, kept (.shapecache); else per call
+        key = summary_key(cap.summary, cap.instance) if cap.profile is None else None
+        shared = self._shapes.get(key) if key is not None else None
+        if shared is not None:
+            found: dict[str, Any] = {}
         else:
-            with cuda.reading(cap.timer.device):
-                found = derive.derive(cap.summary, cap.instance, device_reads=not timed_out)
+            found = self._derive(cap, timed_out, cuda)
+            if key is not None:
+                shared = (found, derived_attributes(found))
+                self._shapes.put(key, shared)
+                found = {}  # the kept dict is shared by every span of this summary: not written
         if cap.timer is not None:
             if not timed_out:
                 found["device_ns"] = cap.timer.elapsed_ns()
@@ -78,7 +86,14 @@ class Engine:
         # slow? arm the site; a granted call says why
         escalator.observe(cap, found, cfg.slow_call_quantile,
                           cfg.profile_rate > 0 and cfg.profile_max_per_minute > 0)
-        self.builder.add(result_of(cap, found, children, self._site_attrs(cap.site)))
+        self.builder.add(result_of(cap, found, children, self._site_attrs(cap.site), shared))
+
+    @staticmethod
+    def _derive(cap: Capture, timed_out: bool, cuda: DeviceAccess) -> dict[str, Any]:
+        if cap.timer is None:
+            return derive.derive(cap.summary, cap.instance)
+        with cuda.reading(cap.timer.device):
+            return derive.derive(cap.summary, cap.instance, device_reads=not timed_out)
 
     def _site_attrs(self, site: Any) -> dict[str, Any]:
         found = self._sites.get(site)

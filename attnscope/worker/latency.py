@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from math import log
 from typing import Any
 
 from .. import _buckets
@@ -55,7 +56,7 @@ class Histogram:
     def _index(ns: int) -> int:
         if ns <= _MIN_NS:
             return 0
-        return min(_BUCKETS - 1, int(math.log(ns / _MIN_NS) / _LOG_STEP))
+        return min(_BUCKETS - 1, int(log(ns / _MIN_NS) / _LOG_STEP))
 
     def add(self, ns: int) -> None:
         self.counts[self._index(ns)] += 1.0
@@ -84,6 +85,8 @@ class Escalator:
     def __init__(self) -> None:
         self._sites: weakref.WeakKeyDictionary[Any, dict[str, Histogram]] = (
             weakref.WeakKeyDictionary())
+        # the last site's estimates: calls come in runs from one site (no strong reference)
+        self._last: tuple[weakref.ref[Any], dict[str, Histogram]] | None = None
 
     def observe(self, cap: Capture, found: dict[str, Any], quantile: float,
                 escalate: bool = True) -> None:
@@ -97,9 +100,7 @@ class Escalator:
             return
         device_ns = found.get("device_ns")
         ns = device_ns if isinstance(device_ns, int) and device_ns > 0 else cap.wall_ns
-        phases = self._sites.get(cap.site)
-        if phases is None:
-            phases = self._sites[cap.site] = {}
+        phases = self._phases(cap.site)
         key = _buckets.phase(cap.summary)
         hist = phases.get(key)
         if hist is None:
@@ -113,3 +114,13 @@ class Escalator:
                 state.grants.arm(cap.site, _buckets.bucket(cap.summary), cap.capture_id,
                                  quantile)
         hist.add(ns)
+
+    def _phases(self, site: Any) -> dict[str, Histogram]:
+        last = self._last
+        if last is not None and site is not None and last[0]() is site:
+            return last[1]
+        phases = self._sites.get(site)
+        if phases is None:
+            phases = self._sites[site] = {}
+        self._last = (weakref.ref(site), phases)
+        return phases

@@ -10,10 +10,10 @@ tensors and handles the calling thread recorded are let go as soon as the worker
 from __future__ import annotations
 
 import functools
-import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from math import floor, isfinite, log10
 from typing import Any
 
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, Link, SpanContext
@@ -23,8 +23,8 @@ from .emit import MAX_STRING, Emitter, span_name
 from .optree import ChildSpan, hand_down
 from .steps import StepTraces, configured_run_id
 
-__all__ = ["SpanBuilder", "Result", "result_of", "capture_attributes", "site_attributes",
-           "BuildStats"]
+__all__ = ["SpanBuilder", "Result", "result_of", "capture_attributes", "derived_attributes",
+           "site_attributes", "BuildStats"]
 
 P = "attnscope."
 # Built span contexts kept so late children (other threads) still find their parent.
@@ -44,45 +44,73 @@ def _name(key: str) -> str:
 
 
 _PLAIN = frozenset((int, float, bool))
+# attribute names read or written per span, built once
+_TIER, _SAMPLE_RATE, _WALL_NS = P + "tier", P + "sample_rate", P + "wall_ns"
+_FLOPS, _TFLOPS, _TOKENS, _TOKENS_PER_S = (P + "flops", P + "tflops", P + "tokens",
+                                           P + "tokens_per_s")
 
 
 def capture_attributes(cap: Capture, derived: dict[str, Any],
-                       site_attrs: dict[str, Any] | None = None) -> dict[str, Any]:
+                       site_attrs: dict[str, Any] | None = None,
+                       shared: tuple[dict[str, Any], dict[str, Any]] | None = None,
+                       ) -> dict[str, Any]:
     """The span attributes of one capture (derived: what the worker found, unprefixed).
 
     ``site_attrs``: :func:`site_attributes` of the capture's site, when the caller keeps them.
+    ``shared``: what derive found for the call's summary, kept by the worker (:mod:`.shapecache`),
+    and its :func:`derived_attributes`; ``derived`` then holds only what this one call adds. The
+    attributes, and their order, are those of both dicts merged and given as ``derived``.
     """
     attrs = dict(site_attrs if site_attrs is not None else site_attributes(cap.site.attributes))
-    attrs[P + "tier"] = TIER_NAMES.get(cap.tier, "timing")
-    attrs[P + "sample_rate"] = float(cap.sample_rate)
-    for key, value in derived.items():
-        if value is not None:
-            if type(value) is float:
-                value = _sig4(value)
-            attrs[_name(key)] = value if type(value) in _PLAIN else _clean(value)
+    attrs[_TIER] = TIER_NAMES.get(cap.tier, "timing")
+    attrs[_SAMPLE_RATE] = float(cap.sample_rate)
+    if shared is None:
+        _add_derived(attrs, derived)
+    elif shared[0].keys().isdisjoint(derived):
+        attrs.update(shared[1])
+        _add_derived(attrs, derived)
+    else:  # the call sets a name derive found: merged first, as one dict would have it
+        _add_derived(attrs, {**shared[0], **derived})
     if cap.extra:  # span() attributes, already under their final names
         for key, value in cap.extra.items():
             if value is not None:
                 attrs[key] = _clean(value)
     wall = cap.wall_ns
-    attrs[P + "wall_ns"] = wall
+    attrs[_WALL_NS] = wall
     device_ns = derived.get("device_ns")
+    if shared is not None and "device_ns" not in derived:
+        device_ns = shared[0].get("device_ns")
     busy = device_ns if isinstance(device_ns, int) and device_ns > 0 else wall
-    flops = attrs.get(P + "flops")
+    flops = attrs.get(_FLOPS)
     if isinstance(flops, int) and busy > 0:
-        attrs[P + "tflops"] = _sig4(flops / busy / 1e3)  # FLOP/ns = 1e9 FLOP/s; TFLOP/s = /1e3
-    tokens = attrs.get(P + "tokens")
+        attrs[_TFLOPS] = _sig4(flops / busy / 1e3)  # FLOP/ns = 1e9 FLOP/s; TFLOP/s = /1e3
+    tokens = attrs.get(_TOKENS)
     if isinstance(tokens, int) and busy > 0:
-        attrs[P + "tokens_per_s"] = _sig4(tokens * 1e9 / busy)
+        attrs[_TOKENS_PER_S] = _sig4(tokens * 1e9 / busy)
     return attrs
+
+
+def derived_attributes(derived: dict[str, Any]) -> dict[str, Any]:
+    """What derive found, under attribute names, with the values a span carries."""
+    attrs: dict[str, Any] = {}
+    _add_derived(attrs, derived)
+    return attrs
+
+
+def _add_derived(attrs: dict[str, Any], derived: dict[str, Any]) -> None:
+    for key, value in derived.items():
+        if value is not None:
+            if type(value) is float:
+                value = _sig4(value)
+            attrs[_name(key)] = value if type(value) in _PLAIN else _clean(value)
 
 
 def _sig4(x: float) -> float:
     """``x`` to 4 significant digits: what a measured rate means (not 17 digits of noise).
     The same value as ``float(f"{x:.4g}")``, in half the time (it runs twice per span)."""
-    if not x or not math.isfinite(x):
+    if not x or not isfinite(x):
         return x
-    return round(x, 3 - math.floor(math.log10(abs(x))))
+    return round(x, 3 - floor(log10(abs(x))))
 
 
 def _clean(value: Any) -> Any:
@@ -136,8 +164,9 @@ class Result:
 
 
 def result_of(cap: Capture, derived: dict[str, Any], children: list[ChildSpan],
-              site_attrs: dict[str, Any] | None = None) -> Result:
-    return Result(cap, capture_attributes(cap, derived, site_attrs), children)
+              site_attrs: dict[str, Any] | None = None,
+              shared: tuple[dict[str, Any], dict[str, Any]] | None = None) -> Result:
+    return Result(cap, capture_attributes(cap, derived, site_attrs, shared), children)
 
 
 _CUT = "cut"  # the capture's span was not emitted (per-trace cap): its subtree is cut too
@@ -227,7 +256,7 @@ class SpanBuilder:
             sc = INVALID_SPAN_CONTEXT
         elif target is None:
             self._over_cap(sc.trace_id)  # a new trace: count its root
-        if sc.is_valid and sc.trace_flags.sampled and item.children:
+        if item.children and sc.is_valid and sc.trace_flags.sampled:
             self._children(item, sc)
         self.stats.emitted += 1
         if self._on_span is not None:
