@@ -405,11 +405,13 @@ def test_instrumenting_a_compiled_module_instruments_the_module_it_wraps() -> No
     compiled = torch.compile(model, backend="eager")
     assert attnscope.instrument(compiled) is compiled
     assert instrumented_modules(model) == ["layers.0.self_attn"]
+    # the compiled wrapper names them as the spans do, not "_orig_mod.layers.0.self_attn"
+    assert instrumented_modules(compiled) == ["layers.0.self_attn"]
     with capture_spans() as spans:
         model(torch.randn(1, 3, 16))
     assert [s.name for s in spans] == ["layers.0.self_attn"]
     attnscope.uninstrument(compiled)
-    assert instrumented_modules(model) == []
+    assert instrumented_modules(model) == instrumented_modules(compiled) == []
 
 
 def test_compile_in_a_fresh_process_where_dynamo_loads_after_instrument() -> None:

@@ -395,5 +395,6 @@ def uninstrument(model: M) -> M:
 
 
 def instrumented_modules(model: torch.nn.Module) -> list[str]:
-    """Paths of the modules of ``model`` that currently carry an attnscope wrapper."""
-    return [path for path, module in model.named_modules() if is_instrumented(module)]
+    """Paths of the modules that carry an attnscope wrapper (compiled: as spans name them)."""
+    root = _unwrap_compiled(model)
+    return [path for path, module in root.named_modules() if is_instrumented(module)]
