@@ -106,6 +106,20 @@ def inject(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable
 JAEGER_FAULTS = ["full disk", "read-only", "symlink"]
 
 
+def _rest_then_flush_and_shutdown(figures: Figures) -> tuple[bool, dict[str, int], bool,
+                                                               dict[str, int]]:
+    """The calls after the fault, then flush() and shutdown(): what each returned, the counts."""
+    for i in range(CALLS - BEFORE):
+        step(i)
+    flushed = attnscope.flush(timeout_s=30)
+    at_flush = _counts()
+    shut = attnscope.shutdown(timeout_s=30)
+    after = _counts()
+    figures.lost = (f"{after['export_failed']} export_failed of {after['emitted']} emitted; "
+                    f"{after['exported']} exported")
+    return flushed, at_flush, shut, after
+
+
 @pytest.mark.parametrize("fault", JAEGER_FAULTS)
 def test_jaeger_counts_only_what_reaches_the_file(fault: str, tmp_path: Path, figures: Figures,
                                                   inject: Callable[[str], None]) -> None:
@@ -124,14 +138,7 @@ def test_jaeger_counts_only_what_reaches_the_file(fault: str, tmp_path: Path, fi
         path.unlink()
         path.symlink_to(target)
     inject(fault)
-    for i in range(CALLS - BEFORE):
-        step(i)
-    flushed = attnscope.flush(timeout_s=30)
-    at_flush = _counts()
-    shut = attnscope.shutdown(timeout_s=30)
-    after = _counts()
-    figures.lost = (f"{after['export_failed']} export_failed of {after['emitted']} emitted; "
-                    f"{after['exported']} exported")
+    flushed, at_flush, shut, after = _rest_then_flush_and_shutdown(figures)
     figures.add(flush_returned=flushed, in_flight_at_flush=at_flush["export_in_flight"],
                 exported_at_flush=at_flush["exported"], shutdown_returned=shut)
 
@@ -159,14 +166,7 @@ def test_directory_removed_mid_run(kind: str, tmp_path: Path, figures: Figures) 
         step(i)
     assert attnscope.flush(timeout_s=30) is True
     shutil.rmtree(directory)
-    for i in range(CALLS - BEFORE):
-        step(i)
-    flushed = attnscope.flush(timeout_s=30)
-    at_flush = _counts()
-    shut = attnscope.shutdown(timeout_s=30)
-    after = _counts()
-    figures.lost = (f"{after['export_failed']} export_failed of {after['emitted']} emitted; "
-                    f"{after['exported']} exported")
+    flushed, at_flush, shut, after = _rest_then_flush_and_shutdown(figures)
     figures.add(flush_returned=flushed, exported_at_flush=at_flush["exported"],
                 failed_at_flush=at_flush["export_failed"],
                 in_flight_at_flush=at_flush["export_in_flight"], shutdown_returned=shut)
