@@ -119,7 +119,8 @@ _SCRIPT = textwrap.dedent(
     stats = attnscope.stats()
     print(json.dumps({"parent_calls": sum(parent_calls), "child_calls": child_calls,
                       "flushed": ok, "stats": {k: stats[k] for k in (
-                          "captured", "emitted", "dropped_queue_full", "pending")}}))
+                          "captured", "emitted", "dropped_queue_full", "pending", "exported",
+                          "export_failed", "export_dropped", "export_in_flight")}}))
     """
 )
 
@@ -138,7 +139,10 @@ def test_fork_under_traffic(start: str, tmp_path: Path, figures: Figures) -> Non
     out.mkdir()
     proc = subprocess.run([sys.executable, str(script), str(out), str(ROUNDS), str(POOL_TASKS),
                            str(PER_TASK), str(ITEMS), start], capture_output=True, text=True,
-                          timeout=sized(ci=150, full=900), env=clean_env())
+                          timeout=sized(ci=150, full=900),
+                          # the traffic outpaces the file writer; this test is about forks, so
+                          # the batch queue holds it all (a full one drops, counted: export_dropped)
+                          env=clean_env(OTEL_BSP_MAX_QUEUE_SIZE="1000000"))
     hung = "TimeoutError" in proc.stderr
     figures.add(child_hung=hung)
     assert not hung, ("a forked child hung (no answer in 20 s); stderr:\n" + proc.stderr[-1500:])
@@ -157,12 +161,13 @@ def test_fork_under_traffic(start: str, tmp_path: Path, figures: Figures) -> Non
     figures.lost = (f"{report['parent_calls'] - len(parent)} parent, "
                     f"{report['child_calls'] - len(child_spans)} child spans")
 
-    assert report["flushed"] is True
+    assert report["flushed"] is True, json.dumps(report["stats"])
     assert {s["name"] for s in parent} == {"parent-work"}
     assert all(s["name"] == "child-work" for s in child_spans), \
         Counter(s["name"] for s in child_spans)
     assert duplicated == 0
     stats = report["stats"]
     assert stats["dropped_queue_full"] == 0 and stats["pending"] == 0
-    assert len(parent) == stats["emitted"] == stats["captured"] == report["parent_calls"]
+    assert len(parent) == stats["emitted"] == stats["captured"] == report["parent_calls"], \
+        json.dumps(stats)
     assert len(child_spans) == report["child_calls"]
