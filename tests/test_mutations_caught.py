@@ -203,6 +203,49 @@ def test_children_of_a_parent_dropped_on_a_full_queue_are_reparented_and_counted
     assert all(s.parent is None for s in spans)  # no app span: re-parented to the root
 
 
+def test_flush_waits_until_a_dropped_parents_children_are_settled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Catches a flush() that returns True while a dropped capture's notice still waits for the
+    worker (it arrived after the step that built the child): the child would still be pending
+    after the flush (seen under load: stats()["pending"] 6 and 10 after flush() returned True)."""
+    gate = threading.Event()
+    original = _loop.Worker._step
+    held_once: list[bool] = []
+
+    def late_notices(self: _loop.Worker) -> bool:
+        gate.wait(10)
+        if not self.dropped_ids or held_once:
+            return original(self)
+        held_once.append(True)
+        held = list(self.dropped_ids)
+        self.dropped_ids.clear()
+        worked = original(self)  # builds the child: its parent is not known yet
+        threading.Timer(0.5, self.dropped_ids.extend, args=(held,)).start()  # the notice, late
+        return worked
+
+    monkeypatch.setattr(_loop.Worker, "_step", late_notices)
+
+    @attnscope.trace
+    def inner(x: int) -> int:
+        return x * 2
+
+    @attnscope.trace
+    def outer(x: int) -> int:
+        return inner(x)  # inner's capture fills the queue of one; outer's is dropped
+
+    with capture_spans(queue_size=1):
+        try:
+            assert outer(1) == 2
+        finally:
+            gate.set()
+        assert attnscope.flush(timeout_s=10)
+        stats = attnscope.stats()
+    assert held_once, "the scenario did not happen"
+    assert stats["captured"] == 2 and stats["dropped_queue_full"] == 1
+    assert stats["pending"] == 0 and stats["orphaned"] == 1, stats
+
+
 # ---- 5. warm-up while another context holds sampling(force=True) ------------------------------
 
 

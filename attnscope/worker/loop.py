@@ -5,10 +5,9 @@ thread resolves device timers without blocking anyone, derives attributes, parse
 builds spans. It sleeps on an event while there is nothing to do, and polls (every 2 ms) only
 while CUDA events are pending. ``flush()`` and ``shutdown()`` wait at most their timeout.
 
-This module is light (the standard library and attnscope's own state): the first sampled call
-creates the :class:`Worker` and returns. The worker's thread then imports :mod:`.engine` (the
-SDK, the exporters, the profile parser) and builds the pipeline; captures that arrive meanwhile
-wait in the bounded queue.
+Light (the standard library, attnscope's state): the first sampled call creates the
+:class:`Worker` and returns; its thread imports :mod:`.engine` (the SDK, exporters, profile
+parser) and builds the pipeline while captures wait in the bounded queue.
 """
 
 from __future__ import annotations
@@ -63,6 +62,9 @@ class Worker:
         # notice would be lost (a child waiting for good), so the waiting children give up instead
         self.dropped_ids: deque[int] = deque()
         self.notices_lost = False
+        # notices applied by the worker (a dropped capture's children settled), or skipped: a
+        # flush waits for those of the drops before it, or the children would still be pending
+        self.notices_applied = self.notices_skipped = 0
         self.submitted = 0
         self.processed = 0
         self.dropped_queue = 0
@@ -112,17 +114,17 @@ class Worker:
                     self.queue.append(cap)
                 else:
                     self.dropped_queue += 1
+                    if len(self.dropped_ids) < _MAX_DROP_NOTICES:
+                        self.dropped_ids.append(cap.capture_id)
+                    else:  # its children are given up on wholesale: as good as applied
+                        self.notices_lost = True
+                        self.notices_skipped += 1
         if stopped:
             # Taken for this worker just before it was replaced (configure(), shutdown()): the
             # next worker builds it, and its children already there find their parent.
             return submit_to_current(cap)
-        if not accepted:
-            if len(self.dropped_ids) < _MAX_DROP_NOTICES:
-                self.dropped_ids.append(cap.capture_id)
-            else:
-                self.notices_lost = True
-            if cap.timer is not None:
-                cap.timer.release()
+        if not accepted and cap.timer is not None:
+            cap.timer.release()
         # Read after the append: a worker that saw an empty queue has already said it sleeps.
         # Only the first capture after it fell asleep wakes it: waking costs this thread a
         # lock hand-over, and the worker takes whatever has arrived by the time it runs.
@@ -194,6 +196,7 @@ class Worker:
             notice = self.dropped_ids.popleft()
             if engine is not None:
                 engine.builder.parent_dropped(notice)
+            self.notices_applied += 1
         if self.notices_lost:
             self.notices_lost = False
             if engine is not None:
@@ -271,9 +274,11 @@ class Worker:
         }
 
     def wait_idle(self, deadline: float) -> bool:
-        target = self.submitted
+        with self._submit_lock:
+            target, drops = self.submitted, self.dropped_queue
         with self._cond:
-            while self.processed + self.dropped_queue < target or len(self.resolver):
+            while (self.processed + self.dropped_queue < target or len(self.resolver)
+                   or self.notices_applied + self.notices_skipped < drops):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self.thread.is_alive():
                     return False
