@@ -233,7 +233,7 @@ class _Instruments:
         """A span's labels and their token series, kept per combination of the values they are
         read from (bounded; the dicts are the instruments' to read, never changed)."""
         get = attrs.get
-        key = (get(_LABELS[0]), get(_LABELS[1]), get(_LABELS[2]), get(_LABELS[3]), name)
+        key = (*map(get, _LABELS), name)
         kept = self._labels
         try:
             found = kept.get(key)
