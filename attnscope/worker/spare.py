@@ -15,7 +15,10 @@ from .._state import state
 
 __all__ = ["Spare", "preload"]
 
-_SPARE_POLL_S = 0.1
+# Polled, from every 50 ms at first to every 0.5 s once the program has gone a while without a
+# sampled call: an idle process is woken twice a second, a busy one starts its worker at once.
+_POLL_FIRST_S = 0.05
+_POLL_MAX_S = 0.5
 
 
 class Spare:
@@ -43,9 +46,12 @@ class Spare:
         except Exception as exc:  # the worker imports again when it runs, and says why
             _log.internal_error("preload", exc)
         # Polled, not woken: waking a waiting thread cost the first sampled call 0.2 ms here
-        # (a futex hand-over under load); a worker that starts up to 0.1 s later costs nothing.
+        # (a futex hand-over under load); a worker that starts a little later costs nothing
+        # (its captures wait in the bounded queue).
+        interval = _POLL_FIRST_S
         while self._job is None:
-            self._never.wait(_SPARE_POLL_S)
+            self._never.wait(interval)
+            interval = min(interval * 2, _POLL_MAX_S)
         self._job()
 
 
