@@ -341,3 +341,24 @@ def test_effective_rates_and_overhead_are_gauges(
     assert rates == {"timing": pytest.approx(0.125), "profile": pytest.approx(0.05)}
     (ratio,) = _points(metrics["attnscope.overhead.ratio"])
     assert ratio.value == pytest.approx(0.02)
+
+
+def test_the_metrics_answer_is_seen_after_a_traces_failure_logged_just_before() -> None:
+    """The OTLP exporters' DuplicateFilter drops a record whose message template was logged in
+    the last 20 s, and "Failed to export %s to %s ..." is one template for traces and metrics:
+    attnscope's filter must see the metrics answer first, or metric export never switches off
+    (the e2e test failed whenever a trace export had failed just before, on the same logger)."""
+    import logging
+
+    import grpc
+    from opentelemetry.exporter.otlp.proto.grpc import exporter as grpc_exporter
+
+    from attnscope.export import reporting
+
+    reporting.install_log_filter()
+    logger = logging.getLogger(grpc_exporter.__name__)
+    template = "Failed to export %s to %s, error code: %s, error details: %s"
+    logger.error(template, "traces", "localhost:4317", grpc.StatusCode.UNAVAILABLE, "down")
+    with reporting.exporting() as records:
+        logger.error(template, "metrics", "localhost:4317", grpc.StatusCode.UNIMPLEMENTED, "no")
+    assert reporting.unsupported(records) == "gRPC UNIMPLEMENTED"

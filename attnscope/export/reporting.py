@@ -88,7 +88,10 @@ def install_log_filter() -> None:
         for name in names:
             logger = logging.getLogger(name)
             if not any(isinstance(f, _OwnExportFilter) for f in logger.filters):
-                logger.addFilter(_OwnExportFilter())
+                # First: the OTLP exporters' own DuplicateFilter drops a record whose message
+                # template was logged in the last 20 s ("Failed to export %s ..." is one template
+                # for traces and metrics), and this one must still see the metrics answer.
+                logger.filters.insert(0, _OwnExportFilter())
     except Exception as exc:
         _log.internal_error("export.log-filter", exc)
 
