@@ -274,8 +274,8 @@ class Worker:
         }
 
     def wait_idle(self, deadline: float) -> bool:
-        with self._submit_lock:
-            target, drops = self.submitted, self.dropped_queue
+        # no submit lock: a flush() in a signal handler may have interrupted submit() holding it
+        target, drops = self.submitted, self.dropped_queue
         with self._cond:
             while (self.processed + self.dropped_queue < target or len(self.resolver)
                    or self.notices_applied + self.notices_skipped < drops):
