@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from . import _exit_status, _log, _state, _unsampled
+from . import _exit_status, _log, _nothing_sampled, _state
 from ._config import Config, check_rate, from_env, shown, validate
 from ._state import state
-from .capture import profiler, wrapper
+from .capture import profiler_session, wrapper
 from .capture.args import check_attributes
 from .capture.sampling import force as _force
 from .worker import loop, spare
@@ -122,7 +122,8 @@ def _set(cfg: Config) -> None:
     """Apply ``cfg``: the sampler takes it; a running worker whose pipeline changed stops."""
     previous, state.config = state.config, cfg
     state.sampler.apply(cfg)
-    profiler.warm_up_on_main_thread(cfg)  # kineto's first session on torch's thread (no stderr)
+    # kineto's first session on torch's thread (no stderr)
+    profiler_session.warm_up_on_main_thread(cfg)
     if previous is not None and any(
         getattr(previous, f) is not getattr(cfg, f) and getattr(previous, f) != getattr(cfg, f)
         for f in _PIPELINE_FIELDS
@@ -132,7 +133,7 @@ def _set(cfg: Config) -> None:
 
 def _start_worker() -> Worker | None:
     # The calling thread of the first sampled call: the worker's thread imports and builds.
-    return loop.start(current(), on_start=profiler.on_worker_start)
+    return loop.start(current(), on_start=profiler_session.on_worker_start)
 
 
 _state.set_worker_starter(_start_worker)
@@ -244,14 +245,15 @@ def step(n: int | None) -> _Step:
     return _Step(n)
 
 
-# ---- lifecycle ------------------------------------------------------------------------------------
+# ---- lifecycle ---------------------------------------------------------------------------------
 
 
 def flush(timeout_s: float = 5.0) -> bool:
     """Export everything captured so far; False if ``timeout_s`` ran out first. Never raises."""
     if state.worker is None and not state.retiring:  # nothing captured, or all exported
-        if _unsampled.nothing_sampled():
-            _unsampled.write_empty_file(current())  # a file exporter's file exists after flush()
+        if _nothing_sampled.nothing_sampled():
+            # a file exporter's file exists after flush()
+            _nothing_sampled.write_empty_file(current())
         return True
     try:
         return loop.flush(timeout_s)
@@ -288,7 +290,8 @@ def stats() -> dict[str, Any]:
     out.update(_state.span_counts())  # every key, also before the first sampled call
     # "profiled": calls that really ran under the profiler; "profile_skipped_<reason>": calls
     # granted the profile tier that were timed instead.
-    out.update({k if k == "profiled" else "profile_" + k: v for k, v in profiler.stats().items()})
+    profiled = profiler_session.stats()
+    out.update({k if k == "profiled" else "profile_" + k: v for k, v in profiled.items()})
     out.update(state.grants.stats())  # slow calls and on-demand triggers (docs/live.md)
     return out
 
@@ -296,4 +299,4 @@ def stats() -> dict[str, Any]:
 # Read the environment now (never raising), so the sampler starts with it.
 current()
 atexit.register(_exit_status.at_exit)  # first, so it runs last: after an exit hook's exec
-atexit.register(_unsampled.at_exit)  # before any worker's hook, so it runs after them
+atexit.register(_nothing_sampled.at_exit)  # before any worker's hook, so it runs after them

@@ -158,7 +158,8 @@ def _check_exporter(value: Any) -> ExporterSetting | None:
 
 def validate(cfg: Config) -> Config:
     if not isinstance(cfg.service_name, str) or not cfg.service_name:
-        raise ValueError(f"attnscope: service_name must be a non-empty string, got {shown(cfg.service_name)}")
+        raise ValueError(f"attnscope: service_name must be a non-empty string, "
+                         f"got {shown(cfg.service_name)}")
     _check_bool("enabled", cfg.enabled)
     _check_bool("metrics", cfg.metrics)
     _check_bool("reset_peak_memory_stats", cfg.reset_peak_memory_stats)
@@ -168,7 +169,8 @@ def validate(cfg: Config) -> Config:
                          f"got {shown(cfg.slow_call_quantile)}")
     if cfg.trigger_dir is not None and (not isinstance(cfg.trigger_dir, str)
                                         or not cfg.trigger_dir):
-        raise ValueError(f"attnscope: trigger_dir must be a path string, got {shown(cfg.trigger_dir)}")
+        raise ValueError(f"attnscope: trigger_dir must be a path string, "
+                         f"got {shown(cfg.trigger_dir)}")
     check_rate("sample_rate", cfg.sample_rate)
     check_rate("profile_rate", cfg.profile_rate)
     check_rate("overhead_budget", cfg.overhead_budget)
@@ -198,7 +200,8 @@ def validate(cfg: Config) -> Config:
     if cfg.run_id is not None and not (isinstance(cfg.run_id, str) and cfg.run_id.strip()):
         raise ValueError(f"attnscope: run_id must be a non-empty string, got {shown(cfg.run_id)}")
     if cfg.profile_dir is not None and not isinstance(cfg.profile_dir, str):
-        raise ValueError(f"attnscope: profile_dir must be a path string, got {shown(cfg.profile_dir)}")
+        raise ValueError(f"attnscope: profile_dir must be a path string, "
+                         f"got {shown(cfg.profile_dir)}")
     return dataclasses.replace(
         cfg,
         sample_rate=float(cfg.sample_rate),
@@ -212,7 +215,10 @@ def validate(cfg: Config) -> Config:
 
 def from_env(environ: Mapping[str, str] | None = None, *, strict: bool = True,
              warn: Warn | None = None) -> Config:
-    """Defaults overlaid with the environment. ``strict=False`` skips bad values, telling ``warn``."""
+    """Defaults overlaid with the environment.
+
+    ``strict=False`` skips bad values, telling ``warn``.
+    """
     env = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     service = env.get("OTEL_SERVICE_NAME", "").strip()

@@ -5,7 +5,8 @@ application's logging configuration decides what is shown and where. attnscope a
 and never writes to stdout: with no configuration at all, Python's last-resort handler prints
 WARNING and above to stderr. One line per event, ``message key=value ...``, with the same
 key/values in ``record.attnscope`` for structured handlers; tracebacks only when the logger is
-enabled for DEBUG, as text (never local variables). structlog is imported on the first line actually logged, not at import.
+enabled for DEBUG, as text (never local variables). structlog is imported on the first line
+actually logged, not at import.
 
 Everything attnscope does around a user's call reports failures through :func:`internal_error`:
 counted, logged once per stage (then at most once a minute), and the call proceeds.

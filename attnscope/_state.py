@@ -12,6 +12,7 @@ and any lock another parent thread held would stay held forever, so every lock i
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import threading
@@ -24,7 +25,7 @@ from .capture.sampling import CallSite, Sampler
 
 if TYPE_CHECKING:
     from ._config import Config
-    from .capture.record import Capture, ProfileSession
+    from .record.capture import Capture, ProfileSession
 
 __all__ = ["State", "ProfilerState", "Delivery", "state", "reset", "after_fork", "submit",
            "COUNT_KEYS", "span_counts", "take_bytes", "give_bytes", "KEEP_TOTAL_BYTES"]
@@ -42,7 +43,10 @@ _PROFILE_SKIP_REASONS = ("warming", "user_profiler", "busy", "sync_debug", "erro
 
 
 class ProfilerState:
-    """The profile tier's process-wide facts: one session at a time, the user's profiler, warm-up."""
+    """The profile tier's process-wide facts.
+
+    One session at a time, the user's profiler, warm-up.
+    """
 
     def __init__(self) -> None:
         self.session_lock = threading.Lock()  # held for the whole of one attnscope session
@@ -201,6 +205,11 @@ def submit(cap: Capture) -> bool:
     """Hand a capture to the worker (starting it on first use). False: dropped."""
     worker = state.worker
     if worker is None:
+        if _start_worker is None:
+            # A capture from a site made through a private module path, before any public
+            # name loaded the API (attnscope/__init__.py loads it lazily): load it now, once,
+            # rather than drop the capture unseen. A name-based import: _api imports this module.
+            importlib.import_module(__package__ + "._api")
         if _start_worker is None:
             return False
         worker = _start_worker()

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "OTel span, 10 attributes": otel_span,
     }
     results: dict[str, list[float]] = {name: [] for name in variants}
-    for name, fn in variants.items():  # warm up every path once
+    for fn in variants.values():  # warm up every path once
         per_call_ns(fn, 200)
     for _ in range(args.rounds):
         for name, fn in variants.items():

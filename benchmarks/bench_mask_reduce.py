@@ -1,4 +1,4 @@
-"""What reading a mask costs: the reductions of ``attnscope.capture.reduce`` per mask size.
+"""What reading a mask costs: the reductions of ``attnscope.record.reduce`` per mask size.
 
     python benchmarks/bench_mask_reduce.py                 # CPU (the worker's cost)
     python benchmarks/bench_mask_reduce.py --device cuda   # the calling thread's launches
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from attnscope.capture import reduce
+from attnscope.record import reduce
 
 
 def _causal(batch: int, sq: int, skv: int, device: str) -> torch.Tensor:
@@ -70,7 +70,9 @@ def main() -> None:
         mask = _causal(batch, sq, skv, args.device)
         plan = reduce.plan_mask(tuple(mask.shape), batch, 8, sq, skv)
 
-        def run() -> Any:
+        # bound per iteration: run is called (and timed) only within this iteration
+        def run(mask: torch.Tensor = mask, plan: reduce.MaskPlan = plan, sq: int = sq,
+                skv: int = skv) -> Any:
             values = reduce.mask_numbers(mask, False, plan, sq, skv)
             return reduce.enqueue_to_host(values) if args.device == "cuda" else values.tolist()
 

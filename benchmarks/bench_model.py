@@ -42,8 +42,9 @@ class Discard(SpanExporter):
 def build_model() -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
-                      num_key_value_heads=4, vocab_size=1000, max_position_embeddings=512)
+    cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=4, vocab_size=1000,
+                      max_position_embeddings=512)
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     return LlamaForCausalLM(cfg).eval()
@@ -52,13 +53,15 @@ def build_model() -> Any:
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pairs", type=int, default=300)
-    parser.add_argument("--seq-len", type=int, default=256, help="prompt length (16 with --generate)")
+    parser.add_argument("--seq-len", type=int, default=256,
+                        help="prompt length (16 with --generate)")
     parser.add_argument("--generate", type=int, default=0, help="new tokens per generate() call")
     parser.add_argument("--every-call", action="store_true", help="trace every attention call")
     parser.add_argument("--calling-thread-only", action="store_true",
                         help="drop captures at the hand-off (no worker work)")
     parser.add_argument("--app-provider", action="store_true",
-                        help="give attnscope the application's TracerProvider instead of an exporter")
+                        help="give attnscope the application's TracerProvider "
+                             "instead of an exporter")
     args = parser.parse_args(argv)
 
     plain = build_model()
@@ -109,19 +112,22 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     rng = random.Random(0)
     boots = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(1000))
     med = statistics.median(ratios)
-    print(f"machine: {platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}, "
+    print(f"machine: {platform.machine()}, Python {platform.python_version()}, "
+          f"torch {torch.__version__}, "
           f"pairs={args.pairs}, seq_len={seq_len}, generate={args.generate}, "
           f"every_call={args.every_call}, calling_thread_only={args.calling_thread_only}")
     print(f"{'':28} {'median':>10} {'mean':>10}")
     what = "generate" if args.generate else "forward"
-    print(f"{'plain ' + what + ' (ms)':28} {statistics.median(a_ns) / 1e6:10.3f} {statistics.mean(a_ns) / 1e6:10.3f}")
+    print(f"{'plain ' + what + ' (ms)':28} {statistics.median(a_ns) / 1e6:10.3f} "
+          f"{statistics.mean(a_ns) / 1e6:10.3f}")
     print(f"{'instrumented ' + what + ' (ms)':28} {statistics.median(b_ns) / 1e6:10.3f} "
           f"{statistics.mean(b_ns) / 1e6:10.3f}")
     print(f"{'paired ratio B/A':28} {med:10.4f} {statistics.mean(ratios):10.4f}")
     print(f"bootstrap 95% interval of the median ratio: [{boots[25]:.4f}, {boots[975]:.4f}]")
     target = "ratio <= 1.10" if args.every_call else "overhead <= +0.5%"
     print(f"overhead (median ratio - 1): {100 * (med - 1):+.2f}%   (target: {target})")
-    print(f"attnscope: sampled={stats.get('sampled')} profiled={stats.get('profiled')} granted={stats.get('profile_granted')} "
+    print(f"attnscope: sampled={stats.get('sampled')} profiled={stats.get('profiled')} "
+          f"granted={stats.get('profile_granted')} "
           f"emitted={stats.get('emitted')} effective_rate={stats.get('effective_sample_rate'):.4f}")
     attnscope.shutdown()
     return {"median_ratio": med}

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 import attnscope
 from attnscope._state import state
-from attnscope.capture import profiler as _profile
+from attnscope.capture import profiler_session as _profile
 from attnscope.testing import capture_spans
 
 _COLD_SNIPPET = """
@@ -76,7 +76,8 @@ def _median(fn: Callable[[], Any], device: str, n: int) -> float:
 def cold_reference(shape: tuple[int, ...], device: str, dtype: str) -> tuple[float, float] | None:
     code = _COLD_SNIPPET.format(shape=shape, device=device, dtype=dtype)
     try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=300)
         first, second = out.stdout.split()[-2:]
         return float(first), float(second)
     except Exception as exc:  # informative only
@@ -133,7 +134,8 @@ def first_profiled(q: torch.Tensor, device: str, later_n: int) -> dict[str, Any]
         first_sampled = _timed(traced, device)  # starts the worker, which warms the profiler up
     first_sampled_own = own.take()[0]
     t0 = time.perf_counter()
-    while not (state.profiler.warm_cuda if device == "cuda" else state.profiler.warm_cpu) and time.perf_counter() - t0 < 60:
+    while (not (state.profiler.warm_cuda if device == "cuda" else state.profiler.warm_cpu)
+           and time.perf_counter() - t0 < 60):
         if device == "cuda":
             _profile.warm_up_async(cuda=True)  # the worker warms CUDA only once CUDA is initialised
         time.sleep(0.005)
@@ -169,7 +171,8 @@ def first_profiled_runs(args: argparse.Namespace, runs: int) -> list[dict[str, A
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
         if proc.returncode != 0 or not lines:
-            print(f"(first-call child failed rc={proc.returncode}: {proc.stderr[-500:]})", file=sys.stderr)
+            print(f"(first-call child failed rc={proc.returncode}: {proc.stderr[-500:]})",
+                  file=sys.stderr)
             continue
         out.append(json.loads(lines[-1]))
     return out
@@ -243,7 +246,8 @@ def kernels_per_forward(q: torch.Tensor, device: str) -> list[dict[str, Any]]:
             with ctx if ctx is not None else nullcontext():
                 fn(q, q, q)  # the backend is available here, and warm
                 _sync(device)
-                with capture_spans(profile_rate=1.0, profile_max_per_minute=1e9, max_kernel_spans=256) as spans:
+                with capture_spans(profile_rate=1.0, profile_max_per_minute=1e9,
+                                   max_kernel_spans=256) as spans:
                     traced(q, q, q)
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
@@ -269,18 +273,25 @@ def _us(ns: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--shape", default=None, help="B,H,S,D (default 8,16,1024,64 on CUDA, 2,8,256,64 on CPU)")
+    parser.add_argument("--shape", default=None,
+                        help="B,H,S,D (default 8,16,1024,64 on CUDA, 2,8,256,64 on CPU)")
     parser.add_argument("--dtype", default=None, help="bfloat16 on CUDA, float32 on CPU by default")
     parser.add_argument("-n", type=int, default=200, help="calls per median")
-    parser.add_argument("--runs", type=int, default=5, help="fresh processes for the first-call figures")
-    parser.add_argument("--no-cold", action="store_true", help="skip the cold torch.profiler reference")
+    parser.add_argument("--runs", type=int, default=5,
+                        help="fresh processes for the first-call figures")
+    parser.add_argument("--no-cold", action="store_true",
+                        help="skip the cold torch.profiler reference")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     parser.add_argument("--child-first", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     device = args.device
-    args.shape_t = tuple(int(x) for x in (args.shape or ("8,16,1024,64" if device == "cuda" else "2,8,256,64")).split(","))
+    args.shape_t = tuple(
+        int(x)
+        for x in (args.shape or ("8,16,1024,64" if device == "cuda" else "2,8,256,64")).split(",")
+    )
     args.dtype_s = args.dtype or ("bfloat16" if device == "cuda" else "float32")
     q = torch.randn(args.shape_t, device=device, dtype=getattr(torch, args.dtype_s))
     if args.child_first:
@@ -313,34 +324,41 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n2. profile tier, medians over {len(runs)} fresh processes "
               "(own = attnscope's calling-thread time; wall = traced - untraced call)")
         print(f"   {'untraced call':40s} {_us(med('bare_ns'))}")
-        print(f"   {'first sampled call (starts the worker)':40s} own {_us(med('first_sampled_own_ns'))}"
+        print(f"   {'first sampled call (starts the worker)':40s} "
+              f"own {_us(med('first_sampled_own_ns'))}"
               f"   wall {_us(med('first_sampled_wall_ns'))}")
-        print(f"   {'profiler warm-up, off the calling thread':40s} {med('warm_up_wait_s') * 1e3:10.1f} ms until warm")
+        print(f"   {'profiler warm-up, off the calling thread':40s} "
+              f"{med('warm_up_wait_s') * 1e3:10.1f} ms until warm")
         print(f"   {'first profiled call':40s} own {_us(first_own)}   wall {_us(first_wall)}")
-        print(f"   {'later profiled calls (median of 20)':40s} own {_us(later_own)}   wall {_us(later_wall)}")
+        print(f"   {'later profiled calls (median of 20)':40s} own {_us(later_own)}   "
+              f"wall {_us(later_wall)}")
         print(f"   first/later ratio: own {first_own / later_own:.2f}   wall "
               f"{first_wall / later_wall if later_wall > 0 else float('nan'):.2f}   "
-              f"first call profiled in {sum(r['first_was_profiled'] for r in runs)}/{len(runs)} runs")
+              f"first call profiled in {sum(r['first_was_profiled'] for r in runs)}/"
+              f"{len(runs)} runs")
 
     costs = timing_cost(q, device, args.n)
     figures.update(costs)
     print(f"\n3. timing tier, every call sampled (median of {args.n})")
     print(f"   {'untraced call':40s} {_us(costs['bare_ns'])}")
-    print(f"   {'timing tier':40s} own {_us(costs['timing_own_ns'])} (p90 {costs['timing_own_p90_ns'] / 1e3:.1f} µs)"
+    print(f"   {'timing tier':40s} own {_us(costs['timing_own_ns'])} "
+          f"(p90 {costs['timing_own_p90_ns'] / 1e3:.1f} µs)"
           f"   wall {_us(costs['timing_wall_ns'])}")
     print(f"   {'attnscope disabled':40s}                    wall {_us(costs['disabled_wall_ns'])}")
 
     rows = kernels_per_forward(q, device)
     figures["kernels"] = rows
     print("\n4. kernels per forward (profile tier, one call each)")
-    print(f"   {'variant':30s} {'backend':10s} {'kernels':>7s} {'kernel µs':>10s} {'launch ovh µs':>13s}  top")
+    print(f"   {'variant':30s} {'backend':10s} {'kernels':>7s} {'kernel µs':>10s} "
+          f"{'launch ovh µs':>13s}  top")
     for row in rows:
         if "error" in row:
             print(f"   {row['variant']:30s} unavailable: {row['error']}")
             continue
         ovh = row["launch_overhead_ns"]
         print(f"   {row['variant']:30s} {str(row['backend']):10s} {str(row['kernels']):>7s} "
-              f"{(row['kernel_ns'] or 0) / 1e3:10.1f} {'-' if ovh is None else f'{ovh / 1e3:.1f}':>13s}"
+              f"{(row['kernel_ns'] or 0) / 1e3:10.1f} "
+              f"{'-' if ovh is None else f'{ovh / 1e3:.1f}':>13s}"
               f"  {', '.join(n[:40] for n in row['top'])}")
     if args.json:
         with open(args.json, "w") as fh:

@@ -7,8 +7,8 @@ child spans twice, side by side:
 
 - **before** — what attnscope did until issue 11: every op a sibling span, the
   ``max_kernel_spans − 1`` with the most own time kept, the rest one ``other`` span;
-- **after** — :func:`attnscope.worker.kernels.analyze` now: ops nested as they ran, views and
-  ops under the fold threshold folded into their parent's own time, the same cap.
+- **after** — :func:`attnscope.worker.profiles.kernels.analyze` now: ops nested as they ran,
+  views and ops under the fold threshold folded into their parent's own time, the same cap.
 
 Columns: op spans (``other`` included); the share of the layer's operator time that named op
 spans account for (summed own time of the named spans ÷ summed own time of all ops: what the
@@ -31,9 +31,9 @@ from typing import Any
 import torch
 
 import attnscope
-from attnscope.capture import profiler as _profiler
+from attnscope.capture import profiler_session as _profiler
 from attnscope.testing import capture_spans
-from attnscope.worker import kernels
+from attnscope.worker.profiles import kernels
 
 
 def build_model(attn: str) -> Any:
@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("the profiler did not warm up")
     print(f"torch {torch.__version__}, {platform.machine()}, {args.calls} profiled calls each, "
           f"max_kernel_spans={args.max_kernel_spans}; medians")
-    print(f"{'layer':<8} {'':<7} {'ops':>5} {'op spans':>9} {'op time':>8} {'wall':>7} {'siblings':>9}")
+    print(f"{'layer':<8} {'':<7} {'ops':>5} {'op spans':>9} {'op time':>8} {'wall':>7} "
+          f"{'siblings':>9}")
     for attn in (("sdpa", "eager") if args.attn == "both" else (args.attn,)):
         rows = run(attn, args.calls, args.max_kernel_spans)
         ops = statistics.median(b["ops"] for b, _ in rows)

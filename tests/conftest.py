@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from collections.abc import Iterator
@@ -40,6 +41,83 @@ def _clean_attnscope(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     state.attention_registry.update(registered)
     _api.reset_defaults()
     _api.current()
+
+
+# The message attnscope._log.internal_error logs (once per stage per minute; counted every time).
+_INTERNAL_ERROR = "attnscope internal error"
+
+
+class _InternalErrorRecords(logging.Handler):
+    """Keeps the internal-error records of the ``attnscope`` logger, logged on any thread."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.NOTSET)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith(_INTERNAL_ERROR):
+            self.records.append(record)
+
+
+@pytest.fixture(autouse=True)
+def _internal_error_guard(request: pytest.FixtureRequest,
+                          _clean_attnscope: None) -> Iterator[list[logging.LogRecord]]:
+    """Fail a test whose run logged an attnscope internal error, unless it expects one.
+
+    attnscope swallows its own errors so the host program never breaks; without this the suite
+    would not see them either. A test expecting some says so with ``@pytest.mark.internal_errors``
+    (any stage) or ``@pytest.mark.internal_errors("stage", ...)`` (those stages only), or by
+    requesting the ``internal_errors`` fixture. Both signals are read: the count (errors are
+    counted even when the logger is off for WARNING or the line is rate-limited) and the records
+    (they survive a reset of the count inside the test, and say which thread logged).
+    """
+    from attnscope import _api
+    from attnscope._log import LOGGER_NAME
+    from attnscope._state import state
+
+    handler = _InternalErrorRecords()
+    logger = logging.getLogger(LOGGER_NAME)
+    before = dict(state.errors_by_stage)
+    logger.addHandler(handler)
+    try:
+        yield handler.records
+        # The worker reports what it did for the test after the body returns: stop it (bounded,
+        # as the reset after this does anyway) so its errors are this test's. A worker that
+        # outlives that wait may log into the next test: its thread name is in the message.
+        _api.shutdown(timeout_s=5.0)
+    finally:
+        logger.removeHandler(handler)
+    counted = {stage: n - before.get(stage, 0) for stage, n in state.errors_by_stage.items()
+               if n > before.get(stage, 0)}
+    unexpected = _unexpected(request, counted, handler.records)
+    if unexpected:
+        pytest.fail(unexpected, pytrace=False)
+
+
+def _unexpected(request: pytest.FixtureRequest, counted: dict[str, int],
+                logged: list[logging.LogRecord]) -> str:
+    """What the test did not declare, as a failure message ("" when all was expected)."""
+    if "internal_errors" in request.fixturenames:
+        return ""
+    marker = request.node.get_closest_marker("internal_errors")
+    if marker is not None and not marker.args:
+        return ""
+    allowed = set(marker.args) if marker is not None else set()
+    stages = {s: n for s, n in counted.items() if s not in allowed}
+    lines = [f"  [{r.threadName}] {r.getMessage()}" for r in logged
+             if getattr(r, "attnscope", {}).get("stage") not in allowed]
+    if not stages and not lines:
+        return ""
+    return "\n".join([
+        "attnscope logged internal errors this test does not declare "
+        "(@pytest.mark.internal_errors(...) or the internal_errors fixture):",
+        f"  counted by stage: {stages}", *lines])
+
+
+@pytest.fixture
+def internal_errors(_internal_error_guard: list[logging.LogRecord]) -> list[logging.LogRecord]:
+    """Declares that the test expects internal errors; the records logged so far (any thread)."""
+    return _internal_error_guard
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
 """Every transformers architecture that builds tiny on CPU: attnscope's spans against the model.
 
 For each family a tiny model (1-3 layers, width 32) runs three ways uninstrumented for the
-reference (see ``tests/arch_sweep.py``: eager weights, FLOP counter) and then instrumented: a
-plain batch of two, the same batch with the second row's first two tokens padded, and a greedy
+reference (see ``tests/support/arch_sweep.py``: eager weights, FLOP counter) and then instrumented:
+a plain batch of two, the same batch with the second row's first two tokens padded, and a greedy
 ``generate()`` of three tokens for causal LMs. Checked per attention call, in call order within
 each group of weights (encoder, decoder, cross, vision, text): the number of calls, batch, heads,
 Sq, Skv, FLOPs (visible pairs · 2 · (Dqk + Dv)), tokens with padding, and per generate step
@@ -22,7 +22,7 @@ import attnscope
 from attnscope.testing import capture_spans
 
 transformers = pytest.importorskip("transformers")
-from tests import arch_sweep as sweep  # noqa: E402
+from tests.support import arch_sweep as sweep  # noqa: E402
 
 
 class Case(NamedTuple):
@@ -109,7 +109,7 @@ def _check(got: list[dict[str, Any]], ref: sweep.Reference, tokens: dict[str, in
     if len(pooling) != ref.pooling_calls:
         return [f"{label}: {len(pooling)} nn.MultiheadAttention spans != {ref.pooling_calls}"]
     got = [a for a in got if a not in pooling]
-    counts = sorted((a["module"] for a in got))
+    counts = sorted(a["module"] for a in got)
     want = sorted(c.module for c in ref.calls)
     if counts != want:
         return [f"{label}: attention calls by module {counts} != {want}"]
@@ -130,7 +130,7 @@ def _forward_problems(case: Case, model: Any, ref: sweep.Reference) -> list[str]
         inputs = sweep.inputs_for(case.kind, model, padded)
         real = int(inputs["attention_mask"].sum()) if padded else None
         tokens = dict.fromkeys(_masked_groups(case.kind), real)
-        got = _instrumented_run(model, lambda: model(**inputs))
+        got = _instrumented_run(model, lambda inputs=inputs: model(**inputs))
         problems += _check(got, ref, tokens, "padded" if padded else "plain")
     return problems
 
@@ -267,8 +267,8 @@ AUTO_KNOWN = {
         ("rwkv", "RWKV time-mixing returns 'attentions' but is not traced (recurrent, no QKᵀ)"),
         ("hrm_text", "recurrent module reuse: seq_len_kv of the low-level module reads 16, not 8"),
         ("deepseek_v4", "compressed-KV layers: the weights show more keys than attnscope counts"),
-        ("moshi", "config.sliding_window is set but its attention never applies it; attnscope takes "
-                  "the config's window for a layer without its own (as Mistral's need)"),
+        ("moshi", "config.sliding_window is set but its attention never applies it; attnscope "
+                  "takes the config's window for a layer without its own (as Mistral's need)"),
     ) for check in ("forward", "generate")},
     ("ministral3", "generate"): "decode FLOPs above the weights' visible pairs (not investigated)",
 }

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from attnscope.cli import main
-from attnscope.cli._compare import exit_code
-from attnscope.cli._compare_measure import TOLERANCE, Spec, probe, reference
-from attnscope.cli._compare_render import Row
-from attnscope.cli._compare_stats import figures
-from attnscope.cli._impls import BUILTIN, Impl, static_reason
-from tests.helpers import brute_force_flops
+from attnscope.cli.compare._command import exit_code
+from attnscope.cli.compare._measure import TOLERANCE, Spec, probe, reference
+from attnscope.cli.compare._render import Row
+from attnscope.cli.compare._stats import figures
+from attnscope.cli.compare._impls import BUILTIN, Impl, static_reason
+from tests.support.helpers import brute_force_flops
 
 USER_MODULE = textwrap.dedent("""
     import torch
@@ -140,12 +140,14 @@ def test_bad_user_module_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
 @pytest.mark.parametrize("args, words", [
     (["--shape", "1,2,3"], "4 sizes"), (["--shape", "1,2,3,4,5"], "4 sizes"),
     (["--shape", "1,0,8,8"], "at least 1"), (["--shape", "1,-2,8,8"], "at least 1"),
-    (["--shape", "a,b,c,d"], "not 4 integers"), (["--shape", "1,8,8,8", "--kv-heads", "3"], "divide"),
+    (["--shape", "a,b,c,d"], "not 4 integers"),
+    (["--shape", "1,8,8,8", "--kv-heads", "3"], "divide"),
     (["--kv-heads", "0"], "at least 1"), (["--kv-heads", "x"], "not an integer"),
     (["--impl", "bogus"], "unknown implementation"),
     (["--dtype", "int8"], "fp32, bf16, fp16"), (["--device", "mps"], "not supported"),
 ])
-def test_bad_input_is_one_line(args: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_input_is_one_line(args: list[str], words: str,
+                               capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["compare", *args]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err
@@ -177,7 +179,8 @@ def test_availability_takes_the_device_as_data() -> None:
 
 def test_reference_in_chunks_matches_sdpa_float64() -> None:
     q = torch.randn(2, 4, 37, 8, dtype=torch.float64)
-    k, v = torch.randn(2, 2, 37, 8, dtype=torch.float64), torch.randn(2, 2, 37, 8, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 37, 8, dtype=torch.float64),
+            torch.randn(2, 2, 37, 8, dtype=torch.float64))
     for causal in (False, True):
         want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
                                                                 enable_gqa=True)
@@ -220,7 +223,7 @@ def test_figures_use_device_time_when_measured() -> None:
 
 
 def test_unfused_implementations_that_cannot_fit_are_not_run() -> None:
-    from attnscope.cli._compare import _prepare
+    from attnscope.cli.compare._command import _prepare
 
     huge = Spec(64, 64, 64, 2**20, 64, torch.float32, torch.device("cpu"))  # 16 PiB of scores
     for name in ("naive", "math"):
@@ -242,8 +245,8 @@ def test_the_table_is_readable_in_an_80_column_terminal(
     """Every figure whole and every line within the width (80: folded, led by the name)."""
     import io
 
-    from attnscope.cli._compare_render import _cells, render_table
-    from attnscope.cli._compare_stats import Figures
+    from attnscope.cli.compare._render import _cells, render_table
+    from attnscope.cli.compare._stats import Figures
 
     spec = Spec(1, 8, 2, 512, 64, torch.float32, torch.device("cpu"), causal=True, runs=30)
     times = {"p50": 898_130.0, "p95": 1_057_280.0, "p99": 1_242_120.0}

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from attnscope.cli._diff_groups import diary
-from attnscope.cli._diff_stats import METRICS, calls_needed, compare, gate_failed
-from attnscope.cli._diff_text import notes, verdict_text
-from attnscope.cli._load import SpanRow
+from attnscope.cli.diff._groups import diary
+from attnscope.cli.diff._stats import METRICS, calls_needed, compare, gate_failed
+from attnscope.cli.diff._text import notes, verdict_text
+from attnscope.cli.traces import SpanRow
 
 ROOT = Path(__file__).resolve().parent.parent
 TIME = tuple(m for m in METRICS if m.value == "time")
@@ -122,7 +122,7 @@ def test_diary_groups_by_module_and_phase_and_lists_one_sided_groups() -> None:
 
 
 def _wide_cells(group: Any) -> list[str]:
-    from attnscope.cli._diff_text import group_label, row_cells
+    from attnscope.cli.diff._text import group_label, row_cells
 
     return [group_label((group.module, group.phase))] + [cell for change in group.changes
                                                         for cell in row_cells(group, change)]
@@ -132,7 +132,7 @@ def _wide_cells(group: Any) -> list[str]:
 def test_the_table_is_readable_in_an_80_column_terminal(
         width: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Every figure and name whole, every line within the width (80: folded; 200: one table)."""
-    from attnscope.cli._diff import _print
+    from attnscope.cli.diff import _print
 
     times = _lognormal(17, 320, scale=1e6)
     before, after = [], []

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from attnscope.cli import main
-from attnscope.cli._diff_groups import diary
-from attnscope.cli._load import attention_calls, load_spans
+from attnscope.cli.diff._groups import diary
+from attnscope.cli.traces import attention_calls, load_spans
 from tests.test_cli_diff import _traces
 
 

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from attnscope.cli._load import SpanRow, attention_calls, load_spans
-from tests.cli_traces import TraceFiles, generate, jaeger_spans
+from attnscope.cli.traces import SpanRow, attention_calls, load_spans
+from tests.support.cli_traces import TraceFiles, generate, jaeger_spans
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -133,7 +133,7 @@ def test_kernels_and_slowest_calls_match_the_spans(traces: TraceFiles, tmp_path:
     per_name: dict[str, int] = defaultdict(int)
     for t in profiled:
         for name, ns in zip(json.loads(t["attnscope.kernel.top_names"]),
-                            json.loads(t["attnscope.kernel.top_ns"])):
+                            json.loads(t["attnscope.kernel.top_ns"]), strict=False):
             per_name[name] += ns
     total = sum(t["attnscope.kernel.total_ns"] for t in profiled)
     top = sorted(per_name.items(), key=lambda kv: -kv[1])[:3]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from attnscope.cli import main
-from attnscope.cli._run_output import ENV_PARENT, process_tag
+from attnscope.cli.run._output import ENV_PARENT, process_tag
 
 TIMEOUT = 180
 
@@ -82,7 +82,8 @@ def test_sdpa_script_spans_in_both_files_stdout_and_args_pass_through(tmp_path: 
     stderr = result.stderr.decode()
     assert result.returncode == 0, stderr
     # byte for byte, the report not mixed in
-    assert result.stdout == b"args=['--calls', '4', '--flag', 'x y']\n\x00\xff no newline at the end"
+    assert result.stdout == (b"args=['--calls', '4', '--flag', 'x y']\n"
+                             b"\x00\xff no newline at the end")
     assert _jaeger_names(out / "traces.jaeger.json") == {"scaled_dot_product_attention": 4}
     assert _otlp_names(out / "traces.otlp.jsonl") == {"scaled_dot_product_attention": 4}
     assert (out / "notes.txt").read_text() == "mine"

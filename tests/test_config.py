@@ -62,7 +62,8 @@ def test_defaults() -> None:
     assert (cfg.max_spans_per_trace, cfg.overhead_budget, cfg.max_kernel_spans) == (512, 0.01, 64)
 
 
-def test_bad_environment_raises_in_configure_but_not_on_first_use(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_environment_raises_in_configure_but_not_on_first_use(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ATTNSCOPE_SAMPLE_RATE", "lots")
     _api.reset_defaults()
     with pytest.raises(ValueError, match="ATTNSCOPE_SAMPLE_RATE"):
@@ -85,7 +86,8 @@ def test_out_of_range_environment_value(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_exporter_names_are_accepted() -> None:
-    for name in ("otlp", "otlp-http", "console", "none", "jaeger-json:/tmp/x.json", "otlp-json:/tmp/x"):
+    for name in ("otlp", "otlp-http", "console", "none", "jaeger-json:/tmp/x.json",
+                 "otlp-json:/tmp/x"):
         assert attnscope.configure(exporter=name).exporter == name
 
 

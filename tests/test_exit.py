@@ -93,7 +93,7 @@ def test_every_span_is_exported_at_normal_exit_without_flush(tmp_path: Path) -> 
     outs = [tmp_path / f"run{i}.json" for i in range(RUNS)]
     results = _run_all(_PLAIN, outs)
     failures = []
-    for out, done in zip(outs, results):
+    for out, done in zip(outs, results, strict=True):
         if done.returncode != 0 or _problems(done.stderr):
             failures.append(f"{out.name}: rc={done.returncode} stderr={done.stderr[-2000:]}")
         elif not out.exists():
@@ -105,7 +105,7 @@ def test_every_span_is_exported_at_normal_exit_without_flush(tmp_path: Path) -> 
 
 def test_daemon_thread_tracing_during_exit_is_quiet(tmp_path: Path) -> None:
     outs = [tmp_path / f"daemon{i}.json" for i in range(PARALLEL)]
-    for out, done in zip(outs, _run_all(_DAEMON, outs)):
+    for out, done in zip(outs, _run_all(_DAEMON, outs), strict=True):
         assert done.returncode == 0, done.stderr[-2000:]
         assert not _problems(done.stderr), done.stderr[-2000:]
         assert out.exists()
@@ -193,7 +193,7 @@ _CTRL_C_LOOP = textwrap.dedent(
 
 def test_uncaught_keyboard_interrupt_exits_by_sigint(tmp_path: Path) -> None:
     outs = [tmp_path / f"ki{i}.json" for i in range(PARALLEL * 2)]
-    for out, done in zip(outs, _run_all(_CTRL_C_NOTHING_SAMPLED, outs)):
+    for out, done in zip(outs, _run_all(_CTRL_C_NOTHING_SAMPLED, outs), strict=True):
         assert done.returncode in _SIGINT_STATUSES, (done.returncode, done.stderr[-2000:])
         assert "KeyboardInterrupt" in done.stderr and "attnscope internal error" not in done.stderr
         assert json.loads(out.read_text()) == {"data": []}  # the exit work still ran
@@ -270,6 +270,6 @@ def test_other_endings_keep_their_exit_status(tmp_path: Path) -> None:
         script = f'import attnscope\nattnscope.configure(exporter="jaeger-json:{out}")\n'
         procs.append(subprocess.Popen([sys.executable, "-c", script + ending], env=_env(),
                                       text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    for proc, (ending, status) in zip(procs, _OTHER_ENDINGS.items()):
+    for proc, (ending, status) in zip(procs, _OTHER_ENDINGS.items(), strict=True):
         _, stderr = proc.communicate(timeout=120)
         assert proc.returncode == status, (ending, proc.returncode, stderr[-2000:])

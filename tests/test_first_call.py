@@ -76,12 +76,12 @@ def test_first_sampled_call_imports_nothing_on_the_calling_thread(setup: str) ->
 
 
 def test_configure_imports_nothing_of_the_worker_side_on_the_calling_thread() -> None:
-    result = _run("""
+    result = _run(f"""
         _n = len(imports)
         attnscope.configure(sample_rate=1.0)
-        _mine = [m for t, m in imports[_n:] if t == "MainThread" and m.startswith(%r)]
+        _mine = [m for t, m in imports[_n:] if t == "MainThread" and m.startswith({_WORKER_SIDE!r})]
         assert not _mine, _mine
-    """ % (_WORKER_SIDE,))
+    """)
     assert result["captured"] == result["emitted"] == 1
 
 

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 import attnscope
 from attnscope import instrumented_modules
 from attnscope.testing import capture_spans
 
 transformers = pytest.importorskip("transformers")
-from torch.utils.flop_counter import FlopCounterMode
 
 aten = torch.ops.aten
 
@@ -407,7 +407,7 @@ def test_static_cache_generate_counts_against_the_filled_part_of_the_buffer() ->
 
 
 def test_output_tokens_stop_at_each_rows_first_eos() -> None:
-    from attnscope.capture.record import MODEL_KEY, ModelFacts
+    from attnscope.record.capture import MODEL_KEY, ModelFacts
     from attnscope.worker.derive import derive
 
     facts = ModelFacts(2, 3)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import attnscope
-from attnscope.instrument.transformers import _past_length
+from attnscope.instrumentation.transformers import _past_length
 from attnscope.testing import capture_spans
 
 
@@ -106,7 +106,8 @@ def test_a_manual_decode_loop_feeding_the_tuple_back() -> None:
     assert lengths == [0, 6, 7, 8]
     assert _phases(spans, "h.0") == _phases(spans, "h.1") == expected
     assert _phases(spans, "_TupleModel") == expected
-    usage = [s.attributes.get("gen_ai.usage.input_tokens") for s in spans if s.name == "_TupleModel"]
+    usage = [s.attributes.get("gen_ai.usage.input_tokens") for s in spans
+             if s.name == "_TupleModel"]
     assert sorted(usage, key=lambda u: u is None) == [6, None, None, None]  # prompt counted once
 
 
@@ -178,7 +179,7 @@ class _OldGPTNeoAttention(torch.nn.Module):
 @pytest.mark.parametrize("buffer_kind", ["global", "local"])
 def test_gpt_neo_local_window_without_attention_type(layer_id: int | None,
                                                      buffer_kind: str) -> None:
-    from attnscope.instrument.transformers import _window
+    from attnscope.instrumentation.transformers import _window
 
     module = _OldGPTNeoAttention(buffer_kind, layer_id)
     # layer_id indexes the config's attention_layers; without it the buffer is all there is
@@ -187,8 +188,8 @@ def test_gpt_neo_local_window_without_attention_type(layer_id: int | None,
 
 
 def test_modernbert_local_layer_reads_its_sliding_window_mask() -> None:
-    from attnscope.capture.record import AttentionFacts
-    from attnscope.instrument.transformers import hidden_state_extractor
+    from attnscope.record.capture import AttentionFacts
+    from attnscope.instrumentation.transformers import hidden_state_extractor
 
     def facts(local: tuple[int, int]) -> Any:
         module = torch.nn.Module()

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 import attnscope
-from attnscope import _buckets
+from attnscope.record import buckets as _buckets
 from attnscope._state import state
-from attnscope.capture import grants, profiler
-from attnscope.capture.record import TensorMeta
+from attnscope.capture import decision, grants
+from attnscope.capture import profiler_session as profiler
+from attnscope.record.capture import TensorMeta
 from attnscope.capture.sampling import CallSite
 from attnscope.testing import capture_spans
 from attnscope.worker.latency import MIN_SAMPLES, Histogram
@@ -162,11 +163,11 @@ def test_an_armed_site_restores_its_countdown() -> None:
     assert state.grants.arm(site, (1, 1), link=5, quantile=0.99)  # one 1-D tensor of size 1
     assert site.countdown == 1 and site.grant is not None
     assert not state.grants.arm(site, (1,), link=6, quantile=0.99)  # one grant at a time
-    tier, rate, grant = grants.decide(state.grants, state.sampler, site, None)
+    tier, rate, grant = decision.decide(state.sampler, state.grants, site, None)
     assert (tier, rate) == (0, 1.0) and grant is site.grant and site.countdown == 1
     tier, chosen = grants.settle(state.grants, state.sampler, site, grant, [], tier)
     assert chosen is None and tier == 0  # another bucket: call through, still armed
-    tier, rate, grant = grants.decide(state.grants, state.sampler, site, None)
+    tier, rate, grant = decision.decide(state.sampler, state.grants, site, None)
     tier, chosen = grants.settle(state.grants, state.sampler, site, grant,
                                  [("x", TensorMeta((1,), torch.float32, None))], tier)
     assert chosen is grant and tier == 2

@@ -294,16 +294,16 @@ def _free_port() -> int:
 
 
 def _torchrun(out: Path, launch: list[str], steps: int) -> tuple[list[str], str]:
-    """Run tests/live_steps_job.py under ``torchrun <launch> --nproc-per-node 2``; check the merged
-    ranks' files hold one trace per step with both ranks in it. Returns the traces' run ids (the
-    root's ``attnscope.run_id``, in step order) and the job's stderr."""
+    """Run tests/support/live_steps_job.py under ``torchrun <launch> --nproc-per-node 2``; check the
+    merged ranks' files hold one trace per step with both ranks in it. Returns the traces' run ids
+    (the root's ``attnscope.run_id``, in step order) and the job's stderr."""
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():
         pytest.skip("torchrun is not installed next to this Python")
     out.mkdir()
     proc = subprocess.run(
         [str(torchrun), *launch, "--nproc-per-node", "2",
-         str(ROOT / "tests" / "live_steps_job.py"), str(out), str(steps)],
+         str(ROOT / "tests" / "support" / "live_steps_job.py"), str(out), str(steps)],
         check=False, capture_output=True, text=True, timeout=240, env=_clean_env(), cwd=out)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stderr.count("shutdown ok True") == 2, proc.stderr[-4000:]

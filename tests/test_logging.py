@@ -12,7 +12,7 @@ import torch
 
 import attnscope
 from attnscope import _log
-from attnscope.capture import profiler
+from attnscope.capture import profiler_session as profiler
 from attnscope.testing import capture_spans
 
 # Runs every warning path attnscope has in a fresh process: a bad environment value read on first
@@ -79,6 +79,7 @@ def test_debug_shows_the_traceback_and_normal_operation() -> None:
     assert "Traceback" in out.stderr and "RuntimeError: injected" in out.stderr
 
 
+@pytest.mark.internal_errors("unit")
 def test_records_carry_the_fields(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="attnscope")
     _log.internal_error("unit", ValueError("bad"))
@@ -117,6 +118,7 @@ def test_import_adds_no_handler_and_leaves_logging_alone() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
+@pytest.mark.internal_errors("unit-locals")
 def test_debug_tracebacks_are_text_without_locals(caplog: pytest.LogCaptureFixture) -> None:
     """A formatter given the exception (rich, structlog's) could print the frames' locals."""
     caplog.set_level(logging.DEBUG, logger="attnscope")

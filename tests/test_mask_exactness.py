@@ -15,11 +15,10 @@ import pytest
 import torch
 
 import attnscope
-from attnscope.capture.record import AttentionFacts
+from attnscope.record.capture import AttentionFacts
 from attnscope.testing import capture_spans
 from attnscope.worker.derive import derive_attention
-from attnscope.worker.maskread import counts_of, read_counts
-from attnscope.worker.masks import MaskReading, band_pairs
+from attnscope.worker.masks import MaskReading, band_pairs, counts_of, read_counts
 
 transformers = pytest.importorskip("transformers")
 
@@ -103,7 +102,7 @@ def test_modernbert_local_layer_reports_its_two_sided_window() -> None:
     assert "sliding_window" not in spans[0] and spans[1]["sliding_window"] == 5  # |i - j| <= 2
 
 
-# ---- the mask reading itself ----------------------------------------------------------------------
+# ---- the mask reading itself ---------------------------------------------------------------------
 
 
 def _brute(sq: int, skv: int, lo: int | None, hi: int | None) -> int:

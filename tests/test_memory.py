@@ -8,11 +8,12 @@ import pytest
 import torch
 
 import attnscope
-from attnscope.capture import device, profiler
+from attnscope.capture import device
+from attnscope.capture import profiler_session as profiler
 from attnscope.testing import capture_spans
 from attnscope.worker import derive
 
-from .helpers import attrs
+from .support.helpers import attrs
 
 MIB = 1 << 20
 

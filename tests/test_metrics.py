@@ -133,6 +133,7 @@ def test_instruments_are_made_once_per_provider(meter_provider: MeterProvider) -
     assert _metrics._instruments_for(meter_provider) is _metrics._instruments_for(meter_provider)
 
 
+@pytest.mark.internal_errors("test")
 def test_dropped_spans_and_internal_errors_are_counted(
     meter_provider: MeterProvider, reader: InMemoryMetricReader
 ) -> None:
@@ -337,7 +338,8 @@ def test_effective_rates_and_overhead_are_gauges(
             attention(q, q, q)
         attnscope.flush()
         metrics = _metrics_by_name(reader)
-    rates = {p.attributes["tier"]: p.value for p in _points(metrics["attnscope.sampling.effective_rate"])}
+    rates = {p.attributes["tier"]: p.value
+             for p in _points(metrics["attnscope.sampling.effective_rate"])}
     assert rates == {"timing": pytest.approx(0.125), "profile": pytest.approx(0.05)}
     (ratio,) = _points(metrics["attnscope.overhead.ratio"])
     assert ratio.value == pytest.approx(0.02)
@@ -353,7 +355,7 @@ def test_the_metrics_answer_is_seen_after_a_traces_failure_logged_just_before() 
     import grpc
     from opentelemetry.exporter.otlp.proto.grpc import exporter as grpc_exporter
 
-    from attnscope.export import reporting
+    from attnscope.export import otlp_status as reporting
 
     reporting.install_log_filter()
     logger = logging.getLogger(grpc_exporter.__name__)

@@ -18,8 +18,7 @@ from torch import nn
 
 import attnscope
 from attnscope._config import Config
-from attnscope.capture import sampling as _sampling
-from attnscope.capture.record import TIER_NONE, TIER_TIMING
+from attnscope.record.capture import TIER_NONE, TIER_TIMING
 from attnscope.capture.sampling import CallSite, Sampler
 from attnscope.testing import capture_spans
 from attnscope.worker import loop as _loop
@@ -266,7 +265,7 @@ def test_warmup_is_exact_while_another_context_forces_sampling() -> None:
             if site.countdown > 0:
                 tiers.append(TIER_NONE)
                 continue
-            tiers.append(_sampling.decide(s, site)[0])
+            tiers.append(s.decide(site)[0])
     finally:
         s.force_exit()
     assert tiers == [TIER_NONE] * warmup + [TIER_TIMING] * 3
@@ -274,7 +273,8 @@ def test_warmup_is_exact_while_another_context_forces_sampling() -> None:
 
 def test_warmup_is_exact_while_another_thread_holds_a_forced_block() -> None:
     """Same off-by-one, end to end: one thread sits in attnscope.sampling(force=True) while this
-    thread makes W + 1 calls with warmup_calls=W and sample_rate=1.0: exactly one span (call W+1)."""
+    thread makes W + 1 calls with warmup_calls=W and sample_rate=1.0: exactly one span
+    (call W+1)."""
     warmup = 5
 
     @attnscope.trace

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import pathlib
+import subprocess
+import sys
 
 import attnscope
 
@@ -16,10 +19,12 @@ def test_all_is_the_public_surface() -> None:
     for name in attnscope.__all__:
         assert getattr(attnscope, name) is not None
     public_modules = {n for n in dir(attnscope) if not n.startswith("_")}
-    # Public on purpose: testing, exporters, cli. The four packages of the layout (capture, worker,
-    # export, instrument) are internal, as docs/architecture.md says; everything else is __all__.
+    # Public on purpose: testing, exporters, cli. The packages of the layout (capture, record,
+    # worker, export, instrumentation) are internal, as docs/architecture.md says; everything
+    # else is __all__.
     assert public_modules - set(attnscope.__all__) <= {
-        "testing", "exporters", "cli", "annotations", "capture", "worker", "export", "instrument"}
+        "testing", "exporters", "cli", "annotations", "capture", "record", "worker", "export",
+        "instrumentation"}
 
 
 def test_stats_span_count_keys_are_pinned() -> None:
@@ -32,7 +37,7 @@ def test_stats_span_count_keys_are_pinned() -> None:
 
 
 def test_demo_prints_a_table_for_both_implementations(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from attnscope.cli._demo import run_demo
+    from attnscope.cli.demo._run import run_demo
 
     out = io.StringIO()
     trace_file = tmp_path / "demo.json"
@@ -58,3 +63,21 @@ def test_cli_entry_point(tmp_path, capsys) -> None:  # type: ignore[no-untyped-d
 
     assert main(["demo", "--steps", "1", "--seq-len", "16", "--jaeger-json", ""]) == 0
     assert "attention.sdpa" in capsys.readouterr().out
+
+
+def test_no_public_name_is_hidden_by_a_submodule() -> None:
+    """attnscope binds its public names on first use (PEP 562); a submodule of the same name,
+    imported first, would be bound in its place (``attnscope.instrument`` was the package)."""
+    root = pathlib.Path(attnscope.__file__).parent
+    submodules = {p.stem if p.suffix else p.name for p in root.iterdir()
+                  if p.suffix == ".py" or (p / "__init__.py").exists()}
+    assert not submodules & set(attnscope.__all__)
+    code = ("import importlib, pkgutil, attnscope\n"
+            "for m in pkgutil.walk_packages(attnscope.__path__, 'attnscope.'):\n"
+            "    if not any(s in m.name for s in ('.cli', 'testing', '__main__')):\n"
+            "        importlib.import_module(m.name)\n"
+            "import types\n"
+            "bad = [n for n in attnscope.__all__\n"
+            "       if isinstance(getattr(attnscope, n), types.ModuleType)]\n"
+            "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

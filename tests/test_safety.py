@@ -18,7 +18,8 @@ from attnscope.testing import capture_spans
 from attnscope.worker import derive, spans
 
 
-def attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fail: bool = False) -> torch.Tensor:
+def attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   fail: bool = False) -> torch.Tensor:
     if fail:
         raise ValueError("user error")
     return F.scaled_dot_product_attention(q, k, v)
@@ -54,6 +55,7 @@ def _run_all() -> list[Any]:
     return results
 
 
+@pytest.mark.internal_errors("capture", "capture-end", "worker")
 @pytest.mark.parametrize("stage", sorted(STAGES))
 def test_internal_failure_leaves_outputs_and_exceptions_identical(
     stage: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
@@ -82,6 +84,7 @@ class FailingExporter(SpanExporter):
         pass
 
 
+@pytest.mark.internal_errors("exporter")
 def test_exporter_that_raises() -> None:
     exporter = FailingExporter()
     attnscope.configure(exporter=exporter, sample_rate=1.0, warmup_calls=0, overhead_budget=1.0)
@@ -92,6 +95,7 @@ def test_exporter_that_raises() -> None:
     assert attnscope.shutdown(timeout_s=5)
 
 
+@pytest.mark.internal_errors("capture")
 def test_site_switches_itself_off_after_repeated_failures(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -161,6 +165,7 @@ def test_a_mapping_that_is_not_a_dict_is_accepted() -> None:
     assert by_name["w"]["phase"] == "x" and by_name["f"]["team"] == "a"
 
 
+@pytest.mark.internal_errors("attributes")
 def test_a_key_or_value_whose_own_code_raises_is_an_internal_error(
         caplog: pytest.LogCaptureFixture) -> None:
     class Shaped:  # looks like a tensor, but reading its shape raises

@@ -19,7 +19,7 @@ import attnscope
 from attnscope._config import Config
 from attnscope._state import state
 from attnscope.capture import sampling as _sampling
-from attnscope.capture.record import TIER_NONE, TIER_PROFILE, TIER_TIMING
+from attnscope.record.capture import TIER_NONE, TIER_PROFILE, TIER_TIMING
 from attnscope.capture.sampling import (
     CallSite,
     OverheadBudget,
@@ -46,10 +46,7 @@ def _run(sampler: Sampler, site: CallSite, calls: int) -> list[int]:
         if site.countdown > 0:
             tiers.append(TIER_NONE)
             continue
-        try:
-            tiers.append(sampler.decide(site)[0])
-        except _sampling._Skip:
-            tiers.append(TIER_NONE)
+        tiers.append(sampler.decide(site)[0])
     return tiers
 
 
@@ -247,7 +244,8 @@ def test_effective_rate_goes_on_the_span(monkeypatch: pytest.MonkeyPatch) -> Non
         attnscope.flush(timeout_s=5)
         stats = attnscope.stats()
     assert stats["effective_sample_rate"] <= 0.5
-    assert {s.attributes["attnscope.sample_rate"] for s in spans} <= {0.5, stats["effective_sample_rate"]}
+    assert ({s.attributes["attnscope.sample_rate"] for s in spans}
+            <= {0.5, stats["effective_sample_rate"]})
     assert 0 < len(spans) < 400
 
 
@@ -269,7 +267,8 @@ def test_max_spans_per_trace_counts_the_rest() -> None:
         stats = attnscope.stats()
     assert len(spans) == 6
     assert stats["dropped_trace_cap"] == 15
-    assert stats["emitted"] + stats["dropped_trace_cap"] + stats["dropped_queue_full"] == stats["captured"]
+    assert (stats["emitted"] + stats["dropped_trace_cap"] + stats["dropped_queue_full"]
+            == stats["captured"])
     assert stats["captured"] == stats["sampled"] - sampled_before == 21
 
 
@@ -302,7 +301,8 @@ def test_queue_full_drops_and_counts() -> None:
             f(i)
         attnscope.flush(timeout_s=10)
         stats = attnscope.stats()
-    assert stats["emitted"] + stats["dropped_queue_full"] + stats["dropped_trace_cap"] == stats["captured"]
+    assert (stats["emitted"] + stats["dropped_queue_full"] + stats["dropped_trace_cap"]
+            == stats["captured"])
     assert len(spans) == stats["emitted"]
 
 
@@ -323,7 +323,7 @@ _PROCESS = textwrap.dedent(
             site.countdown -= 1
             if site.countdown > 0:
                 continue
-            tier, _ = _sampling.decide(state.sampler, site)
+            tier, _ = state.sampler.decide(site)
             if tier:
                 picked.append([step, call, tier])
     print(json.dumps(picked))
@@ -332,8 +332,8 @@ _PROCESS = textwrap.dedent(
 
 
 def _picked(seed: int) -> list:
-    out = subprocess.run([sys.executable, "-c", _PROCESS, str(seed)], capture_output=True, text=True,
-                         timeout=120, check=True)
+    out = subprocess.run([sys.executable, "-c", _PROCESS, str(seed)], capture_output=True,
+                         text=True, timeout=120, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

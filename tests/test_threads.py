@@ -47,5 +47,6 @@ def test_eight_threads_partial_sampling_counts_match() -> None:
         attnscope.flush(timeout_s=10)
         stats = attnscope.stats()
     assert 0 < len(spans) < 8 * CALLS
-    assert stats["emitted"] + stats["dropped_queue_full"] + stats["dropped_trace_cap"] == stats["captured"]
+    assert (stats["emitted"] + stats["dropped_queue_full"] + stats["dropped_trace_cap"]
+            == stats["captured"])
     assert len(spans) == stats["emitted"]

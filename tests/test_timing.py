@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -13,12 +14,13 @@ import attnscope
 from attnscope._state import state
 from attnscope.capture import args, device
 from attnscope.capture.device import CudaEventPool, DeviceTimer
-from attnscope.capture.record import DeviceMemory
+from attnscope.record.capture import DeviceMemory
 from attnscope.testing import capture_spans
+from attnscope.worker import cuda as worker_cuda
 from attnscope.worker import loop
 from attnscope.worker.resolve import Resolver
 
-from .helpers import attrs
+from .support.helpers import attrs
 
 
 class FakeGpu:
@@ -175,7 +177,7 @@ def test_device_timer_elapsed_ns() -> None:
     assert timer.elapsed_ns() == 1_500_000
 
 
-# ---- the timing tier end to end with fake CUDA events ---------------------------------------------
+# ---- the timing tier end to end with fake CUDA events --------------------------------------------
 
 @pytest.fixture
 def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGpu]:
@@ -197,6 +199,10 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGpu]:
     monkeypatch.setattr(device, "memory_before", before)
     monkeypatch.setattr(device, "memory_after", after)
     monkeypatch.setattr(torch.cuda, "synchronize", _no_sync, raising=False)
+    # the worker's own device access (set_device, a side stream) is not what is tested here
+    monkeypatch.setattr(worker_cuda.DeviceAccess, "prepare", lambda self, dev: None)
+    monkeypatch.setattr(worker_cuda.DeviceAccess, "reading",
+                        lambda self, dev: contextlib.nullcontext())
     yield gpu
 
 
@@ -226,13 +232,15 @@ def test_worker_waits_for_device_time_without_blocking(fake_cuda: FakeGpu) -> No
     assert a["attnscope.device_ns"] == 1_500_000
     flops = a["attnscope.flops"]
     assert a["attnscope.tflops"] == pytest.approx(flops / 1_500_000 / 1e3, rel=1e-3)
-    assert a["attnscope.tokens_per_s"] == pytest.approx(a["attnscope.tokens"] * 1e9 / 1_500_000, rel=1e-3)
+    assert a["attnscope.tokens_per_s"] == pytest.approx(a["attnscope.tokens"] * 1e9 / 1_500_000,
+                                                        rel=1e-3)
     assert a["attnscope.memory.delta_bytes"] == 256
     assert a["attnscope.memory.peak_bytes"] == 4096
     assert len(state.event_pool) == 1  # the pair went back to the pool
 
 
-def test_device_time_never_arrives_span_still_emitted(fake_cuda: FakeGpu, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_device_time_never_arrives_span_still_emitted(fake_cuda: FakeGpu,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     q = torch.randn(1, 2, 16, 8)
     with capture_spans() as spans:
         worker = loop.start(attnscope._api.current())
@@ -243,7 +251,8 @@ def test_device_time_never_arrives_span_still_emitted(fake_cuda: FakeGpu, monkey
     assert "attnscope.wall_ns" in attrs(span)
 
 
-def test_cuda_graph_capture_passes_through(fake_cuda: FakeGpu, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cuda_graph_capture_passes_through(fake_cuda: FakeGpu,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     q = torch.randn(1, 2, 16, 8)
     with capture_spans(profile_rate=1.0, profile_max_per_minute=1000.0) as spans:

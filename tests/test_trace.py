@@ -16,11 +16,12 @@ from opentelemetry.trace import StatusCode
 
 import attnscope
 from attnscope.testing import capture_spans
-from tests.helpers import attrs, brute_force_flops
+from tests.support.helpers import attrs, brute_force_flops
 
 
 @attnscope.trace
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              is_causal: bool = False) -> torch.Tensor:
     """Plain SDPA."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
 
@@ -44,14 +45,17 @@ def test_sampled_call_records_the_schema() -> None:
     assert a["attnscope.sample_rate"] == 1.0
     assert a["attnscope.device"] == "cpu"
     assert a["attnscope.dtype"] == "float32"
-    assert (a["attnscope.batch_size"], a["attnscope.num_heads"], a["attnscope.num_kv_heads"]) == (2, 4, 4)
-    assert (a["attnscope.head_dim"], a["attnscope.seq_len_q"], a["attnscope.seq_len_kv"]) == (16, 8, 8)
+    assert (a["attnscope.batch_size"], a["attnscope.num_heads"],
+            a["attnscope.num_kv_heads"]) == (2, 4, 4)
+    assert (a["attnscope.head_dim"], a["attnscope.seq_len_q"],
+            a["attnscope.seq_len_kv"]) == (16, 8, 8)
     assert a["attnscope.causal"] is True
     assert a["attnscope.tokens"] == 16
     assert a["attnscope.flops"] == brute_force_flops(2, 4, 8, 8, 16, 16, True)
     assert a["attnscope.wall_ns"] > 0
     assert a["attnscope.wall_ns"] == span.end_time - span.start_time
-    assert a["attnscope.tflops"] == pytest.approx(a["attnscope.flops"] / a["attnscope.wall_ns"] / 1e3, rel=1e-3)
+    assert a["attnscope.tflops"] == pytest.approx(
+        a["attnscope.flops"] / a["attnscope.wall_ns"] / 1e3, rel=1e-3)
     assert a["attnscope.tokens_per_s"] == pytest.approx(16 * 1e9 / a["attnscope.wall_ns"], rel=1e-3)
     assert a["attnscope.memory.host_rss_bytes"] > 1_000_000
     assert a["code.function.name"] == "attention"
@@ -82,7 +86,8 @@ def test_wrapper_preserves_identity_of_the_function() -> None:
     assert attention.__name__ == "attention"
     assert attention.__doc__ == "Plain SDPA."
     assert str(inspect.signature(attention)) == str(inspect.signature(attention.__wrapped__))
-    assert list(inspect.signature(attention).parameters) == list(inspect.signature(original).parameters)
+    assert (list(inspect.signature(attention).parameters)
+            == list(inspect.signature(original).parameters))
 
 
 class Block(torch.nn.Module):
@@ -92,7 +97,8 @@ class Block(torch.nn.Module):
         self.qkv = torch.nn.Linear(hidden, 3 * hidden)
 
     @attnscope.trace
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         b, s, h = hidden_states.shape
         q, k, v = self.qkv(hidden_states).view(b, s, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
         mask = None if attention_mask is None else attention_mask[:, None, None, :].bool()
@@ -146,7 +152,8 @@ def test_nesting_under_the_app_span_and_under_attnscope_spans() -> None:
     assert step.parent.span_id == request_ctx.span_id
     assert step.context.trace_id == request_ctx.trace_id
     assert attrs(step)["attnscope.tokens"] == 128
-    assert len(by_name["test_nesting_under_the_app_span_and_under_attnscope_spans.<locals>.layer"]) == 2
+    assert len(by_name["test_nesting_under_the_app_span_and_under_attnscope_spans."
+                       "<locals>.layer"]) == 2
     for lay in by_name["test_nesting_under_the_app_span_and_under_attnscope_spans.<locals>.layer"]:
         assert lay.parent.span_id == step.context.span_id
         assert step.start_time <= lay.start_time <= lay.end_time <= step.end_time
@@ -190,7 +197,8 @@ def test_disabled_is_a_pass_through() -> None:
     assert torch.equal(out, F.scaled_dot_product_attention(q, k, v))
 
 
-@pytest.mark.parametrize("var,value", [("ATTNSCOPE_ENABLED", "false"), ("OTEL_SDK_DISABLED", "true")])
+@pytest.mark.parametrize("var,value",
+                         [("ATTNSCOPE_ENABLED", "false"), ("OTEL_SDK_DISABLED", "true")])
 def test_disabled_by_environment(monkeypatch: pytest.MonkeyPatch, var: str, value: str) -> None:
     from attnscope import _api
 
@@ -312,4 +320,5 @@ def test_forked_child_gets_its_own_worker(tmp_path) -> None:  # type: ignore[no-
         time.sleep(0.05)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     spans = [s for trace in json.loads(out.read_text())["data"] for s in trace["spans"]]
-    assert [s["operationName"] for s in spans] == ["test_forked_child_gets_its_own_worker.<locals>.step"]
+    assert [s["operationName"] for s in spans] == [
+        "test_forked_child_gets_its_own_worker.<locals>.step"]

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .. import _log
-from .record import MASK_NAMES, MAX_EXTRA, MAX_NAME, TensorMeta
+from ..record.capture import MASK_NAMES, MAX_EXTRA, MAX_NAME, TensorMeta
 
 __all__ = ["summarize", "tensor_device", "param_names", "attribute_value", "add_attributes",
            "check_attributes"]
@@ -85,7 +85,8 @@ def attribute_value(value: Any) -> Any:
             shape = None
         kind = type(value).__name__
         dtype = str(value.dtype).removeprefix("torch.")
-        return f"{kind}(shape={shape}, dtype={dtype})" if shape is not None else f"{kind}(dtype={dtype})"
+        return (f"{kind}(shape={shape}, dtype={dtype})" if shape is not None
+                else f"{kind}(dtype={dtype})")
     return value
 
 

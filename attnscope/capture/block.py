@@ -6,18 +6,17 @@ from types import TracebackType
 from typing import Any
 
 from .. import _log
+from .. import _schema as schema
 from .._config import shown
 from .._state import state
 from .args import add_attributes, check_attributes
-from .record import MAX_NAME
+from ..record.capture import MAX_NAME
 from .sampling import CallSite
 from .wrapper import Active, enter, leave
 
 __all__ = ["Span", "span"]
 
 _SPAN_SITES_MAX = 10_000  # distinct names, each at most MAX_NAME characters: about 2 MB in all
-_PREFIX = "attnscope."
-_TOKENS = _PREFIX + "tokens"
 
 
 def _span_site(name: str) -> CallSite:
@@ -59,7 +58,7 @@ class Span:
         """Add attributes to the span if this block is captured, as ``attnscope.<keyword>``
         (``tokens=`` is ``attnscope.tokens``)."""
         if self._active is not None:
-            add_attributes(self._extra, attributes, _PREFIX)
+            add_attributes(self._extra, attributes, schema.PREFIX)
 
     def __enter__(self) -> Span:
         site = self._site
@@ -98,5 +97,5 @@ def span(name: str, *, tokens: int | None = None, sample: bool | None = None,
         check_attributes(attributes, "attnscope.span")
         add_attributes(extra, attributes)
     if tokens is not None:
-        extra[_TOKENS] = tokens
+        extra[schema.TOKENS.name] = tokens
     return Span(name[:MAX_NAME], sample, extra)

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from .. import _log
 from .._state import state
-from .record import DeviceMemory
+from ..record.capture import DeviceMemory
 
 __all__ = ["Event", "DeviceTimer", "CudaEventPool", "stream_capturing", "memory_before",
            "memory_after"]
@@ -49,7 +49,8 @@ class DeviceTimer:
         self._make = make_event
 
     def _stream(self) -> Any:
-        return None if self._stream_of is None or self.device is None else self._stream_of(self.device)
+        return (None if self._stream_of is None or self.device is None
+                else self._stream_of(self.device))
 
     def record_start(self) -> None:
         """Record the start event on the current stream of the timer's device (not the current
@@ -92,7 +93,8 @@ class CudaEventPool:
     def __init__(self, make_event: Callable[[], Event] | None = None, max_size: int = 256,
                  stream_of: Callable[[Any], Any] | None = None) -> None:
         self._make = make_event or _make_cuda_event
-        self._stream_of = stream_of if stream_of is not None or make_event is not None else _current_stream
+        self._stream_of = (stream_of if stream_of is not None or make_event is not None
+                           else _current_stream)
         self._free: dict[Any, deque[DeviceTimer]] = {}
         self._max = max_size
         self._lock = threading.Lock()
@@ -241,7 +243,8 @@ def _turn_off(index: int, what: str, device: Any, exc: Exception) -> None:
     state.allocator_off.add((index, what))
     if what == _STATS:
         message = ("attnscope: the CUDA allocator gives no memory statistics on this device (a "
-                   "pluggable allocator?); its spans carry no memory attributes, device time goes on")
+                   "pluggable allocator?); its spans carry no memory attributes, "
+                   "device time goes on")
     else:
         message = ("attnscope: the CUDA allocator cannot reset its peak statistics on this device; "
                    "a call's peak is reported only when it sets a new process-wide peak")

@@ -15,7 +15,8 @@ thread only reads what it was given, and only on the sampled path:
   are upgraded, without the profile rate or the token bucket (an operator asked for them).
 
 Either way the one profiler session per process and the user's profiler are respected: the
-profiler may still refuse, and the call is then timed (``profile_skipped_<reason>``).
+profiler may still refuse, and the call is then timed (``profile_skipped_<reason>``). Where a
+grant stands in the order of a call's decision: :func:`attnscope.capture.decision.decide`.
 """
 
 from __future__ import annotations
@@ -25,13 +26,12 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from .._buckets import bucket as bucket_of
-from .record import TIER_NONE, TIER_PROFILE, TIER_TIMING
+from ..record.buckets import bucket as bucket_of
+from ..record.capture import TIER_PROFILE, TIER_TIMING
 from .sampling import CallSite, Sampler
-from .sampling import decide as sampler_decide
 
-__all__ = ["Grant", "Grants", "decide", "settle", "on_demand", "SLOW", "ON_DEMAND",
-           "ARMED_CALLS", "MAX_TRIGGER_CALLS"]
+__all__ = ["Grant", "Grants", "settle", "on_demand", "SLOW", "ON_DEMAND", "ARMED_CALLS",
+           "MAX_TRIGGER_CALLS"]
 
 SLOW = "slow_call"
 ON_DEMAND = "on_demand"
@@ -130,33 +130,6 @@ class Grants:
             if site.grant is grant:
                 site.grant = None
                 site.countdown = max(1, grant.left) if not site.disabled else site.countdown
-
-
-def decide(grants: Grants, sampler: Sampler, site: CallSite,
-           forced: bool | None) -> tuple[int, float, Grant | None]:
-    """The decision for a call of an armed site. Returns the sampler's tier and rate for the
-    call it would have sampled anyway, else tier none and rate 1.0 (a granted call is an extra,
-    non-random capture), with the grant still to :func:`settle` on the call's shapes."""
-    grant = site.grant
-    if grant is None or grant.done:
-        tier, rate = sampler_decide(sampler, site, forced)
-        return tier, rate, None
-    if not sampler.enabled or site.disabled:
-        grants.end(site, grant, "slow_lapsed")
-        tier, rate = sampler_decide(sampler, site, forced)
-        return tier, rate, None
-    grant.calls += 1
-    grant.left -= 1
-    if grant.left <= 0 or site.gen != sampler.gen or sampler.force_blocks or forced is not None:
-        tier, rate = sampler_decide(sampler, site, forced)  # the call the sampler would see
-        grant.left = site.countdown
-    else:
-        tier, rate = TIER_NONE, 1.0
-    site.countdown = 1  # stay armed
-    if grant.calls > ARMED_CALLS:
-        grants.end(site, grant, "slow_lapsed")
-        return tier, rate, None
-    return tier, rate, grant
 
 
 def settle(grants: Grants, sampler: Sampler, site: CallSite, grant: Grant,

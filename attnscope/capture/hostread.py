@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from . import retain as _retain
-from .record import MASK_NAMES, AttentionFacts, Capture, HostCopy, ModelFacts, find_qkv
-from .reduce import attend, enqueue_to_host, generated_numbers, mask_numbers, plan_mask
+from ..record.capture import MASK_NAMES, AttentionFacts, Capture, HostCopy, ModelFacts, find_qkv
+from ..record.reduce import attend, enqueue_to_host, generated_numbers, mask_numbers, plan_mask
 
 __all__ = ["to_host"]
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .. import _state
-from .record import AttentionFacts, Capture, ModelFacts, TensorMeta
+from ..record.capture import AttentionFacts, Capture, ModelFacts, TensorMeta
 
 __all__ = ["KEEP_TENSOR_BYTES", "keep", "keep_summary", "release", "drop", "meta"]
 

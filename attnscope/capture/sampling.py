@@ -1,9 +1,11 @@
 """Which calls are captured, and in which tier.
 
 Every traced call site keeps a countdown. The hot path only decrements it; when it reaches zero the
-call enters :meth:`Sampler.decide`, which applies the documented order (forced → parent → rate
-with warm-up → profile budget) and draws the next countdown from a geometric distribution, so each
-call is still sampled independently with the configured probability. When a step is declared
+call enters :func:`attnscope.capture.decision.decide` (the whole order of a decision, grants and
+triggers included), whose sampler part, :meth:`Sampler.decide`, applies forced → rate with warm-up
+and overhead budget → parent → profile rate and token bucket, and draws the next countdown from a
+geometric distribution, so each call is still sampled independently with the configured
+probability. When a step is declared
 (:func:`step`), draws come from a generator seeded by ``(seed, step, call site)``, so every process
 of a job samples the same calls.
 """
@@ -23,7 +25,7 @@ from typing import Any
 from opentelemetry import trace as otel_trace
 
 from .._config import Config
-from .record import TIER_NONE, TIER_PROFILE, TIER_TIMING
+from ..record.capture import TIER_NONE, TIER_PROFILE, TIER_TIMING
 
 __all__ = [
     "CallSite",
@@ -32,7 +34,6 @@ __all__ = [
     "OverheadBudget",
     "geometric_draw",
     "force",
-    "decide",
 ]
 
 # "Never" for a countdown; large enough that no process reaches it.
@@ -91,7 +92,7 @@ class CallSite:
         self.disabled = False
         self.step_no: int | None = None
         # Optional (instance, args, kwargs) -> [(name, value)] run by sampled calls on the calling
-        # thread to add cheap facts (shapes, ints) to the summary; see attnscope.instrument.
+        # thread to add cheap facts (shapes, ints) to the summary; see attnscope.instrumentation.
         self.extractor: (
             Callable[[Any, tuple[Any, ...], dict[str, Any]], list[tuple[str, Any]]] | None
         ) = None
@@ -124,7 +125,8 @@ class TokenBucket:
     def take(self) -> bool:
         with self._lock:
             now = self._clock()
-            self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.per_minute / 60.0)
+            self.tokens = min(self.capacity,
+                              self.tokens + (now - self.stamp) * self.per_minute / 60.0)
             self.stamp = now
             if self.tokens >= 1.0:
                 self.tokens -= 1.0
@@ -280,10 +282,8 @@ class Sampler:
 
     # -- the decision ---------------------------------------------------------------------------
     def decide(self, site: CallSite, forced_sample: bool | None = None) -> tuple[int, float]:
-        """Tier and sampling probability for a call that found ``site.countdown`` exhausted.
-
-        Raises ``_Skip`` for a call that loses the lottery after a refresh (see :func:`decide`).
-        """
+        """Tier and sampling probability for a call that found ``site.countdown`` exhausted: steps
+        1 and 3-6 of :func:`attnscope.capture.decision.decide`. Tier none: not captured."""
         if not self.enabled or site.disabled:
             site.countdown = NEVER
             return TIER_NONE, 0.0
@@ -311,7 +311,10 @@ class Sampler:
             if rng.random() >= rate:
                 return TIER_NONE, 0.0
         elif site.gen != self.gen:
-            rng = self._refresh(site, rate)
+            refreshed = self._refresh(site, rate)
+            if refreshed is None:
+                return TIER_NONE, 0.0
+            rng = refreshed
         else:
             rng = site.rng or self._rng
         # This call won the lottery; draw the next one.
@@ -328,10 +331,11 @@ class Sampler:
         self._count(profile=False)
         return TIER_TIMING, rate
 
-    def _refresh(self, site: CallSite, rate: float) -> random.Random:
+    def _refresh(self, site: CallSite, rate: float) -> random.Random | None:
         """First decision after a config/step change: reseed, apply warm-up, redraw.
 
-        Returns the generator to use when this call wins; raises ``_Skip`` when it does not.
+        Returns the generator to use when this call wins; None when it does not (warm-up, or the
+        redraw lands on a later call).
         """
         site.gen = self.gen
         if self.step_no is not None:
@@ -348,7 +352,7 @@ class Sampler:
         if draw > 1:
             site.countdown = draw - 1
             site.calls += draw - 1 - skip
-            raise _Skip
+            return None
         site.calls += 1
         return rng
 
@@ -360,18 +364,6 @@ class Sampler:
             site.countdown = NEVER
             return True
         return False
-
-
-class _Skip(Exception):
-    """Internal: the call that triggered a refresh is inside warm-up."""
-
-
-def decide(sampler: Sampler, site: CallSite, forced_sample: bool | None = None) -> tuple[int, float]:
-    """Entry used by the hot path: a call that loses the lottery is tier none."""
-    try:
-        return sampler.decide(site, forced_sample)
-    except _Skip:
-        return TIER_NONE, 0.0
 
 
 def _parent_not_sampled() -> bool:

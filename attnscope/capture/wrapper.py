@@ -20,15 +20,17 @@ from typing import Any, TypeVar
 from opentelemetry import trace as otel_trace
 
 from .. import _log, _state
+from .. import _schema as schema
 from .._state import state
 from . import args as _args
 from . import compile as _compile
+from . import decision as _decision
 from . import device as _device
 from . import grants as _grants
 from . import hostread as _hostread
-from . import profiler as _profiler
+from . import profiler_session as _profiler
 from . import retain as _retain
-from .record import (
+from ..record.capture import (
     MAX_NAME,
     TIER_NONE,
     TIER_PROFILE,
@@ -37,7 +39,7 @@ from .record import (
     error_info,
     next_id,
 )
-from .sampling import CallSite, decide
+from .sampling import CallSite
 
 __all__ = ["current", "enter", "leave", "make_site", "wrap"]
 
@@ -71,7 +73,7 @@ def make_site(fn: Callable[..., Any], name: str | None, sample_rate: float | Non
     )
     if attributes is not None:
         _args.add_attributes(site.attributes, attributes)
-    site.attributes.setdefault("code.function.name", qualname)
+    site.attributes.setdefault(schema.CODE_FUNCTION_NAME.name, qualname)
     state.sampler.register(site)
     return site
 
@@ -91,14 +93,8 @@ def enter(site: CallSite, args: tuple[Any, ...], kwargs: dict[str, Any],
             site.countdown = 1  # decide again on the next eager call
             _compile.register_pending()
             return None
-        grant = None
-        if site.grant is None:
-            tier, rate = decide(state.sampler, site, forced)
-        else:  # armed by the worker after a slow call: settled on the call's shapes in _open
-            tier, rate, grant = _grants.decide(state.grants, state.sampler, site, forced)
-        if state.grants.trigger and grant is None:
-            grant = _grants.on_demand(state.grants, site, tier)
-            tier = TIER_PROFILE if grant is not None else tier
+        # a slow-call grant comes back unsettled: _open settles it on the call's shapes
+        tier, rate, grant = _decision.decide(state.sampler, state.grants, site, forced)
         if tier == TIER_NONE and grant is None:
             return None
         cap = _open(site, tier, rate, args, kwargs, extra, grant)
@@ -168,8 +164,13 @@ def _open(site: CallSite, tier: int, rate: float, args: tuple[Any, ...], kwargs:
     summary = _args.summarize(args, kwargs, site.param_names) if extractor is None else []
     device = _args.tensor_device(args, kwargs)
     cap.summary = summary
-    if device is not None and device.type == "cuda" and not _open_cuda(cap, device):
-        return None
+    cuda = device is not None and device.type == "cuda"
+    if cuda:
+        # The tensor's device's stream, where the events go: during CUDA-graph capture events,
+        # allocator queries and any device read would be recorded into the graph.
+        if _device.stream_capturing(device):
+            return None
+        cap.memory = _device.memory_before(device, state.sampler.reset_peak)
     if extractor is not None:  # after the capture check: it may read a device tensor
         try:
             summary.extend(extractor(cap.instance, args, kwargs))
@@ -180,9 +181,9 @@ def _open(site: CallSite, tier: int, rate: float, args: tuple[Any, ...], kwargs:
     if grant is not None:
         tier, cap.grant = _grants.settle(state.grants, state.sampler, site, grant, summary, tier)
         if tier == TIER_NONE:  # an armed call outside the slow call's bucket: call through
-            if cap.timer is not None:
-                cap.timer.release()
-            return None
+            return None  # no CUDA event was taken for it
+    if cuda:  # after the grant is settled: events only for a call that is captured
+        cap.timer = _event_timer(device)
     if tier == TIER_PROFILE:
         cap.profile = _profiler.start(device)
         if cap.profile is None:
@@ -201,16 +202,12 @@ def _open(site: CallSite, tier: int, rate: float, args: tuple[Any, ...], kwargs:
     return cap
 
 
-def _open_cuda(cap: Capture, device: Any) -> bool:
-    """Allocator readings and an event pair; False during CUDA-graph capture (call through)."""
-    if _device.stream_capturing(device):  # the tensor's device's stream, where the events go
-        return False  # events and allocator queries would be recorded into the graph
-    cap.memory = _device.memory_before(device, state.sampler.reset_peak)
+def _event_timer(device: Any) -> Any:
+    """An event pair from the process's pool (made on the first CUDA call)."""
     pool = state.event_pool
     if pool is None:
         pool = state.event_pool = _device.CudaEventPool()
-    cap.timer = pool.get(device)
-    return True
+    return pool.get(device)
 
 
 def _device_counts(cap: Capture) -> None:

@@ -1,9 +1,12 @@
 """attnscope's command line: capture a program, then read what it captured.
 
-Each command lives in its own module (``_demo``, ``_run``, ``_report``, ``_diff``, ``_compare``)
-with ``register(subparsers)``, which adds its parser and sets ``func`` to a function taking the
-parsed arguments and returning the exit code. Optional libraries (tables, plots, statistics: the
-``cli`` extra) are imported inside those functions.
+One package or module per command (``demo``, ``run``, ``report``, ``diff``, ``compare``,
+``trigger``), each with ``register(subparsers, formatter)``, which adds its parser and sets
+``func`` to a function taking the parsed arguments and returning the exit code. They share
+``render`` (units, console, writer, html) and ``traces`` (reading trace files). A command module
+is imported only when its command runs, and this package imports neither torch nor the library
+(``attnscope/__init__`` binds its names on first use): ``attnscope --help``, ``report``, ``diff``
+and ``trigger`` start without torch.
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ _COMMANDS = {
     "trigger": "profile the next sampled calls of a running process (no restart)",
 }
 
+# The [cli] extra (pyproject.toml): tables, plots, statistics. The command modules import them
+# at their top; main() turns their absence into one line instead of a traceback.
+_CLI_EXTRA = frozenset({"rich", "matplotlib", "scipy"})
+_NEEDS_EXTRA = "attnscope: this command needs the [cli] extra: pip install 'attnscope[cli]'"
+
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Defaults shown in every --help, descriptions kept as written."""
@@ -36,8 +44,8 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
 def build_parser(only: str | None = None, *, listing: bool = False) -> argparse.ArgumentParser:
     """The full parser: one subcommand per module in ``_COMMANDS``. ``only``: that command's
     alone; ``listing``: every command by name and help line, none of their modules imported
-    (``attnscope --help``). Some command modules import torch: a command that does not need
-    them should not wait seconds for it."""
+    (``attnscope --help``): some import torch, and a command that does not need it should not
+    wait seconds for it."""
     parser = argparse.ArgumentParser(
         prog="attnscope", formatter_class=_Formatter,
         description="See what the attention layers of your PyTorch models cost.\n\n"
@@ -49,23 +57,39 @@ def build_parser(only: str | None = None, *, listing: bool = False) -> argparse.
         if listing:
             sub.add_parser(name, help=line)
         elif only is None or name == only:
-            module = importlib.import_module(f"._{name}", __name__)
+            module = importlib.import_module(f".{name}", __name__)
             module.register(sub, _Formatter)
     return parser
 
 
+def _missing_extra(exc: ModuleNotFoundError) -> bool:
+    """True when ``exc`` is a library of the [cli] extra not being installed (then the user is
+    told the one line ``_NEEDS_EXTRA``; any other missing module is a bug and propagates)."""
+    if (exc.name or "").partition(".")[0] not in _CLI_EXTRA:
+        return False
+    print(_NEEDS_EXTRA, file=sys.stderr)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; returns its exit code. Bad input: one line on stderr and exit 2."""
+    """Run one command; returns its exit code. Bad input, or a missing [cli] extra: one line on
+    stderr and exit 2."""
     given = sys.argv[1:] if argv is None else argv
     # only the command's own module; no command (--help, --version, a typo): the list alone
     command = next((a for a in given if not a.startswith("-")), None)
-    if command in _COMMANDS:
-        parser = build_parser(command)
-    else:
-        parser = build_parser(listing=True)
+    try:
+        parser = build_parser(command) if command in _COMMANDS else build_parser(listing=True)
+    except ModuleNotFoundError as exc:
+        if _missing_extra(exc):
+            return 2
+        raise
     args = parser.parse_args(given)
     try:
         code: int = args.func(args)
+    except ModuleNotFoundError as exc:
+        if _missing_extra(exc):
+            return 2
+        raise
     except CLIError as exc:
         print(f"attnscope {args.command}: error: {exc}", file=sys.stderr)
         return 2

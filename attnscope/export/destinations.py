@@ -18,6 +18,7 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from .. import _dist, _log
+from .. import _schema as schema
 from .._config import EXPORTER_NAMES, Config
 from .._state import state
 from .._version import __version__
@@ -37,22 +38,22 @@ def resource_attributes(cfg: Config) -> dict[str, Any]:
     """attnscope's own resource attributes (before ``OTEL_RESOURCE_ATTRIBUTES`` is merged in)."""
     attrs: dict[str, Any] = {
         "service.name": cfg.service_name,
-        "attnscope.version": __version__,
+        schema.VERSION.name: __version__,
         "host.name": socket.gethostname(),
         "process.pid": os.getpid(),
         "process.executable.name": os.path.basename(sys.executable),
         "process.runtime.name": platform.python_implementation().lower(),
         "process.runtime.version": platform.python_version(),
-        "attnscope.rank": _dist.rank(),
-        "attnscope.world_size": _dist.world_size(),
+        schema.RANK.name: _dist.rank(),
+        schema.WORLD_SIZE.name: _dist.world_size(),
     }
     try:
         import torch
 
-        attrs["attnscope.torch.version"] = str(torch.__version__)
+        attrs[schema.TORCH_VERSION.name] = str(torch.__version__)
         # Only name the GPU when CUDA is already up: initialising it here would cost the app.
         if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-            attrs["attnscope.device.name"] = torch.cuda.get_device_name()
+            attrs[schema.DEVICE_NAME.name] = torch.cuda.get_device_name()
     except Exception:
         pass
     return attrs
@@ -179,7 +180,7 @@ def _reader(name: str, traces_via: str | None) -> Any:
     if name == "none":
         return None
     if name == "otlp":
-        from .reporting import MetricExportGuard
+        from .otlp_status import MetricExportGuard
 
         return PeriodicExportingMetricReader(MetricExportGuard(_otlp_metric_exporter(traces_via)),
                                              **reader_kwargs())

@@ -91,7 +91,10 @@ def check_target(path: str, setting: str) -> None:
 
 
 def ensure_safe(path: str) -> None:
-    """Raise ``OSError`` unless ``path`` is missing or a regular file (checked before each write)."""
+    """Raise ``OSError`` unless ``path`` is missing or a regular file.
+
+    Checked before each write.
+    """
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:

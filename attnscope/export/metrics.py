@@ -33,13 +33,13 @@ from opentelemetry.trace import NonRecordingSpan
 
 from .. import _log
 from .._config import Config
+from .. import _schema as schema
 from .._state import state
 from .._version import __version__
 from .destinations import meter_provider_for
 
 __all__ = ["DURATION_BUCKETS_S", "MEMORY_BUCKETS_BYTES", "recorder"]
 
-P = "attnscope."
 DURATION_BUCKETS_S = (
     1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -47,7 +47,10 @@ DURATION_BUCKETS_S = (
 MEMORY_BUCKETS_BYTES = tuple(float(4**k) for k in range(8, 19))  # 64 KiB .. 64 GiB
 # Low-cardinality labels only: the module class, not its path (one series per layer would
 # multiply every histogram by the depth of the model); spans carry the path.
-_LABELS = (P + "module_class", P + "backend", P + "device", P + "phase")
+_DEVICE_NS, _WALL_NS, _TOKENS = schema.DEVICE_NS.name, schema.WALL_NS.name, schema.TOKENS.name
+_SAMPLE_RATE, _PEAK_BYTES = schema.SAMPLE_RATE.name, schema.PEAK_BYTES.name
+_MODULE_CLASS = schema.MODULE_CLASS.name
+_LABELS = tuple(a.name for a in (schema.MODULE_CLASS, schema.BACKEND, schema.DEVICE, schema.PHASE))
 
 
 # ---- instruments ---------------------------------------------------------------------------------
@@ -151,8 +154,8 @@ class _Instruments:
     def __init__(self, meter_provider: Any) -> None:
         meter = meter_provider.get_meter("attnscope", __version__)
         self.duration = meter.create_histogram(
-            "attnscope.attention.duration", unit="s",
-            description="Duration of sampled attention calls (device time when measured)",
+            schema.ATTENTION_DURATION.name, unit=schema.ATTENTION_DURATION.unit,
+            description=schema.ATTENTION_DURATION.brief,
             explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS_S),
         )
         # Token totals are summed here and read when metrics are collected: a synchronous
@@ -161,37 +164,31 @@ class _Instruments:
         self._token_totals: dict[tuple[tuple[str, str], ...], float] = {}
         self._labels: dict[tuple[Any, ...], _Labels] = {}  # see _labels_of
         meter.create_observable_counter(
-            "attnscope.attention.tokens", callbacks=[self._observe_tokens], unit="{token}",
-            description="Tokens processed by attention calls (sampled calls / sample rate)",
+            schema.ATTENTION_TOKENS.name, callbacks=[self._observe_tokens],
+            unit=schema.ATTENTION_TOKENS.unit, description=schema.ATTENTION_TOKENS.brief,
         )
         self.memory_peak = meter.create_histogram(
-            "attnscope.memory.peak", unit="By",
-            description="Peak device memory allocated during sampled calls",
+            schema.MEMORY_PEAK.name, unit=schema.MEMORY_PEAK.unit,
+            description=schema.MEMORY_PEAK.brief,
             explicit_bucket_boundaries_advisory=list(MEMORY_BUCKETS_BYTES),
         )
         # The context argument (exemplars) exists from opentelemetry-api 1.28 on.
         self._with_context = _takes_context(self.duration.record)
-        for create, name, callback, unit, description in (
-            (meter.create_observable_counter, "attnscope.spans.dropped", _observe_dropped,
-             "{span}", "attnscope spans not delivered, by reason"),
-            (meter.create_observable_counter, "attnscope.profiles.skipped",
-             _observe_profiles_skipped, "{profile}",
-             "Profile-tier captures that fell back to timing, by reason"),
-            (meter.create_observable_counter, "attnscope.internal_errors",
-             _observe_internal_errors, "{error}", "Internal errors attnscope caught and logged"),
-            (meter.create_observable_gauge, "attnscope.sampling.effective_rate",
-             _observe_sampling, "1",
-             "Sampling probability in force after the overhead budget, by tier"),
-            (meter.create_observable_gauge, "attnscope.overhead.ratio", _observe_overhead, "1",
-             "attnscope's calling-thread cost / wall time of the calls it wraps"),
+        for create, metric, callback in (
+            (meter.create_observable_counter, schema.SPANS_DROPPED, _observe_dropped),
+            (meter.create_observable_counter, schema.PROFILES_SKIPPED, _observe_profiles_skipped),
+            (meter.create_observable_counter, schema.INTERNAL_ERRORS, _observe_internal_errors),
+            (meter.create_observable_gauge, schema.EFFECTIVE_RATE, _observe_sampling),
+            (meter.create_observable_gauge, schema.OVERHEAD_RATIO, _observe_overhead),
         ):
-            create(name, callbacks=[callback], unit=unit, description=description)
+            create(metric.name, callbacks=[callback], unit=metric.unit, description=metric.brief)
 
     def _observe_tokens(self, options: Any) -> Iterable[Any]:
         from opentelemetry.metrics import Observation
 
         try:
-            return [Observation(total, dict(key)) for key, total in list(self._token_totals.items())]
+            return [Observation(total, dict(key))
+                    for key, total in list(self._token_totals.items())]
         except Exception as exc:
             _log.internal_error("metrics.observe", exc)
             return []
@@ -205,22 +202,22 @@ class _Instruments:
                 ctx = otel_trace.set_span_in_context(NonRecordingSpan(span_context), _EMPTY)
             attrs: dict[str, Any] = result.attrs
             labels, series = self._labels_of(attrs, getattr(result, "name", None))
-            device_ns = attrs.get(P + "device_ns")
-            wall_ns = attrs.get(P + "wall_ns")
+            device_ns = attrs.get(_DEVICE_NS)
+            wall_ns = attrs.get(_WALL_NS)
             ns = device_ns if _positive_int(device_ns) else wall_ns
             if _count(ns):
                 if ctx is None:
                     self.duration.record(ns / 1e9, labels)
                 else:
                     self.duration.record(ns / 1e9, labels, context=ctx)
-            tokens = attrs.get(P + "tokens")
+            tokens = attrs.get(_TOKENS)
             if _count(tokens) and tokens > 0:
-                rate = attrs.get(P + "sample_rate")
+                rate = attrs.get(_SAMPLE_RATE)
                 weight = 1.0 / rate if isinstance(rate, float) and 0.0 < rate <= 1.0 else 1.0
                 totals = self._token_totals
                 if series in totals or len(totals) < _MAX_TOKEN_SERIES:
                     totals[series] = totals.get(series, 0.0) + tokens * weight
-            peak = attrs.get(P + "memory.peak_bytes")
+            peak = attrs.get(_PEAK_BYTES)
             if _count(peak):
                 if ctx is None:
                     self.memory_peak.record(peak, labels)
@@ -259,8 +256,8 @@ def _labels(attrs: dict[str, Any], name: Any) -> _Labels:
         value = attrs.get(key)
         if isinstance(value, str) and value:
             labels[key] = value
-    if P + "module_class" not in labels and name:
-        labels[P + "module_class"] = str(name)[:128]
+    if _MODULE_CLASS not in labels and name:
+        labels[_MODULE_CLASS] = str(name)[:128]
     return labels, tuple(sorted(labels.items()))
 
 
@@ -297,9 +294,9 @@ def _instruments_for(meter_provider: Any) -> _Instruments:
 def recorder(cfg: Config, pipeline: Any = None) -> Callable[[Any, Any], None] | None:
     """A callable ``(result, span_context)`` that records a built span's metrics; None when off.
 
-    ``pipeline`` (an ``export.pipeline.Pipeline``) supplies the meter provider it resolved, which it also
-    flushes and shuts down. Without one, only ``meter_provider=`` or the app's global SDK provider
-    is used: a provider nobody would shut down is never created here.
+    ``pipeline`` (an ``export.pipeline.Pipeline``) supplies the meter provider it resolved, which it
+    also flushes and shuts down. Without one, only ``meter_provider=`` or the app's global SDK
+    provider is used: a provider nobody would shut down is never created here.
     """
     if not cfg.metrics:
         return None

@@ -23,7 +23,7 @@ from .. import _log
 from .._config import EXPORTER_PREFIXES, Config
 from .._state import Delivery, state
 from .._version import __version__
-from . import reporting
+from . import otlp_status
 from .destinations import make_exporter, meter_provider_for, resource, traces_exporter_from_env
 from .otel_env import batch_kwargs
 
@@ -41,7 +41,7 @@ class _CountingExporter(SpanExporter):
     rewrites the file) says itself when spans are in the file or lost, through
     ``attnscope_bind_delivery``: a span counts as exported only once it is on disk.
 
-    For an OTLP exporter (see :mod:`attnscope.export.reporting`): its own log lines stay out of
+    For an OTLP exporter (see :mod:`attnscope.export.otlp_status`): its own log lines stay out of
     an unconfigured console, the endpoint is tried once before the first export (nothing
     listening → one WARNING at once, not after the exporter's retries), and a first failure at an
     endpoint that listens gets one WARNING too.
@@ -50,7 +50,7 @@ class _CountingExporter(SpanExporter):
     def __init__(self, inner: SpanExporter, delivery: Delivery) -> None:
         self.inner = inner
         self.delivery = delivery
-        self.endpoint = reporting.endpoint_of(inner)
+        self.endpoint = otlp_status.endpoint_of(inner)
         self._checked = self.endpoint is None
         self._reported = False
         bind = getattr(inner, "attnscope_bind_delivery", None)
@@ -64,11 +64,11 @@ class _CountingExporter(SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not self._checked:
             self._checked = True
-            if not reporting.listening(self.endpoint or ""):
+            if not otlp_status.listening(self.endpoint or ""):
                 self._reported = True
-                reporting.report_unreachable(self.endpoint or "")
+                otlp_status.report_unreachable(self.endpoint or "")
         try:
-            with reporting.exporting():
+            with otlp_status.exporting():
                 result = self.inner.export(spans)
         except Exception as exc:
             _log.internal_error("exporter", exc)
@@ -83,10 +83,10 @@ class _CountingExporter(SpanExporter):
             self.delivery.settle(failed=len(spans))
             if self.endpoint is not None and not self._reported:
                 self._reported = True
-                if reporting.listening(self.endpoint):
-                    reporting.report_refused(self.endpoint)
+                if otlp_status.listening(self.endpoint):
+                    otlp_status.report_refused(self.endpoint)
                 else:
-                    reporting.report_unreachable(self.endpoint)
+                    otlp_status.report_unreachable(self.endpoint)
         return result
 
     def shutdown(self, timeout_millis: float = 30_000) -> None:
@@ -94,7 +94,7 @@ class _CountingExporter(SpanExporter):
             takes_timeout = "timeout_millis" in inspect.signature(self.inner.shutdown).parameters
         except (TypeError, ValueError):
             takes_timeout = False
-        with reporting.exporting():  # an exporter cut short by shutdown says so: ours to tell
+        with otlp_status.exporting():  # an exporter cut short by shutdown says so: ours to tell
             if takes_timeout:
                 self.inner.shutdown(timeout_millis=timeout_millis)  # type: ignore[call-arg]
             else:
@@ -184,8 +184,8 @@ class _CountingBatchSpanProcessor(BatchSpanProcessor):
                 super().on_end(span)
                 return
             # the SDK logs "Queue full, dropping Span." for each: as attnscope's own export's
-            # record, it stays off a console nobody configured (export.reporting)
-            with reporting.exporting():
+            # record, it stays off a console nobody configured (export.otlp_status)
+            with otlp_status.exporting():
                 super().on_end(span)
             return
         queue = getattr(inner, "_queue", None)
@@ -341,7 +341,7 @@ def build(cfg: Config) -> Pipeline:
     pipeline.local = (traces_via is not None and traces_via.startswith(_LOCAL)) or (
         getattr(span_exporter, "attnscope_writes_files", False) is True)
     if owned and span_exporter is not None or meter_owned:
-        reporting.install_log_filter()  # after the exporters' modules are loaded
+        otlp_status.install_log_filter()  # after the exporters' modules are loaded
     if owned and span_exporter is not None:
         pipeline.processor = _CountingBatchSpanProcessor(
             _CountingExporter(span_exporter, pipeline.delivery), pipeline.delivery)

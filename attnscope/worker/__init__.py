@@ -1,4 +1,4 @@
 """The worker thread's side: resolve device timers, derive attributes, parse profiles, build spans.
 
-Reads the Capture records of :mod:`attnscope.capture.record`, never the calling thread's code.
+Reads the Capture records of :mod:`attnscope.record`, never the calling thread's code.
 """

@@ -225,7 +225,7 @@ def _sweep(directory: str, own: int) -> None:
     """Remove the advertisements of processes that no longer exist (bounded)."""
     try:
         with os.scandir(directory) as entries:
-            names = [e.name for _, e in zip(range(MAX_SWEEP), entries)]
+            names = [e.name for _, e in zip(range(MAX_SWEEP), entries, strict=False)]
     except OSError:
         return
     for name in names:

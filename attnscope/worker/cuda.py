@@ -40,7 +40,10 @@ def _cudart_exchange() -> Callable[[Any], int] | None:
 
 
 def _loaded_cudart_paths() -> list[str]:
-    """The CUDA runtime libraries mapped into this process (torch's, from its wheels or the system)."""
+    """The CUDA runtime libraries mapped into this process.
+
+    torch's, from its wheels or the system.
+    """
     try:
         with open("/proc/self/maps", encoding="utf-8") as maps:
             found = {line.split()[-1] for line in maps if "libcudart.so" in line}

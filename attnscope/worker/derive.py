@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .._state import state
-from ..capture.record import (
+from ..record.capture import (
     ATTENTION_KEY,
     MASK_NAMES,
     MODEL_KEY,
@@ -25,10 +25,10 @@ from ..capture.record import (
     TensorMeta,
     find_qkv,
 )
-from ..capture.reduce import generated_numbers
-from ..instrument.facts import head_info
-from .maskread import counts_of, positions_tokens, read_counts
-from .masks import MaskReading, pairs_upto
+from ..instrumentation.facts import head_info
+from ..record.reduce import generated_numbers
+from .derived import ARGUMENTS, HIDDEN, LAYER, MODEL, Derived
+from .masks import MaskReading, counts_of, pairs_upto, positions_tokens, read_counts
 
 __all__ = ["derive", "causal_pairs", "window_pairs", "attention_flops", "count_tokens",
            "host_rss_bytes", "host_readable"]
@@ -79,7 +79,7 @@ def count_tokens(mask: torch.Tensor, batch: int, sq: int, ignores: bool = False)
     return None if counts is None else read_counts(counts, batch, None, sq, None)[1]
 
 
-# ---- derive on the worker -------------------------------------------------------------------------
+# ---- derive on the worker ----------------------------------------------------------------------
 
 
 def _find(summary: Mapping[str, Any], names: Sequence[str]) -> Any:
@@ -90,8 +90,8 @@ def _find(summary: Mapping[str, Any], names: Sequence[str]) -> Any:
 
 
 def derive(summary_list: Sequence[tuple[str, Any]], instance: Any = None,
-           device_reads: bool = True) -> dict[str, Any]:
-    """Attention attributes (attnscope.* without the prefix) from a call summary.
+           device_reads: bool = True) -> Derived:
+    """The attention facts of a call (:class:`.derived.Derived`), from its summary.
 
     No device tensor is read here (that would be a host sync on the worker): the calling thread
     left counts in pinned memory instead (:class:`HostCopy`), read unless ``device_reads=False``
@@ -109,9 +109,9 @@ def derive(summary_list: Sequence[tuple[str, Any]], instance: Any = None,
 
 
 def _derive_arguments(summary: dict[str, Any], summary_list: Sequence[tuple[str, Any]],
-                      instance: Any) -> dict[str, Any]:
+                      instance: Any) -> Derived:
     """Attributes of a traced function or forward, from its argument summary."""
-    out: dict[str, Any] = {}
+    out = Derived(order=ARGUMENTS)
     causal = _find(summary, _CAUSAL_NAMES)
     if not isinstance(causal, bool):
         inst_causal = getattr(instance, "is_causal", None) if instance is not None else None
@@ -126,25 +126,28 @@ def _derive_arguments(summary: dict[str, Any], summary_list: Sequence[tuple[str,
         hidden = _find(summary, _HIDDEN_NAMES)
         if _meta(hidden) and len(hidden[0]) == 3:
             b, s, width = hidden[0]
-            out.update(batch_size=b, seq_len_q=s, dtype=_dtype_name(hidden[1]), device=str(hidden[2]))
+            out.order = HIDDEN
+            out.batch_size, out.seq_len_q = b, s
+            out.dtype, out.device = _dtype_name(hidden[1]), str(hidden[2])
             heads, kv_heads, head_dim, _ = head_info(instance) if instance is not None else (
                 None, None, None, None)
             if heads and not head_dim and width % heads == 0:
                 head_dim = width // heads
             if heads and head_dim:
-                out.update(num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim)
+                out.num_heads, out.num_kv_heads, out.head_dim = heads, kv_heads, head_dim
             _tokens(out, mask, b, s, ignores)
         else:
             for meta in (_find(summary, _Q_NAMES), hidden):
                 if _meta(meta):
-                    out.update(dtype=_dtype_name(meta[1]), device=str(meta[2]))
+                    out.order = HIDDEN
+                    out.dtype, out.device = _dtype_name(meta[1]), str(meta[2])
                     break
-    if causal is not None and "seq_len_q" in out:
-        out["causal"] = bool(causal)
+    if causal is not None and out.seq_len_q is not None:
+        out.causal = bool(causal)
     return out
 
 
-def _qkv_attributes(out: dict[str, Any], qkv: tuple[TensorMeta, TensorMeta, TensorMeta],
+def _qkv_attributes(out: Derived, qkv: tuple[TensorMeta, TensorMeta, TensorMeta],
                     mask: Any, ignores: bool, causal: bool | None) -> bool | None:
     """Shapes, FLOPs and tokens of a (q, k, v) call; returns the causality that holds.
 
@@ -153,39 +156,40 @@ def _qkv_attributes(out: dict[str, Any], qkv: tuple[TensorMeta, TensorMeta, Tens
     q, k, v = qkv
     b, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[3]
-    out.update(batch_size=b, num_heads=hq, num_kv_heads=hkv, head_dim=d, seq_len_q=sq,
-               seq_len_kv=skv, dtype=_dtype_name(q.dtype), device=str(q.device))
+    out.batch_size, out.num_heads, out.num_kv_heads, out.head_dim = b, hq, hkv, d
+    out.seq_len_q, out.seq_len_kv = sq, skv
+    out.dtype, out.device = _dtype_name(q.dtype), str(q.device)
     counts = counts_of(mask, ignores, b, hq, sq, skv)
     reading, real = (None, None) if counts is None else read_counts(counts, b, hq, sq, skv)
     if reading is not None and reading.causal is not None:
         causal = reading.causal
     window = reading.window if reading is not None else None
     if window:
-        out["sliding_window"] = window
+        out.sliding_window = window
     if reading is not None and reading.pairs is not None:
-        out["flops"] = 2 * reading.pairs * (d + dv)
+        out.flops = 2 * reading.pairs * (d + dv)
     else:
-        out["flops"] = attention_flops(b, hq, sq, skv, d, dv, bool(causal), window)
+        out.flops = attention_flops(b, hq, sq, skv, d, dv, bool(causal), window)
     if counts is not None:
         if real is not None:
-            out["tokens"] = real
+            out.tokens = real
     else:
         _tokens(out, mask, b, sq, ignores)
     return causal
 
 
-def _tokens(out: dict[str, Any], mask: Any, batch: int, sq: int, ignores: bool = False) -> None:
+def _tokens(out: Derived, mask: Any, batch: int, sq: int, ignores: bool = False) -> None:
     if isinstance(mask, TensorMeta):  # a mask over the keeping budget: padding unknown
         return
     if isinstance(mask, HostCopy):
         tokens = positions_tokens(mask, batch, sq) if mask.kind == "positions" else None
     elif not isinstance(mask, torch.Tensor):
-        out["tokens"] = batch * sq
+        out.tokens = batch * sq
         return
     else:
         tokens = count_tokens(mask, batch, sq, ignores)
     if tokens is not None:  # a mask we could not read: padding unknown, so no token count at all
-        out["tokens"] = tokens
+        out.tokens = tokens
 
 
 def _meta(value: Any) -> bool:
@@ -244,11 +248,11 @@ def _as_int(value: Any) -> int | None:
     return None
 
 
-def derive_attention(f: AttentionFacts) -> dict[str, Any]:
+def derive_attention(f: AttentionFacts) -> Derived:
     """Span attributes of one attention layer call (QK^T and PV only; projections excluded).
 
     Causality, the window and the visible pairs come from the mask the layer received when it
-    has a query axis (see :mod:`.maskread`); the module's attributes only when there is none.
+    has a query axis (see :mod:`.masks`); the module's attributes only when there is none.
     """
     b, sq = f.batch, f.seq_q
     past = _as_int(f.past)
@@ -261,32 +265,32 @@ def derive_attention(f: AttentionFacts) -> dict[str, Any]:
     reading, real = (None, None) if counts is None else read_counts(
         counts, b, f.heads, sq, skv if keys_known else None)
     causal, window, mask_pairs = _structure(f, reading)
-    out: dict[str, Any] = {"batch_size": b, "seq_len_q": sq, "causal": causal}
+    out = Derived(batch_size=b, seq_len_q=sq, causal=causal, order=LAYER)
     if keys_known:
-        out["seq_len_kv"] = skv
+        out.seq_len_kv = skv
     if f.dtype is not None:
-        out["dtype"] = _dtype_name(f.dtype)
+        out.dtype = _dtype_name(f.dtype)
     if f.device is not None:
-        out["device"] = str(f.device)
+        out.device = str(f.device)
     if f.cached and keys_known:
-        out["kv_cache_len"] = past or 0
-        out["phase"] = "decode" if past and sq == 1 else "prefill"
+        out.kv_cache_len = past or 0
+        out.phase = "decode" if past and sq == 1 else "prefill"
     if f.heads and f.head_dim:
         kv_heads = f.kv_heads or f.heads
         dv = f.head_dim_v or f.head_dim
-        out.update(num_heads=f.heads, num_kv_heads=kv_heads, head_dim=f.head_dim)
+        out.num_heads, out.num_kv_heads, out.head_dim = f.heads, kv_heads, f.head_dim
         if window:
-            out["sliding_window"] = window
+            out.sliding_window = window
         if reading is not None and reading.pairs is not None and mask_pairs:
-            out["flops"] = 2 * reading.pairs * (f.head_dim + dv)
+            out.flops = 2 * reading.pairs * (f.head_dim + dv)
         elif keys_known:
-            out["flops"] = attention_flops(b, f.heads, sq, skv, f.head_dim, dv, causal, window)
+            out.flops = attention_flops(b, f.heads, sq, skv, f.head_dim, dv, causal, window)
     if isinstance(f.mask, TensorMeta):  # a mask over the keeping budget: padding unknown
         return out
     if f.mask is None or f.seq_kv is not None:
-        out["tokens"] = b * sq
+        out.tokens = b * sq
     else:  # a mask that could not be read (timed out, a layout not understood): no count
-        out["tokens"] = real
+        out.tokens = real
     return out
 
 
@@ -307,7 +311,7 @@ def _structure(f: AttentionFacts, reading: MaskReading | None) -> tuple[bool, in
     return causal, own, own is None
 
 
-def derive_model(f: ModelFacts) -> dict[str, Any]:
+def derive_model(f: ModelFacts) -> Derived:
     """Span attributes of a traced model forward (tokens, phase) or generate() call (usage)."""
     past = _as_int(f.past)
     keys_known = past is not None or f.past is None  # else a device cache length, not readable
@@ -317,20 +321,20 @@ def derive_model(f: ModelFacts) -> dict[str, Any]:
         counts = counts_of(f.mask, False, f.batch, None, f.seq_q, skv)
         tokens = (f.batch * f.seq_q if f.mask is None else None if counts is None
                   else read_counts(counts, f.batch, None, f.seq_q, skv)[1])
-    out: dict[str, Any] = {"batch_size": f.batch, "seq_len_q": f.seq_q}
+    out = Derived(batch_size=f.batch, seq_len_q=f.seq_q, order=MODEL)
     if f.generate:
-        out["gen_ai.usage.input_tokens"] = tokens
+        out.input_tokens = tokens
         prompt = f.seq_q if f.prompt_len is None else f.prompt_len
-        out["gen_ai.usage.output_tokens"] = _generated_tokens(f.output, prompt, f.eos)
+        out.output_tokens = _generated_tokens(f.output, prompt, f.eos)
         return out
-    out["tokens"] = tokens
+    out.tokens = tokens
     phase = None
     if f.cached and keys_known:
-        out["kv_cache_len"] = past or 0
-        out["seq_len_kv"] = (past or 0) + f.seq_q
-        phase = out["phase"] = "decode" if past and f.seq_q == 1 else "prefill"
+        out.kv_cache_len = past or 0
+        out.seq_len_kv = (past or 0) + f.seq_q
+        phase = out.phase = "decode" if past and f.seq_q == 1 else "prefill"
     if phase == "prefill" or not f.cached:
-        out["gen_ai.usage.input_tokens"] = tokens
+        out.input_tokens = tokens
     return out
 
 

@@ -37,7 +37,7 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 
-from ..capture.record import MAX_NAME, ErrorInfo
+from ..record.capture import MAX_NAME, ErrorInfo
 
 __all__ = ["Emitter", "SdkEmitter", "DirectEmitter", "NowhereEmitter", "OpenSpan",
            "for_pipeline", "error_status", "span_name"]
@@ -51,7 +51,8 @@ _UNSET = Status(StatusCode.UNSET)  # immutable: one for every span without an er
 
 
 def error_status(err: ErrorInfo) -> Status:
-    return Status(StatusCode.ERROR, f"{err.type_name.rpartition('.')[2]}: {err.message}"[:MAX_STRING])
+    return Status(StatusCode.ERROR,
+                  f"{err.type_name.rpartition('.')[2]}: {err.message}"[:MAX_STRING])
 
 
 def span_name(name: Any) -> str:
@@ -110,8 +111,9 @@ class SdkEmitter(Emitter):
     def emit(self, name: str, parent: SpanContext | None, attrs: dict[str, Any], start_ns: int,
              end_ns: int, links: Sequence[Link] | None = None,
              error: ErrorInfo | None = None) -> SpanContext | None:
-        span = self.tracer.start_span(span_name(name), context=_parent_context(parent), kind=_INTERNAL,
-                                      attributes=attrs, start_time=start_ns, links=links)
+        span = self.tracer.start_span(span_name(name), context=_parent_context(parent),
+                                      kind=_INTERNAL, attributes=attrs, start_time=start_ns,
+                                      links=links)
         if error is not None:
             span.add_event("exception", _exception_attributes(error), timestamp=end_ns)
             span.set_status(error_status(error))

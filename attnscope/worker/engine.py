@@ -18,11 +18,13 @@ from .. import _log
 from .._config import Config
 from .._state import state
 from .._version import __version__
-from ..capture.record import Capture
+from ..record.capture import Capture
 from ..export import metrics, pipeline
-from . import derive, emit, profile
+from . import derive, emit
+from .derived import Derived, Measured
+from .profiles import session as profile
 from .shapecache import ShapeCache, summary_key
-from .spans import SpanBuilder, derived_attributes, result_of, site_attributes
+from .spans import SpanBuilder, result_of, site_attributes
 
 if TYPE_CHECKING:
     from .cuda import DeviceAccess
@@ -57,39 +59,34 @@ class Engine:
         """Derive what the capture says, parse its profile and hand its span to the builder."""
         # derive's attributes for a summary of plain values, kept (.shapecache); else per call
         key = summary_key(cap.summary, cap.instance) if cap.profile is None else None
-        shared = self._shapes.get(key) if key is not None else None
-        if shared is not None:
-            found: dict[str, Any] = {}
-        else:
-            found = self._derive(cap, timed_out, cuda)
-            if key is not None:
-                shared = (found, derived_attributes(found))
-                self._shapes.put(key, shared)
-                found = {}  # the kept dict is shared by every span of this summary: not written
+        shape = self._shapes.get(key) if key is not None else None
+        derived: Derived | None = None
+        if shape is None:
+            derived = self._derive(cap, timed_out, cuda)
+            shape = derived.attributes()
+            if key is not None:  # kept: shared by every span of this summary, never written
+                self._shapes.put(key, shape)
+        found = Measured()
         if cap.timer is not None:
             if not timed_out:
-                found["device_ns"] = cap.timer.elapsed_ns()
+                found.device_ns = cap.timer.elapsed_ns()
             cap.timer.release()
         if cap.memory is not None:
-            found["memory.delta_bytes"] = cap.memory.delta_bytes
-            peak = cap.memory.peak_bytes
-            if peak is not None:
-                found["memory.peak_bytes"] = peak
-        rss = derive.host_rss_bytes()
-        if rss is not None:
-            found["memory.host_rss_bytes"] = rss
+            found.delta_bytes = cap.memory.delta_bytes
+            found.peak_bytes = cap.memory.peak_bytes
+        found.host_rss_bytes = derive.host_rss_bytes()
         children: list[Any] = []
         cfg = state.config or self._cfg  # in force now: profile_dir and max_kernel_spans at once
         if cap.profile is not None:
-            attrs, children = profile.finish(cap, cfg, found)
-            found.update(attrs)
+            found.profile, children = profile.finish(cap, cfg, derived)
         # slow? arm the site; a granted call says why
-        escalator.observe(cap, found, cfg.slow_call_quantile,
-                          cfg.profile_rate > 0 and cfg.profile_max_per_minute > 0)
-        self.builder.add(result_of(cap, found, children, self._site_attrs(cap.site), shared))
+        found.trigger, found.slow_quantile = escalator.observe(
+            cap, found.device_ns, cfg.slow_call_quantile,
+            cfg.profile_rate > 0 and cfg.profile_max_per_minute > 0)
+        self.builder.add(result_of(cap, shape, found, children, self._site_attrs(cap.site)))
 
     @staticmethod
-    def _derive(cap: Capture, timed_out: bool, cuda: DeviceAccess) -> dict[str, Any]:
+    def _derive(cap: Capture, timed_out: bool, cuda: DeviceAccess) -> Derived:
         if cap.timer is None:
             return derive.derive(cap.summary, cap.instance)
         with cuda.reading(cap.timer.device):

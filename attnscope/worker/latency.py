@@ -15,9 +15,9 @@ import weakref
 from math import log
 from typing import Any
 
-from .. import _buckets
 from .._state import state
-from ..capture.record import TIER_TIMING, Capture
+from ..record import buckets as _buckets
+from ..record.capture import TIER_TIMING, Capture
 
 __all__ = ["Histogram", "Escalator", "MIN_SAMPLES"]
 
@@ -88,32 +88,32 @@ class Escalator:
         # the last site's estimates: calls come in runs from one site (no strong reference)
         self._last: tuple[weakref.ref[Any], dict[str, Histogram]] | None = None
 
-    def observe(self, cap: Capture, found: dict[str, Any], quantile: float,
-                escalate: bool = True) -> None:
-        """One finished capture: mark it slow (``found``) and arm its site, or just learn.
-        ``escalate=False`` (the profile tier is off: ``profile_rate`` or
+    def observe(self, cap: Capture, device_ns: int | None, quantile: float,
+                escalate: bool = True) -> tuple[str | None, float | None]:
+        """One finished capture: learn its time (device time when measured); returns why it was
+        profiled (its grant's kind) and the quantile it was slow beyond (its site is armed then),
+        each None when not. ``escalate=False`` (the profile tier is off: ``profile_rate`` or
         ``profile_max_per_minute`` is 0): slow calls are marked, no site is armed."""
         if cap.grant is not None:
-            found["trigger"] = cap.grant.kind
-            return
+            return cap.grant.kind, None
         if quantile >= 1.0 or cap.tier != TIER_TIMING or cap.error is not None:
-            return
-        device_ns = found.get("device_ns")
+            return None, None
         ns = device_ns if isinstance(device_ns, int) and device_ns > 0 else cap.wall_ns
         phases = self._phases(cap.site)
         key = _buckets.phase(cap.summary)
         hist = phases.get(key)
         if hist is None:
             if len(phases) >= _MAX_PHASES:
-                return
+                return None, None
             hist = phases[key] = Histogram()
+        slow = None
         if hist.added >= MIN_SAMPLES and ns > hist.threshold(quantile):
-            found["slow"] = True
-            found["slow_quantile"] = quantile
+            slow = quantile
             if escalate:
                 state.grants.arm(cap.site, _buckets.bucket(cap.summary), cap.capture_id,
                                  quantile)
         hist.add(ns)
+        return None, slow
 
     def _phases(self, site: Any) -> dict[str, Histogram]:
         last = self._last

@@ -16,13 +16,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import _log
 from .._config import Config
 from .._state import give_bytes, span_counts, state
 from .._state import submit as submit_to_current
-from ..capture.record import Capture
+from ..record.capture import Capture
 from . import at_exit
 from .control import ControlFile
 from .cuda import DeviceAccess
@@ -389,7 +389,10 @@ def _retire(worker: Worker) -> None:
 
 
 def _shutdown_pipeline(built: Pipeline, deadline: float) -> None:
-    """Provider shutdown can block on a hanging exporter: give it a thread and the remaining time."""
+    """Provider shutdown can block on a hanging exporter.
+
+    Give it a thread and the remaining time.
+    """
     t = threading.Thread(target=built.shutdown, name="attnscope-shutdown", daemon=True)
     t.start()
     t.join(max(0.0, deadline - time.monotonic()))

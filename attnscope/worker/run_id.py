@@ -11,8 +11,8 @@ job, and nothing else in the environment tells one job from the next on the same
 is the one thing every rank of a job shares and the next job does not: torchrun's agent (and an
 ``env://`` rank 0) starts a new one per job. The first rank to ask puts a fresh UUID under
 ``attnscope/run_id/<restart count>`` with ``compare_set`` (a restarted worker group asks under a
-key of its own) and every later rank reads that one back: no rank waits for another (rank 0 may not have reached a step yet), and a rank that
-never declares a step costs nothing.
+key of its own) and every later rank reads that one back: no rank waits for another (rank 0 may
+not have reached a step yet), and a rank that never declares a step costs nothing.
 
 Asked once per process, on the worker thread only (``StepTraces`` runs nowhere else), from a
 short-lived helper thread the worker waits for at most ``AGREE_TIMEOUT_S``: a store that hangs

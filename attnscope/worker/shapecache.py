@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ..capture.record import ATTENTION_KEY, AttentionFacts, TensorMeta
+from ..record.capture import ATTENTION_KEY, AttentionFacts, TensorMeta
 
 __all__ = ["MAX_ENTRIES", "ShapeCache", "Shared", "summary_key"]
 
@@ -32,8 +32,8 @@ _SCALARS = frozenset((int, float, bool, type(None)))
 # what a layer's facts may hold and still be kept: immutable values (a tensor hashes by identity)
 _FACT_TYPES = _SCALARS | {str, TensorMeta, torch.dtype, torch.device}
 _FACT_FIELDS = operator.attrgetter(*AttentionFacts.__slots__)
-# derive's result as it returned it, and as span attributes (``spans.derived_attributes``)
-Shared = tuple[dict[str, Any], dict[str, Any]]
+# derive's result as span attributes (``derived.Derived.attributes``): read, never written
+Shared = dict[str, Any]
 
 
 def summary_key(summary: Sequence[tuple[str, Any]], instance: Any) -> tuple[Any, ...] | None:

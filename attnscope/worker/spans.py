@@ -2,31 +2,30 @@
 
 Spans are built after the calls they describe, with explicit timestamps. A nested capture ends
 before its parent, so the builder holds children until their parent capture arrives, builds the
-parent, then the children under it. Attribute names are the schema in docs/attributes.md.
+parent, then the children under it. Attribute names come from :mod:`attnscope._schema`.
 What the builder holds is a :class:`Result` (the worker's own object), never the Capture, so
 tensors and handles the calling thread recorded are let go as soon as the worker has read them.
 """
 
 from __future__ import annotations
 
-import functools
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from math import floor, isfinite, log10
 from typing import Any
 
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, Link, SpanContext
 
-from ..capture.record import TIER_NAMES, Capture
-from .emit import MAX_STRING, Emitter, span_name
-from .optree import ChildSpan, hand_down
+from .. import _schema as schema
+from ..record.capture import TIER_NAMES, Capture
+from .derived import Measured, clean, sig4
+from .emit import Emitter, span_name
+from .profiles.optree import ChildSpan, hand_down
 from .steps import StepTraces, configured_run_id
 
-__all__ = ["SpanBuilder", "Result", "result_of", "capture_attributes", "derived_attributes",
-           "site_attributes", "BuildStats"]
+__all__ = ["SpanBuilder", "Result", "result_of", "capture_attributes", "site_attributes",
+           "BuildStats"]
 
-P = "attnscope."
 # Built span contexts kept so late children (other threads) still find their parent.
 _BUILT_KEEP = 4096
 # Children wait at most this long for a parent that never arrives (dropped, or a very long call).
@@ -35,99 +34,44 @@ STASH_MAX_AGE_S = 600.0
 
 def site_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
     """A call site's own attributes (names as given), cleaned once per site, not per span."""
-    return {key: _clean(value) for key, value in attributes.items()}
+    return {key: clean(value) for key, value in attributes.items()}
 
 
-@functools.lru_cache(maxsize=1024)
-def _name(key: str) -> str:
-    return key if key.startswith("gen_ai.") else P + key
-
-
-_PLAIN = frozenset((int, float, bool))
 # attribute names read or written per span, built once
-_TIER, _SAMPLE_RATE, _WALL_NS = P + "tier", P + "sample_rate", P + "wall_ns"
-_FLOPS, _TFLOPS, _TOKENS, _TOKENS_PER_S = (P + "flops", P + "tflops", P + "tokens",
-                                           P + "tokens_per_s")
+_TIER, _SAMPLE_RATE, _WALL_NS = schema.TIER.name, schema.SAMPLE_RATE.name, schema.WALL_NS.name
+_FLOPS, _TFLOPS, _TOKENS, _TOKENS_PER_S = (schema.FLOPS.name, schema.TFLOPS.name,
+                                           schema.TOKENS.name, schema.TOKENS_PER_S.name)
+_LINK = schema.LINK.name
 
 
-def capture_attributes(cap: Capture, derived: dict[str, Any],
-                       site_attrs: dict[str, Any] | None = None,
-                       shared: tuple[dict[str, Any], dict[str, Any]] | None = None,
-                       ) -> dict[str, Any]:
-    """The span attributes of one capture (derived: what the worker found, unprefixed).
+def capture_attributes(cap: Capture, shape: dict[str, Any], found: Measured,
+                       site_attrs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The span attributes of one capture.
 
+    ``shape``: the attributes of what derive found (:meth:`.derived.Derived.attributes`, kept per
+    summary by the worker: read, never written); ``found``: what the worker added for this call.
     ``site_attrs``: :func:`site_attributes` of the capture's site, when the caller keeps them.
-    ``shared``: what derive found for the call's summary, kept by the worker (:mod:`.shapecache`),
-    and its :func:`derived_attributes`; ``derived`` then holds only what this one call adds. The
-    attributes, and their order, are those of both dicts merged and given as ``derived``.
     """
     attrs = dict(site_attrs if site_attrs is not None else site_attributes(cap.site.attributes))
     attrs[_TIER] = TIER_NAMES.get(cap.tier, "timing")
     attrs[_SAMPLE_RATE] = float(cap.sample_rate)
-    if shared is None:
-        _add_derived(attrs, derived)
-    elif shared[0].keys().isdisjoint(derived):
-        attrs.update(shared[1])
-        _add_derived(attrs, derived)
-    else:  # the call sets a name derive found: merged first, as one dict would have it
-        _add_derived(attrs, {**shared[0], **derived})
+    attrs.update(shape)
+    found.add_to(attrs)
     if cap.extra:  # span() attributes, already under their final names
         for key, value in cap.extra.items():
             if value is not None:
-                attrs[key] = _clean(value)
+                attrs[key] = clean(value)
     wall = cap.wall_ns
     attrs[_WALL_NS] = wall
-    device_ns = derived.get("device_ns")
-    if shared is not None and "device_ns" not in derived:
-        device_ns = shared[0].get("device_ns")
+    device_ns = found.device_ns
     busy = device_ns if isinstance(device_ns, int) and device_ns > 0 else wall
     flops = attrs.get(_FLOPS)
     if isinstance(flops, int) and busy > 0:
-        attrs[_TFLOPS] = _sig4(flops / busy / 1e3)  # FLOP/ns = 1e9 FLOP/s; TFLOP/s = /1e3
+        attrs[_TFLOPS] = sig4(flops / busy / 1e3)  # FLOP/ns = 1e9 FLOP/s; TFLOP/s = /1e3
     tokens = attrs.get(_TOKENS)
     if isinstance(tokens, int) and busy > 0:
-        attrs[_TOKENS_PER_S] = _sig4(tokens * 1e9 / busy)
+        attrs[_TOKENS_PER_S] = sig4(tokens * 1e9 / busy)
     return attrs
-
-
-def derived_attributes(derived: dict[str, Any]) -> dict[str, Any]:
-    """What derive found, under attribute names, with the values a span carries."""
-    attrs: dict[str, Any] = {}
-    _add_derived(attrs, derived)
-    return attrs
-
-
-def _add_derived(attrs: dict[str, Any], derived: dict[str, Any]) -> None:
-    for key, value in derived.items():
-        if value is not None:
-            if type(value) is float:
-                value = _sig4(value)
-            attrs[_name(key)] = value if type(value) in _PLAIN else _clean(value)
-
-
-def _sig4(x: float) -> float:
-    """``x`` to 4 significant digits: what a measured rate means (not 17 digits of noise).
-    The same value as ``float(f"{x:.4g}")``, in half the time (it runs twice per span)."""
-    if not x or not isfinite(x):
-        return x
-    return round(x, 3 - floor(log10(abs(x))))
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, (bool, int, float)):
-        return value
-    if isinstance(value, str):
-        return value[:MAX_STRING]
-    if isinstance(value, (list, tuple)):
-        items = list(value)[:64]
-        if all(isinstance(v, str) for v in items):
-            return [v[:MAX_STRING] for v in items]
-        if all(isinstance(v, bool) for v in items) or all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in items
-        ):
-            return items
-        return [str(v)[:MAX_STRING] for v in items]
-    return str(value)[:MAX_STRING]
 
 
 class BuildStats:
@@ -163,10 +107,9 @@ class Result:
         self.step_no = cap.step_no
 
 
-def result_of(cap: Capture, derived: dict[str, Any], children: list[ChildSpan],
-              site_attrs: dict[str, Any] | None = None,
-              shared: tuple[dict[str, Any], dict[str, Any]] | None = None) -> Result:
-    return Result(cap, capture_attributes(cap, derived, site_attrs, shared), children)
+def result_of(cap: Capture, shape: dict[str, Any], found: Measured, children: list[ChildSpan],
+              site_attrs: dict[str, Any] | None = None) -> Result:
+    return Result(cap, capture_attributes(cap, shape, found, site_attrs), children)
 
 
 _CUT = "cut"  # the capture's span was not emitted (per-trace cap): its subtree is cut too
@@ -246,7 +189,7 @@ class SpanBuilder:
             target = None
         slow = self._fate.get(item.link_id) if item.link_id is not None else None
         if isinstance(slow, SpanContext) and slow.is_valid:
-            links = [*(links or ()), Link(slow, {P + "link": "slow_call"})]
+            links = [*(links or ()), Link(slow, {_LINK: "slow_call"})]
         if target is not None and self._over_cap(target.trace_id):
             self._cut(item)
             return

@@ -30,15 +30,15 @@ from collections.abc import Callable
 from opentelemetry.trace import SpanContext
 
 from .. import _dist
+from .. import _schema as schema
 from .._state import state
 from .emit import Emitter, OpenSpan
 from .run_id import RunId
 
 __all__ = ["RANK_NAME", "ROOT_NAME", "StepTraces", "configured_run_id", "step_ids"]
 
-ROOT_NAME = "attnscope.step"
-RANK_NAME = "attnscope.rank"
-P = "attnscope."
+ROOT_NAME = schema.PREFIX + "step"  # span names
+RANK_NAME = schema.PREFIX + "rank"
 _KEEP_CLOSED = 64  # closed steps whose rank span late calls can still find
 
 
@@ -122,10 +122,12 @@ class StepTraces:
         root = None
         if rank == 0:
             root = emitter.open_span(root_ctx, ROOT_NAME, None, {
-                P + "step": step_no, P + "world_size": world, P + "run_id": run_id[:256]},
+                schema.STEP.name: step_no, schema.WORLD_SIZE.name: world,
+                schema.RUN_ID.name: run_id[:256]},
                 start_ns)
-        rank_attrs = {P + "step": step_no, P + "rank": rank, P + "world_size": world,
-                      "host.name": _dist.host()[:256]}
+        rank_attrs = {schema.STEP.name: step_no, schema.RANK.name: rank,
+                      schema.WORLD_SIZE.name: world,
+                      schema.HOST_NAME.name: _dist.host()[:256]}
         rank_ctx = emitter.context_with(trace_id, rank_id, RANK_NAME, root_ctx)
         rank_span = emitter.open_span(rank_ctx, RANK_NAME, root_ctx, rank_attrs, start_ns)
         parent = rank_span.context if rank_span is not None else root_ctx

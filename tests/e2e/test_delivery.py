@@ -106,6 +106,7 @@ def test_an_invalid_endpoint_falls_back_to_the_default(monkeypatch: pytest.Monke
         exporter.shutdown()
 
 
+@pytest.mark.internal_errors("pipeline")
 def test_spans_of_a_pipeline_that_could_not_be_built_are_counted(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from attnscope.export import pipeline

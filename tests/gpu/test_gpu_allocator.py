@@ -23,7 +23,7 @@ import attnscope
 from attnscope import _log
 from attnscope.testing import capture_spans
 
-from ..helpers import attrs
+from ..support.helpers import attrs
 
 MIB = 1 << 20
 
@@ -73,7 +73,10 @@ def test_one_allocator_read_per_side_and_exact_readings(monkeypatch: pytest.Monk
 
 
 def test_refused_statistics_keep_device_time_and_the_site(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What CUDAPluggableAllocator does, on the real CUDA path: the stats and the peak reset raise."""
+    """What CUDAPluggableAllocator does, on the real CUDA path.
+
+    The stats and the peak reset raise.
+    """
     q = torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.float16)
     attention.__wrapped__(q)  # type: ignore[attr-defined]
     torch.cuda.synchronize()

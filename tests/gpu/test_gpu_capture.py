@@ -16,12 +16,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnscope
 from attnscope._state import state
-from attnscope.capture import profiler as _profile
+from attnscope.capture import profiler_session as _profile
 from attnscope.testing import capture_spans
 
-from ..helpers import attrs, naive, sdpa
-from ..helpers import descendants_of as _descendants
-from ..helpers import traced_spans as _parents
+from ..support.helpers import attrs, naive, sdpa
+from ..support.helpers import descendants_of as _descendants
+from ..support.helpers import traced_spans as _parents
 
 SHAPE = (8, 16, 1024, 64)
 PROFILE = {"profile_rate": 1.0, "profile_max_per_minute": 1000.0}
@@ -116,7 +116,8 @@ BACKENDS = [
 
 @pytest.mark.parametrize(("fn_name", "backend", "expected"), BACKENDS,
                          ids=[b[2] if b[0] == "sdpa" else "naive" for b in BACKENDS])
-def test_profile_tier_kernels_and_backend(q: torch.Tensor, fn_name: str, backend: Any, expected: str) -> None:
+def test_profile_tier_kernels_and_backend(q: torch.Tensor, fn_name: str, backend: Any,
+                                          expected: str) -> None:
     fn = naive if fn_name == "naive" else sdpa
 
     def ctx() -> Any:  # sdpa_kernel() is single-use
@@ -145,7 +146,8 @@ def test_profile_tier_kernels_and_backend(q: torch.Tensor, fn_name: str, backend
         assert attrs(k)["attnscope.kernel.device"].startswith("cuda")
         # a kernel cannot run before its launch: it starts inside the call's time or after
         assert k.start_time >= parent.start_time - 50_000
-    print(f"\n{expected}: {a['attnscope.kernel.count']} kernels, top {list(a['attnscope.kernel.top_names'])[:3]}")
+    print(f"\n{expected}: {a['attnscope.kernel.count']} kernels, "
+          f"top {list(a['attnscope.kernel.top_names'])[:3]}")
 
 
 def test_user_cuda_profiler_active_skips(q: torch.Tensor) -> None:

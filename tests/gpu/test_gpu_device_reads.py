@@ -57,8 +57,8 @@ def test_a_cuda_mask_under_sync_debug_error_is_counted_on_the_stream(sync_error:
 
 
 def test_the_reductions_give_the_same_counts_on_the_device(sync_error: None) -> None:
-    """capture.reduce on CUDA (no host read allowed: "error" is set) against the same on CPU."""
-    from attnscope.capture import reduce
+    """record.reduce on CUDA (no host read allowed: "error" is set) against the same on CPU."""
+    from attnscope.record import reduce
 
     torch.manual_seed(0)
     sq, skv, buffer = 6, 10, 16

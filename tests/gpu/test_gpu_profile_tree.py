@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 
 import attnscope
-from attnscope.capture import profiler as _profile
+from attnscope.capture import profiler_session as _profile
 from attnscope.testing import capture_spans
 
-from ..helpers import attrs, descendants_of, traced_spans
+from ..support.helpers import attrs, descendants_of, traced_spans
 
 PROFILE = {"profile_rate": 1.0, "profile_max_per_minute": 1000.0}
 

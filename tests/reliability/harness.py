@@ -93,7 +93,7 @@ def write_figures(fig: Figures, nodeid: str, outcome: str, reason: str, duration
         fh.write(json.dumps(row, default=str) + "\n")
 
 
-# ---- measuring -------------------------------------------------------------------------------------
+# ---- measuring -----------------------------------------------------------------------------------
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -129,7 +129,7 @@ def open_fds() -> int:
     return int(psutil.Process().num_fds())
 
 
-# ---- subprocesses ----------------------------------------------------------------------------------
+# ---- subprocesses --------------------------------------------------------------------------------
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -125,7 +125,7 @@ def plain(*args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
 def _same(a: Any, b: Any) -> bool:
     args_a, kw_a = a
     args_b, kw_b = b
-    return (len(args_a) == len(args_b) and all(x is y for x, y in zip(args_a, args_b))
+    return (len(args_a) == len(args_b) and all(x is y for x, y in zip(args_a, args_b, strict=True))
             and kw_a.keys() == kw_b.keys() and all(kw_a[k] is kw_b[k] for k in kw_a))
 
 

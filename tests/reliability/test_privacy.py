@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import attnscope
-from attnscope.capture import profiler as _profiler
+from attnscope.capture import profiler_session as _profiler
 from attnscope.worker import derive
 from tests.reliability.harness import (
     FLOAT_SENTINEL,
@@ -96,7 +96,8 @@ def test_sentinel_never_in_exported_spans(tmp_path: Path, figures: Figures) -> N
     assert spans, "nothing exported"
     where = [(s["name"], a["key"]) for s in spans for a in s.get("attributes", [])
              if leaks(str(a))]
-    events = [(s["name"], str(e)[:200]) for s in spans for e in s.get("events", []) if leaks(str(e))]
+    events = [(s["name"], str(e)[:200]) for s in spans for e in s.get("events", [])
+              if leaks(str(e))]
     assert not found, f"sentinel {found} exported in attributes {where[:8]}, events {events[:2]}"
     for s in spans:
         for e in s.get("events", []):
@@ -117,6 +118,7 @@ def _render_like_rich(record: logging.LogRecord) -> str:
     return text
 
 
+@pytest.mark.internal_errors("capture", "worker")
 def test_sentinel_never_in_logs(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
                                 figures: Figures) -> None:
     """Internal errors on both sides while the sentinel tensors are in their frames' locals."""

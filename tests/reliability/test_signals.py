@@ -169,7 +169,8 @@ class Script:
                 msg = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
             except queue.Empty:
                 self.kill()
-                raise AssertionError(f"no {tag!r} within {timeout_s} s; stderr:\n{self.stderr}")
+                raise AssertionError(f"no {tag!r} within {timeout_s} s; "
+                                     f"stderr:\n{self.stderr}") from None
             self.seen.append(msg)
             if msg["tag"] == tag:
                 return msg
@@ -182,7 +183,8 @@ class Script:
             self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"the process hung (> {timeout_s} s); stderr:\n{self.stderr}")
+            raise AssertionError(f"the process hung (> {timeout_s} s); "
+                                 f"stderr:\n{self.stderr}") from None
         self._close()
         while not self.lines.empty():
             self.seen.append(self.lines.get())
@@ -220,7 +222,8 @@ CASES = ["sigint-traffic", "sigint-profiled", "sigterm-default", "sigterm-handle
 def test_signal_during_traffic(case: str, tmp_path: Path, figures: Figures) -> None:
     profiled = case == "sigint-profiled"
     interrupts = 5 if profiled else 1
-    figures.set("6 signals and exit", f"traced 64x64 matmuls in a loop ({'profile' if profiled else 'timing'} tier), "
+    figures.set("6 signals and exit",
+                f"traced 64x64 matmuls in a loop ({'profile' if profiled else 'timing'} tier), "
                 f"x{REPEATS} processes",
                 {"sigint-traffic": "SIGINT during traffic",
                  "sigint-profiled": f"{interrupts} SIGINTs during profiled calls",

@@ -1,0 +1,152 @@
+"""Every attribute name attnscope emits, with its type and unit: what docs/attributes.md states.
+
+Span, link and resource attributes, and the metric instruments with their units. A renamed
+attribute silently breaks every reader (``attnscope report``/``diff``, dashboards, the PromQL in
+the docs), so the names live here once and tests/test_schema.py holds docs/attributes.md to them.
+Imports nothing from attnscope: the calling side, the worker, the exporters and the CLI all read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["PREFIX", "Attribute", "Metric", "ATTRIBUTES", "METRICS", "attribute"]
+
+PREFIX = "attnscope."
+_GEN_AI = "gen_ai."
+
+
+@dataclass(frozen=True, slots=True)
+class Attribute:
+    """One attribute: ``name`` as emitted, ``key`` without the ``attnscope.`` prefix (what the
+    worker's results use), the type as docs/attributes.md writes it, and its unit (UCUM, as
+    OpenTelemetry writes units; "" for none)."""
+
+    name: str
+    type: str
+    unit: str
+    brief: str
+
+    @property
+    def key(self) -> str:
+        return self.name.removeprefix(PREFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """One metric instrument attnscope's meter creates (docs/exporting.md#metrics)."""
+
+    name: str
+    unit: str
+    brief: str
+
+
+def attribute(key: str, type_: str, unit: str, brief: str) -> Attribute:
+    """An attribute named ``attnscope.<key>`` (``gen_ai.*`` names are OpenTelemetry's own)."""
+    return Attribute(key if key.startswith(_GEN_AI) else PREFIX + key, type_, unit, brief)
+
+
+_NS, _BY, _TOKEN = "ns", "By", "{token}"
+
+# ---- every sampled call
+TIER = attribute("tier", "string", "", "timing or profile")
+SAMPLE_RATE = attribute("sample_rate", "float", "1", "the probability that produced the span")
+WALL_NS = attribute("wall_ns", "int", _NS, "host wall time of the call")
+HOST_RSS_BYTES = attribute("memory.host_rss_bytes", "int", _BY, "process resident set size")
+TOKENS = attribute("tokens", "int", _TOKEN, "query tokens processed, padding excluded")
+# OpenTelemetry's own name, set on a call site by capture and instrument
+CODE_FUNCTION_NAME = Attribute("code.function.name", "string", "", "the traced function")
+
+# ---- attention inputs (derived by the worker)
+DEVICE = attribute("device", "string", "", "the inputs' device")
+DTYPE = attribute("dtype", "string", "", "the inputs' dtype")
+BATCH_SIZE = attribute("batch_size", "int", "", "B")
+NUM_HEADS = attribute("num_heads", "int", "", "query heads")
+NUM_KV_HEADS = attribute("num_kv_heads", "int", "", "key/value heads")
+HEAD_DIM = attribute("head_dim", "int", "", "D")
+SEQ_LEN_Q = attribute("seq_len_q", "int", _TOKEN, "query length")
+SEQ_LEN_KV = attribute("seq_len_kv", "int", _TOKEN, "key/value length")
+CAUSAL = attribute("causal", "bool", "", "whether the attention is causal")
+FLOPS = attribute("flops", "int", "{FLOP}", "attention FLOPs (QKᵀ and PV)")
+TFLOPS = attribute("tflops", "float", "TFLOP/s", "achieved rate over the call's time")
+TOKENS_PER_S = attribute("tokens_per_s", "float", "{token}/s", "tokens over the call's time")
+SLIDING_WINDOW = attribute("sliding_window", "int", _TOKEN, "the band's width of a windowed mask")
+KV_CACHE_LEN = attribute("kv_cache_len", "int", _TOKEN, "tokens cached before the call")
+PHASE = attribute("phase", "string", "", "prefill or decode")
+INPUT_TOKENS = attribute("gen_ai.usage.input_tokens", "int", _TOKEN, "prompt tokens")
+OUTPUT_TOKENS = attribute("gen_ai.usage.output_tokens", "int", _TOKEN, "generated tokens")
+
+# ---- model instrumentation (a call site's own attributes)
+MODULE = attribute("module", "string", "", "module path")
+MODULE_CLASS = attribute("module_class", "string", "", "the module's class")
+LAYER_INDEX = attribute("layer_index", "int", "", "the layer's index in its path")
+FUSED = attribute("fused", "string", "", "attention+feed_forward: one fused kernel ran the layer")
+
+# ---- device time and memory
+DEVICE_NS = attribute("device_ns", "int", _NS, "GPU time between two CUDA events")
+PEAK_BYTES = attribute("memory.peak_bytes", "int", _BY, "allocator peak during the call")
+DELTA_BYTES = attribute("memory.delta_bytes", "int", _BY, "allocated after minus before")
+HOST_PEAK_BYTES = attribute("memory.host_peak_bytes", "int", _BY, "host peak (profiled CUDA call)")
+
+# ---- profiled calls
+KERNEL_COUNT = attribute("kernel.count", "int", "", "kernels (CUDA) or ATen ops (CPU) of the call")
+KERNEL_TOTAL_NS = attribute("kernel.total_ns", "int", _NS, "their summed time")
+KERNEL_TOP_NAMES = attribute("kernel.top_names", "string[]", "", "the 5 with the most time")
+KERNEL_TOP_NS = attribute("kernel.top_ns", "int[]", _NS, "their times")
+KERNEL_FOLDED = attribute("kernel.folded", "int", "", "ops folded into the span's own time")
+BACKEND = attribute("backend", "string", "", "the attention backend that ran")
+LAUNCH_OVERHEAD_NS = attribute("launch_overhead_ns", "int", _NS, "CPU window without GPU work")
+PROFILE_PATH = attribute("profile.path", "string", "", "the call's Chrome trace")
+CORE_NS = attribute("core_ns", "int", _NS, "time of the attention core")
+PROJECTION_NS = attribute("projection_ns", "int", _NS, "time of the projections")
+CORE_TFLOPS = attribute("core_tflops", "float", "TFLOP/s", "flops over core_ns")
+HOST_SYNCS = attribute("host_syncs", "int", "", "host waits in the call")
+HOST_SYNC_OPS = attribute("host_sync_ops", "string[]", "", "the names behind host_syncs")
+MEMCPY_NS = attribute("memcpy_ns", "int", _NS, "copy time")
+DEVICE_IDLE_NS = attribute("device_idle_ns", "int", _NS, "gaps between device activities")
+
+# ---- operator child spans
+KERNEL_KIND = attribute("kernel.kind", "string", "", "cpu_op, cuda_kernel, memcpy, memset, other")
+KERNEL_DEVICE = attribute("kernel.device", "string", "", "where the op ran")
+KERNEL_SELF_NS = attribute("kernel.self_ns", "int", _NS, "own time, children excluded")
+KERNEL_INNER = attribute("kernel.inner", "string[]", "", "ops it wrapped, merged into it")
+KERNEL_INPUT_SHAPES = attribute("kernel.input_shapes", "string", "", "the op's input shapes")
+
+# ---- slow calls and triggers (docs/live.md)
+SLOW = attribute("slow", "bool", "", "beyond slow_call_quantile of the site's estimate")
+SLOW_QUANTILE = attribute("slow_quantile", "float", "1", "the quantile it was beyond")
+TRIGGER = attribute("trigger", "string", "", "why the call was profiled: on_demand, slow_call")
+LINK = attribute("link", "string", "", "on a span link: slow_call")
+
+# ---- step spans (docs/live.md) and the resource
+STEP = attribute("step", "int", "", "the step number")
+RANK = attribute("rank", "int", "", "the process's rank")
+WORLD_SIZE = attribute("world_size", "int", "", "the job's ranks")
+RUN_ID = attribute("run_id", "string", "", "the id the ranks of one job share")
+HOST_NAME = Attribute("host.name", "string", "", "the rank's host (OpenTelemetry's name)")
+VERSION = attribute("version", "string", "", "attnscope's version (resource)")
+TORCH_VERSION = attribute("torch.version", "string", "", "torch's version (resource)")
+DEVICE_NAME = attribute("device.name", "string", "", "the CUDA device's name (resource)")
+
+ATTRIBUTES: tuple[Attribute, ...] = tuple(
+    v for v in list(globals().values()) if isinstance(v, Attribute))
+
+# ---- metric instruments
+ATTENTION_DURATION = Metric(PREFIX + "attention.duration", "s",
+                            "Duration of sampled attention calls (device time when measured)")
+ATTENTION_TOKENS = Metric(PREFIX + "attention.tokens", "{token}",
+                          "Tokens processed by attention calls (sampled calls / sample rate)")
+MEMORY_PEAK = Metric(PREFIX + "memory.peak", "By",
+                     "Peak device memory allocated during sampled calls")
+SPANS_DROPPED = Metric(PREFIX + "spans.dropped", "{span}",
+                       "attnscope spans not delivered, by reason")
+PROFILES_SKIPPED = Metric(PREFIX + "profiles.skipped", "{profile}",
+                          "Profile-tier captures that fell back to timing, by reason")
+INTERNAL_ERRORS = Metric(PREFIX + "internal_errors", "{error}",
+                         "Internal errors attnscope caught and logged")
+EFFECTIVE_RATE = Metric(PREFIX + "sampling.effective_rate", "1",
+                        "Sampling probability in force after the overhead budget, by tier")
+OVERHEAD_RATIO = Metric(PREFIX + "overhead.ratio", "1",
+                        "attnscope's calling-thread cost / wall time of the calls it wraps")
+
+METRICS: tuple[Metric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Metric))

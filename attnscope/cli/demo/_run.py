@@ -1,0 +1,191 @@
+"""``attnscope demo``'s run: a tiny attention model traced end to end, no backend needed.
+
+Two attention implementations (hand-written matmul-softmax-matmul and PyTorch SDPA) run the same
+workload; every call is captured, one forward per implementation is profiled, and the trace is
+summarised by ``attnscope report``'s tables, one report per implementation (and optionally kept as
+Jaeger JSON).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import shutil
+import sys
+import tempfile
+from typing import Any, TextIO
+
+import torch
+import torch.nn.functional as F
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+import attnscope
+
+from ... import _api
+from ...capture import profiler_session as profiler
+from ...export.destinations import resource
+from ...export.jaeger_json import JaegerJSONFileExporter
+from ..render.writer import check_output, write_text
+from ..report import render_terminal
+from ..summary import summarize
+from ..traces import SpanRow, attention_calls, load_spans
+
+__all__ = ["run_demo"]
+
+_TOP = 5  # slowest calls and kernels per table, as `attnscope report` prints by default
+
+
+@attnscope.trace(name="attention.naive")
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    is_causal: bool = True) -> torch.Tensor:
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if is_causal:
+        sq, skv = q.shape[-2], k.shape[-2]
+        keep = torch.ones(sq, skv, dtype=torch.bool, device=q.device).tril(skv - sq)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+@attnscope.trace(name="attention.sdpa")
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   is_causal: bool = True) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+
+class DemoAttention(torch.nn.Module):
+    """Grouped-query self-attention (8 query heads, 2 KV heads) around a pluggable core."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int) -> None:
+        super().__init__()
+        # the names instrument() reads, as in transformers' attention layers
+        self.num_heads, self.num_key_value_heads = heads, kv_heads
+        self.head_dim, self.is_causal = hidden // heads, True
+        self.qkv = torch.nn.Linear(hidden, (heads + 2 * kv_heads) * self.head_dim)
+        self.out = torch.nn.Linear(hidden, hidden)
+
+    def forward(self, hidden_states: torch.Tensor, attention: Any) -> torch.Tensor:
+        b, s, _ = hidden_states.shape
+        heads, kv_heads = self.num_heads, self.num_key_value_heads
+        h = self.qkv(hidden_states).view(b, s, heads + 2 * kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = h.split([heads, kv_heads, kv_heads], dim=1)
+        k, v = k.repeat_interleave(heads // kv_heads, 1), v.repeat_interleave(heads // kv_heads, 1)
+        core: torch.Tensor = attention(q, k, v, is_causal=True)
+        out: torch.Tensor = self.out(core.transpose(1, 2).reshape(b, s, -1))
+        return out
+
+
+class DemoBlock(torch.nn.Module):
+    def __init__(self, hidden: int, heads: int, kv_heads: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(hidden)
+        self.attn = DemoAttention(hidden, heads, kv_heads)
+
+    def forward(self, x: torch.Tensor, attention: Any) -> torch.Tensor:
+        attended: torch.Tensor = self.attn(self.norm(x), attention)
+        return x + attended
+
+
+class TinyDecoder(torch.nn.Module):
+    """Four pre-norm attention blocks; ``instrument()`` finds their attention layers."""
+
+    def __init__(self, hidden: int = 256, layers: int = 4, heads: int = 8,
+                 kv_heads: int = 2) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(DemoBlock(hidden, heads, kv_heads) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor, attention: Any) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, attention)
+        return x
+
+
+def run_demo(steps: int = 20, seq_len: int = 256, jaeger_json: str | None = None,
+             out: TextIO | None = None, html: str | None = None) -> int:
+    """Run the demo and print its report (``html``: also as a page); returns an exit code."""
+    check_output(html, "--html")  # before the model runs, not after
+    out = out or sys.stdout
+    scratch = None if jaeger_json else tempfile.mkdtemp(prefix="attnscope-demo-")
+    trace_path = jaeger_json or os.path.join(scratch or "", "trace.json")
+    torch.manual_seed(0)
+    model = attnscope.instrument(TinyDecoder().eval())  # layers.N.attn spans, layer_index
+    x = torch.randn(2, seq_len, 256)
+    previous = _api.current()
+    # the resource attnscope gives its own providers: the trace shows host, versions, pid
+    provider = TracerProvider(resource=resource(dataclasses.replace(
+        previous, service_name="attnscope-demo")))
+    # the file `attnscope report` reads at the end (a scratch one when none was asked for)
+    file_exporter = JaegerJSONFileExporter(trace_path, service_name="attnscope-demo")
+    provider.add_span_processor(SimpleSpanProcessor(file_exporter))
+    attnscope.configure(tracer_provider=provider, sample_rate=1.0, warmup_calls=0, profile_rate=0.0,
+                        profile_max_per_minute=60, overhead_budget=1.0)
+    # A service warms the profiler on attnscope's worker; the demo does it up front so that its
+    # one profiled forward is not timed instead while the profiler is still cold.
+    profiler.warm_up()
+    try:
+        with torch.inference_mode():
+            for impl in (naive_attention, sdpa_attention):
+                with attnscope.sampling(force=False):  # warm-up, not captured
+                    model(x, impl)
+                for _ in range(steps):
+                    with attnscope.span("demo.forward", tokens=x.shape[0] * seq_len,
+                                        attributes={"demo.implementation": impl.__name__}):
+                        model(x, impl)
+                with attnscope.span("demo.forward.profiled", sample=True,
+                                    attributes={"demo.implementation": impl.__name__}):
+                    with attnscope.sampling(force=True, profile=True):  # every layer profiled
+                        model(x, impl)
+        attnscope.flush(timeout_s=30)
+    finally:
+        attnscope.shutdown(timeout_s=10)
+        _api.restore(previous)
+    file_exporter.force_flush()
+    provider.shutdown()
+    try:
+        spans = _print_reports(trace_path, jaeger_json, html, out)
+    finally:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+    if jaeger_json:
+        print(f"\nWrote {spans} spans to {jaeger_json} — open Jaeger UI → Search → Upload to see "
+              f"the span tree (docs/jaeger.md), or `attnscope report {jaeger_json}`.", file=out)
+    if html:
+        print(f"Wrote the HTML report to {html}.", file=out)
+    return 0
+
+
+def _print_reports(trace_path: str, jaeger_json: str | None, html: str | None,
+                   out: TextIO) -> int:
+    """``attnscope report``'s tables once per implementation (both run on the same layers, so
+    one report of the whole trace would mix them), the page of the whole trace for ``html``.
+    Returns the number of spans in the trace."""
+    rows = load_spans(trace_path)
+    calls = attention_calls(rows)
+    by_id = {r.span_id: r for r in rows}
+    print(f"attnscope demo — {len(rows)} spans captured (TinyDecoder: 4 layers, GQA 8/2 heads, "
+          "CPU)", file=out)
+    for impl in (naive_attention, sdpa_attention):
+        label = impl.__name__.replace("_attention", "")
+        mine = [c for c in calls if _implementation(c, by_id) == impl.__name__]
+        source = f"attention.{label}" + (f" in {jaeger_json}" if jaeger_json else "")
+        print("", file=out)
+        render_terminal(summarize(mine, top=_TOP), source=source, spans=len(rows), top=_TOP,
+                        out=out)
+    if html:
+        from ..report._html import render_html  # matplotlib: only for the page
+
+        write_text(html, render_html(summarize(calls, top=_TOP), rows, source=trace_path,
+                                     top=_TOP), "--html")
+    return len(rows)
+
+
+def _implementation(row: SpanRow, by_id: dict[str, SpanRow]) -> str:
+    """The implementation a call ran under (the ``demo.implementation`` of an enclosing span)."""
+    seen: SpanRow | None = row
+    while seen is not None:
+        impl = seen.attributes.get("demo.implementation")
+        if impl is not None:
+            return str(impl)
+        seen = by_id.get(seen.parent_id) if seen.parent_id else None
+    return "?"

@@ -1,0 +1,169 @@
+"""The statistics behind ``attnscope diff``: the relative change of one quantile between two
+samples, its bootstrap confidence interval, the verdict and the regression gate.
+
+Pure functions of numpy arrays, so the rules can be tested on synthetic samples with known shifts.
+The bootstrap resamples the calls of each file independently (``scipy.stats.bootstrap`` with two
+unpaired samples, percentile intervals, a fixed seed: the same two files always give the same
+report). What the interval covers and what it does not is written in docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from scipy import stats  # type: ignore[import-untyped]
+
+__all__ = [
+    "CONFIDENCE", "MIN_CALLS", "RESAMPLES", "TAIL_CALLS", "Change", "Metric", "METRICS",
+    "calls_needed", "compare", "gate_failed", "verdict",
+]
+
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+MIN_CALLS = 20      # calls per file a group needs before any verdict
+TAIL_CALLS = 3      # calls above a quantile each file needs for a verdict on that quantile
+SEED = 13
+_BATCH_VALUES = 4_000_000  # resampled values held at once (memory bound for huge groups)
+
+FEW = "too few calls"
+SAME = "no change"
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """One line of the diary: a quantile of a per-call value, and which way is better."""
+
+    name: str            # "p50", "tokens/s", ...
+    value: str           # what is measured per call: "time", "tokens_per_s", "memory"
+    q: float             # the quantile compared
+    higher_is_better: bool
+    better: str          # verdict words
+    worse: str
+
+
+METRICS = (
+    Metric("p50", "time", 0.50, False, "faster", "slower"),
+    Metric("p95", "time", 0.95, False, "faster", "slower"),
+    Metric("p99", "time", 0.99, False, "faster", "slower"),
+    Metric("tokens/s p50", "tokens_per_s", 0.50, True, "faster", "slower"),
+    Metric("memory peak p50", "memory", 0.50, False, "smaller", "larger"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """BEFORE and AFTER's quantile, the relative change ``after / before - 1`` with its confidence
+    interval (``nan`` when not computed), the verdict, and the calls behind it."""
+
+    metric: Metric
+    before: float
+    after: float
+    change: float
+    low: float
+    high: float
+    verdict: str
+    n_before: int
+    n_after: int
+
+
+def calls_needed(q: float) -> int:
+    """Calls each file needs for a verdict on quantile ``q``: ``MIN_CALLS``, and at least
+    ``TAIL_CALLS`` calls above the quantile (p95: 60, p99: 300)."""
+    return max(MIN_CALLS, math.ceil(TAIL_CALLS / (1.0 - q) - 1e-9))
+
+
+def verdict(change: float, low: float, high: float, min_change: float, metric: Metric) -> str:
+    """Worse/better only when the interval excludes zero *and* the estimate moved by at least
+    ``min_change`` (a fraction): the interval answers "is it noise?", ``min_change`` "does it
+    matter?" (and absorbs what the interval cannot see, see docs/cli.md)."""
+    if math.isnan(low) or math.isnan(high) or math.isnan(change):
+        return SAME  # 0/0 in some resamples: nothing shown beyond noise
+    if low > 0.0 and change >= min_change:
+        return _direction(metric, True)
+    if high < 0.0 and change <= -min_change:
+        return _direction(metric, False)
+    return SAME
+
+
+def _ratio_statistic(qs: tuple[float, ...]) -> Any:
+    def statistic(before: npt.NDArray[np.float64], after: npt.NDArray[np.float64],
+                  axis: int = -1) -> npt.NDArray[np.float64]:
+        b = np.quantile(before, qs, axis=axis)
+        a = np.quantile(after, qs, axis=axis)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.asarray(a / b - 1.0, dtype=np.float64)
+    return statistic
+
+
+def _intervals(before: npt.NDArray[np.float64], after: npt.NDArray[np.float64],
+               qs: tuple[float, ...], confidence: float, resamples: int,
+               seed: int) -> list[tuple[float, float]]:
+    """One bootstrap for all the quantiles (the same resamples for each)."""
+    batch = max(1, _BATCH_VALUES // max(len(before), len(after)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # degenerate samples (every call alike) are fine here
+        result = stats.bootstrap(
+            (before, after), _ratio_statistic(qs), n_resamples=resamples, batch=batch,
+            vectorized=True, paired=False, confidence_level=confidence, method="percentile",
+            rng=np.random.default_rng(seed))
+    lows = np.atleast_1d(result.confidence_interval.low)
+    highs = np.atleast_1d(result.confidence_interval.high)
+    return [(float(lo), float(hi)) for lo, hi in zip(lows, highs, strict=True)]
+
+
+def _finite(values: npt.ArrayLike) -> npt.NDArray[np.float64]:
+    array = np.asarray(values, dtype=np.float64)
+    return array[np.isfinite(array)]
+
+
+def compare(before: npt.ArrayLike, after: npt.ArrayLike, metrics: tuple[Metric, ...], *,
+            min_change: float = 0.0, confidence: float = CONFIDENCE,
+            resamples: int = RESAMPLES, seed: int = SEED) -> list[Change]:
+    """The change of each metric's quantile from ``before`` to ``after`` (per-call values of one
+    kind; NaNs dropped). Too few calls for a quantile: its values and change, no interval, verdict
+    "too few calls"."""
+    b, a = _finite(before), _finite(after)
+    if not len(b) or not len(a):
+        return [Change(m, math.nan, math.nan, math.nan, math.nan, math.nan, FEW, len(b), len(a))
+                for m in metrics]
+    qs = tuple(m.q for m in metrics)
+    qb = np.atleast_1d(np.quantile(b, qs))
+    qa = np.atleast_1d(np.quantile(a, qs))
+    wanted = [m for m, x in zip(metrics, qb, strict=True)
+              if x != 0.0 and min(len(a), len(b)) >= calls_needed(m.q)]
+    found = dict(zip(wanted, _intervals(b, a, tuple(m.q for m in wanted), confidence, resamples,
+                                        seed), strict=True)) if wanted else {}
+    out = []
+    for m, x, y in zip(metrics, qb, qa, strict=True):
+        change = _relative(float(x), float(y))
+        low, high = found.get(m, (math.nan, math.nan))
+        if min(len(a), len(b)) < calls_needed(m.q):
+            word = FEW
+        elif x == 0.0:  # no ratio to bootstrap: 0 -> 0 is no change, 0 -> y has no relative size
+            word = SAME if y == 0.0 else _direction(m, y > 0)
+        else:
+            word = verdict(change, low, high, min_change, m)
+        out.append(Change(m, float(x), float(y), change, low, high, word, len(b), len(a)))
+    return out
+
+
+def _direction(metric: Metric, went_up: bool) -> str:
+    return metric.better if went_up == metric.higher_is_better else metric.worse
+
+
+def _relative(before: float, after: float) -> float:
+    if before == 0.0:
+        return 0.0 if after == 0.0 else math.inf if after > 0 else -math.inf
+    return after / before - 1.0
+
+
+def gate_failed(change: Change, limit: float) -> bool:
+    """``--fail-if-slower``: a p50 time that is slower and whose interval lies entirely above
+    ``limit`` (a fraction): slower by more than the limit beyond the noise the interval shows."""
+    return (change.metric.value == "time" and change.metric.q == 0.5
+            and change.verdict == change.metric.worse and change.low > limit)

@@ -1,0 +1,205 @@
+"""``attnscope report --html``: the report as one self-contained page with plots.
+
+Plots (matplotlib, inline SVG via :mod:`..render.html`): latency distribution per layer and
+phase, time per layer split by phase, the kernel/operator breakdown of the profiled calls, and the
+operator timeline of the slowest profiled call. Tables: the per-layer numbers and the slowest calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter
+
+from ..render.html import PALETTE, escape, figure, page, svg, table
+from ..render.units import MISSING, duration, si, when
+from ..summary import GroupStats, Summary, operator_spans, time_ns
+from ..traces import SpanRow, attention_calls, group_key
+from ... import _schema as schema
+
+__all__ = ["render_html"]
+
+_PHASE_COLOUR = {"prefill": PALETTE[0], "decode": PALETTE[1], None: PALETTE[2]}
+
+
+def render_html(summary: Summary, rows: Sequence[SpanRow], *, source: str, top: int) -> str:
+    """The whole page as text."""
+    calls = attention_calls(rows)
+    sections = [
+        ("Per layer and phase", _numbers(summary, duration, si)),
+        ("Latency distribution per layer", _latency_plot(summary, calls)),
+        ("Time per layer: prefill vs decode", _time_plot(summary)),
+        ("Kernels and operators of the profiled calls", _kernel_plot(summary, top, duration)),
+        ("Timeline of one profiled call", _timeline(rows, calls, duration)),
+        ("Slowest calls", _slowest(summary, duration)),
+    ]
+    rates = ", ".join(f"{r:g}" for r in summary.sample_rates)
+    subtitle = (f"{source} · {summary.overall.calls} attention calls sampled (sample rate "
+                f"{rates}), {summary.overall.profiled} profiled · "
+                f"services: {', '.join(summary.services) or MISSING}")
+    return page("attnscope report", sections, subtitle=subtitle)
+
+
+def _label(g: GroupStats) -> str:
+    return f"{g.module} · {g.phase}" if g.phase else g.module
+
+
+def _numbers(summary: Summary, duration: Any, si: Any) -> str:
+    cost = summary.price_per_hour is not None
+    headers = ["layer", "phase", "calls", "est. calls", "p50", "p95", "p99", "max", "tokens/s",
+               "FLOP/s", "core FLOP/s", "backend"] + (["$ / 1k tokens"] if cost else [])
+    body = []
+    for g in [*summary.groups, summary.overall]:
+        row = [g.module, g.phase or MISSING, g.calls, f"{g.estimated_calls:,.0f}",
+               *(duration(v) for v in (g.wall.p50, g.wall.p95, g.wall.p99, g.wall.max)),
+               si(g.tokens_per_s), si(g.tflops * 1e12 if g.tflops is not None else None),
+               si(g.core_tflops * 1e12 if g.core_tflops is not None else None),
+               ", ".join(sorted(g.backends)) or MISSING]
+        if cost:
+            row.append(MISSING if g.cost_per_1k_tokens is None else f"{g.cost_per_1k_tokens:.3g}")
+        body.append(row)
+    note = ("<p class=\"note\">Percentiles are of wall time over the sampled calls that were not "
+            "profiled (the profiler slows a call); 'est. calls' re-weights the count by "
+            "1/sample_rate. Rates are totals over total time (device time where measured); "
+            "core FLOP/s uses the profiled calls' attention-core time.</p>")
+    return note + table(headers, body, left=(0, 1, 11))
+
+
+def _latency_plot(summary: Summary, calls: Sequence[SpanRow]) -> str:
+    groups = summary.groups
+    if not groups:
+        return "<p class=\"note\">No attention calls.</p>"
+    values: dict[tuple[str, str | None], list[float]] = {}
+    for r in calls:
+        values.setdefault(group_key(r), []).append(
+            float(r.attributes.get(schema.WALL_NS.name, r.duration_ns)) / 1e6)
+    fig = figure(11, 0.9 + 0.42 * len(groups))
+    ax = fig.subplots()
+    data = [values[(g.module, g.phase)] for g in groups]
+    positions = list(range(len(groups)))[::-1]
+    parts = ax.boxplot(data, positions=positions, orientation="horizontal", widths=0.6,
+                       patch_artist=True, showfliers=False, medianprops={"color": "#1d2330"})
+    for patch, g in zip(parts["boxes"], groups, strict=False):
+        patch.set_facecolor(_PHASE_COLOUR.get(g.phase, PALETTE[2]))
+        patch.set_alpha(0.55)
+    for pos, vals, g in zip(positions, data, groups, strict=False):  # every sampled call as a dot
+        jitter = [pos + ((i * 7919) % 100 - 50) / 220 for i in range(len(vals))]
+        ax.scatter(vals, jitter, s=16, color=_PHASE_COLOUR.get(g.phase, PALETTE[2]),
+                   edgecolors="none", alpha=0.8, zorder=3)
+    ax.set_yticks(positions, [_label(g) for g in groups], fontsize=9)
+    ax.set_xscale("log")
+    _plain_ticks(ax)
+    ax.set_xlabel("wall time per call (ms, log scale)")
+    ax.grid(axis="x", color="#e6e8ec", which="both")
+    ax.set_axisbelow(True)
+    _legend(ax, {g.phase for g in groups})
+    return svg(fig)
+
+
+def _plain_ticks(ax: Any) -> None:
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+
+
+def _legend(ax: Any, phases: set[str | None]) -> None:
+    handles = [Patch(color=_PHASE_COLOUR[p], label=p or "no phase", alpha=0.7)
+               for p in ("prefill", "decode", None) if p in phases]
+    if len(handles) > 1:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=9,
+                  frameon=False)
+
+
+def _time_plot(summary: Summary) -> str:
+    modules = list(dict.fromkeys(g.module for g in summary.groups))
+    if not modules:
+        return "<p class=\"note\">No attention calls.</p>"
+    fig = figure(11, 0.9 + 0.38 * len(modules))
+    ax = fig.subplots()
+    left = [0.0] * len(modules)
+    y = list(range(len(modules)))[::-1]
+    phases = [p for p in ("prefill", "decode", None) if any(g.phase == p for g in summary.groups)]
+    for phase in phases:
+        widths = [sum(g.time_ns for g in summary.groups if g.module == m and g.phase == phase)
+                  / 1e6 for m in modules]
+        ax.barh(y, widths, left=left, color=_PHASE_COLOUR[phase], label=phase or "no phase",
+                height=0.6)
+        left = [a + b for a, b in zip(left, widths, strict=False)]
+    ax.set_yticks(y, modules, fontsize=9)
+    ax.set_xlabel("total time of the sampled calls (ms)")
+    ax.grid(axis="x", color="#e6e8ec")
+    ax.set_axisbelow(True)
+    if len(phases) > 1:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=9, frameon=False)
+    return svg(fig)
+
+
+def _kernel_plot(summary: Summary, top: int, duration: Any) -> str:
+    kernels = summary.overall.kernels[:max(top, 8)]
+    if not kernels:
+        return ("<p class=\"note\">No profiled calls in this trace, so no kernel breakdown "
+                "(raise <code>profile_rate</code>).</p>")
+    fig = figure(11, 0.8 + 0.36 * len(kernels))
+    ax = fig.subplots()
+    y = list(range(len(kernels)))[::-1]
+    ax.barh(y, [share * 100 for _, _, share in kernels], color=PALETTE[2], height=0.6)
+    for yi, (_, ns, share) in zip(y, kernels, strict=False):
+        ax.text(share * 100, yi, f"  {share:.1%} · {duration(ns)}", va="center", fontsize=8)
+    ax.set_yticks(y, [_short(name, 60) for name, _, _ in kernels], fontsize=9)
+    ax.set_xlabel("share of the profiled calls' kernel time (%)")
+    ax.set_xlim(0, max(share for _, _, share in kernels) * 125)
+    ax.grid(axis="x", color="#e6e8ec")
+    ax.set_axisbelow(True)
+    note = (f"<p class=\"note\">From the {summary.overall.profiled} profiled calls: each call's "
+            "five biggest kernels/ops (<code>attnscope.kernel.top_names</code>), as a share of "
+            "their kernel time.</p>")
+    return note + svg(fig)
+
+
+def _short(text: str, n: int) -> str:
+    return text if len(text) <= n else text[:n - 1] + "…"
+
+
+def _depths(call: SpanRow, ops: Sequence[SpanRow]) -> dict[str, int]:
+    depth = {call.span_id: -1}
+    for op in ops:  # by start time: a parent comes before its children
+        depth[op.span_id] = depth.get(op.parent_id or "", -1) + 1
+    return depth
+
+
+def _timeline(rows: Sequence[SpanRow], calls: Sequence[SpanRow], duration: Any) -> str:
+    profiled = [(c, operator_spans(rows, c)) for c in calls
+                if c.attributes.get(schema.TIER.name) == "profile"]
+    profiled = [(c, ops) for c, ops in profiled if ops]
+    if not profiled:
+        return "<p class=\"note\">No profiled call with operator spans in this trace.</p>"
+    call, ops = max(profiled, key=lambda p: time_ns(p[0]))
+    depth = _depths(call, ops)
+    levels = max(depth.values()) + 1
+    fig = figure(11, 1.2 + 0.45 * levels)
+    ax = fig.subplots()
+    longest = sorted(ops, key=lambda o: -o.duration_ns)[:12]
+    colour = {name: PALETTE[i % 6] for i, name in enumerate(sorted({o.name for o in ops}))}
+    for op in ops:
+        x0, width = (op.start_ns - call.start_ns) / 1e6, op.duration_ns / 1e6
+        ax.barh(-depth[op.span_id], width, left=x0, height=0.8, edgecolor="white",
+                linewidth=0.5, color=colour[op.name])
+        if op in longest:
+            ax.text(x0 + width / 2, -depth[op.span_id], _short(op.name.replace("aten::", ""), 18),
+                    ha="center", va="center", fontsize=7, color="white", clip_on=True)
+    ax.set_xlim(0, call.duration_ns / 1e6)
+    ax.set_yticks([-d for d in range(levels)], [f"depth {d}" for d in range(levels)], fontsize=8)
+    ax.set_xlabel("ms since the call started")
+    module, phase = group_key(call)
+    note = (f"<p class=\"note\">{escape(module)} ({escape(phase or 'no phase')}), "
+            f"{duration(time_ns(call))}, trace {escape(call.trace_id)}: its {len(ops)} operator "
+            "spans as they ran (nested ops below their parent; small ops are folded into their "
+            "parent by attnscope).</p>")
+    return note + svg(fig)
+
+
+def _slowest(summary: Summary, duration: Any) -> str:
+    body = [[*group_key(r)[:1], group_key(r)[1] or MISSING, duration(time_ns(r)), when(r.start_ns),
+             r.trace_id, r.span_id] for r in summary.slowest]
+    return table(["layer", "phase", "time", "start (UTC)", "trace id", "span id"], body,
+                 left=(0, 1, 3, 4, 5))

@@ -1,0 +1,117 @@
+"""``attnscope run`` in the program's ``multiprocessing`` children: their spans reach their files.
+
+attnscope exports what a process captured at its exit (``atexit``), and two ordinary ends of a
+``multiprocessing`` child skip ``atexit`` altogether:
+
+- a child of the ``fork`` start method leaves through ``os._exit()`` once its target returns
+  (``multiprocessing.popen_fork``): no ``atexit`` handler runs;
+- a ``Pool`` worker is ended by SIGTERM when its pool is terminated, which is what
+  ``with Pool() as pool:`` does at the end of the block; SIGTERM's default action ends the
+  process on the spot.
+
+Both lost every span of the child, silently: the CLI then said nothing was captured. So in each
+``multiprocessing`` child of a program under ``attnscope run`` (any start method):
+
+- a ``multiprocessing.util.Finalize`` with an exit priority flushes: ``util._exit_function`` runs
+  it as the child's last step, on every start method, after the target returned or raised;
+- SIGTERM, while the program has set no handler of its own, flushes too (bounded, as at exit) and
+  then ends the process by SIGTERM's default action, so the exit status a parent sees is
+  unchanged (``-SIGTERM``).
+
+Set-up: ``multiprocessing.util.register_after_fork`` runs :func:`_in_child` in the bootstrap of
+every forked child (``fork``, ``forkserver``: the registration is inherited). A spawned child runs
+no after-fork hook, so :func:`watch` runs it at once there: while the child re-imports the main
+module (``current_process()._inheriting``, before its bootstrap), or when torch was first
+imported inside a child already running (``multiprocessing.parent_process()``).
+The program's own main process is left as it is (docs/cli.md: a SIGTERM it does not handle ends
+it without attnscope's exit flush).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from ... import _log
+
+__all__ = ["FLUSH_S", "watch"]
+
+FLUSH_S = 5.0  # attnscope's exit bound (worker/at_exit.py): a child gets the same
+_EXIT_PRIORITY = 10  # Finalize priorities >= 0 run first in util._exit_function
+
+
+def watch(anchor: object) -> None:
+    """Set the children of this process up (``anchor`` lives as long as the session: the
+    after-fork registry holds it weakly); this process too when it is a child."""
+    import multiprocessing
+    import multiprocessing.util
+
+    multiprocessing.util.register_after_fork(anchor, _after_fork)
+    # a spawned child re-importing the main module (its bootstrap runs no after-fork hook:
+    # SpawnProcess._after_fork does nothing), or a child already running
+    inheriting = getattr(multiprocessing.current_process(), "_inheriting", False)
+    if inheriting or multiprocessing.parent_process() is not None:
+        _in_child()
+
+
+def _after_fork(anchor: object) -> None:
+    _in_child()
+
+
+def _in_child() -> None:
+    """Flush at the child's last step and at a SIGTERM; never raises (a child's bootstrap that
+    raised would end the child). Runs once per child: the after-fork hook runs in forked
+    children's bootstrap, the direct call only where that hook did not run before."""
+    try:
+        import multiprocessing.util
+
+        multiprocessing.util.Finalize(None, _flush, exitpriority=_EXIT_PRIORITY)
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+    except Exception as exc:  # noqa: BLE001  (ValueError: not the main thread, no handler)
+        _log.internal_error("run.child", exc)
+
+
+def _flush() -> None:
+    """Export what this process captured and close its files (the process is ending)."""
+    try:
+        import attnscope
+
+        deadline = time.monotonic() + FLUSH_S
+        attnscope.flush(FLUSH_S)  # (a shutdown alone may return with the last batch in flight)
+        attnscope.shutdown(max(0.0, deadline - time.monotonic()))
+    except BaseException as exc:  # noqa: BLE001  (the child's end goes on)
+        _log.internal_error("run.child-flush", exc)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """Export on a helper thread, which then ends the process as SIGTERM would have.
+
+    Not here, on the main thread: the handler may have interrupted it inside attnscope (a
+    capture handed to the worker holds the worker's condition lock), and a flush from here would
+    wait for that lock forever. The main thread goes on meanwhile, as it would have for the
+    short while before a default SIGTERM ended it. ``_thread``: no lock of ``threading`` taken
+    in a signal handler either."""
+    import _thread
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    try:
+        _thread.start_new_thread(_flush_then_end, ())
+    except Exception:  # noqa: BLE001  (no thread: end as SIGTERM would have)
+        _end()
+
+
+def _flush_then_end() -> None:
+    _flush()
+    _end()
+
+
+def _end() -> None:
+    try:
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001, S110  (a closed stderr: nothing to flush)
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)  # the default action now: the status is -SIGTERM

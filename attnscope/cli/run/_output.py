@@ -1,0 +1,126 @@
+"""The files ``attnscope run`` writes, named the same way by the program's processes and the CLI.
+
+Each process that samples something writes its own pair of files in the output directory:
+
+- the process the CLI started: ``traces.jaeger.json`` and ``traces.otlp.jsonl``;
+- a distributed rank (``RANK`` set, as torchrun does): ``traces.rank<N>.jaeger.json`` ...;
+- any other process (a DataLoader worker, a subprocess): ``traces.pid<PID>.jaeger.json`` ...
+
+A process that samples nothing writes nothing. The files are created at the first export, not
+at start-up: a launcher (torchrun itself) never claims a name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ENV_DIR", "ENV_PARENT", "ENV_SERVICE", "JAEGER", "OTLP", "RunExporter",
+           "clear_previous", "count_spans", "process_tag", "written"]
+
+ENV_DIR = "ATTNSCOPE_RUN_DIR"  # the output directory (absolute)
+ENV_PARENT = "ATTNSCOPE_RUN_PARENT_PID"  # the CLI's pid: its direct child writes the plain names
+ENV_SERVICE = "ATTNSCOPE_RUN_SERVICE"  # service.name when OTEL_SERVICE_NAME is not set
+JAEGER = "traces.jaeger.json"
+OTLP = "traces.otlp.jsonl"
+# traces.jaeger.json, traces.rank1.otlp.jsonl, traces.pid42.jaeger.json.1 (a rotated file), and
+# traces.1234.jaeger.json (the exporters' own per-process name when a file's lock is taken)
+_OURS = re.compile(r"^traces(\.[A-Za-z0-9-]+)?\.(jaeger\.json|otlp\.jsonl)(\.\d+)?$")
+
+
+def process_tag(environ: Mapping[str, str], pid: int, parent_pid: int) -> str:
+    """``""`` for the CLI's own child, ``rank<N>`` for a distributed rank, else ``pid<PID>``."""
+    rank = environ.get("RANK", "").strip()
+    if rank.isdigit():
+        return f"rank{int(rank)}"
+    if str(parent_pid) == environ.get(ENV_PARENT, "").strip():
+        return ""
+    return f"pid{pid}"
+
+
+def _named(directory: str, base: str, tag: str) -> str:
+    if not tag:
+        return os.path.join(directory, base)
+    stem, ext = base.split(".", 1)
+    return os.path.join(directory, f"{stem}.{tag}.{ext}")
+
+
+class RunExporter:
+    """Both file exporters behind one ``exporter=``: every batch goes to each.
+
+    Duck-typed (``export``/``force_flush``/``shutdown``) so that configuring it imports nothing of
+    the OpenTelemetry SDK; the two file exporters are created at the first export or flush, in the
+    process that exports (a forked child makes its own, under its own names).
+    """
+
+    attnscope_writes_files = True  # local work at exit: see export.pipeline
+
+    def __init__(self, directory: str, environ: Mapping[str, str]) -> None:
+        self._directory = directory
+        self._environ = dict(environ)
+        self._lock = threading.Lock()
+        self._pid = -1
+        self._inner: list[Any] = []
+
+    def _exporters(self) -> list[Any]:
+        with self._lock:
+            if self._pid != os.getpid():
+                from ...export.jaeger_json import JaegerJSONFileExporter
+                from ...export.otlp_json import OTLPJSONFileExporter
+
+                tag = process_tag(self._environ, os.getpid(), os.getppid())
+                self._inner = [
+                    JaegerJSONFileExporter(_named(self._directory, JAEGER, tag)),
+                    OTLPJSONFileExporter(_named(self._directory, OTLP, tag)),
+                ]
+                self._pid = os.getpid()
+            return self._inner
+
+    def export(self, spans: Sequence[Any]) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        results = [exporter.export(spans) for exporter in self._exporters()]
+        ok = all(r == SpanExportResult.SUCCESS for r in results)
+        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return all([exporter.force_flush(timeout_millis) for exporter in self._exporters()])
+
+    def shutdown(self) -> None:
+        with self._lock:
+            inner = self._inner if self._pid == os.getpid() else []
+        for exporter in inner:
+            exporter.shutdown()
+
+
+def clear_previous(directory: Path) -> list[Path]:
+    """Remove the trace files (and their lock files) an earlier run left in ``directory`` (OTLP
+    lines would be appended to them); returns what was removed. Other files are left alone."""
+    removed = []
+    for path in sorted(directory.iterdir()):
+        # (PATH.lock: left by a process killed before its exporter shut down)
+        name = path.name.removesuffix(".lock")
+        if _OURS.match(name) and path.is_file() and not path.is_symlink():
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
+def written(directory: Path) -> list[Path]:
+    """The trace files in ``directory``: the plain names first, then the others by name."""
+    found = [p for p in directory.iterdir() if _OURS.match(p.name) and p.is_file()]
+    return sorted(found, key=lambda p: (p.name not in (JAEGER, OTLP), p.name))
+
+
+def count_spans(path: Path) -> int | None:
+    """Spans in a Jaeger JSON document; None when it cannot be read as one."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        return sum(len(trace.get("spans", ())) for trace in document.get("data", ()))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None

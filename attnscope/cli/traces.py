@@ -1,0 +1,291 @@
+"""Trace files read back as plain rows: the data model every analysis command shares.
+
+``load_spans`` reads what attnscope's file exporters write — a Jaeger JSON document
+(``jaeger-json:PATH``), OTLP/JSON lines (``otlp-json:PATH``) — or a directory written by
+``attnscope run`` (``traces.otlp.jsonl``, else ``traces.jaeger.json``: both hold the same spans,
+so only one is read). The same spans give the same rows from either format, with two differences
+the formats impose: Jaeger keeps microseconds (``start_ns``/``end_ns`` are then whole
+microseconds) and stores list attributes as JSON text (read back as lists here).
+
+``attention_calls`` picks the captured attention calls out of all spans; ``group_key`` is the
+(layer, phase) a call is summarised under.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._errors import CLIError
+from .. import _schema as schema
+
+__all__ = ["TraceFileError", "SpanRow", "load_spans", "attention_calls", "group_key",
+           "ATTENTION_FACTS", "DIRECTORY_FILES"]
+
+# What `attnscope run` writes into its output directory, in the order they are preferred.
+DIRECTORY_FILES = ("traces.otlp.jsonl", "traces.jaeger.json")
+# Attributes only an attention call carries (a model forward or a span() block has none of them).
+ATTENTION_FACTS = (schema.NUM_HEADS.name, schema.HEAD_DIM.name, schema.FLOPS.name)
+# Tags the Jaeger exporter adds from the span itself rather than its attributes.
+_JAEGER_EXTRA = ("otel.scope.name", "otel.scope.version", "span.kind", "error")
+_OTLP_STATUS = {1: "OK", 2: "ERROR"}
+
+
+class TraceFileError(CLIError):
+    """A path that gives no attnscope spans: missing, not JSON, not a trace, empty, or a trace
+    written by another tool. The message is one line, naming the path."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpanRow:
+    """One span as read from a file. ``attributes`` keep their full keys and typed values."""
+
+    trace_id: str
+    span_id: str
+    parent_id: str | None
+    name: str
+    start_ns: int  # unix epoch nanoseconds
+    end_ns: int
+    attributes: Mapping[str, Any]
+    service: str | None
+
+    @property
+    def duration_ns(self) -> int:
+        return max(0, self.end_ns - self.start_ns)
+
+
+def load_spans(path: str | os.PathLike[str]) -> list[SpanRow]:
+    """Every span in a trace file or ``attnscope run`` directory, by start time.
+
+    A directory holds one file per process that exported (``traces.otlp.jsonl``, and per rank
+    or extra process ``traces.rank1.otlp.jsonl``, ``traces.pid42.otlp.jsonl``, rotated ones with
+    ``.1`` ...): all of them are read, in one format (OTLP/JSON lines, else Jaeger JSON: the two
+    hold the same spans). Raises :class:`TraceFileError` unless at least one span was written by
+    attnscope.
+    """
+    given = Path(path)
+    rows: list[SpanRow] = []
+    for file in _trace_files(given):
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TraceFileError(f"{file}: cannot read it as text ({_reason(exc)})") from None
+        if given.is_dir() and not text.strip():
+            continue  # a process that exported nothing (an empty trace document or file)
+        rows.extend(_parse(file, text))
+    if not rows:
+        raise TraceFileError(
+            f"{given}: the trace holds no spans (did the program sample any call?)")
+    if not any(schema.TIER.name in r.attributes for r in rows):
+        raise TraceFileError(f"{given}: {len(rows)} spans but none from attnscope (no "
+                             "attnscope.tier attribute): a trace written by another tool?")
+    unique = {(r.trace_id, r.span_id): r for r in rows}
+    return sorted(unique.values(), key=lambda r: (r.start_ns, r.end_ns, r.span_id))
+
+
+def attention_calls(rows: Sequence[SpanRow]) -> list[SpanRow]:
+    """The captured attention calls among ``rows``, by start time.
+
+    Candidates are attnscope's call spans (with ``attnscope.tier``), never its operator/kernel
+    child spans (``attnscope.kernel.kind``). When some candidates carry attention facts
+    (``ATTENTION_FACTS``: head counts or FLOPs), the calls are those, except one nested inside
+    another call (an SDPA traced under an instrumented layer: its time is already the layer's);
+    model forwards, ``generate()`` and ``span()`` blocks around them are left out. When none
+    does (only ``@trace``/``span()`` on inputs attnscope did not recognise), the calls are the
+    innermost candidates, so such a trace is still reported.
+    """
+    candidates = [r for r in rows if schema.TIER.name in r.attributes
+                  and schema.KERNEL_KIND.name not in r.attributes]
+    by_id = {r.span_id: r for r in candidates}
+    with_facts = {r.span_id for r in candidates if _has_facts(r)}
+    if with_facts:
+        return [r for r in candidates if r.span_id in with_facts
+                and not any(a.span_id in with_facts for a in _ancestors(r, by_id))]
+    parents = {a.span_id for r in candidates for a in _ancestors(r, by_id)}
+    return [r for r in candidates if r.span_id not in parents]
+
+
+def group_key(row: SpanRow) -> tuple[str, str | None]:
+    """(module path, else span name; phase or None): what a call is summarised under."""
+    module = row.attributes.get(schema.MODULE.name)
+    phase = row.attributes.get(schema.PHASE.name)
+    return (str(module) if module else row.name, str(phase) if phase else None)
+
+
+def _has_facts(row: SpanRow) -> bool:
+    return any(key in row.attributes for key in ATTENTION_FACTS)
+
+
+def _ancestors(row: SpanRow, by_id: Mapping[str, SpanRow]) -> Iterator[SpanRow]:
+    """The call spans above ``row``, nearest first; the walk ends at the first parent that is
+    not one (an application span, or a span missing from the file)."""
+    seen: set[str] = set()
+    parent = by_id.get(row.parent_id) if row.parent_id else None
+    while parent is not None and parent.span_id not in seen:
+        seen.add(parent.span_id)
+        yield parent
+        parent = by_id.get(parent.parent_id) if parent.parent_id else None
+
+
+# -- reading files --------------------------------------------------------------------------
+
+
+def _trace_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        for suffix in ("otlp.jsonl", "jaeger.json"):
+            pattern = re.compile(rf"^traces(\.[A-Za-z0-9-]+)?\.{re.escape(suffix)}(\.\d+)?$")
+            found = sorted(p for p in path.iterdir() if pattern.match(p.name) and p.is_file())
+            if found:
+                return found
+        raise TraceFileError(f"{path}: no trace file in this directory (expected "
+                             f"{' or '.join(DIRECTORY_FILES)}, as `attnscope run` writes)")
+    if not path.exists():
+        raise TraceFileError(f"{path}: no such file or directory")
+    if not path.is_file():
+        raise TraceFileError(f"{path}: not a regular file")
+    return [path]
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _parse(file: Path, text: str) -> list[SpanRow]:
+    """Rows from a whole JSON document, else from JSON lines."""
+    if not text.strip():
+        raise TraceFileError(f"{file}: the file is empty (no spans)")
+    try:
+        documents: list[Any] = [json.loads(text)]
+    except ValueError:
+        documents = []
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                documents.append(json.loads(line))
+            except ValueError as exc:
+                raise TraceFileError(f"{file}: not JSON (line {lineno}: {_reason(exc)})") from None
+    rows: list[SpanRow] = []
+    for doc in documents:
+        if isinstance(doc, dict) and isinstance(doc.get("data"), list):
+            spans = _jaeger_rows(doc["data"])
+        elif isinstance(doc, dict) and isinstance(doc.get("resourceSpans"), list):
+            spans = _otlp_rows(doc["resourceSpans"])
+        elif _is_chrome_trace(doc):
+            raise TraceFileError(
+                f"{file}: a Chrome trace (traceEvents, as torch.profiler's export_chrome_trace "
+                "writes), not spans: open it in Perfetto (ui.perfetto.dev) or chrome://tracing; "
+                "attnscope reads the Jaeger JSON / OTLP/JSON files of exporter=\"jaeger-json:PATH\""
+                " / \"otlp-json:PATH\" or an `attnscope run` directory")
+        else:
+            raise TraceFileError(f"{file}: JSON but not a trace (expected a Jaeger JSON document "
+                                 '{"data": [...]} or OTLP/JSON lines {"resourceSpans": [...]})')
+        try:
+            rows.extend(spans)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise TraceFileError(f"{file}: a malformed span ({type(exc).__name__}: "
+                                 f"{_reason(exc)})") from None
+    return rows
+
+
+def _is_chrome_trace(doc: Any) -> bool:
+    """The Trace Event Format: ``{"traceEvents": [...]}`` (torch.profiler, Chrome, Perfetto) or
+    its bare array of events (each with a phase ``"ph"``)."""
+    if isinstance(doc, dict):
+        return isinstance(doc.get("traceEvents"), list)
+    return isinstance(doc, list) and bool(doc) and all(
+        isinstance(e, dict) and "ph" in e for e in doc[:10])
+
+
+def _jaeger_value(tag: Mapping[str, Any]) -> Any:
+    value = tag.get("value")
+    if tag.get("type") == "string" and isinstance(value, str) and value.startswith("["):
+        try:  # the Jaeger exporter writes list attributes as JSON text
+            decoded = json.loads(value)
+        except ValueError:
+            return value
+        # An OpenTelemetry list attribute is flat, of one primitive type; anything else (a
+        # nested list such as attnscope.kernel.input_shapes) was a string attribute.
+        if isinstance(decoded, list) and len({type(v) for v in decoded}) <= 1 \
+                and all(isinstance(v, (str, int, float, bool)) for v in decoded):
+            return decoded
+    return value
+
+
+def _jaeger_rows(traces: list[Any]) -> Iterator[SpanRow]:
+    for trace in traces:
+        if not isinstance(trace, dict):
+            continue
+        processes = trace.get("processes") or {}
+        for span in trace.get("spans") or ():
+            refs = span.get("references") or ()
+            parent = next((r.get("spanID") for r in refs if r.get("refType") == "CHILD_OF"),
+                          span.get("parentSpanID"))
+            tags = {t["key"]: _jaeger_value(t) for t in span.get("tags") or () if "key" in t}
+            for key in _JAEGER_EXTRA:
+                tags.pop(key, None)
+            start = int(span.get("startTime", 0)) * 1000
+            process = processes.get(span.get("processID")) or {}
+            yield SpanRow(trace_id=str(span.get("traceID", trace.get("traceID", ""))),
+                          span_id=str(span.get("spanID", "")), parent_id=parent or None,
+                          name=str(span.get("operationName", "")), start_ns=start,
+                          end_ns=start + int(span.get("duration", 0)) * 1000,
+                          attributes=tags, service=process.get("serviceName"))
+
+
+def _otlp_value(value: Mapping[str, Any]) -> Any:
+    """One OTLP/JSON AnyValue as a Python value (64-bit ints are decimal strings in JSON)."""
+    if "intValue" in value:
+        return int(value["intValue"])
+    if "doubleValue" in value:
+        return float(value["doubleValue"])  # also "NaN", "Infinity"
+    if "arrayValue" in value:
+        return [_otlp_value(v) for v in (value["arrayValue"].get("values") or ())]
+    if "kvlistValue" in value:
+        return {kv["key"]: _otlp_value(kv.get("value") or {})
+                for kv in value["kvlistValue"].get("values") or ()}
+    for key in ("stringValue", "boolValue", "bytesValue"):
+        if key in value:
+            return value[key]
+    return None
+
+
+def _otlp_id(value: Any) -> str:
+    """Hex, as the OTLP/JSON spec writes ids; base64 (the plain protobuf mapping) converted."""
+    text = str(value or "")
+    if len(text) in (16, 32) and all(c in "0123456789abcdefABCDEF" for c in text):
+        return text.lower()
+    try:
+        return base64.b64decode(text, validate=True).hex() if text else ""
+    except (binascii.Error, ValueError):
+        return text
+
+
+def _otlp_rows(resource_spans: list[Any]) -> Iterator[SpanRow]:
+    for rs in resource_spans:
+        resource = {a["key"]: _otlp_value(a.get("value") or {})
+                    for a in (rs.get("resource") or {}).get("attributes") or ()}
+        service = resource.get("service.name")
+        for ss in rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ():
+            for span in ss.get("spans") or ():
+                attrs = {a["key"]: _otlp_value(a.get("value") or {})
+                         for a in span.get("attributes") or ()}
+                status = span.get("status") or {}
+                if _OTLP_STATUS.get(status.get("code", 0)):
+                    attrs["otel.status_code"] = _OTLP_STATUS[status["code"]]
+                    if status.get("message"):
+                        attrs["otel.status_description"] = status["message"]
+                parent = _otlp_id(span.get("parentSpanId"))
+                yield SpanRow(trace_id=_otlp_id(span.get("traceId")),
+                              span_id=_otlp_id(span.get("spanId")), parent_id=parent or None,
+                              name=str(span.get("name", "")),
+                              start_ns=int(span.get("startTimeUnixNano", 0)),
+                              end_ns=int(span.get("endTimeUnixNano", 0)), attributes=attrs,
+                              service=str(service) if service is not None else None)

@@ -1,8 +1,0 @@
-"""Span exporters that write files, for looking at traces without running a tracing backend."""
-
-from attnscope.export.jaeger_json import JaegerJSONFileExporter
-from attnscope.export.jaeger_merge import merge_jaeger_json
-from attnscope.export.otlp_json import OTLPJSONFileExporter, read_otlp_json_lines
-
-__all__ = ["JaegerJSONFileExporter", "OTLPJSONFileExporter", "merge_jaeger_json",
-           "read_otlp_json_lines"]

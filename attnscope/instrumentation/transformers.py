@@ -1,0 +1,343 @@
+"""Hugging Face ``transformers`` (and look-alike) attention modules, recognised by structure.
+
+A module is an attention layer when it owns query/key/value projections (separate or fused,
+under the names used across model families) and says how many heads it has, on itself or its
+``config``; the innermost such module wins (``BertSelfAttention``, not ``BertAttention``). Nothing
+here imports ``transformers``: a model built with it is just an ``nn.Module`` to us.
+
+The extractor reads, on the calling thread and before the call (the forward appends to the
+cache): the hidden-state shape, the KV-cache length, the source length of cross-attention and
+a reference to the attention mask. Head counts and head size are read once, when instrumenting.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..record.capture import ATTENTION_KEY, MODEL_KEY, AttentionFacts, ModelFacts
+from . import Extractor
+from .facts import head_info, pos_int
+
+__all__ = [
+    "generate_facts",
+    "head_info",
+    "hidden_state_extractor",
+    "is_attention_module",
+    "model_extractor",
+    "recorded_attention_classes",
+]
+
+_SEPARATE = (
+    ("q_proj", "k_proj", "v_proj"),
+    ("query", "key", "value"),
+    ("q", "k", "v"),
+    ("wq", "wk", "wv"),
+    ("to_q", "to_k", "to_v"),
+    ("q_lin", "k_lin", "v_lin"),
+    ("query_proj", "key_proj", "value_proj"),
+)
+_FUSED = ("c_attn", "query_key_value", "qkv_proj", "qkv", "Wqkv", "W_pack", "in_proj")
+_CACHE = ("cache", "past_key_values", "past_key_value", "layer_past")
+_SOURCE = ("key_value_states", "encoder_hidden_states")
+_MASK = ("attention_mask", "mask")
+_LOCAL_MASK = "sliding_window_mask"
+_CAUSAL_MASK = ("causal_attention_mask",)
+# Layers whose boolean mask is True where a pair is masked (the worker reads the others' polarity
+# from the mask's diagonal).
+_MASKED_WHERE_TRUE = ("MptAttention",)
+_HIDDEN = ("hidden_states", "hidden", "x", "query")
+
+
+def _has_projections(module: torch.nn.Module) -> bool:
+    children = module._modules
+    if any(all(name in children for name in group) for group in _SEPARATE):
+        return True
+    return any(name in children for name in _FUSED)
+
+
+def recorded_attention_classes(model: Any) -> tuple[type, ...]:
+    """Classes a transformers model declares as its attention layers (``_can_record_outputs``)."""
+    found: list[type] = []
+    for sub in (model, *getattr(model, "_modules", {}).values()):
+        table = getattr(type(sub), "_can_record_outputs", None)
+        if not isinstance(table, dict):
+            continue
+        entries = table.get("attentions")
+        for entry in entries if isinstance(entries, (list, tuple)) else (entries,):
+            cls = entry if isinstance(entry, type) else getattr(entry, "target_class", None)
+            if isinstance(cls, type) and cls not in found:
+                found.append(cls)
+    return tuple(found)
+
+
+def is_attention_module(module: torch.nn.Module, declared: tuple[type, ...] = ()) -> bool:
+    """Structural test: q/k/v projections (or a class the model declares) plus a head count."""
+    if isinstance(module, torch.nn.MultiheadAttention):
+        return False
+    if not (isinstance(module, declared) if declared else False) and not _has_projections(module):
+        return False
+    heads, _, head_dim, _ = head_info(module)
+    return heads is not None and head_dim is not None
+
+
+def _lookup(names: tuple[str, ...]) -> Any:
+    index = {name: i for i, name in enumerate(names)}
+
+    def get(args: tuple[Any, ...], kwargs: dict[str, Any], candidates: tuple[str, ...]) -> Any:
+        for name in candidates:
+            value = kwargs.get(name)
+            if value is not None:
+                return value
+            i = index.get(name)
+            if i is not None and i < len(args) and args[i] is not None:
+                return args[i]
+        return None
+
+    return get
+
+
+def _past_length(cache: Any, layer_idx: int | None, cross: bool = False) -> Any:
+    """KV-cache length before the call, with no device sync (static caches: a 0-d tensor copy).
+
+    ``cross``: the layer attends to an encoder's output; an encoder-decoder cache keeps those
+    keys apart (``cross_attention_cache``), filled by the first decoder step.
+    """
+    if cache is None:
+        return None
+    if isinstance(cache, (tuple, list)):  # legacy caches: tensors of shape (B, H, S, D)
+        if cache and isinstance(cache[0], (tuple, list)):  # the model's: one tuple per layer
+            idx = layer_idx if layer_idx is not None else 0
+            return _past_length(cache[idx], None, cross) if idx < len(cache) else 0
+        # one layer's (key, value), or (key, value, cross key, cross value) in encoder-decoders
+        key = cache[2 if cross and len(cache) >= 4 else 0] if cache else None
+        return key.shape[-2] if isinstance(key, torch.Tensor) and key.ndim >= 2 else None
+    part = "cross_attention_cache" if cross else "self_attention_cache"
+    inner = getattr(cache, part, cache)
+    layers = getattr(inner, "layers", None)
+    idx = layer_idx if layer_idx is not None else 0
+    if isinstance(layers, list):
+        if idx >= len(layers):
+            return 0
+        layer = layers[idx]
+        if not getattr(layer, "is_initialized", True):
+            return 0
+        held = _sliding_held(layer) if layer_idx is not None else None
+        if held is not None:
+            return held
+        getter = getattr(layer, "get_seq_length", None)
+    else:
+        getter = getattr(inner, "get_seq_length", None)
+        if getter is not None and layer_idx is not None:
+            length = getter(layer_idx)
+            return length.detach().clone() if isinstance(length, torch.Tensor) else length
+    if getter is None:
+        return None
+    length = getter()
+    if isinstance(length, torch.Tensor):
+        return int(length) if length.device.type == "cpu" else length.detach().clone()
+    return length if isinstance(length, int) else None
+
+
+def _sliding_held(layer: Any) -> int | None:
+    """Keys a sliding-window cache layer holds for the next call (window - 1 once full), or None
+    for other layers. Its ``get_seq_length()`` is every token seen, not what it keeps: the keys
+    this call attends are the held ones plus its own (``get_mask_sizes``). Host ints only."""
+    if getattr(layer, "is_sliding", False) is not True:
+        return None
+    seen = getattr(layer, "cumulative_length_int", None)  # static: the int mirror of its tensor
+    if seen is None:
+        seen = getattr(layer, "cumulative_length", None)
+    window = getattr(layer, "sliding_window", None) or getattr(layer, "max_cache_len", None)
+    if not isinstance(seen, int) or not isinstance(window, int) or window < 1:
+        return None
+    return min(seen, window - 1)
+
+
+def _layer_idx(module: Any) -> int | None:
+    """The layer's index into a per-layer cache: ``layer_idx``, or GPT-Neo's ``layer_id``."""
+    for name in ("layer_idx", "layer_id"):
+        value = getattr(module, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
+
+
+def _gpt_neo_kind(module: Any, config: Any) -> Any:
+    """GPT-Neo's "local"/"global": on the layer (transformers 5), else in the config's
+    ``attention_layers`` at its ``layer_id`` (4.48 to 4.57 checked), else (4.44: no ``layer_id``)
+    only in the causal buffer, whose local band was cut ``window_size`` below the diagonal."""
+    kind = vars(module).get("attention_type")
+    layers = getattr(config, "attention_layers", None)
+    if kind is not None or not isinstance(layers, (list, tuple)):
+        return kind
+    layer = _layer_idx(module)
+    if layer is not None:
+        return layers[layer] if layer < len(layers) else None
+    bias, window = module._buffers.get("bias"), pos_int(getattr(config, "window_size", None))
+    if not isinstance(bias, torch.Tensor) or bias.dtype != torch.bool or bias.ndim != 4:
+        return None
+    if window is None or window >= bias.shape[-1] or bias.device.type == "meta":
+        return None
+    return "global" if bool(bias[0, 0, window, 0]) else "local"  # once, when instrumenting
+
+
+def _window(module: Any) -> int | None:
+    config = getattr(module, "config", None)
+    # Hybrid models (EXAONE 4, ...) give every layer the config's window and say per layer whether
+    # it applies: an ``is_sliding`` flag, or ``config.layer_types``.
+    if vars(module).get("is_sliding") is False:
+        return None
+    types, layer = getattr(config, "layer_types", None), _layer_idx(module)
+    if isinstance(types, (list, tuple)) and layer is not None and layer < len(types):
+        if types[layer] == "full_attention":
+            return None
+    if "sliding_window" in vars(module):  # per-layer setting; None means full attention
+        return pos_int(module.sliding_window)
+    kind = _gpt_neo_kind(module, config)
+    if kind in ("local", "global"):  # GPT-Neo: "local" layers see their last window_size keys
+        return pos_int(getattr(config, "window_size", None)) if kind == "local" else None
+    if getattr(config, "use_sliding_window", True) is False:
+        return None
+    return pos_int(getattr(config, "sliding_window", None)) if config is not None else None
+
+
+def _two_sided_local(module: Any) -> bool:
+    """ModernBERT's local layers before transformers 5 (4.48 to 4.57 checked): ``local_attention =
+    (left, right)``, their band given as ``sliding_window_mask`` beside the global mask."""
+    pair = vars(module).get("local_attention")
+    return isinstance(pair, tuple) and len(pair) == 2 and pair != (-1, -1)
+
+
+def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
+    """Extractor for an attention module whose forward takes hidden states (not q/k/v).
+
+    ``names``: the forward's positional parameter names, ``self`` first.
+    """
+    heads, kv_heads, head_dim, head_dim_v = head_info(module)
+    get = _lookup(names)
+    hidden_names = tuple(n for n in (*_HIDDEN, *names[1:2]) if n)
+    layer_idx = _layer_idx(module)
+    window = _window(module)
+    module_cross = getattr(module, "is_cross_attention", False) is True
+    masked_where_true = type(module).__name__ in _MASKED_WHERE_TRUE
+    mask_names = (_LOCAL_MASK, *_MASK) if _two_sided_local(module) else _MASK
+
+    def extract(
+        instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> list[tuple[str, Any]]:
+        hidden = get(args, kwargs, hidden_names)
+        if not isinstance(hidden, torch.Tensor) or hidden.ndim < 2:
+            return []
+        batch, sq = (hidden.shape[0], hidden.shape[1]) if hidden.ndim >= 3 else (1, hidden.shape[0])
+        facts = AttentionFacts(batch, sq)
+        facts.heads, facts.kv_heads, facts.head_dim, facts.head_dim_v = (
+            heads,
+            kv_heads,
+            head_dim,
+            head_dim_v,
+        )
+        facts.dtype, facts.device = hidden.dtype, hidden.device
+        source = get(args, kwargs, _SOURCE)
+        cache = get(args, kwargs, _CACHE)
+        if cache is not None:
+            facts.cached = True
+            facts.past = _past_length(cache, layer_idx, module_cross or source is not None)
+        elif _starts_cache(get, args, kwargs):
+            facts.cached, facts.past = True, 0
+        if isinstance(source, torch.Tensor) and source.ndim >= 2:
+            facts.seq_kv = source.shape[-2]
+        elif module_cross:
+            facts.seq_kv = None  # cross-attention with cached source keys: length unknown here
+            return []
+        else:
+            flag = kwargs.get("is_causal")
+            causal = flag if isinstance(flag, bool) else getattr(instance, "is_causal", False)
+            # CLIP's text layers before transformers 5: causality as a mask of its own
+            causal_mask = get(args, kwargs, _CAUSAL_MASK)
+            facts.causal = causal is True or causal_mask is not None
+            facts.window = window if facts.causal else None
+            facts.mask = get(args, kwargs, mask_names)
+            if facts.mask is None:
+                facts.mask = causal_mask
+            elif causal_mask is not None:
+                facts.causal_apart = True
+            facts.mask_ignores = masked_where_true
+        return [(ATTENTION_KEY, facts)]
+
+    return extract
+
+
+def model_extractor(model: Any, names: tuple[str, ...]) -> Extractor:
+    """Extractor for a whole model's forward: batch, prompt tokens (padding excluded), cache."""
+    get = _lookup(names)
+
+    def extract(
+        instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> list[tuple[str, Any]]:
+        facts = _model_facts(get, args, kwargs)
+        return [] if facts is None else [(MODEL_KEY, facts)]
+
+    return extract
+
+
+def _model_facts(get: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ModelFacts | None:
+    ids = get(args, kwargs, ("input_ids", "inputs", "decoder_input_ids"))
+    if isinstance(ids, torch.Tensor) and ids.ndim == 2 and not ids.is_floating_point():
+        facts = ModelFacts(ids.shape[0], ids.shape[1])
+    else:
+        embeds = get(args, kwargs, ("inputs_embeds",))
+        if not isinstance(embeds, torch.Tensor) or embeds.ndim != 3:
+            return None
+        facts = ModelFacts(embeds.shape[0], embeds.shape[1])
+    mask = get(args, kwargs, ("attention_mask",))
+    if isinstance(mask, torch.Tensor) and mask.ndim in (2, 4):
+        facts.mask = mask
+    cache = get(args, kwargs, _CACHE)
+    if cache is not None:
+        facts.cached = True
+        facts.past = _past_length(cache, None)
+    elif _starts_cache(get, args, kwargs):
+        facts.cached, facts.past = True, 0
+    return facts
+
+
+def _starts_cache(get: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """No cache yet, but ``use_cache=True``: the call starts one (a prefill).
+
+    Tuple-cache models (GPT-2 up to transformers 4.51 at least, GPT-Neo 4.44, a manual decode
+    loop's first call) pass ``layer_past=None`` / ``past_key_values=None`` on the first step and
+    build the cache from this call's keys; their layers are told so by ``use_cache``.
+    """
+    return get(args, kwargs, ("use_cache",)) is True
+
+
+def generate_facts(model: Any, names: tuple[str, ...]) -> Any:
+    """(args, kwargs) -> ModelFacts for a ``generate()`` call; the output is added afterwards."""
+    get = _lookup(names)
+
+    def facts(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ModelFacts | None:
+        found = _model_facts(get, args, kwargs)
+        if found is None:
+            return None
+        found.generate = True
+        found.cached = False
+        found.eos = _eos_ids(model, kwargs)
+        if getattr(getattr(model, "config", None), "is_encoder_decoder", False) is True:
+            # the output holds decoder ids: the decoder prompt (default: the start token), then new
+            start = kwargs.get("decoder_input_ids")
+            found.prompt_len = start.shape[-1] if isinstance(start, torch.Tensor) else 1
+        return found
+
+    return facts
+
+
+def _eos_ids(model: Any, kwargs: dict[str, Any]) -> tuple[int, ...]:
+    config = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+    eos = kwargs.get("eos_token_id", getattr(config, "eos_token_id", None))
+    if isinstance(eos, int) and not isinstance(eos, bool):
+        return (eos,)
+    if isinstance(eos, (list, tuple)):
+        return tuple(e for e in eos if isinstance(e, int) and not isinstance(e, bool))
+    return ()

@@ -1,0 +1,307 @@
+"""The plain records the calling thread fills for one sampled call: the interface of the two sides.
+
+A :class:`Capture` is written on the calling thread only, then handed to the worker, which reads
+it and never writes to it (what it derives goes into its own result object). It holds no
+OpenTelemetry SDK objects, but it does hold live references: the application span's
+``SpanContext`` (an immutable API value), a mask tensor or 0-d cache-length tensor kept for the
+worker to count (never their values on this thread), the module instance, a device timer and a
+profiler session. The worker drops the Capture once it has built the span.
+"""
+
+from __future__ import annotations
+
+import itertools
+import traceback
+from typing import Any, NamedTuple
+
+__all__ = [
+    "Capture", "TensorMeta", "AttentionFacts", "ModelFacts", "DeviceMemory", "ProfileSession",
+    "next_id", "PROFILE_MARKER", "TIER_NONE", "TIER_TIMING", "TIER_PROFILE", "TIER_NAMES",
+    "ATTENTION_KEY", "MODEL_KEY", "MASK_NAMES", "MAX_NAME", "MAX_EXTRA", "MAX_ERROR_TEXT",
+    "ErrorInfo", "error_info", "HostCopy", "find_qkv",
+]
+
+TIER_NONE = 0
+TIER_TIMING = 1
+TIER_PROFILE = 2
+TIER_NAMES = {TIER_TIMING: "timing", TIER_PROFILE: "profile"}
+# The record_function name around a profiled call; the worker aligns clocks on it.
+PROFILE_MARKER = "attnscope"
+# Argument names whose tensor is kept by reference (the worker counts real tokens in it).
+MASK_NAMES = frozenset({"attention_mask", "attn_mask", "mask", "key_padding_mask", "padding_mask"})
+# Bounds of what a capture keeps of user-given text (docs/attributes.md, "Bounds").
+MAX_NAME = 128  # span names, attribute names
+MAX_EXTRA = 64  # attributes given to one span() block
+MAX_ERROR_TEXT = 4096  # an exception's message, and its stack trace (the innermost part)
+_MAX_FRAMES = 64
+# Summary keys under which instrument() extractors put their facts.
+ATTENTION_KEY = "\x00attention"
+MODEL_KEY = "\x00model"
+
+# itertools.count is atomic under the GIL: ids are unique across threads without a lock.
+next_id = itertools.count(1).__next__
+
+
+class TensorMeta(NamedTuple):
+    """What the calling thread keeps of a tensor argument: never its values."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+    device: Any
+
+    @classmethod
+    def of(cls, tensor: Any) -> TensorMeta:
+        """A tensor's metadata; a nested tensor's shape is ``()`` (strided nested tensors have
+        none, jagged ones a symbolic one)."""
+        shape = () if tensor.is_nested else tuple(tensor.shape)
+        return cls(shape, tensor.dtype, tensor.device)
+
+
+_Q_NAMES = ("query", "q", "query_states")
+_K_NAMES = ("key", "k", "key_states")
+_V_NAMES = ("value", "v", "value_states")
+
+
+def find_qkv(summary: list[tuple[str, Any]]) -> tuple[TensorMeta, TensorMeta, TensorMeta] | None:
+    """The query, key and value of a traced function's argument summary, when they form an
+    attention call: ``(B, Hq, Sq, D)``, ``(B, Hkv, Skv, D)``, ``(B, Hkv, Skv, Dv)``, ``Hq`` a
+    multiple of ``Hkv``. By name (``query``/``q``/``query_states``, ...), else the first three 4-D
+    tensors that are not masks. Both sides read a summary this way: the calling thread to reduce a
+    CUDA mask for the call's shape, the worker to derive the call's attributes."""
+    named = dict(summary)
+    found: list[Any] = [next((named[n] for n in names if n in named), None)
+                        for names in (_Q_NAMES, _K_NAMES, _V_NAMES)]
+    if found[0] is None:
+        four = [v for k, v in summary if isinstance(v, TensorMeta) and len(v.shape) == 4
+                and k not in MASK_NAMES]
+        if len(four) >= 3:
+            found = four[:3]
+    q, k, v = found
+    if not (isinstance(q, TensorMeta) and isinstance(k, TensorMeta) and isinstance(v, TensorMeta)):
+        return None
+    if len(q.shape) != 4 or len(k.shape) != 4 or len(v.shape) != 4:
+        return None
+    b, hq, _, d = q.shape
+    kb, hkv, skv, kd = k.shape
+    vb, vh, vs, _ = v.shape
+    if kb != b or vb != b or kd != d or vh != hkv or vs != skv or hkv <= 0 or hq % hkv:
+        return None
+    return q, k, v
+
+
+class HostCopy:
+    """Counts a CUDA stream copies into pinned host memory after the call, in place of the device
+    tensor they were computed from (a mask, a static cache's length, ``generate()``'s ids).
+
+    The worker reads ``values`` only once the capture's device timer is ready (its last event,
+    recorded after the copy, has passed); ``kind`` says what they are: ``"mask"`` (the
+    ``reduce.FIELDS`` of a mask read for ``plan``), ``"positions"`` (per key position, the batch
+    rows that see it: for a call whose query length the host did not know) or ``"int"`` (one count).
+    """
+
+    __slots__ = ("values", "kind", "plan")
+
+    def __init__(self, values: Any, kind: str, plan: Any = None) -> None:
+        self.values = values
+        self.kind = kind
+        self.plan = plan
+
+    def read(self) -> list[int]:
+        """The numbers; only after the device timer is ready."""
+        return [int(v) for v in self.values.tolist()]
+
+
+class Capture:
+    """One sampled call, as the calling thread recorded it."""
+
+    __slots__ = (
+        "capture_id",
+        "parent_id",
+        "site",
+        "name",
+        "tier",
+        "sample_rate",
+        "otel_parent",
+        "start_epoch_ns",
+        "start_perf_ns",
+        "end_perf_ns",
+        "summary",
+        "instance",
+        "extra",
+        "error",
+        "timer",
+        "profile",
+        "memory",
+        "kept_bytes",
+        "step_no",
+        "grant",
+    )
+
+    def __init__(self) -> None:
+        self.capture_id: int = 0
+        self.parent_id: int | None = None
+        self.site: Any = None
+        self.name: str = ""
+        self.tier: int = TIER_TIMING
+        self.sample_rate: float = 1.0
+        self.otel_parent: Any = None  # SpanContext of the app's current span, if valid
+        self.start_epoch_ns: int = 0
+        self.start_perf_ns: int = 0
+        self.end_perf_ns: int = 0
+        self.summary: list[tuple[str, Any]] = []
+        self.instance: Any = None  # the module for method/forward calls (to read its config)
+        self.extra: dict[str, Any] | None = None  # attributes given by span(..., tokens=...)
+        self.error: ErrorInfo | None = None
+        self.timer: Any = None  # device timer handle, resolved later by the worker
+        self.profile: ProfileSession | None = None
+        self.memory: DeviceMemory | None = None
+        self.kept_bytes = 0  # of tensors this capture keeps by reference (see capture.retain)
+        self.step_no: int | None = None  # attnscope.step() in force when the call was sampled
+        self.grant: Any = None  # capture.grants.Grant: why this call got the profile tier
+
+    @property
+    def wall_ns(self) -> int:
+        return self.end_perf_ns - self.start_perf_ns
+
+    @property
+    def end_epoch_ns(self) -> int:
+        return self.start_epoch_ns + self.wall_ns
+
+
+class ErrorInfo:
+    """The exception a call raised, as text: never the exception, its traceback or frames (they
+    hold the call's tensors alive)."""
+
+    __slots__ = ("type_name", "message", "frames")
+
+    def __init__(self, type_name: str, message: str, frames: traceback.StackSummary) -> None:
+        self.type_name = type_name
+        self.message = message
+        self.frames = frames
+
+    def stacktrace(self) -> str:
+        """The traceback as Python prints it (without chained exceptions), at most
+        ``MAX_ERROR_TEXT`` characters: its end, where the error is. Reads source lines: for the
+        worker."""
+        # the message's start only: it is exported whole (capped) as exception.message
+        text = "".join(["Traceback (most recent call last):\n", *self.frames.format(),
+                        f"{self.type_name}: {self.message[:256]}\n"])
+        return text if len(text) <= MAX_ERROR_TEXT else "..." + text[-(MAX_ERROR_TEXT - 3):]
+
+
+def error_info(exc: BaseException) -> ErrorInfo | None:
+    """What a span keeps of ``exc``; None when it is not an error (``sys.exit(0)``, ``exit()``)."""
+    if isinstance(exc, SystemExit) and exc.code in (None, 0):
+        return None
+    cls = type(exc)
+    module = cls.__module__
+    type_name = (f"{module}.{cls.__qualname__}" if module and module != "builtins"
+                 else cls.__qualname__)
+    try:
+        message = str(exc)[:MAX_ERROR_TEXT]
+    except Exception:
+        message = "<unprintable>"
+    # the innermost frames; no source read here (lookup_lines=False) and no frame kept
+    walked = list(traceback.walk_tb(exc.__traceback__))[-_MAX_FRAMES:]
+    return ErrorInfo(type_name, message, traceback.StackSummary.extract(iter(walked),
+                                                                        lookup_lines=False))
+
+
+class ProfileSession:
+    """One profiler session around one call; ``result`` is torch's profile once stopped."""
+
+    __slots__ = ("result", "marker", "device", "on_cuda", "aborted")
+
+    def __init__(self, device: Any, on_cuda: bool) -> None:
+        self.result: Any = None
+        self.marker: Any = None
+        self.device = device
+        self.on_cuda = on_cuda
+        self.aborted = False
+
+
+class DeviceMemory:
+    """Allocator readings taken on the calling thread around one call."""
+
+    __slots__ = ("device", "allocated_before", "peak_before", "allocated_after", "peak_after",
+                 "reset")
+
+    def __init__(self, device: Any, allocated_before: int, peak_before: int, reset: bool) -> None:
+        self.device = device
+        self.allocated_before = allocated_before
+        self.peak_before = peak_before
+        self.allocated_after: int | None = None  # None: no reading after the call
+        self.peak_after: int | None = None
+        self.reset = reset
+
+    @property
+    def delta_bytes(self) -> int | None:
+        if self.allocated_after is None:
+            return None
+        return self.allocated_after - self.allocated_before
+
+    @property
+    def peak_bytes(self) -> int | None:
+        """Peak allocated during the call above what was allocated before it.
+
+        Exact when the peak statistics were reset before the call or when the call set a new
+        process-wide peak; otherwise the call's own peak is hidden under an older one: None.
+        """
+        if self.peak_after is None:
+            return None
+        if self.reset or self.peak_after > self.peak_before:
+            return max(0, self.peak_after - self.allocated_before)
+        return None
+
+
+class AttentionFacts:
+    """What an instrumented attention layer knew on the calling thread: ints, dtypes, handles.
+
+    ``past`` is the KV-cache length before the call: an int, or a 0-d tensor copy the worker reads
+    (static caches keep it on the device). ``seq_kv`` is set for cross-attention (the source
+    length); otherwise the keys are the cache plus this call's tokens. ``mask`` is kept by reference
+    and counted on the worker; ``mask_ignores`` flips its meaning (True/nonzero = padding, as in
+    ``nn.MultiheadAttention``'s ``key_padding_mask``).
+    """
+
+    __slots__ = ("batch", "seq_q", "seq_kv", "past", "cached", "heads", "kv_heads", "head_dim",
+                 "head_dim_v", "causal", "window", "dtype", "device", "mask", "mask_ignores",
+                 "causal_apart")
+
+    def __init__(self, batch: int, seq_q: int) -> None:
+        self.batch = batch
+        self.seq_q = seq_q
+        self.seq_kv: int | None = None
+        self.past: Any = None
+        self.cached = False
+        self.heads: int | None = None
+        self.kv_heads: int | None = None
+        self.head_dim: int | None = None
+        self.head_dim_v: int | None = None
+        self.causal = False
+        self.window: int | None = None
+        self.dtype: Any = None
+        self.device: Any = None
+        self.mask: Any = None
+        self.mask_ignores = False
+        # the layer adds its causal mask itself, apart from ``mask`` (padding only): the mask
+        # gives the tokens, ``causal``/``window`` the structure (CLIP before transformers 5)
+        self.causal_apart = False
+
+
+class ModelFacts:
+    """What a traced model forward or generate() call knew on the calling thread."""
+
+    __slots__ = ("batch", "seq_q", "past", "cached", "mask", "generate", "output", "eos",
+                 "prompt_len")
+
+    def __init__(self, batch: int, seq_q: int) -> None:
+        self.batch = batch
+        self.seq_q = seq_q
+        self.past: Any = None
+        self.cached = False
+        self.mask: Any = None  # (batch, keys) padding mask (1 = real) or a 4-D attention mask
+        self.generate = False
+        self.output: Any = None  # generate(): the returned ids, set after the call
+        self.eos: tuple[int, ...] = ()
+        self.prompt_len: int | None = None  # leading ids of the output that are not new tokens

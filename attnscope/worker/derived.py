@@ -1,0 +1,163 @@
+"""What the worker finds for one call, typed, and the one place it becomes span attributes.
+
+:class:`Derived` is :func:`.derive.derive`'s result: shapes, heads, tokens and FLOPs, read from the
+call's argument summary (its attributes are kept per summary by :mod:`.shapecache`).
+:class:`Measured` is what belongs to the one call: device time, memory, the profile's attributes,
+the slow-call mark. The span builder (:func:`.spans.capture_attributes`) writes both.
+
+Attribute order is part of what an exporter writes (Jaeger JSON keeps it), so each way of deriving
+keeps the order it always had: ``Derived.order`` names the fields in the order they are emitted.
+Both read like the attribute mapping they stand for (``derived["flops"]``, ``"tokens" in
+derived``): a field that is None is an attribute the span does not carry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import floor, isfinite, log10
+from typing import Any
+
+from .. import _schema as schema
+from .emit import MAX_STRING
+
+__all__ = ["Derived", "Measured", "LAYER", "ARGUMENTS", "HIDDEN", "MODEL", "clean", "sig4"]
+
+# The emission orders, one per way derive reads a call (field names).
+LAYER = ("batch_size", "seq_len_q", "causal", "seq_len_kv", "dtype", "device", "kv_cache_len",
+         "phase", "num_heads", "num_kv_heads", "head_dim", "sliding_window", "flops", "tokens")
+ARGUMENTS = ("batch_size", "num_heads", "num_kv_heads", "head_dim", "seq_len_q", "seq_len_kv",
+             "dtype", "device", "sliding_window", "flops", "tokens", "causal")
+HIDDEN = ("batch_size", "seq_len_q", "dtype", "device", "num_heads", "num_kv_heads", "head_dim",
+          "tokens", "causal")
+MODEL = ("batch_size", "seq_len_q", "tokens", "kv_cache_len", "seq_len_kv", "phase",
+         "input_tokens", "output_tokens")
+
+_ATTRIBUTE = {
+    "batch_size": schema.BATCH_SIZE, "seq_len_q": schema.SEQ_LEN_Q, "seq_len_kv": schema.SEQ_LEN_KV,
+    "num_heads": schema.NUM_HEADS, "num_kv_heads": schema.NUM_KV_HEADS,
+    "head_dim": schema.HEAD_DIM, "dtype": schema.DTYPE, "device": schema.DEVICE,
+    "causal": schema.CAUSAL, "sliding_window": schema.SLIDING_WINDOW, "flops": schema.FLOPS,
+    "tokens": schema.TOKENS, "kv_cache_len": schema.KV_CACHE_LEN, "phase": schema.PHASE,
+    "input_tokens": schema.INPUT_TOKENS, "output_tokens": schema.OUTPUT_TOKENS,
+}
+_NAME_OF = {f: a.name for f, a in _ATTRIBUTE.items()}
+_FIELD_OF = {a.key: f for f, a in _ATTRIBUTE.items()}
+_PLAIN = frozenset((int, float, bool))
+
+
+@dataclass(slots=True)
+class Derived:
+    """Attention facts of one call (:func:`.derive.derive`); None: not known, not emitted."""
+
+    batch_size: int | None = None
+    seq_len_q: int | None = None
+    seq_len_kv: int | None = None
+    num_heads: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    dtype: str | None = None
+    device: str | None = None
+    causal: bool | None = None
+    sliding_window: int | None = None
+    flops: int | None = None
+    tokens: int | None = None
+    kv_cache_len: int | None = None
+    phase: str | None = None
+    input_tokens: int | None = None  # gen_ai.usage.input_tokens
+    output_tokens: int | None = None  # gen_ai.usage.output_tokens
+    order: tuple[str, ...] = field(default=ARGUMENTS, repr=False)
+
+    def attributes(self) -> dict[str, Any]:
+        """The span attributes, in :attr:`order`, with the values a span carries."""
+        attrs: dict[str, Any] = {}
+        for name in self.order:
+            value = getattr(self, name)
+            if value is not None:
+                if type(value) is float:
+                    value = sig4(value)
+                attrs[_NAME_OF[name]] = value if type(value) in _PLAIN else clean(value)
+        return attrs
+
+    # read like the attributes (keys without the prefix), as derive's callers and tests do
+    def get(self, key: str, default: Any = None) -> Any:
+        name = _FIELD_OF.get(key)
+        value = getattr(self, name) if name is not None else None
+        return default if value is None else value
+
+    def __getitem__(self, key: str) -> Any:
+        value = self.get(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.get(key) is not None
+
+
+_DEVICE_NS, _DELTA, _PEAK, _RSS = (schema.DEVICE_NS.name, schema.DELTA_BYTES.name,
+                                   schema.PEAK_BYTES.name, schema.HOST_RSS_BYTES.name)
+_TRIGGER, _SLOW, _SLOW_QUANTILE = schema.TRIGGER.name, schema.SLOW.name, schema.SLOW_QUANTILE.name
+
+
+@dataclass(slots=True)
+class Measured:
+    """What the worker adds for the one call, after derive (never kept between calls)."""
+
+    device_ns: int | None = None
+    delta_bytes: int | None = None
+    peak_bytes: int | None = None
+    host_rss_bytes: int | None = None
+    # a profiled call's attributes (:func:`.profile.finish`: schema keys, without the prefix);
+    # a profile that could not be read says ``tier: timing``
+    profile: dict[str, Any] | None = None
+    trigger: str | None = None  # the grant's kind: why the call was profiled
+    slow_quantile: float | None = None  # set: the call was slow beyond this quantile
+
+    def add_to(self, attrs: dict[str, Any]) -> None:
+        """Add the attributes to ``attrs``, after derive's (a name set twice keeps its place)."""
+        if self.device_ns is not None:
+            attrs[_DEVICE_NS] = self.device_ns
+        if self.delta_bytes is not None:
+            attrs[_DELTA] = self.delta_bytes
+        if self.peak_bytes is not None:
+            attrs[_PEAK] = self.peak_bytes
+        if self.host_rss_bytes is not None:
+            attrs[_RSS] = self.host_rss_bytes
+        if self.profile:
+            prefix = schema.PREFIX
+            for key, value in self.profile.items():
+                if value is not None:
+                    if type(value) is float:
+                        value = sig4(value)
+                    attrs[prefix + key] = value if type(value) in _PLAIN else clean(value)
+        if self.trigger is not None:
+            attrs[_TRIGGER] = self.trigger
+        elif self.slow_quantile is not None:
+            attrs[_SLOW] = True
+            attrs[_SLOW_QUANTILE] = sig4(self.slow_quantile)
+
+
+def sig4(x: float) -> float:
+    """``x`` to 4 significant digits: what a measured rate means (not 17 digits of noise).
+    The same value as ``float(f"{x:.4g}")``, in half the time (it runs twice per span)."""
+    if not x or not isfinite(x):
+        return x
+    return round(x, 3 - floor(log10(abs(x))))
+
+
+def clean(value: Any) -> Any:
+    """An attribute value as a span carries it: strings cut, sequences of one type, bounded."""
+    if isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        return value[:MAX_STRING]
+    if isinstance(value, (list, tuple)):
+        items = list(value)[:64]
+        if all(isinstance(v, str) for v in items):
+            return [v[:MAX_STRING] for v in items]
+        if all(isinstance(v, bool) for v in items) or all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in items
+        ):
+            return items
+        return [str(v)[:MAX_STRING] for v in items]
+    return str(value)[:MAX_STRING]

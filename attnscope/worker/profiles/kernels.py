@@ -1,0 +1,378 @@
+"""Profiler events of one call → kernel child spans, backend, memory peak (worker side).
+
+Everything here works on plain :class:`RawEvent` records, so it is tested on CPU with made-up
+events; :func:`from_kineto` turns torch's kineto events into them.
+
+Timestamps: a ``RawEvent`` carries the profiler's own clock (nanoseconds). :func:`analyze` maps
+them onto the parent span's clock with one offset, taken from the ``attnscope`` marker that
+:mod:`attnscope.capture.profiler_session` records at the start of the call: the marker's start is
+the span's start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+from ... import _schema as schema
+from ...record.capture import MAX_NAME
+from . import opstats, optree
+
+__all__ = [
+    "RawEvent", "KernelReport", "analyze", "from_kineto", "detect_backend", "call_kernels",
+    "memory_peaks", "covered_ns",
+    "KIND_CUDA_KERNEL", "KIND_CPU_OP", "KIND_MEMCPY", "KIND_MEMSET", "KIND_MEMORY", "KIND_MARKER",
+    "KIND_RUNTIME", "KIND_OTHER", "MAX_NAME", "TOP_N",
+]
+
+KIND_CUDA_KERNEL = "cuda_kernel"
+KIND_CPU_OP = "cpu_op"
+KIND_MEMCPY = "memcpy"
+KIND_MEMSET = "memset"
+KIND_MEMORY = "memory"  # allocator event: nbytes > 0 allocates, < 0 frees
+KIND_MARKER = "marker"  # attnscope's own record_function around the call
+KIND_RUNTIME = "runtime"  # a CUDA runtime/driver call that blocks the host (host_syncs only)
+KIND_OTHER = "other"  # other runtime/driver calls and anything else: not a child span
+DEVICE_KINDS = frozenset((KIND_CUDA_KERNEL, KIND_MEMCPY, KIND_MEMSET))
+TOP_N = 5
+
+
+class RawEvent(NamedTuple):
+    """One profiler event, on the profiler's clock."""
+
+    name: str
+    kind: str
+    device: str  # "cpu", "cuda:0"
+    start_ns: int
+    end_ns: int
+    nbytes: int = 0
+    shapes: str = ""
+    # The CPU op this belongs to, by the profiler's correlation id: a CPU op's own id, the id of
+    # the op that launched a GPU activity (kineto's linked correlation id); 0 when unknown.
+    op_id: int = 0
+    thread: int = 0  # CPU ops: the thread that ran it (ops nest per thread)
+
+
+class KernelReport(NamedTuple):
+    """What :func:`analyze` found: parent attributes (no prefix) and child spans."""
+
+    attributes: dict[str, Any]
+    children: list[optree.ChildSpan]
+
+
+# Attention ops, first match wins (prefixes; backward variants share them).
+_BACKEND_OPS: tuple[tuple[str, str], ...] = (
+    ("aten::_scaled_dot_product_cudnn_attention", "cudnn"),
+    ("aten::_cudnn_attention", "cudnn"),  # _forward / _backward
+    ("aten::_scaled_dot_product_flash_attention", "flash"),  # also ..._for_cpu
+    ("aten::_flash_attention", "flash"),  # _forward / _backward
+    ("flash_attn::", "flash"),  # the flash-attn package's custom ops (_flash_attn_forward, ...)
+    ("flash_attn_3::", "flash"),
+    ("aten::_scaled_dot_product_efficient_attention", "efficient"),
+    ("aten::_efficient_attention", "efficient"),  # _forward / _backward
+    ("aten::_scaled_dot_product_attention_math", "math"),  # also ..._for_mps
+    ("FlexAttention", "flex"),  # eager FlexAttention's autograd.Function (FlexAttentionAutogradOp)
+)
+# Substrings of op names (lower case): FlexAttention's higher-order ops and the ops Inductor
+# records around its generated kernels (triton_tem_fused_flex_attention_0, ...).
+_FLEX_NEEDLES = ("flex_attention", "flex_decoding")
+# Substrings of GPU kernel names (lower case), only of kernels this call's ops launched.
+_BACKEND_KERNELS: tuple[tuple[str, str], ...] = (
+    ("cudnn", "cudnn"),
+    ("flash_fwd", "flash"),
+    ("flash_bwd", "flash"),
+    ("flash::", "flash"),
+    ("fmha_cutlass", "efficient"),
+    ("efficient_attention", "efficient"),
+    ("mem_eff", "efficient"),
+) + tuple((needle, "flex") for needle in _FLEX_NEEDLES)
+# Matrix-product kernels: cuBLAS/cuBLASLt GEMMs (Hopper's H100/H200 cuBLAS names them nvjet_*),
+# CUTLASS GEMMs.
+_GEMM_KERNELS = ("gemm", "nvjet", "cutlass")
+_SOFTMAX_OPS = frozenset(("aten::softmax", "aten::_softmax", "aten::_safe_softmax",
+                          "aten::log_softmax", "aten::_log_softmax"))
+_MATMUL_OPS = frozenset(("aten::matmul", "aten::bmm", "aten::mm", "aten::baddbmm",
+                         "aten::einsum", "aten::addmm"))
+
+
+def detect_backend(ops: Iterable[str], kernels: Iterable[str] = ()) -> str:
+    """The attention backend that ran: flash, efficient, cudnn, flex, math or unknown.
+
+    ``ops`` are the names of the call's CPU ops, ``kernels`` those of the GPU kernels that these
+    ops launched (:func:`call_kernels`), never of all kernels the profiler saw: CUPTI records the
+    whole process, and another thread's kernel says nothing about this call. First match wins:
+
+    1. an attention op names its backend (fused SDPA, the flash-attn package, FlexAttention);
+    2. a softmax op and a matrix-product op: the math path, forced or written by hand;
+    3. a kernel names its backend;
+    4. a softmax kernel and a GEMM kernel (``gemm``, ``nvjet_*``, ``cutlass``): math;
+    5. else unknown.
+    """
+    op_names = set(ops)
+    for prefix, backend in _BACKEND_OPS:
+        if any(name.startswith(prefix) for name in op_names):
+            return backend
+    lowered_ops = [name.lower() for name in op_names]
+    if any(needle in name for name in lowered_ops for needle in _FLEX_NEEDLES):
+        return "flex"
+    if op_names & _SOFTMAX_OPS and op_names & _MATMUL_OPS:
+        return "math"
+    lowered = [name.lower() for name in set(kernels)]
+    for needle, backend in _BACKEND_KERNELS:
+        if any(needle in name for name in lowered):
+            return backend
+    if (any("softmax" in name for name in lowered)
+            and any(g in name for name in lowered for g in _GEMM_KERNELS)):
+        return "math"  # kernels only: GEMMs around a softmax kernel
+    return "unknown"
+
+
+def call_kernels(cpu_ops: Iterable[RawEvent], device_ops: Iterable[RawEvent]) -> list[RawEvent]:
+    """The GPU kernels launched by one of ``cpu_ops`` (CUPTI correlation through ``op_id``).
+
+    A kernel without a link (``op_id`` 0: launched on a thread the profiler does not record, or by
+    code outside any op) or linked to an op that is not among ``cpu_ops`` is left out.
+    """
+    ids = {op.op_id for op in cpu_ops if op.op_id}
+    return [e for e in device_ops if e.kind == KIND_CUDA_KERNEL and e.op_id and e.op_id in ids]
+
+
+def memory_peaks(events: Iterable[RawEvent]) -> dict[str, int]:
+    """Peak of the running sum of allocations minus frees, per device, in event order.
+
+    Only what the call itself allocated counts: memory held before the call is the baseline 0.
+    """
+    running: dict[str, int] = {}
+    peaks: dict[str, int] = {}
+    for ev in sorted((e for e in events if e.kind == KIND_MEMORY), key=lambda e: e.start_ns):
+        total = running.get(ev.device, 0) + ev.nbytes
+        running[ev.device] = total
+        if total > peaks.get(ev.device, 0):
+            peaks[ev.device] = total
+        else:
+            peaks.setdefault(ev.device, 0)
+    return peaks
+
+
+def covered_ns(intervals: Iterable[tuple[int, int]], lo: int, hi: int) -> int:
+    """Length of ``[lo, hi)`` covered by the union of ``intervals``."""
+    covered = 0
+    cursor = lo
+    for start, end in sorted(intervals):
+        start = max(start, cursor)
+        end = min(end, hi)
+        if end > start:
+            covered += end - start
+            cursor = end
+    return covered
+
+
+def analyze(
+    events: Sequence[RawEvent],
+    *,
+    span_start_ns: int,
+    span_end_ns: int,
+    max_spans: int,
+    on_device: bool,
+    fold_ns: int | None = None,
+) -> KernelReport:
+    """Kernel/op children and parent attributes for one profiled call.
+
+    ``on_device``: the call's tensors were on a GPU, so the device activities are the kernels
+    (CPU ops are their launches); otherwise the CPU ops are, ranked by their own (self) time.
+    ``fold_ns``: ops shorter than this are folded (default :func:`optree.fold_threshold`).
+    """
+    marker = next((e for e in events if e.kind == KIND_MARKER), None)
+    if marker is not None:
+        offset = span_start_ns - marker.start_ns
+        lo, hi = marker.start_ns, marker.end_ns
+    else:
+        offset = 0
+        lo, hi = span_start_ns, span_end_ns
+    cpu_ops = sorted((e for e in events if e.kind == KIND_CPU_OP),
+                     key=lambda e: (e.start_ns, -e.end_ns))
+    device_ops = sorted((e for e in events if e.kind in DEVICE_KINDS), key=lambda e: e.start_ns)
+    par = optree.parents([e.start_ns for e in cpu_ops], [e.end_ns for e in cpu_ops],
+                         [e.thread for e in cpu_ops])
+    cpu_own = [e.end_ns - e.start_ns for e in cpu_ops]
+    for i, p in enumerate(par):
+        if p >= 0:
+            cpu_own[p] -= cpu_ops[i].end_ns - cpu_ops[i].start_ns
+    cpu_own = [max(0, t) for t in cpu_own]
+
+    # (own ns, event) for every kernel of the call: device activities on a GPU, else CPU ops.
+    work = ([(e.end_ns - e.start_ns, e) for e in device_ops] if on_device
+            else list(zip(cpu_own, cpu_ops, strict=True)))
+    attrs: dict[str, Any] = {
+        schema.KERNEL_COUNT.key: len(work),
+        schema.KERNEL_TOTAL_NS.key: sum(ns for ns, _ in work),
+        schema.BACKEND.key: detect_backend((e.name for e in cpu_ops),
+                                  (e.name for e in call_kernels(cpu_ops, device_ops))),
+    }
+    by_name: dict[str, int] = {}
+    for ns, ev in work:
+        by_name[ev.name] = by_name.get(ev.name, 0) + ns
+    top = sorted(by_name.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_N]
+    attrs[schema.KERNEL_TOP_NAMES.key] = [name[:MAX_NAME] for name, _ in top]
+    attrs[schema.KERNEL_TOP_NS.key] = [ns for _, ns in top]
+    if on_device:
+        intervals = [(e.start_ns, e.end_ns) for e in device_ops]
+        attrs[schema.LAUNCH_OVERHEAD_NS.key] = max(0, (hi - lo) - covered_ns(intervals, lo, hi))
+    attrs.update(_memory(events, on_device))
+
+    ops, device = _tree(cpu_ops, par, device_ops if on_device else [], offset, span_start_ns,
+                        span_end_ns)
+    attrs.update(_op_attributes(ops, device, events, lo, hi, offset, on_device))
+    children, top_folded = optree.build(
+        ops, device, max_spans=max_spans,
+        fold_ns=optree.fold_threshold(hi - lo) if fold_ns is None else fold_ns)
+    if top_folded:
+        attrs[schema.KERNEL_FOLDED.key] = top_folded
+    return KernelReport(attrs, children)
+
+
+def _memory(events: Sequence[RawEvent], on_device: bool) -> dict[str, int]:
+    peaks = memory_peaks(events)
+    out: dict[str, int] = {}
+    device_peaks = [v for k, v in peaks.items() if k != "cpu"]
+    if on_device and device_peaks:
+        out[schema.PEAK_BYTES.key] = max(device_peaks)
+        if "cpu" in peaks:
+            out[schema.HOST_PEAK_BYTES.key] = peaks["cpu"]
+    elif "cpu" in peaks:
+        out[schema.PEAK_BYTES.key] = peaks["cpu"]
+    return out
+
+
+def _tree(cpu_ops: Sequence[RawEvent], par: Sequence[int], device_ops: Sequence[RawEvent],
+          offset: int, span_start_ns: int, span_end_ns: int,
+          ) -> tuple[list[optree.Op], list[tuple[RawEvent, int, int, int]]]:
+    """Ops on the span's clock, clamped into the call and into their parent op, with their weight
+    (time with all they called, or device time of all they launched if longer); GPU activities
+    with the index of the op that launched them."""
+    by_id = {e.op_id: i for i, e in enumerate(cpu_ops) if e.op_id}
+    device: list[tuple[RawEvent, int, int, int]] = []
+    launched = [0] * len(cpu_ops)
+    for ev in device_ops:
+        start = ev.start_ns + offset
+        # where it ran on the GPU, even after the call returned
+        end = max(start, ev.end_ns + offset)
+        op = by_id.get(ev.op_id, -1) if ev.op_id else -1
+        device.append((ev, start, end, op))
+        if op >= 0:
+            launched[op] += end - start
+    for i in range(len(cpu_ops) - 1, -1, -1):  # children come after their parent
+        if par[i] >= 0:
+            launched[par[i]] += launched[i]
+    ops: list[optree.Op] = []
+    for i, ev in enumerate(cpu_ops):
+        lo, hi = ((span_start_ns, span_end_ns) if par[i] < 0
+                  else (ops[par[i]].start, ops[par[i]].end))
+        start = min(max(ev.start_ns + offset, lo), hi)
+        end = min(max(ev.end_ns + offset, start), hi)
+        ops.append(optree.Op(ev.name[:MAX_NAME], start, end, ev.kind, ev.device, ev.shapes, par[i],
+                             max(end - start, launched[i])))
+    return ops, device
+
+
+def _op_attributes(ops: Sequence[Any], device: Sequence[tuple[RawEvent, int, int, int]],
+                   events: Sequence[RawEvent], lo: int, hi: int, offset: int,
+                   on_device: bool) -> dict[str, Any]:
+    """Attention core / projection time, host syncs, copy time, device idle time."""
+    role = opstats.roles(ops)
+    out: dict[str, Any] = {}
+    for name, attr in ((opstats.CORE, schema.CORE_NS),
+                       (opstats.PROJECTION, schema.PROJECTION_NS)):
+        if on_device:
+            spans = [(s, e) for _, s, e, op in device if op >= 0 and role[op] == name]
+            out[attr.key] = covered_ns(spans, min((s for s, _ in spans), default=0),
+                                       max((e for _, e in spans), default=0))
+        else:
+            out[attr.key] = sum(op.end - op.start for i, op in enumerate(ops)
+                                if op.parent < 0 and role[i] == name)
+    # runtime sync calls inside the call's window (not attnscope's own sync after it)
+    runtime = sorted((e.name, e.start_ns + offset, e.end_ns + offset) for e in events
+                     if e.kind == KIND_RUNTIME and lo <= e.start_ns and e.end_ns <= hi)
+    syncs = opstats.host_syncs(ops, runtime)
+    out[schema.HOST_SYNCS.key] = len(syncs)
+    if syncs:
+        counts: dict[str, int] = {}
+        for name in syncs:
+            counts[name] = counts.get(name, 0) + 1
+        out[schema.HOST_SYNC_OPS.key] = sorted(counts, key=lambda n: (-counts[n], n))
+    if on_device:
+        copies = [(s, e) for ev, s, e, _ in device if ev.kind in (KIND_MEMCPY, KIND_MEMSET)]
+        out[schema.MEMCPY_NS.key] = sum(e - s for s, e in copies)
+        if device:
+            first = min(s for _, s, _, _ in device)
+            last = max(e for _, _, e, _ in device)
+            out[schema.DEVICE_IDLE_NS.key] = max(0, (last - first) - covered_ns(
+                [(s, e) for _, s, e, _ in device], first, last))
+    else:
+        out[schema.MEMCPY_NS.key] = opstats.copy_ns(ops)
+    return out
+
+
+_KINDS = {
+    "cpu_op": KIND_CPU_OP,
+    "kernel": KIND_CUDA_KERNEL,
+    "gpu_memcpy": KIND_MEMCPY,
+    "gpu_memset": KIND_MEMSET,
+}
+_RUNTIME = frozenset(("cuda_runtime", "cuda_driver"))
+
+
+def from_kineto(result: Any, marker: str) -> list[RawEvent]:
+    """torch's kineto events as plain records (profiler clock, nanoseconds)."""
+    out: list[RawEvent] = []
+    for ev in result.events():
+        name = ev.name()
+        activity = ev.activity_type()
+        device = _device_name(ev)
+        if name == "[memory]":
+            out.append(RawEvent(name, KIND_MEMORY, device, ev.start_ns(),
+                                         ev.start_ns(), int(ev.nbytes())))
+            continue
+        if activity == "user_annotation" and name == marker:
+            kind = KIND_MARKER
+        elif activity in _RUNTIME and name in opstats.SYNC_RUNTIME:
+            kind = KIND_RUNTIME
+        else:
+            kind = _KINDS.get(activity, KIND_OTHER)
+        if kind == KIND_OTHER:
+            continue
+        shapes = ""
+        thread = 0
+        if kind == KIND_CPU_OP:
+            try:
+                found = [s for s in ev.shapes() if s]
+                shapes = str(found)[:256] if found else ""
+            except Exception:
+                shapes = ""
+            try:
+                thread = int(ev.start_thread_id())
+            except Exception:  # one thread then: the profiler records the calling thread only
+                thread = 0
+        out.append(RawEvent(name, kind, device, ev.start_ns(), ev.end_ns(), 0, shapes,
+                            _op_id(ev, kind), thread))
+    return out
+
+
+def _op_id(ev: Any, kind: str) -> int:
+    """A CPU op's correlation id; for a GPU activity, the id of the CPU op that launched it."""
+    try:
+        if kind == KIND_CPU_OP:
+            return int(ev.correlation_id())
+        if kind in DEVICE_KINDS:
+            return int(ev.linked_correlation_id())
+    except Exception:  # an event type without correlation: no link, not a failed parse
+        pass
+    return 0
+
+
+def _device_name(ev: Any) -> str:
+    kind = str(ev.device_type()).rsplit(".", 1)[-1].lower()
+    if kind == "cpu":
+        return "cpu"
+    index = ev.device_index()
+    return f"{kind}:{index}" if index >= 0 else kind

@@ -1,0 +1,83 @@
+"""A finished profiler session → kernel/operator child spans and attributes (worker side)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import TYPE_CHECKING, Any
+
+from ... import _log
+from ... import _schema as schema
+from ...record.capture import PROFILE_MARKER, Capture
+from . import kernels
+
+if TYPE_CHECKING:
+    from ..._config import Config
+    from ..derived import Derived
+
+__all__ = ["finish"]
+
+_TIER = schema.TIER.key
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def finish(cap: Capture, cfg: Config,
+           derived: Derived | None = None) -> tuple[dict[str, Any], list[Any]]:
+    """Span attributes (schema keys, no prefix) and kernel child spans of a profiled capture.
+
+    ``derived``: what derive found for the capture; its ``flops`` give ``core_tflops`` (FLOPs
+    over the attention core's time).
+    """
+    session = cap.profile
+    result = session.result if session is not None else None
+    if session is None or result is None:  # aborted for a user's profiler, or stopping failed
+        return {_TIER: "timing"}, []
+    try:
+        events = kernels.from_kineto(result, PROFILE_MARKER)
+        report = kernels.analyze(events, span_start_ns=cap.start_epoch_ns,
+                                 span_end_ns=cap.end_epoch_ns, max_spans=cfg.max_kernel_spans,
+                                 on_device=session.on_cuda)
+    except Exception as exc:  # the span still goes out, without kernel data
+        _log.internal_error("profile-parse", exc)
+        return {_TIER: "timing"}, []
+    attrs = report.attributes
+    flops = derived.get(schema.FLOPS.key) if derived is not None else None
+    core = attrs.get(schema.CORE_NS.key)
+    if isinstance(flops, int) and isinstance(core, int) and core > 0:
+        attrs[schema.CORE_TFLOPS.key] = flops / core / 1e3  # FLOP/ns = 1e9 FLOP/s; TFLOP/s = /1e3
+    if cfg.profile_dir:
+        try:
+            attrs[schema.PROFILE_PATH.key] = _save(result, cfg.profile_dir, cap)
+        except Exception as exc:
+            _log.internal_error("profile-save", exc)
+    return attrs, report.children
+
+
+# Chrome-trace event args that hold argument values (scalars such as a softmax scale or a dropout
+# probability) rather than shapes and types: attnscope records no values, here either.
+_VALUE_ARGS = ("Concrete Inputs",)
+
+
+def _save(result: Any, directory: str, cap: Capture) -> str:
+    os.makedirs(directory, exist_ok=True)
+    name = _UNSAFE.sub("_", cap.name)[:64] or "call"
+    path = os.path.abspath(
+        os.path.join(directory, f"{name}-{os.getpid()}-{cap.capture_id}.pt.trace.json"))
+    partial = path + ".partial"
+    try:
+        result.save(partial)
+        with open(partial, encoding="utf-8") as f:
+            trace = json.load(f)
+        for event in trace.get("traceEvents", ()):
+            args = event.get("args") if isinstance(event, dict) else None
+            if isinstance(args, dict):
+                for key in _VALUE_ARGS:
+                    args.pop(key, None)
+        with open(partial, "w", encoding="utf-8") as f:
+            json.dump(trace, f)
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return path

@@ -1,0 +1,1 @@
+"""What the tests share: span helpers, trace-file builders, the architecture sweep, job scripts."""

@@ -1,0 +1,157 @@
+"""Shapes, tokens and exact FLOPs from a call's arguments."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnscope
+from attnscope.capture.args import summarize
+from attnscope.testing import capture_spans
+from attnscope.worker.derive import attention_flops, causal_pairs, count_tokens, derive
+from tests.support.helpers import attrs, brute_force_flops
+
+
+@attnscope.trace
+def sdpa(query, key, value, attn_mask=None, is_causal=False):  # type: ignore[no-untyped-def]
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
+                                          is_causal=is_causal,
+                                          enable_gqa=query.shape[1] != key.shape[1])
+
+
+@pytest.mark.parametrize("sq,skv", [(s, t) for s, t in itertools.product(range(0, 7), range(0, 7))])
+def test_causal_pairs_matches_an_explicit_mask(sq: int, skv: int) -> None:
+    i = torch.arange(sq).unsqueeze(1)
+    j = torch.arange(skv).unsqueeze(0)
+    assert causal_pairs(sq, skv) == int((j <= i + (skv - sq)).sum())
+
+
+CASES = [
+    # b, hq, hkv, sq, skv, d, causal
+    (2, 4, 4, 16, 16, 8, False),  # full self-attention
+    (2, 4, 4, 16, 16, 8, True),  # causal
+    (1, 8, 2, 12, 12, 16, True),  # grouped-query
+    (1, 8, 1, 9, 9, 16, False),  # multi-query
+    (3, 4, 4, 1, 37, 8, True),  # decode: one query against a cache
+    (2, 4, 2, 5, 20, 8, True),  # chunked prefill with cache, GQA
+    (2, 4, 4, 20, 5, 8, True),  # more queries than keys: early rows see nothing
+]
+
+
+@pytest.mark.parametrize("b,hq,hkv,sq,skv,d,causal", CASES)
+def test_flops_against_brute_force(b: int, hq: int, hkv: int, sq: int, skv: int, d: int,
+                                   causal: bool) -> None:
+    q = torch.randn(b, hq, sq, d)
+    k = torch.randn(b, hkv, skv, d)
+    v = torch.randn(b, hkv, skv, d)
+    with capture_spans() as spans:
+        sdpa(q, k, v, is_causal=causal)
+    a = attrs(spans[0])
+    assert a["attnscope.num_heads"] == hq and a["attnscope.num_kv_heads"] == hkv
+    assert a["attnscope.flops"] == brute_force_flops(b, hq, sq, skv, d, d, causal)
+    assert attention_flops(b, hq, sq, skv, d, causal=causal) == a["attnscope.flops"]
+
+
+def test_value_head_dim_may_differ() -> None:
+    got = derive(summarize((torch.empty(1, 2, 3, 8), torch.empty(1, 2, 5, 8),
+                            torch.empty(1, 2, 5, 4)),
+                           {}, ("q", "k", "v")))
+    assert got["flops"] == brute_force_flops(1, 2, 3, 5, 8, 4, False)
+
+
+def test_tokens_exclude_padding_for_every_mask_layout() -> None:
+    lengths = torch.tensor([6, 3, 1])
+    b, s = 3, 6
+    pad2d = torch.arange(s)[None, :] < lengths[:, None]  # right padding, (B, S)
+    assert count_tokens(pad2d, b, s) == 10
+    assert count_tokens(pad2d.long(), b, s) == 10
+    left = pad2d.flip(-1)  # left padding
+    assert count_tokens(left, b, s) == 10
+    # (B, 1, S, S) boolean causal & padding mask, as SDPA takes it
+    causal = torch.ones(s, s, dtype=torch.bool).tril()
+    full = causal[None, None] & pad2d[:, None, None, :] & pad2d[:, None, :, None]
+    assert count_tokens(full, b, s) == 10
+    # (B, 1, 1, S) additive float mask as older BERT code builds it
+    additive = (1.0 - pad2d.float())[:, None, None, :] * -10000.0
+    assert count_tokens(additive, b, s) == 10
+    additive_min = (1.0 - pad2d.float())[:, None, None, :] * torch.finfo(torch.float32).min
+    assert count_tokens(additive_min, b, s) == 10
+    # decode: one query per row; the tail of the padding mask is real for every row
+    assert count_tokens(left, b, 1) == 3
+    assert count_tokens(torch.empty(3, 6, device="meta", dtype=torch.bool), b, s) is None
+
+
+def test_traced_call_with_padding_mask_counts_real_tokens() -> None:
+    q = torch.randn(2, 2, 4, 8)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)[:, None, None, :]
+    with capture_spans() as spans:
+        sdpa(q, q, q, attn_mask=mask)
+    assert attrs(spans[0])["attnscope.tokens"] == 6
+
+
+@pytest.mark.parametrize(
+    "args,kwargs",
+    [
+        ((None, None, None), {}),
+        ((1, 2.0, "x"), {}),
+        (((torch.zeros(1), torch.zeros(1)),), {}),
+        ((torch.empty(2, 4, 8, 16, device="meta"),) * 3, {}),
+        ((torch.zeros(2, 4, 8, 16), torch.zeros(3, 4, 8, 16), torch.zeros(2, 4, 8, 16)), {}),
+        ((torch.zeros(2, 3, 8, 16), torch.zeros(2, 2, 8, 16), torch.zeros(2, 2, 8, 16)), {}),
+        ((torch.zeros(4),), {"hidden_states": torch.zeros(2, 3)}),
+        ((), {"query": torch.zeros(1, 1, 2, 2)}),
+    ],
+)
+def test_unusual_inputs_give_fewer_attributes_never_errors(args: tuple, kwargs: dict) -> None:
+    @attnscope.trace
+    def odd(*a, **kw):  # type: ignore[no-untyped-def]
+        return len(a) + len(kw)
+
+    with capture_spans() as spans:
+        assert odd(*args, **kwargs) == len(args) + len(kwargs)
+    (span,) = spans
+    a = attrs(span)
+    assert "attnscope.flops" not in a or a["attnscope.flops"] >= 0
+    assert attnscope.stats()["internal_errors"] == 0
+
+
+def test_meta_tensors_give_shapes_without_values() -> None:
+    meta = torch.empty(2, 4, 8, 16, device="meta")
+    got = derive(summarize((meta, meta, meta), {}, ("q", "k", "v")))
+    assert got["device"] == "meta" and got["flops"] == brute_force_flops(2, 4, 8, 8, 16, 16, False)
+
+
+def test_summary_holds_no_tensor_except_the_mask() -> None:
+    q = torch.randn(1, 1, 2, 2)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    summary = summarize((q, q, q), {"attention_mask": mask}, ("q", "k", "v"))
+    tensors = [v for _, v in summary if isinstance(v, torch.Tensor)]
+    assert tensors == [mask]
+
+
+def test_key_padding_mask_marks_padding_with_true() -> None:
+    @attnscope.trace
+    def mha_like(query, key, value, key_padding_mask=None):  # type: ignore[no-untyped-def]
+        return query
+
+    q = torch.zeros(2, 2, 4, 8)
+    padding = torch.tensor([[False, False, False, True], [False, True, True, True]])
+    with capture_spans() as spans:
+        mha_like(q, q, q, key_padding_mask=padding)
+    assert attrs(spans[0])["attnscope.tokens"] == 4
+
+
+def test_unreadable_mask_leaves_tokens_unknown_rather_than_wrong() -> None:
+    q = torch.zeros(1, 1, 4, 8)
+    odd_mask = torch.ones(1, 1, 1, 4, 4, dtype=torch.bool)  # a layout attnscope does not read
+    got = derive(summarize((q, q, q), {"attn_mask": odd_mask}, ("q", "k", "v")))
+    assert "tokens" not in got and got["flops"] > 0
+    assert derive(summarize((q, q, q), {}, ("q", "k", "v")))["tokens"] == 4
+
+
+def test_stats_include_profile_counters() -> None:
+    stats = attnscope.stats()
+    assert any(key.startswith("profile_") for key in stats)

@@ -1,0 +1,73 @@
+"""docs/attributes.md (and the metrics of docs/exporting.md) and attnscope/_schema.py agree."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+
+import attnscope
+from attnscope import _schema as schema
+
+ROOT = pathlib.Path(attnscope.__file__).parent
+DOC = ROOT.parent / "docs" / "attributes.md"
+_ROW = re.compile(r"^\| `([^`]+)` \| ([^|]+) \| ([^|]+) \|", re.M)
+_NAMED = re.compile(r"`((?:attnscope|gen_ai)\.[a-z_.]*[a-z_])`")
+
+
+def _rows() -> dict[str, tuple[str, str]]:
+    """Every attribute row of the page's tables: name -> (type, unit); a unit "—" is none."""
+    rows: dict[str, tuple[str, str]] = {}
+    for name, type_, unit in _ROW.findall(DOC.read_text()):
+        assert name not in rows, f"{name} is listed twice"
+        rows[name] = (type_.strip(), "" if unit.strip() == "—" else unit.strip())
+    return rows
+
+
+def test_every_schema_attribute_is_documented_with_its_type_and_unit() -> None:
+    rows = _rows()
+    for attr in schema.ATTRIBUTES:
+        assert attr.name in rows, f"{attr.name} is not in docs/attributes.md"
+        assert rows[attr.name] == (attr.type, attr.unit), attr.name
+
+
+def test_every_documented_attribute_is_in_the_schema() -> None:
+    names = {a.name for a in schema.ATTRIBUTES}
+    assert set(_rows()) <= names
+    # named in the prose too: `attnscope.instrument(model)` and `attnscope.kernel.*` are not names
+    assert set(_NAMED.findall(DOC.read_text())) <= names
+
+
+def test_names_are_unique_and_prefixed_once() -> None:
+    names = [a.name for a in schema.ATTRIBUTES]
+    assert len(names) == len(set(names))
+    assert all(n.startswith((schema.PREFIX, "gen_ai.")) or n in ("code.function.name", "host.name")
+               for n in names)
+    metrics = [m.name for m in schema.METRICS]
+    assert len(metrics) == len(set(metrics)) and all(m.startswith(schema.PREFIX) for m in metrics)
+
+
+def test_worker_export_and_metrics_spell_no_attribute_name() -> None:
+    """The worker, the exporters and the metrics take every name from the schema: none of its
+    names (with the prefix or without) is a string literal there."""
+    full = {a.name for a in schema.ATTRIBUTES} | {m.name for m in schema.METRICS}
+    otel = {"code.function.name", "host.name"}  # OpenTelemetry's names, also resource keys
+    full -= otel
+    keys = {a.key for a in schema.ATTRIBUTES if "." in a.key or "_" in a.key} - full - otel
+    for path in [*ROOT.joinpath("worker").rglob("*.py"), *ROOT.joinpath("export").rglob("*.py")]:
+        # worker/derived.py maps its dataclass's field names (some spelled like keys) to the schema
+        names = full if path.name == "derived.py" else full | keys
+        tree = ast.parse(path.read_text())
+        exported = {id(c) for node in tree.body if isinstance(node, ast.Assign)
+                    and any(getattr(t, "id", None) == "__all__" for t in node.targets)
+                    for c in ast.walk(node.value)}  # function names, not attributes
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and id(node) not in exported:
+                assert node.value not in names, f"{path.name}: {node.value!r}"
+
+
+def test_the_metric_instruments_are_those_docs_exporting_states() -> None:
+    text = (DOC.parent / "exporting.md").read_text()
+    documented = dict(re.findall(r"^\| `(attnscope\.[a-z_.]+)` \| [a-z ]+, `([^`]+)`", text, re.M))
+    assert documented == {m.name: m.unit for m in schema.METRICS}
