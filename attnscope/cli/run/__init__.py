@@ -35,7 +35,9 @@ _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?(\.exe)?$")
 _THIS_PYTHON = ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}")
 _TAKES_VALUE = ("-W", "-X", "--check-hash-based-pycs")
 _FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP")
-_USAGE = "attnscope run [options] -- python app.py [args...]"
+_USAGE = ("attnscope run [options] -- python app.py [args...]\n"
+          "       attnscope run --repeat N [options] -- python a.py [args...] "
+          "[--alternate -- python b.py [args...]]")
 
 
 class _RunDefault(float):
@@ -68,6 +70,12 @@ def _count(text: str) -> int:
     return int(text)
 
 
+def _runs(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return int(text)
+
+
 class _IntDefault(int):
     """:class:`_RunDefault` for a count."""
 
@@ -82,7 +90,14 @@ def register(sub: Any, formatter: Any) -> None:
                     "nn.MultiheadAttention model it builds instrumented, no change to its code.\n"
                     "At exit: DIR/traces.jaeger.json, DIR/traces.otlp.jsonl (other processes "
                     "of the program: traces.rank<N>.* / traces.pid<PID>.*) and the report, on "
-                    "stderr. The program's exit code, stdout and stderr pass through unchanged.")
+                    "stderr. The program's exit code, stdout and stderr pass through unchanged."
+                    "\n\nWith --repeat N: N runs, one process each, into DIR/run-1 ... "
+                    "DIR/run-N (each what a plain run writes with --no-report), one line per run "
+                    "on stderr and no report. With a second command after --alternate --, the "
+                    "runs of the two alternate (a/run-1, b/run-1, a/run-2, ...) into DIR/a/run-K "
+                    "and DIR/b/run-K; compare them with `attnscope diff DIR/a DIR/b`. A run that "
+                    "fails stops the repeat: its trace files are removed, the runs before it "
+                    "kept, and the exit code is the program's (Ctrl-C: 130).")
     p.add_argument("--sample-rate", type=_rate("sample_rate"), default=_RunDefault(1.0),
                    metavar="RATE", help="fraction of attention calls traced (an experiment: all "
                    "of them); without the flag, $ATTNSCOPE_SAMPLE_RATE when set")
@@ -99,7 +114,12 @@ def register(sub: Any, formatter: Any) -> None:
                    "$ATTNSCOPE_WARMUP_CALLS when set")
     p.add_argument("--out", default="attnscope-out", metavar="DIR",
                    help="directory for the trace files and report.html (created if missing; "
-                        "trace files of an earlier run there are replaced)")
+                        "trace files of an earlier run there are replaced; with --repeat, the "
+                        "run-K directories of an earlier repeat too)")
+    p.add_argument("--repeat", type=_runs, default=argparse.SUPPRESS, metavar="N",
+                   help="run the program N times, into DIR/run-1 ... DIR/run-N; with "
+                        "`--alternate -- COMMAND` after the program, a second command whose "
+                        "runs alternate with the first's, into DIR/a/run-K and DIR/b/run-K")
     p.add_argument("--no-report", action="store_true",
                    help="only say which files were written (no terminal or HTML report)")
     # (not dest="command": that is the subcommand's name, which error lines start with)
@@ -117,12 +137,17 @@ def run(args: argparse.Namespace) -> int:
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
-        raise CLIError(f"no program given (usage: {_USAGE})")
+        raise CLIError("no program given (usage: attnscope run [options] -- python app.py "
+                       "[args...])")
+    if hasattr(args, "repeat"):
+        from ._repeat import repeat
+
+        return repeat(args, command)
     argv, service = _program(command)
     out = _output_dir(args.out)
     env = _environment(args, out, service)
     output.clear_previous(out)
-    code = _run_child(argv, env)
+    code, _ = _run_child(argv, env)
     _report(out, full=not args.no_report)
     return code
 
@@ -211,13 +236,18 @@ def _in_foreground() -> bool:
     return False
 
 
-def _run_child(argv: list[str], env: dict[str, str]) -> int:
+def _run_child(argv: list[str], env: dict[str, str]) -> tuple[int, bool]:
+    """The program's exit code (killed by signal N: 128 + N), and whether a SIGINT reached
+    attnscope meanwhile (a Ctrl-C: ``run --repeat`` stops there)."""
+    interrupted = []
     try:
         child = subprocess.Popen(argv, env=env)
     except OSError as exc:
         raise CLIError(f"{argv[0]}: cannot start it ({exc.strerror or exc})") from None
 
     def forward(signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT:
+            interrupted.append(signum)
         if signum == signal.SIGINT and _in_foreground():
             return
         with contextlib.suppress(ProcessLookupError):
@@ -233,7 +263,7 @@ def _run_child(argv: list[str], env: dict[str, str]) -> int:
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
-    return 128 - code if code < 0 else code
+    return (128 - code if code < 0 else code), bool(interrupted)
 
 
 def _report(out: Path, *, full: bool) -> None:

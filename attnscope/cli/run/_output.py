@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ENV_DIR", "ENV_PARENT", "ENV_SERVICE", "JAEGER", "OTLP", "RunExporter",
-           "clear_previous", "count_spans", "process_tag", "written"]
+           "clear_previous", "count_spans", "is_trace_file", "process_tag", "written"]
 
 ENV_DIR = "ATTNSCOPE_RUN_DIR"  # the output directory (absolute)
 ENV_PARENT = "ATTNSCOPE_RUN_PARENT_PID"  # the CLI's pid: its direct child writes the plain names
@@ -98,14 +98,18 @@ class RunExporter:
             exporter.shutdown()
 
 
+def is_trace_file(name: str) -> bool:
+    """True for the name of a trace file a run writes, or of its lock file."""
+    return _OURS.match(name.removesuffix(".lock")) is not None
+
+
 def clear_previous(directory: Path) -> list[Path]:
     """Remove the trace files (and their lock files) an earlier run left in ``directory`` (OTLP
     lines would be appended to them); returns what was removed. Other files are left alone."""
     removed = []
     for path in sorted(directory.iterdir()):
         # (PATH.lock: left by a process killed before its exporter shut down)
-        name = path.name.removesuffix(".lock")
-        if _OURS.match(name) and path.is_file() and not path.is_symlink():
+        if is_trace_file(path.name) and path.is_file() and not path.is_symlink():
             path.unlink()
             removed.append(path)
     return removed
