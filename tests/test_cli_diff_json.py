@@ -32,12 +32,13 @@ def _strict_json(text: str) -> Any:
 def test_json_on_stdout_replaces_the_table_and_carries_the_gate(
         traces: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["diff", str(traces["sdpa"]), str(traces["slowed"]), "--json", "-",
-                 "--fail-if-slower", "5"])
+                 "--fail-if-slower", "5", "--call-level-gate"])
     out, err = capsys.readouterr()
-    assert code == 1 and not err
+    assert code == 1 and not err, out
     doc = _strict_json(out)  # nothing but the document on stdout
     assert doc["before"] == str(traces["sdpa"]) and doc["after"] == str(traces["slowed"])
-    assert doc["gate"] == {"fail_if_slower": 0.05, "passed": False}
+    assert doc["gate"] == {"fail_if_slower": 0.05, "passed": False, "judged": True,
+                           "exit_code": 1}
     assert doc["min_change"] == 0.05 and doc["confidence"] == 0.95
     [group] = doc["groups"]
     assert (group["module"], group["phase"], group["gate_failed"]) == ("attention", None, True)

@@ -7,8 +7,12 @@ so only one is read). The same spans give the same rows from either format, with
 the formats impose: Jaeger keeps microseconds (``start_ns``/``end_ns`` are then whole
 microseconds) and stores list attributes as JSON text (read back as lists here).
 
+``load_runs`` reads one path as the runs it holds: a trace file or run directory is one run, a
+repeat directory (``run-1`` ... ``run-N``, as ``attnscope run --repeat N`` writes) is N runs.
+
 ``attention_calls`` picks the captured attention calls out of all spans; ``group_key`` is the
-(layer, phase) a call is summarised under.
+(layer, phase) a call is summarised under, ``call_backends`` the backend it ran under (``report``
+splits a layer's rows by it).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import binascii
 import json
 import os
 import re
+from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +31,9 @@ from typing import Any
 from ._errors import CLIError
 from .. import _schema as schema
 
-__all__ = ["TraceFileError", "SpanRow", "load_spans", "attention_calls", "group_key",
-           "ATTENTION_FACTS", "DIRECTORY_FILES"]
+__all__ = ["TraceFileError", "SpanRow", "load_spans", "load_runs", "run_directories",
+           "attention_calls", "group_key", "call_backends", "GroupKey", "ATTENTION_FACTS",
+           "DIRECTORY_FILES"]
 
 # What `attnscope run` writes into its output directory, in the order they are preferred.
 DIRECTORY_FILES = ("traces.otlp.jsonl", "traces.jaeger.json")
@@ -36,6 +42,9 @@ ATTENTION_FACTS = (schema.NUM_HEADS.name, schema.HEAD_DIM.name, schema.FLOPS.nam
 # Tags the Jaeger exporter adds from the span itself rather than its attributes.
 _JAEGER_EXTRA = ("otel.scope.name", "otel.scope.version", "span.kind", "error")
 _OTLP_STATUS = {1: "OK", 2: "ERROR"}
+_RUN_DIR = re.compile(r"^run-(\d+)$")
+# What `attnscope report` summarises a call under: (module, phase, backend; None: unknown).
+GroupKey = tuple[str, str | None, str | None]
 
 
 class TraceFileError(CLIError):
@@ -90,6 +99,36 @@ def load_spans(path: str | os.PathLike[str]) -> list[SpanRow]:
     return sorted(unique.values(), key=lambda r: (r.start_ns, r.end_ns, r.span_id))
 
 
+def run_directories(path: str | os.PathLike[str]) -> list[Path]:
+    """The runs a path holds, in run order: the path itself (a trace file, a run directory), or
+    a repeat directory's ``run-1`` ... ``run-N`` (a directory with no trace file of its own and
+    ``run-K`` subdirectories). Only a path that exists is looked into."""
+    given = Path(path)
+    if not given.is_dir() or _has_trace_files(given):
+        return [given]
+    numbered = [(int(m.group(1)), p) for p in given.iterdir()
+                if p.is_dir() and (m := _RUN_DIR.match(p.name))]
+    if numbered:
+        return [p for _, p in sorted(numbered)]
+    halves = [given / side for side in ("a", "b") if (given / side).is_dir()]
+    if halves:  # `run --repeat N --alternate`: the two commands' runs
+        raise TraceFileError(f"{given}: the runs of two commands ({', '.join(map(str, halves))}"
+                             "): give one per side")
+    return [given]  # load_spans says what is missing
+
+
+def load_runs(path: str | os.PathLike[str]) -> list[tuple[str, list[SpanRow]]]:
+    """Each run a path holds (:func:`run_directories`) as (its path, its spans)."""
+    return [(str(run), load_spans(run)) for run in run_directories(path)]
+
+
+def _has_trace_files(path: Path) -> bool:
+    try:
+        return bool(_trace_files(path))
+    except TraceFileError:
+        return False
+
+
 def attention_calls(rows: Sequence[SpanRow]) -> list[SpanRow]:
     """The captured attention calls among ``rows``, by start time.
 
@@ -117,6 +156,50 @@ def group_key(row: SpanRow) -> tuple[str, str | None]:
     module = row.attributes.get(schema.MODULE.name)
     phase = row.attributes.get(schema.PHASE.name)
     return (str(module) if module else row.name, str(phase) if phase else None)
+
+
+def call_backends(rows: Sequence[SpanRow],
+                  calls: Sequence[SpanRow]) -> dict[tuple[str, str], str]:
+    """The attention backend each of ``calls`` ran under, by (trace id, span id); a call whose
+    backend is unknown is left out (reported as "—").
+
+    1. The call's own ``attnscope.backend``: written when it was profiled (the profiler saw
+       which kernels ran).
+    2. Else the backend of its **site**, when every call of the site that recorded one recorded
+       the same: a site is the calls with the same :func:`group_key` and the same names of the
+       call spans nested in them (``rows``: the trace's spans) — one piece of code. The demo runs
+       ``attention.naive`` and ``attention.sdpa`` inside the same layers: two sites per layer,
+       told apart by that nested span.
+    3. Else unknown: no profiled call of the site, or profiled calls that disagree.
+    """
+    children: dict[tuple[str, str], list[SpanRow]] = defaultdict(list)
+    for r in rows:
+        if r.parent_id and schema.TIER.name in r.attributes \
+                and schema.KERNEL_KIND.name not in r.attributes:
+            children[(r.trace_id, r.parent_id)].append(r)
+
+    def site(call: SpanRow) -> tuple[str, str | None, frozenset[str]]:
+        names: set[str] = set()
+        todo, seen = [call], {call.span_id}
+        while todo:
+            for kid in children.get((call.trace_id, todo.pop().span_id), ()):
+                if kid.span_id not in seen:
+                    seen.add(kid.span_id)
+                    names.add(kid.name)
+                    todo.append(kid)
+        return (*group_key(call), frozenset(names))
+
+    own = {(c.trace_id, c.span_id): str(b) for c in calls
+           if (b := c.attributes.get(schema.BACKEND.name))}
+    site_of = {(c.trace_id, c.span_id): site(c) for c in calls}
+    seen_at: dict[tuple[str, str | None, frozenset[str]], set[str]] = defaultdict(set)
+    for key, backend in own.items():
+        seen_at[site_of[key]].add(backend)
+    out = dict(own)
+    for key, where in site_of.items():
+        if key not in out and len(seen_at[where]) == 1:
+            out[key] = next(iter(seen_at[where]))
+    return out
 
 
 def _has_facts(row: SpanRow) -> bool:

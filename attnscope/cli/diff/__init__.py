@@ -1,10 +1,19 @@
-"""``attnscope diff BEFORE AFTER``: the performance diary between two traces, and a CI gate.
+"""``attnscope diff BEFORE AFTER``: the performance diary between two sides, and a CI gate.
 
-For each (module, phase) present in both traces: p50/p95/p99 time, tokens/s and memory peak, the
-relative change with a bootstrap confidence interval and a verdict (``_stats``: the rule;
-``_groups``: the data). ``--fail-if-slower PCT`` exits 1 when a p50 time is slower by more
-than PCT% beyond noise; ``--json`` writes the same diary for scripts (``_json``). Exit codes:
-0 ok, 1 gate failed, 2 bad input.
+A side is one run or several: each path is a trace file or run directory (one run) or a repeat
+directory (``run-1`` ... ``run-N``, its runs), and ``diff A1 A2 ... --vs B1 B2 ...`` gives several
+paths per side. For each (module, phase) present on both sides: p50/p95/p99 time, tokens/s and
+memory peak, the relative change with a confidence interval and a verdict (``_stats``: the rule
+and the one-run bootstrap over calls; ``_runs``: the hierarchical bootstrap over runs, then calls
+within them, used whenever a side has several runs; ``_groups``: the data). Every multi-run diff
+also prints the A/A noise floor of each side (how much its runs differ at p50); ``--noise RUNS``
+prints only that.
+
+``--fail-if-slower PCT`` exits 1 when a p50 time is slower by more than PCT% beyond noise — with
+at least two runs on each side. With one run on a side run-to-run noise is unmeasured, and the
+gate does not judge on call-level evidence alone: it exits 3 with a line saying how to get a
+verdict, unless ``--call-level-gate`` asks for the call-level gate. ``--json`` writes the same
+diary for scripts (``_json``). Exit codes: 0 ok, 1 gate failed, 2 bad input, 3 gate not judged.
 """
 
 from __future__ import annotations
@@ -22,29 +31,37 @@ from .._errors import CLIError
 from ..render.console import console as make_console
 from ..render.console import fold, natural_width
 from ..render.writer import check_output, write_text
-from ..traces import attention_calls, load_spans
-from ._groups import Diary, GroupDiff, diary
-from ._json import to_json
+from ..traces import SpanRow, attention_calls, load_runs
+from ._groups import Diary, GroupDiff, Noise, diary_runs, noise
+from ._json import noise_json, to_json
 from ._stats import CONFIDENCE, Change
-from ._text import HEADERS, group_label, names, notes, row_cells
+from ._text import (HEADERS, NOISE_HEADERS, UNJUDGED_EXIT, group_label, names, noise_cells,
+                    noise_note, notes, row_cells)
 
-__all__ = ["register", "run_diff", "percent", "DEFAULT_MIN_CHANGE"]
+__all__ = ["register", "run_diff", "percent", "DEFAULT_MIN_CHANGE", "UNJUDGED_EXIT"]
 
 DEFAULT_MIN_CHANGE = 5.0  # percent
 _WORSE = frozenset({"slower", "larger"})
 _BETTER = frozenset({"faster", "smaller"})
 
 _DESCRIPTION = """\
-Compare two traces (BEFORE, AFTER: Jaeger JSON, OTLP/JSON lines or an `attnscope run` directory),
-attention layer by layer and phase by phase (prefill/decode): p50, p95 and p99 time, tokens/s and
-memory peak, the relative change AFTER/BEFORE - 1 with a 95% bootstrap confidence interval over
-the calls in each file, and a verdict: faster / slower (smaller / larger for memory) when the
-interval excludes 0 and the change is at least --min-change, else "no change".
+Compare two sides, BEFORE and AFTER, attention layer by layer and phase by phase (prefill/decode):
+p50, p95 and p99 time, tokens/s and memory peak, the relative change AFTER/BEFORE - 1 with a 95%
+confidence interval, and a verdict: faster / slower (smaller / larger for memory) when the
+interval excludes 0, the change is at least --min-change and the interval is no wider than the
+change; "inconclusive" when it excludes 0 but is wider than the change; else "no change".
 
-The interval covers call-to-call variation inside each file, not drift between runs (another
-machine, another load, a warmer cache): --min-change is the allowance for that.
+A side is one run or several runs. Each path is a trace file (Jaeger JSON, OTLP/JSON lines) or an
+`attnscope run` directory (one run), or a repeat directory (run-1 ... run-N, from
+`attnscope run --repeat N`: N runs); `diff A1 A2 A3 --vs B1 B2 B3` gives several paths per side.
+Several runs: each run's quantiles, the side's figure their median over runs, the interval a
+hierarchical bootstrap (runs, then calls within each run), so run-to-run noise is in it; the
+noise floor (how much the runs of a side differ at p50) is printed under the table. One run per
+side: the interval resamples that run's calls only, and run-to-run noise is unmeasured.
 
-Exit codes: 0 done (and the gate passed), 1 --fail-if-slower tripped, 2 bad input."""
+Exit codes: 0 done (and the gate passed), 1 --fail-if-slower tripped, 2 bad input, 3 the gate was
+asked for but not judged (one run on a side: record several with `attnscope run --repeat 3`, or
+pass --call-level-gate)."""
 
 
 def percent(text: str) -> float:
@@ -62,11 +79,20 @@ def register(sub: Any, formatter: Any) -> None:
     """Add ``attnscope diff`` to the command line."""
     p = sub.add_parser("diff", formatter_class=formatter, description=_DESCRIPTION,
                        help="compare two traces: what got faster or slower, beyond noise")
-    p.add_argument("before", metavar="BEFORE", help="the reference trace (file or run directory)")
-    p.add_argument("after", metavar="AFTER", help="the trace to judge against it")
+    p.add_argument("paths", metavar="PATH", nargs="+",
+                   help="BEFORE AFTER (each a trace file, run directory or repeat directory); "
+                        "with --vs: every run of BEFORE; with --noise: runs of one program")
+    p.add_argument("--vs", metavar="AFTER", nargs="+", default=None,
+                   help="the runs of AFTER (the PATHs are then all BEFORE's)")
+    p.add_argument("--noise", action="store_true",
+                   help="only the A/A noise floor of the runs given: how much their p50s differ")
     p.add_argument("--fail-if-slower", metavar="PCT", type=percent, default=None,
                    help="exit 1 when a p50 time is slower by more than PCT%% beyond noise (the "
-                        "whole confidence interval above PCT%%): a regression gate for CI")
+                        "whole confidence interval above PCT%%): a regression gate for CI; "
+                        "needs 2+ runs per side, else exit 3")
+    p.add_argument("--call-level-gate", action="store_true",
+                   help="let the gate judge one run per side on call-level evidence (run-to-run "
+                        "noise unmeasured)")
     p.add_argument("--min-change", metavar="PCT", type=percent, default=DEFAULT_MIN_CHANGE,
                    help="smallest change (in %%) reported as faster/slower")
     p.add_argument("--html", metavar="PATH", default=None,
@@ -76,31 +102,77 @@ def register(sub: Any, formatter: Any) -> None:
     p.set_defaults(func=run_diff)
 
 
+def _sides(args: argparse.Namespace) -> list[list[str]]:
+    if args.noise:
+        if args.vs is not None:
+            raise CLIError("--noise measures the runs of one program: give them as PATHs, no --vs")
+        return [args.paths]
+    if args.vs is not None:
+        return [args.paths, args.vs]
+    if len(args.paths) != 2:
+        raise CLIError(f"{len(args.paths)} paths: give BEFORE AFTER, or the runs of each side "
+                       "as A1 A2 ... --vs B1 B2 ...")
+    return [args.paths[:1], args.paths[1:]]
+
+
+def _runs(paths: list[str], label: str) -> list[list[SpanRow]]:
+    """Every run of one side, each run's attention calls kept apart."""
+    runs = []
+    for path in paths:
+        for where, spans in load_runs(path):
+            found = attention_calls(spans)
+            if not found:
+                raise CLIError(f"{where}: no attention calls in this trace ({label})")
+            runs.append(found)
+    return runs
+
+
+def _label(paths: list[str], runs: int) -> str:
+    shown = " ".join(paths)
+    return shown if runs == 1 else f"{shown} ({runs} runs)"
+
+
 def run_diff(args: argparse.Namespace) -> int:
     check_output(args.html, "--html")  # before the work
     check_output(args.json, "--json")
-    calls = []
-    for label, path in (("BEFORE", args.before), ("AFTER", args.after)):
-        found = attention_calls(load_spans(path))
-        if not found:
-            raise CLIError(f"{path}: no attention calls in this trace ({label})")
-        calls.append(found)
-    result = diary(calls[0], calls[1], min_change=args.min_change / 100, confidence=CONFIDENCE)
+    sides = _sides(args)
+    runs = [_runs(paths, label) for paths, label in zip(sides, ("BEFORE", "AFTER"), strict=False)]
+    if args.noise:
+        return _noise_only(args, _label(sides[0], len(runs[0])), noise(runs[0]))
+    before, after = _label(sides[0], len(runs[0])), _label(sides[1], len(runs[1]))
+    result = diary_runs(runs[0], runs[1], min_change=args.min_change / 100,
+                        confidence=CONFIDENCE)
     if not result.groups:
         raise CLIError(f"no layer/phase is in both traces (BEFORE: "
                        f"{names(result.only_before)}; AFTER: {names(result.only_after)})")
-    failures = (result.gate_failures(args.fail_if_slower / 100)
-                if args.fail_if_slower is not None else [])
+    limit = args.fail_if_slower
+    # A gate with no p50 it could judge gives no verdict rather than a pass.
+    judged = (limit is not None and (result.run_level or args.call_level_gate)
+              and result.p50_judgeable())
+    failures = result.gate_failures(limit / 100) if judged and limit is not None else []
+    floors = [noise(side) for side in runs] if max(len(r) for r in runs) > 1 else []
     if args.html:
         from ._html import write_html  # matplotlib: only for the page
 
-        write_html(args.html, result, args.before, args.after, args.fail_if_slower)
+        write_html(args.html, result, before, after, limit, judged, floors)
     if args.json:
-        _write_json(args.json, to_json(result, before=args.before, after=args.after,
-                                       limit=args.fail_if_slower, failures=failures))
+        _write_json(args.json, to_json(result, before=before, after=after, limit=limit,
+                                       failures=failures, judged=judged, noise=floors))
     if args.json != "-":
-        _print(result, args.before, args.after, args.fail_if_slower, failures)
-    return 1 if failures else 0
+        _print(result, before, after, limit, failures, judged, floors)
+    return 1 if failures else UNJUDGED_EXIT if limit is not None and not judged else 0
+
+
+def _noise_only(args: argparse.Namespace, label: str, floors: list[Noise]) -> int:
+    if args.fail_if_slower is not None or args.html:
+        raise CLIError("--noise prints the noise floor only: no --fail-if-slower or --html")
+    if args.json:
+        _write_json(args.json, noise_json(label, floors))
+    if args.json != "-":
+        console = make_console()
+        console.print(_noise_table(floors, f"attnscope diff --noise  {label}"))
+        console.print(noise_note(floors), soft_wrap=True)
+    return 0
 
 
 def _write_json(path: str, document: dict[str, Any]) -> None:
@@ -115,7 +187,8 @@ def _write_json(path: str, document: dict[str, Any]) -> None:
 
 
 def _print(result: Diary, before: str, after: str, limit: float | None,
-           failures: list[tuple[GroupDiff, Change]]) -> None:
+           failures: list[tuple[GroupDiff, Change]], judged: bool = True,
+           floors: Sequence[list[Noise]] = ()) -> None:
     console = make_console()
     title = f"attnscope diff  BEFORE {before}  →  AFTER {after}"
     table = _table(result.groups, range(len(HEADERS)), title)
@@ -128,8 +201,21 @@ def _print(result: Diary, before: str, after: str, limit: float | None,
                           soft_wrap=True, style="bold")
             for part in fold(console, _group_table(group), len(HEADERS) - 1):
                 console.print(part)
-    for line in notes(result, limit, failures):
+    for side, floor in zip(("BEFORE", "AFTER"), floors, strict=False):
+        console.print(_noise_table(floor, f"A/A noise floor of {side}: how much its runs differ"))
+    if floors:
+        console.print(noise_note([n for floor in floors for n in floor]), soft_wrap=True)
+    for line in notes(result, limit, failures, judged):
         console.print(line, soft_wrap=True)
+
+
+def _noise_table(floors: list[Noise], title: str) -> Any:
+    table = Table(title=title, title_justify="left")
+    for i, header in enumerate(NOISE_HEADERS):
+        table.add_column(header, justify="left" if i in (0, 3) else "right", no_wrap=i != 3)
+    for n in floors:
+        table.add_row(*noise_cells(n))
+    return table
 
 
 def _group_table(group: GroupDiff) -> Callable[[Sequence[int]], Any]:

@@ -1,5 +1,7 @@
-"""``attnscope diff``'s data: the attention calls of two traces, grouped by (module, phase), each
-group present in both compared metric by metric (:mod:`._stats`).
+"""``attnscope diff``'s data: the attention calls of two sides (one run each, or several),
+grouped by (module, phase), each group present in both compared metric by metric: one run per
+side by the call-level bootstrap of :mod:`._stats`, several by the hierarchical bootstrap over
+runs of :mod:`._runs`. A run keeps its calls apart from the other runs' throughout.
 
 Per call, from the span's attributes:
 
@@ -8,21 +10,25 @@ Per call, from the span's attributes:
   ``torch.profiler``, which slows them down and would mix two populations);
 - tokens/s: ``attnscope.tokens`` ÷ that time, for the same calls;
 - memory peak: ``attnscope.memory.peak_bytes``, from every call that has it (the profiled ones on
-  CPU; on CUDA also timed calls with ``reset_peak_memory_stats``).
+  CPU; on CUDA also timed calls with ``reset_peak_memory_stats``). A side that measured it keeps
+  its figure when the other did not (no change to compute: "not measured").
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ._stats import CONFIDENCE, METRICS, Change, compare, gate_failed
+import numpy as np
+
+from ._runs import compare_runs, noise_floor, run_quantiles
+from ._stats import CONFIDENCE, FEW, METRICS, Change, compare, gate_failed
 from ..traces import SpanRow, group_key
 from ..summary import PHASE_ORDER, time_ns
 from ... import _schema as schema
 
-__all__ = ["Key", "GroupDiff", "Diary", "diary", "per_call_values"]
+__all__ = ["Key", "GroupDiff", "Diary", "Noise", "diary", "diary_runs", "noise", "per_call_values"]
 
 Key = tuple[str, str | None]
 
@@ -38,6 +44,13 @@ class GroupDiff:
     clock_before: str   # "device", "wall" or "device+wall": the time the quantiles are of
     clock_after: str
     changes: list[Change]
+    runs_before: int = 1  # runs of each side with calls of this group
+    runs_after: int = 1
+
+    def p50(self) -> Change | None:
+        """The p50 time's change (the gate's and the noise floor's metric)."""
+        return next((c for c in self.changes if c.metric.value == "time" and c.metric.q == 0.5),
+                    None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +62,18 @@ class Diary:
     only_after: list[tuple[Key, int]]
     min_change: float
     confidence: float
+    runs_before: int = 1
+    runs_after: int = 1
+
+    @property
+    def run_level(self) -> bool:
+        """Whether run-to-run noise is measured: at least two runs on each side."""
+        return min(self.runs_before, self.runs_after) >= 2
+
+    def p50_judgeable(self) -> bool:
+        """Whether any group has enough timed calls for a p50 verdict (the gate's metric)."""
+        return any(c.metric.name == "p50" and c.verdict != FEW for g in self.groups
+                   for c in g.changes)
 
     def gate_failures(self, limit: float) -> list[tuple[GroupDiff, Change]]:
         """The p50 times slower than ``limit`` (a fraction) beyond noise."""
@@ -87,32 +112,107 @@ def _order(key: Key, rows: Sequence[SpanRow]) -> tuple[int, str, int]:
     return (index if index is not None else 1 << 30, key[0], PHASE_ORDER.get(key[1], 3))
 
 
-def _group_diff(key: Key, before: Sequence[SpanRow], after: Sequence[SpanRow],
-                min_change: float, confidence: float) -> GroupDiff:
-    vb, va = per_call_values(before), per_call_values(after)
+def _group_diff(key: Key, before: list[list[SpanRow]], after: list[list[SpanRow]],
+                min_change: float, confidence: float, by_runs: bool) -> GroupDiff:
+    """``before``/``after``: the group's calls in each run that has some."""
+    vb = [per_call_values(run) for run in before]
+    va = [per_call_values(run) for run in after]
     changes: list[Change] = []
     for value in dict.fromkeys(m.value for m in METRICS):
         metrics = tuple(m for m in METRICS if m.value == value)
-        changes += compare(vb[value], va[value], metrics, min_change=min_change,
-                           confidence=confidence)
-    return GroupDiff(key[0], key[1], len(before), len(after), _clock(before), _clock(after),
-                     changes)
+        if by_runs:
+            changes += compare_runs([v[value] for v in vb], [v[value] for v in va], metrics,
+                                    min_change=min_change, confidence=confidence)
+        else:
+            changes += compare(vb[0][value], va[0][value], metrics, min_change=min_change,
+                               confidence=confidence)
+    changes = [_one_sided(c, [v[c.metric.value] for v in vb], [v[c.metric.value] for v in va])
+               for c in changes]
+    all_b = [r for run in before for r in run]
+    all_a = [r for run in after for r in run]
+    return GroupDiff(key[0], key[1], len(all_b), len(all_a), _clock(all_b), _clock(all_a),
+                     changes, len(before), len(after))
+
+
+def _one_sided(change: Change, before: Sequence[Sequence[float]],
+               after: Sequence[Sequence[float]]) -> Change:
+    """A metric measured on one side only (memory peak: only profiled calls have one on CPU, and
+    one side may have profiled none) keeps that side's figure — each run's quantile and their
+    median, as with both sides — where the statistics give none for either (no change to
+    compute). The verdict stays "not measured"."""
+    if bool(change.n_before) == bool(change.n_after):
+        return change
+    q = change.metric.q
+    runs = [np.asarray(r, dtype=np.float64) for r in (before if change.n_before else after)]
+    per_run = tuple(float(np.quantile(r[np.isfinite(r)], q)) for r in runs
+                    if np.isfinite(r).any())
+    if not per_run:
+        return change
+    figure = float(np.median(per_run))
+    listed = per_run if max(len(before), len(after)) > 1 else ()
+    if change.n_before:
+        return replace(change, before=figure, runs_before=listed)
+    return replace(change, after=figure, runs_after=listed)
 
 
 def diary(before: Sequence[SpanRow], after: Sequence[SpanRow], *, min_change: float,
           confidence: float = CONFIDENCE) -> Diary:
-    """Compare the attention calls ``before`` and ``after`` (from ``traces.attention_calls``).
-    ``min_change``: the smallest relative change (a fraction) a verdict other than "no change"
-    needs."""
-    gb, ga = _grouped(before), _grouped(after)
-    shared = sorted(set(gb) & set(ga), key=lambda k: _order(k, gb[k]))
+    """Compare the attention calls ``before`` and ``after`` (from ``traces.attention_calls``),
+    one run each. ``min_change``: the smallest relative change (a fraction) a verdict other
+    than "no change" needs."""
+    return diary_runs([before], [after], min_change=min_change, confidence=confidence)
+
+
+def diary_runs(before: Sequence[Sequence[SpanRow]], after: Sequence[Sequence[SpanRow]], *,
+               min_change: float, confidence: float = CONFIDENCE) -> Diary:
+    """Compare the runs ``before`` with the runs ``after`` (each run: its attention calls).
+    Several runs on either side: the hierarchical bootstrap over runs (:mod:`._runs`)."""
+    gb, ga = _grouped_runs(before), _grouped_runs(after)
+    first_b = {k: runs[0] for k, runs in gb.items()}
+    first_a = {k: runs[0] for k, runs in ga.items()}
+    shared = sorted(set(gb) & set(ga), key=lambda k: _order(k, gb[k][0]))
+    by_runs = max(len(before), len(after)) > 1
     return Diary(
-        groups=[_group_diff(k, gb[k], ga[k], min_change, confidence) for k in shared],
-        only_before=_only(gb, ga), only_after=_only(ga, gb),
-        min_change=min_change, confidence=confidence)
+        groups=[_group_diff(k, gb[k], ga[k], min_change, confidence, by_runs) for k in shared],
+        only_before=_only_runs(gb, first_b, ga), only_after=_only_runs(ga, first_a, gb),
+        min_change=min_change, confidence=confidence,
+        runs_before=len(before), runs_after=len(after))
 
 
-def _only(these: Mapping[Key, list[SpanRow]], others: Mapping[Key, list[SpanRow]]
-          ) -> list[tuple[Key, int]]:
-    keys = sorted(set(these) - set(others), key=lambda k: _order(k, these[k]))
-    return [(k, len(these[k])) for k in keys]
+@dataclass(frozen=True, slots=True)
+class Noise:
+    """The A/A noise floor of one group over the runs of one side: each run's p50 time and the
+    largest relative difference between two of them (``nan``: fewer than two runs)."""
+
+    module: str
+    phase: str | None
+    calls: int
+    p50s: tuple[float, ...]
+    spread: float
+
+
+def noise(runs: Sequence[Sequence[SpanRow]]) -> list[Noise]:
+    """The noise floor of every group of ``runs`` (runs of one program), by p50 time."""
+    grouped = _grouped_runs(runs)
+    out = []
+    for key in sorted(grouped, key=lambda k: _order(k, grouped[k][0])):
+        times = [t for run in grouped[key] if (t := per_call_values(run)["time"])]
+        p50s = tuple(float(v) for v in run_quantiles(times, [0.5])[:, 0]) if times else ()
+        out.append(Noise(key[0], key[1], sum(len(run) for run in grouped[key]), p50s,
+                         noise_floor(p50s)))
+    return out
+
+
+def _grouped_runs(runs: Sequence[Sequence[SpanRow]]) -> dict[Key, list[list[SpanRow]]]:
+    """Per group, its calls in each run that has some (in run order)."""
+    out: dict[Key, list[list[SpanRow]]] = defaultdict(list)
+    for run in runs:
+        for key, rows in _grouped(run).items():
+            out[key].append(rows)
+    return out
+
+
+def _only_runs(these: Mapping[Key, list[list[SpanRow]]], first: Mapping[Key, list[SpanRow]],
+               others: Mapping[Key, list[list[SpanRow]]]) -> list[tuple[Key, int]]:
+    keys = sorted(set(these) - set(others), key=lambda k: _order(k, first[k]))
+    return [(k, sum(len(run) for run in these[k])) for k in keys]

@@ -7,8 +7,10 @@ import math
 
 from ..render import html as _html
 from ..render.writer import write_text
-from ._groups import Diary
-from ._text import HEADERS, group_label, notes, row_cells
+from collections.abc import Sequence
+
+from ._groups import Diary, Noise
+from ._text import HEADERS, NOISE_HEADERS, group_label, noise_cells, noise_note, notes, row_cells
 
 __all__ = ["write_html", "render"]
 
@@ -40,19 +42,26 @@ def _plot(result: Diary, limit: float | None) -> str:
     return _html.svg(fig)
 
 
-def render(result: Diary, before: str, after: str, limit: float | None) -> str:
+def render(result: Diary, before: str, after: str, limit: float | None, judged: bool = True,
+           floors: Sequence[list[Noise]] = ()) -> str:
     """The page's HTML text."""
     rows = [[group_label((g.module, g.phase)) if i == 0 else "", *row_cells(g, c)]
             for g in result.groups for i, c in enumerate(g.changes)]
-    lines = "".join(f'<p class="note">{_html.escape(line)}</p>'
-                    for line in notes(result, limit, result.gate_failures(limit / 100)
-                                      if limit is not None else []))
+    failures = result.gate_failures(limit / 100) if limit is not None and judged else []
+    said = notes(result, limit, failures, judged)
+    if floors:
+        said.insert(0, noise_note([n for floor in floors for n in floor]))
+    lines = "".join(f'<p class="note">{_html.escape(line)}</p>' for line in said)
     sections = [("p50 time", _plot(result, limit)),
-                ("All metrics", _html.table(HEADERS, rows, left=(0, 1, 7))),
-                ("Notes", lines)]
+                ("All metrics", _html.table(HEADERS, rows, left=(0, 1, 7)))]
+    for side, floor in zip(("BEFORE", "AFTER"), floors, strict=False):
+        sections.append((f"A/A noise floor of {side}", _html.table(
+            NOISE_HEADERS, [noise_cells(n) for n in floor], left=(0, 3))))
+    sections.append(("Notes", lines))
     return _html.page("attnscope diff", [(h, body) for h, body in sections if body],
                       subtitle=f"BEFORE {before} → AFTER {after}")
 
 
-def write_html(path: str, result: Diary, before: str, after: str, limit: float | None) -> None:
-    write_text(path, render(result, before, after, limit), "--html")
+def write_html(path: str, result: Diary, before: str, after: str, limit: float | None,
+               judged: bool = True, floors: Sequence[list[Noise]] = ()) -> None:
+    write_text(path, render(result, before, after, limit, judged, floors), "--html")

@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ._groups import Diary, GroupDiff, Key
-from ._stats import Change
-from ._text import verdict_text
+from collections.abc import Sequence
 
-__all__ = ["to_json"]
+from ._groups import Diary, GroupDiff, Key, Noise
+from ._stats import Change
+from ._text import UNJUDGED_EXIT, method_note, verdict_text
+
+__all__ = ["to_json", "noise_json"]
 
 _UNITS = {"time": "ns", "tokens_per_s": "tokens/s", "memory": "bytes"}
 
@@ -27,13 +29,16 @@ def _change(c: Change) -> dict[str, Any]:
     return {"metric": c.metric.name, "unit": _UNITS[c.metric.value],
             "quantile": c.metric.q, "before": _number(c.before), "after": _number(c.after),
             "change": _number(c.change), "interval": [_number(c.low), _number(c.high)],
-            "verdict": verdict_text(c), "calls_before": c.n_before, "calls_after": c.n_after}
+            "verdict": verdict_text(c), "calls_before": c.n_before, "calls_after": c.n_after,
+            "runs_before": [_number(v) for v in c.runs_before],
+            "runs_after": [_number(v) for v in c.runs_after]}
 
 
 def _group(g: GroupDiff, failed: set[Key]) -> dict[str, Any]:
     return {"module": g.module, "phase": g.phase, "calls_before": g.calls_before,
             "calls_after": g.calls_after, "clock_before": g.clock_before,
             "clock_after": g.clock_after, "gate_failed": (g.module, g.phase) in failed,
+            "runs_before": g.runs_before, "runs_after": g.runs_after,
             "metrics": [_change(c) for c in g.changes]}
 
 
@@ -41,15 +46,37 @@ def _only(keys: list[tuple[Key, int]]) -> list[dict[str, Any]]:
     return [{"module": module, "phase": phase, "calls": n} for (module, phase), n in keys]
 
 
+def _noise(n: Noise) -> dict[str, Any]:
+    return {"module": n.module, "phase": n.phase, "calls": n.calls,
+            "p50_per_run": [_number(v) for v in n.p50s], "noise_floor": _number(n.spread)}
+
+
+def noise_json(label: str, floors: list[Noise]) -> dict[str, Any]:
+    """The document ``--noise --json`` writes: each group's per-run p50 (ns) and noise floor."""
+    return {"runs_of": label, "noise": [_noise(n) for n in floors]}
+
+
 def to_json(result: Diary, *, before: str, after: str, limit: float | None,
-            failures: list[tuple[GroupDiff, Change]]) -> dict[str, Any]:
-    """The document ``--json`` writes. ``limit``: the gate in percent (None: no gate asked)."""
+            failures: list[tuple[GroupDiff, Change]], judged: bool = True,
+            noise: Sequence[list[Noise]] = ()) -> dict[str, Any]:
+    """The document ``--json`` writes. ``limit``: the gate in percent (None: no gate asked);
+    ``judged``: whether it judged (else ``passed`` is null and the exit code 3)."""
     failed = {(g.module, g.phase) for g, _ in failures}
+    gate = None if limit is None else {
+        "fail_if_slower": limit / 100, "passed": not failures if judged else None,
+        "judged": judged, "exit_code": (1 if failures else 0) if judged else UNJUDGED_EXIT}
     return {
         "before": before, "after": after,
+        "runs": {"before": result.runs_before, "after": result.runs_after},
+        "method": ("hierarchical bootstrap over runs, then calls"
+                   if max(result.runs_before, result.runs_after) > 1 else
+                   "bootstrap over calls (one run per side: run-to-run noise unmeasured)"),
+        "method_note": method_note(result),
+        "run_to_run_noise_measured": result.run_level,
         "confidence": result.confidence, "min_change": result.min_change,
-        "gate": None if limit is None else {"fail_if_slower": limit / 100,
-                                            "passed": not failures},
+        "gate": gate,
+        "noise": {side: [_noise(n) for n in floor]
+                  for side, floor in zip(("before", "after"), noise, strict=False)},
         "groups": [_group(g, failed) for g in result.groups],
         "only_before": _only(result.only_before), "only_after": _only(result.only_after),
     }

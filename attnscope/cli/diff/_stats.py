@@ -20,7 +20,7 @@ from scipy import stats  # type: ignore[import-untyped]
 
 __all__ = [
     "CONFIDENCE", "MIN_CALLS", "RESAMPLES", "TAIL_CALLS", "Change", "Metric", "METRICS",
-    "calls_needed", "compare", "gate_failed", "verdict",
+    "UNSURE", "calls_needed", "too_wide", "compare", "gate_failed", "verdict",
 ]
 
 CONFIDENCE = 0.95
@@ -32,6 +32,7 @@ _BATCH_VALUES = 4_000_000  # resampled values held at once (memory bound for hug
 
 FEW = "too few calls"
 SAME = "no change"
+UNSURE = "inconclusive"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,8 @@ class Change:
     verdict: str
     n_before: int
     n_after: int
+    runs_before: tuple[float, ...] = ()  # the quantile in each run (several runs per side)
+    runs_after: tuple[float, ...] = ()
 
 
 def calls_needed(q: float) -> int:
@@ -78,16 +81,42 @@ def calls_needed(q: float) -> int:
 
 
 def verdict(change: float, low: float, high: float, min_change: float, metric: Metric) -> str:
-    """Worse/better only when the interval excludes zero *and* the estimate moved by at least
-    ``min_change`` (a fraction): the interval answers "is it noise?", ``min_change`` "does it
-    matter?" (and absorbs what the interval cannot see, see docs/cli.md)."""
+    """Worse/better only when the interval excludes zero, the estimate moved by at least
+    ``min_change`` (a fraction) *and* the interval is no wider than the change it judges: the
+    interval answers "is it noise?", ``min_change`` "does it matter?" (and absorbs what the
+    interval cannot see, see docs/cli.md). An interval that excludes zero but is wider than the
+    change is "inconclusive", never worse or better: its ends are too far apart to size the
+    change (a bimodal run, a handful of runs).
+
+    "Wider than the change" is measured on the ratio's log scale (where twice as slow and twice
+    as fast are changes of one size) on the side of the interval that faces no change: a slowdown
+    is inconclusive when its lower end is nearer to no change than to the estimate,
+    ``ln(1 + change) - ln(1 + low) > ln(1 + change) / 2`` (mirrored for a speedup, with the upper
+    end). For a symmetric interval that is exactly "its width exceeds |change|"; a long tail on
+    the far side (one slow run among the AFTER runs) does not make a slowdown doubtful. The
+    issue's A/A pair, +713% in [+10.2%, +18842.6%]: 2.00 > 1.05, inconclusive.
+    """
     if math.isnan(low) or math.isnan(high) or math.isnan(change):
         return SAME  # 0/0 in some resamples: nothing shown beyond noise
-    if low > 0.0 and change >= min_change:
-        return _direction(metric, True)
-    if high < 0.0 and change <= -min_change:
-        return _direction(metric, False)
-    return SAME
+    moved = (low > 0.0 and change >= min_change) or (high < 0.0 and change <= -min_change)
+    if not moved:
+        return SAME
+    if too_wide(change, low, high):
+        return UNSURE
+    return _direction(metric, change > 0)
+
+
+def too_wide(change: float, low: float, high: float) -> bool:
+    """The interval [low, high] wider than ``change`` (see :func:`verdict`): its end facing no
+    change more than halfway back to it on the log-ratio scale. A ratio of 0 or less, or an
+    infinite change, counts as too wide."""
+    if min(low, high, change) <= -1.0 or math.isinf(change):
+        return True
+    size = math.log1p(change)
+    near = low if change > 0 else high
+    if math.isinf(near):
+        return True
+    return 2 * abs(size - math.log1p(near)) > abs(size)
 
 
 def _ratio_statistic(qs: tuple[float, ...]) -> Any:

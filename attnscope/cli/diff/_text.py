@@ -6,11 +6,15 @@ from __future__ import annotations
 import math
 
 from ..render.units import MISSING, quantity
-from ._groups import Diary, GroupDiff
+from ._groups import Diary, GroupDiff, Noise
 from ._stats import FEW, Change, calls_needed
 
-__all__ = ["HEADERS", "group_label", "names", "signed_percent", "interval",
-           "verdict_text", "row_cells", "notes"]
+__all__ = ["HEADERS", "NOISE_HEADERS", "UNJUDGED_EXIT", "group_label", "names", "signed_percent",
+           "interval", "verdict_text", "row_cells", "noise_cells", "noise_note", "notes",
+           "method_note", "gate_unjudged_note"]
+
+UNJUDGED_EXIT = 3  # --fail-if-slower asked for, one run on a side: no verdict either way
+_RUNS_SHOWN = 6    # per-run p50s listed in the noise table (more: the smallest and largest)
 
 
 def names(keys: list[tuple[tuple[str, str | None], int]]) -> str:
@@ -43,7 +47,9 @@ def verdict_text(change: Change) -> str:
     if change.verdict == FEW:
         if not change.n_before or not change.n_after:
             return "not measured"
-        return f"too few calls (< {calls_needed(change.metric.q)})"
+        # over runs, every run needs that many: a side's total may well be larger
+        per_run = " in a run" if max(len(change.runs_before), len(change.runs_after)) > 1 else ""
+        return f"too few calls (< {calls_needed(change.metric.q)}{per_run})"
     return change.verdict
 
 
@@ -59,13 +65,66 @@ HEADERS = ["layer (phase)", "metric", "calls B / A", "BEFORE", "AFTER", "change"
            "verdict"]
 
 
+NOISE_HEADERS = ["layer (phase)", "runs", "calls", "p50 per run", "noise floor"]
+
+
+def noise_cells(n: Noise) -> list[str]:
+    """One row of a noise-floor table: layer, runs, calls, each run's p50, the spread."""
+    shown = list(n.p50s) if len(n.p50s) <= _RUNS_SHOWN else [min(n.p50s), max(n.p50s)]
+    joined = (", " if len(n.p50s) <= _RUNS_SHOWN else " … ").join(
+        quantity(v, "time") for v in shown)
+    spread = MISSING if math.isnan(n.spread) else f"{n.spread * 100:.1f}%"
+    return [group_label((n.module, n.phase)), str(len(n.p50s)), str(n.calls), joined or MISSING,
+            spread]
+
+
+def noise_note(floors: list[Noise]) -> str:
+    """The line under the noise-floor tables: what the floor is and the largest seen."""
+    spreads = [n.spread for n in floors if not math.isnan(n.spread)]
+    line = ("noise floor = largest per-run p50 / smallest - 1: the largest p50 change two runs "
+            "of the same program showed here")
+    if not spreads:
+        return line + " (needs 2+ runs with timed calls)"
+    return (line + f"; largest {max(spreads) * 100:.1f}%: set --fail-if-slower above the floor "
+            "of runs like these")
+
+
+def method_note(result: Diary) -> str:
+    """The first note: how the change and its interval were computed."""
+    rule = (f"a verdict needs the interval to exclude 0, |change| >= {result.min_change:.0%} and "
+            "the interval no wider than the change (its end facing 0 at most halfway back to 0, "
+            "on the log scale; else inconclusive). Time: timed calls (profiled calls left out); "
+            "memory peak: the calls that measured it.")
+    if result.run_level:
+        return (f"change = AFTER / BEFORE - 1 of each side's median over runs of the per-run "
+                f"quantile ({result.runs_before} BEFORE runs, {result.runs_after} AFTER runs); "
+                f"{result.confidence:.0%} hierarchical bootstrap interval (runs, then calls "
+                f"within each run): run-to-run noise is in it; {rule}")
+    sides = ("one run per side" if max(result.runs_before, result.runs_after) == 1 else
+             f"{result.runs_before} BEFORE run(s), {result.runs_after} AFTER run(s)")
+    return (f"change = AFTER / BEFORE - 1; {sides}: run-to-run noise is unmeasured (the "
+            f"{result.confidence:.0%} interval resamples the calls inside each run, not runs); "
+            f"{rule}")
+
+
+def gate_unjudged_note(limit: float, too_few: bool = False) -> str:
+    """Why the gate gave no verdict: one run per side, or (``too_few``) no layer with enough
+    timed calls for a p50 verdict, which would otherwise read as a pass."""
+    if too_few:
+        return (f"gate not judged (exit {UNJUDGED_EXIT}): --fail-if-slower {limit:g} found no "
+                f"layer with enough timed calls in every run for a p50 verdict "
+                f"({calls_needed(0.5)} per run); record more calls per run (a longer program, "
+                "or a higher --sample-rate)")
+    return (f"gate not judged (exit {UNJUDGED_EXIT}): --fail-if-slower {limit:g} needs 2+ runs "
+            "on each side; for a verdict record them with `attnscope run --repeat 3 --out DIR "
+            "-- CMD` on each side and diff the two directories (or pass --call-level-gate to "
+            "judge on call-level evidence alone)")
+
+
 def notes(result: Diary, limit: float | None,
-          failures: list[tuple[GroupDiff, Change]]) -> list[str]:
+          failures: list[tuple[GroupDiff, Change]], judged: bool = True) -> list[str]:
     """The lines under the table: method, clocks, one-sided groups, the gate's outcome."""
-    lines = [f"change = AFTER / BEFORE - 1; {result.confidence:.0%} bootstrap interval over the "
-             f"calls in each file (not over runs); a verdict needs the interval to exclude 0 and "
-             f"|change| >= {result.min_change:.0%}. Time: timed calls (profiled calls left out); "
-             "memory peak: the calls that measured it."]
+    lines = [method_note(result)]
     for g in result.groups:
         if g.clock_before != g.clock_after:
             lines.append(f"warning: {group_label((g.module, g.phase))}: BEFORE timed by "
@@ -73,7 +132,9 @@ def notes(result: Diary, limit: float | None,
     for label, only in (("BEFORE", result.only_before), ("AFTER", result.only_after)):
         for key, n in only:
             lines.append(f"only in {label}: {group_label(key)}, {n} calls")
-    if limit is not None:
+    if limit is not None and not judged:
+        lines.append(gate_unjudged_note(limit, not result.p50_judgeable()))
+    elif limit is not None:
         if failures:
             lines += [f"FAIL: {group_label((g.module, g.phase))} p50 {signed_percent(c.change)} "
                       f"(interval {interval(c)}) is slower by more than {limit:g}% beyond noise"
