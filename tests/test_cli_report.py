@@ -106,7 +106,7 @@ def test_numbers_match_the_spans(traces: TraceFiles, tmp_path: Path) -> None:
         g = groups[key]
         timed = [t for t in tags if t["attnscope.tier"] == "timing"] or tags
         walls = np.array([t["attnscope.wall_ns"] for t in timed], dtype=float)
-        tokens = sum(t["attnscope.tokens"] for t in timed)
+        tokens = sum(t["attnscope.tokens"] for t in timed)  # rates: of the timed calls
         flops = sum(t["attnscope.flops"] for t in timed)
         assert g["calls"] == len(tags)
         assert g["estimated_calls"] == pytest.approx(sum(1 / t["attnscope.sample_rate"]
@@ -114,9 +114,14 @@ def test_numbers_match_the_spans(traces: TraceFiles, tmp_path: Path) -> None:
         assert g["wall_ns"]["p50"] == pytest.approx(np.percentile(walls, 50))
         assert g["wall_ns"]["p99"] == pytest.approx(np.percentile(walls, 99))
         assert g["wall_ns"]["max"] == walls.max()
-        assert g["tokens"] == tokens and g["flops"] == flops
+        # totals: of every sampled call, the profiled ones included
+        assert g["tokens"] == sum(t["attnscope.tokens"] for t in tags)
+        assert g["flops"] == sum(t["attnscope.flops"] for t in tags)
         assert g["tokens_per_s"] == pytest.approx(tokens / walls.sum() * 1e9)
         assert g["tflops"] == pytest.approx(flops / walls.sum() / 1e3)
+        assert g["wall_ns"]["min"] == walls.min()
+        assert g["wall_ns"]["p5"] == pytest.approx(np.percentile(walls, 5))
+        assert g["wall_ns"]["p95"] == pytest.approx(np.percentile(walls, 95))
         # $3.60 an hour is $0.001 a second
         assert g["cost_per_1k_tokens_usd"] == pytest.approx(walls.sum() / 1e9 * 1e-3 / tokens
                                                             * 1e3)
@@ -274,3 +279,305 @@ def test_html_renders_in_chromium(traces: TraceFiles, tmp_path: Path) -> None:
     console = [line for line in done.stderr.splitlines() if "CONSOLE" in line
                or "Uncaught" in line or "net::ERR" in line]
     assert not console, console
+
+
+# -- synthetic traces: every attribute known, every figure computed here from them -------------
+
+
+def _tag(key: str, value: Any) -> dict[str, Any]:
+    kind = "string" if isinstance(value, str) else "float64" if isinstance(value, float) \
+        else "int64"
+    return {"key": key, "type": kind, "value": value}
+
+
+class _Trace:
+    """Spans for a Jaeger JSON file, and what each call's row should be (``expect``)."""
+
+    def __init__(self) -> None:
+        self.spans: list[dict[str, Any]] = []
+        self.calls: list[dict[str, Any]] = []  # the attributes of each attention call written
+
+    def call(self, module: str, phase: str | None, expect: str | None, *, wall: int,
+             tokens: int, flops: int, tier: str = "timing", backend: str | None = None,
+             core: int | None = None, peak: int | None = None, device: int | None = None,
+             rate: float = 1.0, inner: str | None = None) -> None:
+        n = len(self.spans)
+        attrs: dict[str, Any] = {
+            "attnscope.tier": tier, "attnscope.module": module, "attnscope.wall_ns": wall,
+            "attnscope.tokens": tokens, "attnscope.flops": flops, "attnscope.num_heads": 4,
+            "attnscope.sample_rate": rate, "attnscope.layer_index": int(module.split(".")[1])}
+        for key, value in (("attnscope.phase", phase), ("attnscope.backend", backend),
+                           ("attnscope.core_ns", core), ("attnscope.memory.peak_bytes", peak),
+                           ("attnscope.device_ns", device)):
+            if value is not None:
+                attrs[key] = value
+        span_id = f"{n + 1:016x}"
+        self.spans.append({"traceID": "a" * 32, "spanID": span_id, "operationName": module,
+                           "references": [], "startTime": 1_000_000 + 10 * n,
+                           "duration": wall // 1000, "processID": "p1",
+                           "tags": [_tag(k, v) for k, v in attrs.items()]})
+        if inner:  # the function the layer called, traced inside it (the site's code)
+            self.spans.append({"traceID": "a" * 32, "spanID": f"{n + 1:08x}{'f' * 8}",
+                               "operationName": inner, "startTime": 1_000_001 + 10 * n,
+                               "references": [{"refType": "CHILD_OF", "spanID": span_id}],
+                               "duration": 1, "processID": "p1",
+                               "tags": [_tag("attnscope.tier", "timing")]})
+        self.calls.append(attrs | {"expect": expect})
+
+    def write(self, path: Path) -> Path:
+        path.write_text(json.dumps({"data": [{"traceID": "a" * 32, "spans": self.spans,
+                                              "processes": {"p1": {"serviceName": "svc"}}}]}))
+        return path
+
+
+def _mixed(rate: float = 0.5) -> _Trace:
+    """Four layers: blocks.0 with two sites (its calls run `impl.fast` or `impl.slow` inside),
+    blocks.1 with one (device time on some calls), blocks.2 whose profiled calls disagree, and
+    blocks.3 that nothing profiled."""
+    t = _Trace()
+    for i in range(6):
+        t.call("blocks.0.attn", "decode", "flash", wall=100_000 + 7_000 * i, tokens=40,
+               flops=9_000_000 + i, inner="impl.fast", rate=rate)
+        t.call("blocks.0.attn", "decode", "math", wall=300_000 + 11_000 * i ** 2, tokens=40,
+               flops=9_000_000, inner="impl.slow", rate=rate)
+    t.call("blocks.0.attn", "decode", "flash", wall=900_000, tokens=40, flops=9_000_000,
+           tier="profile", backend="flash", core=60_000, peak=547 * 1024, inner="impl.fast")
+    t.call("blocks.0.attn", "decode", "math", wall=2_000_000, tokens=40, flops=9_000_000,
+           tier="profile", backend="math", core=250_000, peak=600_000, inner="impl.slow")
+    for i in range(5):  # 240 tokens, 160 of them in timed calls
+        t.call("blocks.1.attn", "prefill", "flash", wall=500_000 + 3_000 * i, tokens=80,
+               flops=40_000_000, device=400_000 + 5_000 * i if i % 2 else None, rate=rate)
+    t.call("blocks.1.attn", "prefill", "flash", wall=1_500_000, tokens=80, flops=40_000_000,
+           tier="profile", backend="flash", core=300_000, peak=1 << 20)
+    for i in range(4):
+        t.call("blocks.2.attn", "decode", None, wall=200_000 + 1_000 * i, tokens=10,
+               flops=1_000_000)
+    t.call("blocks.2.attn", "decode", "flash", wall=700_000, tokens=10, flops=1_000_000,
+           tier="profile", backend="flash", core=90_000)
+    t.call("blocks.2.attn", "decode", "math", wall=800_000, tokens=10, flops=1_000_000,
+           tier="profile", backend="math", core=95_000)
+    for i in range(3):
+        t.call("blocks.3.attn", "decode", None, wall=150_000 + 2_000 * i, tokens=10,
+               flops=1_000_000)
+    return t
+
+
+def _time(a: dict[str, Any]) -> int:
+    return int(a.get("attnscope.device_ns") or a["attnscope.wall_ns"])
+
+
+def _expected(calls: list[dict[str, Any]], price: float) -> dict[str, Any]:
+    """One row's figures, from the attributes written (the rule in docs/cli.md)."""
+    timed = [a for a in calls if a["attnscope.tier"] == "timing"] or calls
+    walls = np.array([a["attnscope.wall_ns"] for a in timed], dtype=float)
+    profiled = [a for a in calls if a["attnscope.tier"] == "profile"]
+    time_ = sum(_time(a) for a in timed)
+    tok_s = sum(a["attnscope.tokens"] for a in timed) / time_ * 1e9
+    cored = [a for a in profiled if "attnscope.core_ns" in a]
+    peaks = [a["attnscope.memory.peak_bytes"] for a in calls if "attnscope.memory.peak_bytes" in a]
+    return {
+        "calls": len(calls), "profiled_calls": len(profiled), "latency_calls": len(timed),
+        "estimated_calls": pytest.approx(sum(1 / a["attnscope.sample_rate"] for a in calls)),
+        "tokens": sum(a["attnscope.tokens"] for a in calls),
+        "flops": sum(a["attnscope.flops"] for a in calls),
+        "wall_ns": {"min": walls.min(), "max": walls.max(), **{
+            f"p{q}": pytest.approx(np.percentile(walls, q)) for q in (5, 50, 95, 99)}},
+        "time_ns": time_, "tokens_per_s": pytest.approx(tok_s),
+        "tflops": pytest.approx(sum(a["attnscope.flops"] for a in timed) / time_ / 1e3),
+        "core_tflops": pytest.approx(sum(a["attnscope.flops"] for a in cored)
+                                     / sum(a["attnscope.core_ns"] for a in cored) / 1e3)
+        if cored else None,
+        "memory_peak_bytes": max(peaks) if peaks else None,
+        "cost_per_1k_tokens_usd": pytest.approx(price / 3600 / tok_s * 1e3),
+    }
+
+
+def _rows_of(calls: list[dict[str, Any]]) -> dict[tuple[str, str | None, str | None],
+                                                  list[dict[str, Any]]]:
+    out: dict[tuple[str, str | None, str | None], list[dict[str, Any]]] = defaultdict(list)
+    for a in calls:
+        out[(a["attnscope.module"], a.get("attnscope.phase"), a["expect"])].append(a)
+    return out
+
+
+def _main_json(capsys: pytest.CaptureFixture[str], *args: str | Path) -> dict[str, Any]:
+    from attnscope.cli import main
+
+    assert main(["report", *map(str, args), "--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    return dict(json.loads(out))
+
+
+def test_rows_split_by_backend_measured_or_of_the_site(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = _mixed()
+    report = _main_json(capsys, trace.write(tmp_path / "t.json"))
+    got = {(g["module"], g["phase"], g["backend"]): g["label"] for g in report["groups"]}
+    assert got == {
+        ("blocks.0.attn", "decode", "flash"): "blocks.0.attn · flash",  # impl.fast's site
+        ("blocks.0.attn", "decode", "math"): "blocks.0.attn · math",    # impl.slow's site
+        ("blocks.1.attn", "prefill", "flash"): "blocks.1.attn",  # one backend: no suffix
+        ("blocks.2.attn", "decode", None): "blocks.2.attn · —",  # profiled calls disagree
+        ("blocks.2.attn", "decode", "flash"): "blocks.2.attn · flash",
+        ("blocks.2.attn", "decode", "math"): "blocks.2.attn · math",
+        ("blocks.3.attn", "decode", None): "blocks.3.attn"}  # nothing profiled: unknown
+    assert set(got) == set(_rows_of(trace.calls))
+    # in the order of the layers, then of each row's first call
+    assert [g["label"] for g in report["groups"]][:2] == ["blocks.0.attn · flash",
+                                                          "blocks.0.attn · math"]
+    by_key = {(g["module"], g["phase"], g["backend"]): g for g in report["groups"]}
+    assert by_key[("blocks.0.attn", "decode", "flash")]["backends"] == {"flash": 1}
+    assert by_key[("blocks.2.attn", "decode", "flash")]["latency_of"] == "profiled"
+    assert by_key[("blocks.2.attn", "decode", None)]["latency_of"] == "timed"
+
+
+def test_every_figure_of_every_row_against_the_spans(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = _mixed()
+    report = _main_json(capsys, trace.write(tmp_path / "t.json"), "--price-per-hour", "2.5")
+    expected = {key: _expected(calls, 2.5) for key, calls in _rows_of(trace.calls).items()}
+    for g in report["groups"]:
+        want = expected[(g["module"], g["phase"], g["backend"])]
+        assert {k: g[k] for k in want} == want, g["label"]
+    blocks1 = next(g for g in report["groups"] if g["module"] == "blocks.1.attn")
+    assert blocks1["tokens"] == 480  # the profiled call's 80 tokens count (timed only: 400)
+    assert blocks1["device_ns"]["p50"] == pytest.approx(np.percentile(
+        [a["attnscope.device_ns"] for a in trace.calls if "attnscope.device_ns" in a
+         and a["attnscope.tier"] == "timing"], 50))
+    # all layers: counts and FLOPs of every call, tokens of the busiest module, tok/s a
+    # token's time through every layer, core FLOP/s of every profiled call
+    calls = trace.calls
+    timed = [a for a in calls if a["attnscope.tier"] == "timing"]
+    per_module: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for a in timed:
+        per_module[a["attnscope.module"]].append(a)
+    seconds_per_token = sum(sum(_time(a) for a in m) / 1e9 / sum(a["attnscope.tokens"] for a in m)
+                            for m in per_module.values())
+    cored = [a for a in calls if "attnscope.core_ns" in a]
+    o = report["overall"]
+    assert o["calls"] == len(calls) and o["profiled_calls"] == len(calls) - len(timed)
+    assert o["flops"] == sum(a["attnscope.flops"] for a in calls)
+    totals: dict[str, int] = defaultdict(int)
+    for a in calls:
+        totals[a["attnscope.module"]] += a["attnscope.tokens"]
+    assert o["tokens"] == max(totals.values())
+    assert o["time_ns"] == sum(_time(a) for a in timed)
+    assert o["tokens_per_s"] == pytest.approx(1 / seconds_per_token)
+    assert o["tflops"] == pytest.approx(sum(a["attnscope.flops"] for a in timed)
+                                        / sum(_time(a) for a in timed) / 1e3)
+    assert o["core_tflops"] == pytest.approx(sum(a["attnscope.flops"] for a in cored)
+                                             / sum(a["attnscope.core_ns"] for a in cored) / 1e3)
+    assert o["cost_per_1k_tokens_usd"] == pytest.approx(2.5 / 3600 * seconds_per_token * 1e3)
+    walls = np.array([a["attnscope.wall_ns"] for a in timed], dtype=float)
+    assert o["wall_ns"]["min"] == walls.min() and o["wall_ns"]["max"] == walls.max()
+    assert o["wall_ns"]["p5"] == pytest.approx(np.percentile(walls, 5))
+    assert o["memory_peak_bytes"] == 1 << 20
+
+
+def _cells(stdout: str, title: str, label: str, phase: str) -> list[str]:
+    """The cells of one row of the table titled ``title`` (split on runs of 2+ spaces)."""
+    table = stdout.split(title, 1)[1]
+    line = next(x for x in table.splitlines() if re.match(rf"\s*{re.escape(label)}\s+{phase}\b",
+                                                          x))
+    return re.split(r"\s{2,}", line.strip())
+
+
+def test_the_terminal_tables_print_those_figures(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from attnscope.cli import main
+    from attnscope.cli.render.units import duration, si
+
+    trace = _mixed()
+    path = trace.write(tmp_path / "t.json")
+    assert main(["report", str(path), "--price-per-hour", "2.5"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and max(len(x.rstrip()) for x in out.splitlines()) <= 100, out
+    rows = _rows_of(trace.calls)
+    for (module, phase, backend), label in (
+            (("blocks.0.attn", "decode", "math"), "blocks.0.attn · math"),
+            (("blocks.1.attn", "prefill", "flash"), "blocks.1.attn")):
+        want = _expected(rows[(module, phase, backend)], 2.5)
+        calls = rows[(module, phase, backend)]
+        assert _cells(out, "Calls per attention layer", label, phase) == [
+            label, phase, str(len(calls)), f"{want['estimated_calls'].expected:,.0f}",
+            str(want["profiled_calls"]), f"{want['tokens']:,}", si(want["flops"]), backend]
+        walls = np.array([a["attnscope.wall_ns"] for a in calls
+                          if a["attnscope.tier"] == "timing"], dtype=float)
+        assert _cells(out, "Latency per attention layer", label, phase)[2:] == [
+            duration(v) for v in (walls.min(), *np.percentile(walls, [5, 50, 95, 99]),
+                                  walls.max())]
+        assert _cells(out, "Throughput per attention layer", label, phase)[2:5] == [
+            duration(want["time_ns"]), si(want["tokens_per_s"].expected),
+            si(want["tflops"].expected * 1e12)]
+        assert _cells(out, "Cost at $2.5", label, phase)[2:] == [
+            si(want["tokens_per_s"].expected),
+            f"{want['cost_per_1k_tokens_usd'].expected:.3g}"]
+    assert "Sampled calls: counts, tokens, FLOPs, mem peak · timed: latency" in out
+    assert _cells(out, "Latency per attention layer", "blocks.2.attn · flash",
+                  "decode")[-1].endswith(" *")  # latency of profiled calls only: marked
+    assert "Device time per attention layer" in out  # blocks.1 measured some
+
+
+def test_est_calls_only_when_a_sample_rate_is_below_1(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from attnscope.cli import main
+
+    for rate, shown in ((1.0, False), (0.5, True)):
+        path = _mixed(rate).write(tmp_path / f"{rate}.json")
+        html = tmp_path / f"{rate}.html"
+        assert main(["report", str(path), "--html", str(html)]) == 0
+        out, _ = capsys.readouterr()
+        assert ("est. calls" in out) is shown, out
+        assert ("≈" in out.splitlines()[1]) is shown
+        assert ("<th>est. calls</th>" in html.read_text()) is shown
+    # the page's row of one of blocks.0's backends: the same figures as the JSON
+    from attnscope.cli.render.units import duration
+
+    calls = _rows_of(_mixed().calls)[("blocks.0.attn", "decode", "math")]
+    walls = np.array([a["attnscope.wall_ns"] for a in calls if a["attnscope.tier"] == "timing"],
+                     dtype=float)
+    row = re.search(r"<tr><td class=\"l\">blocks\.0\.attn · math</td>(.*?)</tr>",
+                    (tmp_path / "0.5.html").read_text())
+    assert row is not None
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1))
+    assert cells[:4] == ["decode", str(len(calls)),
+                         f"{sum(1 / a['attnscope.sample_rate'] for a in calls):,.0f}", "1"]
+    percentiles = np.percentile(walls, [5, 50, 95, 99])
+    assert cells[5:11] == [duration(v) for v in (walls.min(), *percentiles, walls.max())]
+    assert cells[-1] == "math"
+
+
+def test_the_demo_trace_reports_two_rows_per_layer_as_its_tables(tmp_path: Path) -> None:
+    """`attnscope demo` runs attention.naive then attention.sdpa through the same 4 layers: its
+    trace's report has one row per layer and backend, with the calls of each implementation."""
+    trace = tmp_path / "demo.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ATTNSCOPE_", "OTEL_"))}
+    demo = subprocess.run([sys.executable, "-m", "attnscope", "demo", "--steps", "3",
+                           "--seq-len", "32", "--jaeger-json", str(trace)], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=tmp_path)
+    assert demo.returncode == 0, demo.stderr
+    report = _json_report(trace, tmp_path)
+    spans = {s["spanID"]: s for s in jaeger_spans(trace)}
+
+    def implementation(span: dict[str, Any]) -> str:
+        while "demo.implementation" not in span["tags"]:
+            span = spans[next(r["spanID"] for r in span["references"]
+                              if r["refType"] == "CHILD_OF")]
+        return str(span["tags"]["demo.implementation"])
+
+    expected: dict[tuple[str, str], int] = defaultdict(int)
+    for s in _raw_calls(trace):  # the layers' spans (the traced functions inside have no module)
+        if "attnscope.module" in s["tags"]:
+            expected[(s["tags"]["attnscope.module"], implementation(s))] += 1
+    names = {"naive_attention": "math", "sdpa_attention": "flash"}
+    got = {(g["module"], g["backend"]): g["calls"] for g in report["groups"]}
+    assert got == {(module, names[impl]): n for (module, impl), n in expected.items()}
+    assert len(got) == 8  # 4 layers × 2 implementations
+    for g in report["groups"]:
+        assert g["label"] == f"{g['module']} · {g['backend']}"
+    # the demo's own tables, one per implementation, count the same calls per layer
+    for impl, table in zip(names, demo.stdout.split("attnscope report — ")[1:], strict=True):
+        for (module, which), n in expected.items():
+            if which == impl:
+                assert re.search(rf"\n\s*{re.escape(module)}\s+—\s+{n}\s", table), table

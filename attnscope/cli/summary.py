@@ -1,20 +1,31 @@
-"""Per-layer, per-phase summaries of the attention calls in a trace (numpy, no plotting).
+"""Per-layer, per-phase, per-backend summaries of the attention calls in a trace (numpy only).
 
-What the numbers are:
+Rows: one per (module, phase, backend): ``traces.group_key`` and the backend of
+``traces.call_backends`` (measured by a profiled call, or that of the call's site; ``None`` when
+unknown). A layer and phase that ran under several backends get one row per backend, labelled
+``module · backend`` (else the label is the module).
 
-- ``calls``: sampled calls in the file; ``estimated_calls``: the sum of ``1/attnscope.sample_rate``
-  over them, the number of calls the program made if sampling was uniform. Everything else is
-  computed from the sampled calls only (a percentile is one of the sampled calls).
-- Time, tokens, FLOPs and their rates come from the timed calls: profiled ones ran under
-  ``torch.profiler``, which slows them (when every call was profiled, from those).
-- Time is device time (``attnscope.device_ns``) where a call has it, else wall time; quantiles
-  are numpy's default (linear interpolation) of wall and device time separately.
-- Rates are totals over totals: tokens/s = Σ tokens ÷ Σ time, TFLOP/s = Σ FLOPs ÷ Σ time,
-  core TFLOP/s = Σ FLOPs ÷ Σ ``attnscope.core_ns`` over the profiled calls that have it.
+What the numbers are — counts and totals from **every sampled call**, latency and rates from the
+**timed** calls (the profiled ones ran under ``torch.profiler``, which slows them; a row whose
+calls were all profiled takes them, and says so in ``latency_of``):
+
+- ``calls``: sampled calls; ``estimated_calls``: Σ ``1/attnscope.sample_rate`` over them (the calls
+  the program made if sampling was uniform); ``profiled``; ``latency_calls``: the calls the
+  percentiles and rates are of.
+- ``tokens``, ``flops``: Σ ``attnscope.tokens`` / ``attnscope.flops`` over every sampled call
+  that has one (a profiled call saw its tokens like any other).
+- Latency: quantiles (numpy's default, linear interpolation) of ``attnscope.wall_ns`` and,
+  separately, ``attnscope.device_ns``; ``time_ns``: Σ time of the timed calls, a call's time
+  being its device time where measured, else its wall time.
+- Rates: tokens/s = Σ tokens ÷ Σ time over the timed calls that have tokens; TFLOP/s the same with
+  FLOPs; core TFLOP/s = Σ FLOPs ÷ Σ ``attnscope.core_ns`` over the **profiled** calls that have
+  both (core time is measured under the profiler: it can come out below TFLOP/s).
+- ``all layers``: counts, FLOPs and time summed over every layer; tokens are those of the module
+  that saw the most (every token passes every layer once); tokens/s = 1 ÷ Σ over modules of
+  (Σ time ÷ Σ tokens of its timed calls), the attention time a token spends in all layers.
 - Kernels/ops: from profiled calls' ``attnscope.kernel.top_names``/``top_ns`` (each call's five
   biggest), as a share of their ``attnscope.kernel.total_ns``.
-- Cost per 1,000 tokens: price per hour × Σ time ÷ Σ tokens × 1,000 (attention time only).
-  Overall, the tokens are those of the layer that saw the most (every token passes every layer).
+- Cost per 1,000 tokens: price per second ÷ tokens/s × 1,000 (attention time only).
 """
 
 from __future__ import annotations
@@ -24,19 +35,21 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .traces import SpanRow, group_key
+from .traces import GroupKey, SpanRow, call_backends, group_key
 from .. import _schema as schema
 
-__all__ = ["Quantiles", "GroupStats", "Summary", "summarize", "quantiles", "time_ns",
-           "operator_spans", "PHASE_ORDER"]
+__all__ = ["Quantiles", "GroupStats", "Summary", "summarize", "quantiles", "time_ns", "wall_ns",
+           "latency_rows", "operator_spans", "PHASE_ORDER"]
 
 PHASE_ORDER = {"prefill": 0, "decode": 1, None: 2}
 
 
 @dataclass(frozen=True, slots=True)
 class Quantiles:
-    """Of nanosecond values: p50, p95, p99, max."""
+    """Of nanosecond values: min, p5, p50, p95, p99, max."""
 
+    min: float
+    p5: float
     p50: float
     p95: float
     p99: float
@@ -45,23 +58,27 @@ class Quantiles:
 
 @dataclass(frozen=True, slots=True)
 class GroupStats:
-    """One (module, phase): the numbers of the report's table rows."""
+    """One (module, phase, backend): the numbers of the report's table rows."""
 
     module: str
     phase: str | None
+    backend: str | None  # measured or inherited (traces.call_backends); None: unknown
+    label: str           # the module, with " · backend" when its phase ran under several
     calls: int
     estimated_calls: float
     profiled: int
+    latency_calls: int   # the calls the percentiles, time and rates are of
+    latency_of: str      # "timed", or "profiled" when every call of the row was profiled
     wall: Quantiles
     device: Quantiles | None
-    time_ns: int  # Σ device time where measured, else wall time
+    time_ns: int  # Σ device time where measured, else wall time, of the latency calls
     tokens: int | None
     flops: int | None
     tokens_per_s: float | None
     tflops: float | None
     core_tflops: float | None
     memory_peak_bytes: int | None
-    backends: Mapping[str, int]
+    backends: Mapping[str, int]  # calls that recorded attnscope.backend themselves, per name
     kernels: list[tuple[str, int, float]]  # (name, ns, share of profiled kernel time)
     cost_per_1k_tokens: float | None
 
@@ -76,14 +93,25 @@ class Summary:
     sample_rates: list[float]
     price_per_hour: float | None
     services: list[str] = field(default_factory=list)
+    labels: Mapping[tuple[str, str], str] = field(default_factory=dict)  # call id -> row label
+
+    @property
+    def sampled(self) -> bool:
+        """Whether some sample rate is below 1 (then estimated call counts are shown)."""
+        return any(rate < 1 for rate in self.sample_rates)
+
+    def label_of(self, row: SpanRow) -> str:
+        """The row label of one of the summarised calls."""
+        return self.labels.get((row.trace_id, row.span_id), group_key(row)[0])
 
 
 def quantiles(values: Sequence[float]) -> Quantiles:
     import numpy as np
 
     arr = np.asarray(values, dtype=np.float64)
-    p50, p95, p99 = np.percentile(arr, [50, 95, 99])
-    return Quantiles(float(p50), float(p95), float(p99), float(arr.max()))
+    p5, p50, p95, p99 = np.percentile(arr, [5, 50, 95, 99])
+    return Quantiles(float(arr.min()), float(p5), float(p50), float(p95), float(p99),
+                     float(arr.max()))
 
 
 def time_ns(row: SpanRow) -> int:
@@ -91,13 +119,41 @@ def time_ns(row: SpanRow) -> int:
     device = row.attributes.get(schema.DEVICE_NS.name)
     if isinstance(device, int) and device > 0:
         return device
+    return wall_ns(row)
+
+
+def wall_ns(row: SpanRow) -> int:
+    """The call's wall time (``attnscope.wall_ns``, else the span's length)."""
     wall = row.attributes.get(schema.WALL_NS.name)
-    return wall if isinstance(wall, int) else row.duration_ns
+    return wall if isinstance(wall, int) and not isinstance(wall, bool) else row.duration_ns
+
+
+def _int(row: SpanRow, key: str) -> int | None:
+    value = row.attributes.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _ints(rows: Iterable[SpanRow], key: str) -> list[int]:
-    return [v for r in rows if isinstance(v := r.attributes.get(key), int)
-            and not isinstance(v, bool)]
+    return [v for r in rows if (v := _int(r, key)) is not None]
+
+
+def _profiled(row: SpanRow) -> bool:
+    return row.attributes.get(schema.TIER.name) == "profile"
+
+
+def latency_rows(rows: Sequence[SpanRow]) -> list[SpanRow]:
+    """The calls latency and rates are of: the timed ones, else (all profiled) all of them."""
+    return [r for r in rows if not _profiled(r)] or list(rows)
+
+
+def _over_time(rows: Sequence[SpanRow], key: str) -> tuple[int, int] | None:
+    """(Σ ``key``, Σ time) over the calls of ``rows`` that have ``key``; None when none has."""
+    having = [(v, time_ns(r)) for r in rows if (v := _int(r, key)) is not None]
+    return (sum(v for v, _ in having), sum(t for _, t in having)) if having else None
+
+
+def _rate(pair: tuple[int, int] | None) -> float | None:
+    return pair[0] / pair[1] * 1e9 if pair and pair[0] and pair[1] else None
 
 
 def _kernels(rows: Sequence[SpanRow]) -> list[tuple[str, int, float]]:
@@ -116,68 +172,95 @@ def _kernels(rows: Sequence[SpanRow]) -> list[tuple[str, int, float]]:
     return [(name, ns, ns / total if total else 0.0) for name, ns in by_name.most_common()]
 
 
-def _stats(module: str, phase: str | None, rows: Sequence[SpanRow],
-           price_per_hour: float | None, tokens: int | None = None) -> GroupStats:
-    # profiled calls ran under torch.profiler, which slows them: time from the timed ones
-    timed = [r for r in rows if r.attributes.get(schema.TIER.name) != "profile"] or list(rows)
-    walls = _ints(timed, schema.WALL_NS.name) or [r.duration_ns for r in timed]
+def _stats(key: GroupKey, label: str, rows: Sequence[SpanRow], price_per_hour: float | None,
+           tokens: int | None = None, tokens_per_s: float | None = None) -> GroupStats:
+    """One row. ``tokens``/``tokens_per_s``: given for the overall row (see the module doc)."""
+    timed = latency_rows(rows)
     devices = _ints(timed, schema.DEVICE_NS.name)
-    total_ns = sum(time_ns(r) for r in timed)
-    with_tokens = [r for r in timed if isinstance(r.attributes.get(schema.TOKENS.name), int)]
-    if tokens is None and with_tokens:
-        tokens = sum(_ints(with_tokens, schema.TOKENS.name))
-    token_ns = sum(time_ns(r) for r in with_tokens) if with_tokens else total_ns
-    with_flops = [r for r in timed if isinstance(r.attributes.get(schema.FLOPS.name), int)]
-    flops = sum(_ints(with_flops, schema.FLOPS.name)) if with_flops else None
-    flop_ns = sum(time_ns(r) for r in with_flops)
-    cored = [r for r in rows if isinstance(r.attributes.get(schema.FLOPS.name), int)
-             and isinstance(r.attributes.get(schema.CORE_NS.name), int)]
-    core_ns = sum(_ints(cored, schema.CORE_NS.name))
-    profiled = [r for r in rows if r.attributes.get(schema.TIER.name) == "profile"]
+    all_tokens, all_flops = _ints(rows, schema.TOKENS.name), _ints(rows, schema.FLOPS.name)
+    if tokens is None and all_tokens:
+        tokens = sum(all_tokens)
+    if tokens_per_s is None:
+        tokens_per_s = _rate(_over_time(timed, schema.TOKENS.name))
+    profiled = [r for r in rows if _profiled(r)]
+    cored = [(f, c) for r in profiled if (f := _int(r, schema.FLOPS.name)) is not None
+             and (c := _int(r, schema.CORE_NS.name))]
+    core = _rate((sum(f for f, _ in cored), sum(c for _, c in cored))) if cored else None
+    flop_rate = _rate(_over_time(timed, schema.FLOPS.name))
     peaks = _ints(rows, schema.PEAK_BYTES.name)
     backends = Counter(str(r.attributes[schema.BACKEND.name]) for r in rows
                        if schema.BACKEND.name in r.attributes)
     return GroupStats(
-        module=module, phase=phase, calls=len(rows),
-        estimated_calls=sum(1.0 / _rate(r) for r in rows), profiled=len(profiled),
-        wall=quantiles(walls), device=quantiles(devices) if devices else None,
-        time_ns=total_ns, tokens=tokens, flops=flops,
-        tokens_per_s=tokens / token_ns * 1e9 if tokens and token_ns else None,
-        tflops=flops / flop_ns / 1e3 if flops is not None and flop_ns else None,
-        core_tflops=sum(_ints(cored, schema.FLOPS.name)) / core_ns / 1e3 if core_ns else None,
+        module=key[0], phase=key[1], backend=key[2], label=label, calls=len(rows),
+        estimated_calls=sum(1.0 / _sample_rate(r) for r in rows), profiled=len(profiled),
+        latency_calls=len(timed),
+        latency_of="timed" if any(not _profiled(r) for r in rows) else "profiled",
+        wall=quantiles([wall_ns(r) for r in timed]),
+        device=quantiles(devices) if devices else None,
+        time_ns=sum(time_ns(r) for r in timed), tokens=tokens,
+        flops=sum(all_flops) if all_flops else None, tokens_per_s=tokens_per_s,
+        tflops=flop_rate / 1e12 if flop_rate is not None else None,
+        core_tflops=core / 1e12 if core is not None else None,
         memory_peak_bytes=max(peaks) if peaks else None, backends=dict(backends),
         kernels=_kernels(profiled),
-        cost_per_1k_tokens=(price_per_hour * token_ns / 3.6e12 / tokens * 1e3
-                            if price_per_hour is not None and tokens else None))
+        cost_per_1k_tokens=(price_per_hour / 3600 / tokens_per_s * 1e3
+                            if price_per_hour is not None and tokens_per_s else None))
 
 
-def _rate(row: SpanRow) -> float:
+def _sample_rate(row: SpanRow) -> float:
     rate = row.attributes.get(schema.SAMPLE_RATE.name)
     return float(rate) if isinstance(rate, (int, float)) and 0 < rate <= 1 else 1.0
 
 
-def _order(key: tuple[str, str | None], rows: Sequence[SpanRow]) -> tuple[Any, ...]:
+def _order(key: GroupKey, rows: Sequence[SpanRow]) -> tuple[Any, ...]:
     index = rows[0].attributes.get(schema.LAYER_INDEX.name)
-    return (index if isinstance(index, int) else 1 << 30, key[0], PHASE_ORDER.get(key[1], 3))
+    return (index if isinstance(index, int) else 1 << 30, key[0], PHASE_ORDER.get(key[1], 3),
+            min(r.start_ns for r in rows), key[2] or "")
+
+
+def _overall_tokens_per_s(calls: Sequence[SpanRow]) -> float | None:
+    """1 ÷ Σ over modules of (Σ time ÷ Σ tokens of its timed calls): a token passes every
+    layer once, so its attention time is the sum of the layers' time per token."""
+    per_module: dict[str, list[SpanRow]] = defaultdict(list)
+    for row in calls:
+        per_module[group_key(row)[0]].append(row)
+    seconds_per_token = 0.0
+    for rows in per_module.values():
+        pair = _over_time(latency_rows(rows), schema.TOKENS.name)
+        if pair and pair[0]:
+            seconds_per_token += pair[1] / 1e9 / pair[0]
+    return 1.0 / seconds_per_token if seconds_per_token > 0 else None
 
 
 def summarize(calls: Sequence[SpanRow], price_per_hour: float | None = None,
-              top: int = 5) -> Summary:
-    """The report's numbers for ``calls`` (from :func:`attnscope.cli.traces.attention_calls`)."""
-    grouped: dict[tuple[str, str | None], list[SpanRow]] = defaultdict(list)
+              top: int = 5, rows: Sequence[SpanRow] | None = None) -> Summary:
+    """The report's numbers for ``calls`` (from :func:`attnscope.cli.traces.attention_calls`).
+    ``rows``: every span of the trace, whose call spans nested in ``calls`` tell their sites
+    apart (:func:`attnscope.cli.traces.call_backends`); default ``calls``."""
+    backend_of = call_backends(calls if rows is None else rows, calls)
+    grouped: dict[GroupKey, list[SpanRow]] = defaultdict(list)
     for row in calls:
-        grouped[group_key(row)].append(row)
+        module, phase = group_key(row)
+        grouped[(module, phase, backend_of.get((row.trace_id, row.span_id)))].append(row)
     keys = sorted(grouped, key=lambda k: _order(k, grouped[k]))
-    groups = [_stats(k[0], k[1], grouped[k], price_per_hour) for k in keys]
+    # a label names the backend where one layer and phase ran under several
+    backends_per_row: dict[tuple[str, str | None], set[str | None]] = defaultdict(set)
+    for k in keys:
+        backends_per_row[(k[0], k[1])].add(k[2])
+    label = {k: f"{k[0]} · {k[2] or '—'}" if len(backends_per_row[(k[0], k[1])]) > 1 else k[0]
+             for k in keys}
+    groups = [_stats(k, label[k], grouped[k], price_per_hour) for k in keys]
     per_module: Counter[str] = Counter()
     for g in groups:
         per_module[g.module] += g.tokens or 0
     most_tokens = max(per_module.values(), default=0) or None
-    overall = _stats("all layers", None, calls, price_per_hour, tokens=most_tokens)
+    overall = _stats(("all layers", None, None), "all layers", calls, price_per_hour,
+                     tokens=most_tokens, tokens_per_s=_overall_tokens_per_s(calls))
     slowest = sorted(calls, key=lambda r: (-time_ns(r), r.start_ns))[:top]
-    rates = sorted({_rate(r) for r in calls})
+    rates = sorted({_sample_rate(r) for r in calls})
     services = sorted({r.service for r in calls if r.service})
-    return Summary(groups, overall, slowest, rates, price_per_hour, services)
+    labels = {(r.trace_id, r.span_id): label[k] for k, members in grouped.items() for r in members}
+    return Summary(groups, overall, slowest, rates, price_per_hour, services, labels)
 
 
 def operator_spans(rows: Sequence[SpanRow], call: SpanRow) -> list[SpanRow]:

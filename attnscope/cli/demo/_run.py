@@ -170,13 +170,14 @@ def _print_reports(trace_path: str, jaeger_json: str | None, html: str | None,
         mine = [c for c in calls if _implementation(c, by_id) == impl.__name__]
         source = f"attention.{label}" + (f" in {jaeger_json}" if jaeger_json else "")
         print("", file=out)
-        render_terminal(summarize(mine, top=_TOP), source=source, spans=len(rows), top=_TOP,
-                        out=out)
+        render_terminal(summarize(mine, top=_TOP, rows=rows), source=source, spans=len(rows),
+                        top=_TOP, out=out)
     if html:
         from ..report._html import render_html  # matplotlib: only for the page
 
-        write_text(html, render_html(summarize(calls, top=_TOP), rows, source=trace_path,
-                                     top=_TOP), "--html")
+        # the whole trace: a row per layer and backend (naive's "math", SDPA's "flash")
+        write_text(html, render_html(summarize(calls, top=_TOP, rows=rows), rows,
+                                     source=trace_path, top=_TOP), "--html")
     return len(rows)
 
 

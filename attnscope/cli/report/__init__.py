@@ -35,9 +35,11 @@ def register(sub: Any, formatter: Any) -> None:
         help="summarise a trace: latency, throughput and kernels per attention layer",
         description="Summarise the attention calls in a trace file (Jaeger JSON or OTLP/JSON "
                     "lines) or an `attnscope run` directory: per layer and phase (prefill / "
-                    "decode) latency percentiles, tokens/s, achieved FLOP/s, memory peak, "
-                    "backend, top kernels and the slowest calls.\n\nPercentiles are of the "
-                    "sampled calls; 'est. calls' re-weights the count by 1/sample_rate.")
+                    "decode) and backend: calls, tokens, latency percentiles, tokens/s, achieved "
+                    "FLOP/s, memory peak, top kernels and the slowest calls.\n\nCounts and "
+                    "totals are of every sampled call; latency and rates of the timed ones "
+                    "(profiled calls are slowed by the profiler); 'est. calls' re-weights the "
+                    "count by 1/sample_rate.")
     p.add_argument("trace", metavar="FILE_OR_DIR", help="trace file or `attnscope run` directory")
     p.add_argument("--html", metavar="PATH", help="also write a self-contained HTML report")
     p.add_argument("--json", metavar="PATH", help="also write the numbers as JSON ('-': stdout)")
@@ -71,7 +73,7 @@ def run_report(trace: str | os.PathLike[str], *, html: str | None = None,
     check_output(json_path, "--json")
     rows = load_spans(trace)
     calls = attention_calls(rows)
-    summary = summarize(calls, price_per_hour=price_per_hour, top=top)
+    summary = summarize(calls, price_per_hour=price_per_hour, top=top, rows=rows)
     document = to_json(summary, source=os.fspath(trace), spans=len(rows), top=top)
     if json_path == "-":
         print(json.dumps(document, indent=2), file=out)
@@ -90,13 +92,15 @@ def run_report(trace: str | os.PathLike[str], *, html: str | None = None,
 
 
 def _quantiles_json(q: Quantiles | None) -> dict[str, float] | None:
-    return None if q is None else {"p50": q.p50, "p95": q.p95, "p99": q.p99, "max": q.max}
+    return None if q is None else {"min": q.min, "p5": q.p5, "p50": q.p50, "p95": q.p95,
+                                   "p99": q.p99, "max": q.max}
 
 
 def _group_json(g: GroupStats) -> dict[str, Any]:
     return {
-        "module": g.module, "phase": g.phase, "calls": g.calls,
-        "estimated_calls": g.estimated_calls, "profiled_calls": g.profiled,
+        "module": g.module, "phase": g.phase, "backend": g.backend, "label": g.label,
+        "calls": g.calls, "estimated_calls": g.estimated_calls, "profiled_calls": g.profiled,
+        "latency_calls": g.latency_calls, "latency_of": g.latency_of,
         "wall_ns": _quantiles_json(g.wall), "device_ns": _quantiles_json(g.device),
         "time_ns": g.time_ns, "tokens": g.tokens, "flops": g.flops,
         "tokens_per_s": g.tokens_per_s, "tflops": g.tflops, "core_tflops": g.core_tflops,
@@ -106,13 +110,14 @@ def _group_json(g: GroupStats) -> dict[str, Any]:
     }
 
 
-def _call_json(row: SpanRow) -> dict[str, Any]:
+def _call_json(summary: Summary, row: SpanRow) -> dict[str, Any]:
     module, phase = group_key(row)
     a = row.attributes
-    return {"module": module, "phase": phase, "name": row.name, "trace_id": row.trace_id,
-            "span_id": row.span_id, "start_unix_ns": row.start_ns, "start": when(row.start_ns),
-            "wall_ns": a.get(schema.WALL_NS.name), "device_ns": a.get(schema.DEVICE_NS.name),
-            "time_ns": time_ns(row), "tier": a.get(schema.TIER.name)}
+    return {"module": module, "phase": phase, "label": summary.label_of(row), "name": row.name,
+            "trace_id": row.trace_id, "span_id": row.span_id, "start_unix_ns": row.start_ns,
+            "start": when(row.start_ns), "wall_ns": a.get(schema.WALL_NS.name),
+            "device_ns": a.get(schema.DEVICE_NS.name), "time_ns": time_ns(row),
+            "tier": a.get(schema.TIER.name)}
 
 
 def to_json(summary: Summary, *, source: str, spans: int, top: int) -> dict[str, Any]:
@@ -125,70 +130,97 @@ def to_json(summary: Summary, *, source: str, spans: int, top: int) -> dict[str,
         "overall": _group_json(summary.overall) | {
             "kernels": [{"name": n, "ns": ns, "share": s}
                         for n, ns, s in summary.overall.kernels[:top]]},
-        "slowest": [_call_json(r) for r in summary.slowest],
+        "slowest": [_call_json(summary, r) for r in summary.slowest],
     }
 
 
 # -- terminal -------------------------------------------------------------------------------
 
+# Which calls each figure is of, under the tables (the header line says how many are timed).
+WHICH_CALLS = ("Sampled calls: counts, tokens, FLOPs, mem peak · timed: latency, time, rates · "
+               "profiled: core FLOP/s")
+
 
 def render_terminal(summary: Summary, *, source: str, spans: int, top: int, out: Any) -> None:
     """The report as rich tables on ``out`` (100 columns when not a terminal)."""
     console = make_console(out, width=100)
-    sampled = [r for r in summary.sample_rates if r < 1]
     rates = ", ".join(f"{r:g}" for r in summary.sample_rates)
-    console.print(f"[bold]attnscope report[/bold] — {source}")
-    console.print(f"{spans} spans, {summary.overall.calls} attention calls sampled "
-                  f"(sample rate {rates}"
-                  + (f"; ≈ {summary.overall.estimated_calls:,.0f} calls made" if sampled else "")
-                  + f"), {summary.overall.profiled} profiled.")
-    console.print("Times are of the sampled calls that were not profiled (the profiler slows "
-                  "a call).")
-    device = any(g.device for g in summary.groups)
-    lat = _table("Latency per attention layer (wall time)",
-                 ("layer", "phase", "calls") + (("est. calls",) if sampled else ())
-                 + ("p50", "p95", "p99", "max") + (("device p50", "device p99") if device else ()))
-    for g in [*summary.groups, summary.overall]:
-        cells = [g.module, g.phase or MISSING, str(g.calls)] \
-            + ([f"{g.estimated_calls:,.0f}"] if sampled else []) \
-            + [duration(v) for v in (g.wall.p50, g.wall.p95, g.wall.p99, g.wall.max)]
-        if device:
-            cells += [duration(g.device.p50 if g.device else None),
-                      duration(g.device.p99 if g.device else None)]
-        lat.add_row(*cells, style="bold" if g is summary.overall else None,
-                    end_section=g is summary.groups[-1])
-    console.print(lat)
+    o = summary.overall
+    console.print(f"[bold]attnscope report[/bold] — {source}", highlight=False)
+    console.print(f"{spans} spans, {o.calls} attention calls sampled (sample rate {rates}"
+                  + (f"; ≈ {o.estimated_calls:,.0f} calls made" if summary.sampled else "")
+                  + f"): {o.calls - o.profiled} timed, {o.profiled} profiled.", highlight=False)
+    console.print(_calls_table(summary))
+    console.print(_latency_table(
+        summary, "Latency per attention layer (wall time of the timed calls: the profiler slows "
+        "a call)", lambda g: g.wall))
+    if any(g.device for g in summary.groups):
+        console.print(_latency_table(summary, "Device time per attention layer (timed calls)",
+                                     lambda g: g.device))
     console.print(_throughput_table(summary))
+    console.print(WHICH_CALLS, highlight=False)
+    if any(g.latency_of == "profiled" for g in summary.groups):
+        console.print("* every call of the row was profiled: its latency, time and rates are of "
+                      "profiled calls.", highlight=False)
     if summary.price_per_hour is not None:
         console.print(_cost_table(summary))
     _kernels_and_slowest(console, summary, top)
 
 
+def _rows(summary: Summary) -> list[GroupStats]:
+    return [*summary.groups, summary.overall]
+
+
+def _add(t: Table, summary: Summary, g: GroupStats, cells: list[str]) -> None:
+    t.add_row(g.label, g.phase or MISSING, *cells,
+              style="bold" if g is summary.overall else None,
+              end_section=bool(summary.groups) and g is summary.groups[-1])
+
+
+def _calls_table(summary: Summary) -> Table:
+    sampled = summary.sampled
+    t = _table("Calls per attention layer (every sampled call)",
+               ("layer", "phase", "calls") + (("est. calls",) if sampled else ())
+               + ("profiled", "tokens", "FLOPs", "backend"))
+    for g in _rows(summary):
+        _add(t, summary, g, [str(g.calls)] + ([f"{g.estimated_calls:,.0f}"] if sampled else [])
+             + [str(g.profiled), MISSING if g.tokens is None else f"{g.tokens:,}", si(g.flops),
+                (g.backend or MISSING) if g is not summary.overall
+                else ",".join(sorted({b.backend for b in summary.groups if b.backend}))
+                or MISSING])
+    return t
+
+
+def _latency_table(summary: Summary, title: str, pick: Any) -> Table:
+    t = _table(title, ("layer", "phase", "min", "p5", "p50", "p95", "p99", "max"))
+    for g in _rows(summary):
+        q: Quantiles | None = pick(g)
+        values = (q.min, q.p5, q.p50, q.p95, q.p99, q.max) if q else (None,) * 6
+        cells = [duration(v) for v in values]
+        if g.latency_of == "profiled":
+            cells[-1] += " *"
+        _add(t, summary, g, cells)
+    return t
+
+
 def _throughput_table(summary: Summary) -> Table:
-    t = _table("Throughput per attention layer (totals ÷ total time)",
-               ("layer", "phase", "time", "tok/s", "FLOP/s", "core FLOP/s", "mem peak",
-                "backend"))
-    for g in [*summary.groups, summary.overall]:
-        cells = [g.module, g.phase or MISSING, duration(g.time_ns), si(g.tokens_per_s),
-                 si(g.tflops * 1e12 if g.tflops is not None else None),
-                 si(g.core_tflops * 1e12 if g.core_tflops is not None else None),
-                 bytes_(g.memory_peak_bytes), ",".join(sorted(g.backends)) or MISSING]
-        t.add_row(*cells, style="bold" if g is summary.overall else None,
-                  end_section=g is summary.groups[-1])
+    t = _table("Throughput per attention layer (the timed calls' tokens or FLOPs ÷ their time)",
+               ("layer", "phase", "time", "tok/s", "FLOP/s", "core FLOP/s", "mem peak"))
+    for g in _rows(summary):
+        _add(t, summary, g, [duration(g.time_ns), si(g.tokens_per_s),
+                             si(g.tflops * 1e12 if g.tflops is not None else None),
+                             si(g.core_tflops * 1e12 if g.core_tflops is not None else None),
+                             bytes_(g.memory_peak_bytes)])
     return t
 
 
 def _cost_table(summary: Summary) -> Table:
     """Cost per 1,000 tokens at the given device price (its own table: 100 columns hold it)."""
-    t = _table(f"Cost at ${summary.price_per_hour:g} per device-hour (attention time only)",
-               ("layer", "phase", "time", "tokens", "$/1k tok"))
-    for g in [*summary.groups, summary.overall]:
+    t = _table(f"Cost at ${summary.price_per_hour:g} per device-hour (attention only: "
+               "price/s ÷ tok/s)", ("layer", "phase", "tok/s", "$/1k tok"))
+    for g in _rows(summary):
         cost = g.cost_per_1k_tokens
-        t.add_row(g.module, g.phase or MISSING, duration(g.time_ns),
-                  MISSING if g.tokens is None else f"{g.tokens:,}",
-                  MISSING if cost is None else f"{cost:.3g}",
-                  style="bold" if g is summary.overall else None,
-                  end_section=g is summary.groups[-1])
+        _add(t, summary, g, [si(g.tokens_per_s), MISSING if cost is None else f"{cost:.3g}"])
     return t
 
 
@@ -214,7 +246,6 @@ def _kernels_and_slowest(console: Any, summary: Summary, top: int) -> None:
     s = _table("Slowest calls",
                ("layer", "phase", "time", "start (UTC)", "trace id"))
     for row in summary.slowest:
-        module, phase = group_key(row)
-        s.add_row(module, phase or MISSING, duration(time_ns(row)), when(row.start_ns)[11:23],
-                  row.trace_id)
+        s.add_row(summary.label_of(row), group_key(row)[1] or MISSING, duration(time_ns(row)),
+                  when(row.start_ns)[11:23], row.trace_id)
     console.print(s)

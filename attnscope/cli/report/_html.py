@@ -15,7 +15,7 @@ from matplotlib.ticker import FuncFormatter
 
 from ..render.html import PALETTE, escape, figure, page, svg, table
 from ..render.units import MISSING, duration, si, when
-from ..summary import GroupStats, Summary, operator_spans, time_ns
+from ..summary import GroupStats, Summary, latency_rows, operator_spans, time_ns, wall_ns
 from ..traces import SpanRow, attention_calls, group_key
 from ... import _schema as schema
 
@@ -32,7 +32,7 @@ def render_html(summary: Summary, rows: Sequence[SpanRow], *, source: str, top: 
         ("Latency distribution per layer", _latency_plot(summary, calls)),
         ("Time per layer: prefill vs decode", _time_plot(summary)),
         ("Kernels and operators of the profiled calls", _kernel_plot(summary, top, duration)),
-        ("Timeline of one profiled call", _timeline(rows, calls, duration)),
+        ("Timeline of one profiled call", _timeline(summary, rows, calls, duration)),
         ("Slowest calls", _slowest(summary, duration)),
     ]
     rates = ", ".join(f"{r:g}" for r in summary.sample_rates)
@@ -43,55 +43,61 @@ def render_html(summary: Summary, rows: Sequence[SpanRow], *, source: str, top: 
 
 
 def _label(g: GroupStats) -> str:
-    return f"{g.module} · {g.phase}" if g.phase else g.module
+    return f"{g.label} · {g.phase}" if g.phase else g.label
 
 
 def _numbers(summary: Summary, duration: Any, si: Any) -> str:
-    cost = summary.price_per_hour is not None
-    headers = ["layer", "phase", "calls", "est. calls", "p50", "p95", "p99", "max", "tokens/s",
-               "FLOP/s", "core FLOP/s", "backend"] + (["$ / 1k tokens"] if cost else [])
+    cost, sampled = summary.price_per_hour is not None, summary.sampled
+    headers = (["layer", "phase", "calls"] + (["est. calls"] if sampled else [])
+               + ["profiled", "tokens", "min", "p5", "p50", "p95", "p99", "max", "tokens/s",
+                  "FLOP/s", "core FLOP/s", "backend"] + (["$ / 1k tokens"] if cost else []))
     body = []
     for g in [*summary.groups, summary.overall]:
-        row = [g.module, g.phase or MISSING, g.calls, f"{g.estimated_calls:,.0f}",
-               *(duration(v) for v in (g.wall.p50, g.wall.p95, g.wall.p99, g.wall.max)),
+        w = g.wall
+        row = [g.label, g.phase or MISSING, g.calls] \
+            + ([f"{g.estimated_calls:,.0f}"] if sampled else []) \
+            + [g.profiled, MISSING if g.tokens is None else f"{g.tokens:,}",
+               *(duration(v) for v in (w.min, w.p5, w.p50, w.p95, w.p99, w.max)),
                si(g.tokens_per_s), si(g.tflops * 1e12 if g.tflops is not None else None),
                si(g.core_tflops * 1e12 if g.core_tflops is not None else None),
-               ", ".join(sorted(g.backends)) or MISSING]
+               (g.backend or MISSING) if g is not summary.overall else MISSING]
         if cost:
             row.append(MISSING if g.cost_per_1k_tokens is None else f"{g.cost_per_1k_tokens:.3g}")
         body.append(row)
-    note = ("<p class=\"note\">Percentiles are of wall time over the sampled calls that were not "
-            "profiled (the profiler slows a call); 'est. calls' re-weights the count by "
-            "1/sample_rate. Rates are totals over total time (device time where measured); "
-            "core FLOP/s uses the profiled calls' attention-core time.</p>")
-    return note + table(headers, body, left=(0, 1, 11))
+    note = ("<p class=\"note\">Calls, tokens and FLOPs are of every sampled call; percentiles "
+            "(wall time), tokens/s and FLOP/s of the timed calls, those not profiled (the "
+            "profiler slows a call): Σ tokens or FLOPs ÷ Σ time (device time where measured) "
+            "over them; core FLOP/s: the profiled calls' FLOPs ÷ their attention-core time."
+            + (" 'est. calls' re-weights the count by 1/sample_rate." if sampled else "")
+            + " A layer that ran under several backends has one row per backend.</p>")
+    return note + table(headers, body, left=(0, 1, len(headers) - 1 - int(cost)))
 
 
 def _latency_plot(summary: Summary, calls: Sequence[SpanRow]) -> str:
     groups = summary.groups
     if not groups:
         return "<p class=\"note\">No attention calls.</p>"
-    values: dict[tuple[str, str | None], list[float]] = {}
+    values: dict[tuple[str, str | None], list[SpanRow]] = {}
     for r in calls:
-        values.setdefault(group_key(r), []).append(
-            float(r.attributes.get(schema.WALL_NS.name, r.duration_ns)) / 1e6)
+        values.setdefault((summary.label_of(r), group_key(r)[1]), []).append(r)
     fig = figure(11, 0.9 + 0.42 * len(groups))
     ax = fig.subplots()
-    data = [values[(g.module, g.phase)] for g in groups]
+    data = [[wall_ns(r) / 1e6 for r in latency_rows(values[(g.label, g.phase)])]
+            for g in groups]
     positions = list(range(len(groups)))[::-1]
     parts = ax.boxplot(data, positions=positions, orientation="horizontal", widths=0.6,
                        patch_artist=True, showfliers=False, medianprops={"color": "#1d2330"})
     for patch, g in zip(parts["boxes"], groups, strict=False):
         patch.set_facecolor(_PHASE_COLOUR.get(g.phase, PALETTE[2]))
         patch.set_alpha(0.55)
-    for pos, vals, g in zip(positions, data, groups, strict=False):  # every sampled call as a dot
+    for pos, vals, g in zip(positions, data, groups, strict=False):  # every timed call as a dot
         jitter = [pos + ((i * 7919) % 100 - 50) / 220 for i in range(len(vals))]
         ax.scatter(vals, jitter, s=16, color=_PHASE_COLOUR.get(g.phase, PALETTE[2]),
                    edgecolors="none", alpha=0.8, zorder=3)
     ax.set_yticks(positions, [_label(g) for g in groups], fontsize=9)
     ax.set_xscale("log")
     _plain_ticks(ax)
-    ax.set_xlabel("wall time per call (ms, log scale)")
+    ax.set_xlabel("wall time per timed call (ms, log scale)")
     ax.grid(axis="x", color="#e6e8ec", which="both")
     ax.set_axisbelow(True)
     _legend(ax, {g.phase for g in groups})
@@ -111,7 +117,7 @@ def _legend(ax: Any, phases: set[str | None]) -> None:
 
 
 def _time_plot(summary: Summary) -> str:
-    modules = list(dict.fromkeys(g.module for g in summary.groups))
+    modules = list(dict.fromkeys(g.label for g in summary.groups))
     if not modules:
         return "<p class=\"note\">No attention calls.</p>"
     fig = figure(11, 0.9 + 0.38 * len(modules))
@@ -120,13 +126,13 @@ def _time_plot(summary: Summary) -> str:
     y = list(range(len(modules)))[::-1]
     phases = [p for p in ("prefill", "decode", None) if any(g.phase == p for g in summary.groups)]
     for phase in phases:
-        widths = [sum(g.time_ns for g in summary.groups if g.module == m and g.phase == phase)
+        widths = [sum(g.time_ns for g in summary.groups if g.label == m and g.phase == phase)
                   / 1e6 for m in modules]
         ax.barh(y, widths, left=left, color=_PHASE_COLOUR[phase], label=phase or "no phase",
                 height=0.6)
         left = [a + b for a, b in zip(left, widths, strict=False)]
     ax.set_yticks(y, modules, fontsize=9)
-    ax.set_xlabel("total time of the sampled calls (ms)")
+    ax.set_xlabel("total time of the timed calls (ms)")
     ax.grid(axis="x", color="#e6e8ec")
     ax.set_axisbelow(True)
     if len(phases) > 1:
@@ -167,7 +173,8 @@ def _depths(call: SpanRow, ops: Sequence[SpanRow]) -> dict[str, int]:
     return depth
 
 
-def _timeline(rows: Sequence[SpanRow], calls: Sequence[SpanRow], duration: Any) -> str:
+def _timeline(summary: Summary, rows: Sequence[SpanRow], calls: Sequence[SpanRow],
+              duration: Any) -> str:
     profiled = [(c, operator_spans(rows, c)) for c in calls
                 if c.attributes.get(schema.TIER.name) == "profile"]
     profiled = [(c, ops) for c, ops in profiled if ops]
@@ -190,8 +197,8 @@ def _timeline(rows: Sequence[SpanRow], calls: Sequence[SpanRow], duration: Any) 
     ax.set_xlim(0, call.duration_ns / 1e6)
     ax.set_yticks([-d for d in range(levels)], [f"depth {d}" for d in range(levels)], fontsize=8)
     ax.set_xlabel("ms since the call started")
-    module, phase = group_key(call)
-    note = (f"<p class=\"note\">{escape(module)} ({escape(phase or 'no phase')}), "
+    note = (f"<p class=\"note\">{escape(summary.label_of(call))} "
+            f"({escape(group_key(call)[1] or 'no phase')}), "
             f"{duration(time_ns(call))}, trace {escape(call.trace_id)}: its {len(ops)} operator "
             "spans as they ran (nested ops below their parent; small ops are folded into their "
             "parent by attnscope).</p>")
@@ -199,7 +206,7 @@ def _timeline(rows: Sequence[SpanRow], calls: Sequence[SpanRow], duration: Any) 
 
 
 def _slowest(summary: Summary, duration: Any) -> str:
-    body = [[*group_key(r)[:1], group_key(r)[1] or MISSING, duration(time_ns(r)), when(r.start_ns),
-             r.trace_id, r.span_id] for r in summary.slowest]
+    body = [[summary.label_of(r), group_key(r)[1] or MISSING, duration(time_ns(r)),
+             when(r.start_ns), r.trace_id, r.span_id] for r in summary.slowest]
     return table(["layer", "phase", "time", "start (UTC)", "trace id", "span id"], body,
                  left=(0, 1, 3, 4, 5))
