@@ -16,6 +16,7 @@ import pytest
 
 from attnscope.cli import main
 from attnscope.cli.run._output import ENV_PARENT, process_tag
+from tests.support.cli_errors import usage_error
 
 TIMEOUT = 180
 
@@ -334,16 +335,7 @@ def test_an_existing_sitecustomize_still_runs(tmp_path: Path) -> None:
 
 
 def _bad(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    try:
-        code = main(["run", *argv])
-    except SystemExit as exc:
-        code = exc.code  # type: ignore[assignment]
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert len(err.strip().splitlines()) == 1, err
-    assert err.startswith("attnscope run: error: "), err  # the command's name, not a list
-    assert "Traceback" not in err
-    return err
+    return usage_error(capsys, "run", argv)
 
 
 def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -20,6 +20,7 @@ import pytest
 
 from attnscope.cli import main
 from attnscope.cli.run._repeat import split_alternate
+from tests.support.cli_errors import usage_error
 
 TIMEOUT = 180
 TRACE_FILES = ["traces.jaeger.json", "traces.otlp.jsonl"]
@@ -203,15 +204,7 @@ def test_ctrl_c_stops_the_repeat_with_130(tmp_path: Path) -> None:
 
 
 def _bad(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    try:
-        code = main(["run", *argv])
-    except SystemExit as exc:
-        code = exc.code  # type: ignore[assignment]
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert len(err.strip().splitlines()) == 1, err
-    assert err.startswith("attnscope run: error: "), err
-    return err
+    return usage_error(capsys, "run", argv)
 
 
 def test_bad_input_is_one_line_and_nothing_runs(tmp_path: Path,
