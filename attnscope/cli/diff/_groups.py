@@ -18,9 +18,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-
-import numpy as np
+from dataclasses import dataclass
 
 from ._runs import compare_runs, noise_floor, run_quantiles
 from ._stats import CONFIDENCE, FEW, METRICS, Change, compare, gate_failed
@@ -126,33 +124,10 @@ def _group_diff(key: Key, before: list[list[SpanRow]], after: list[list[SpanRow]
         else:
             changes += compare(vb[0][value], va[0][value], metrics, min_change=min_change,
                                confidence=confidence)
-    changes = [_one_sided(c, [v[c.metric.value] for v in vb], [v[c.metric.value] for v in va])
-               for c in changes]
     all_b = [r for run in before for r in run]
     all_a = [r for run in after for r in run]
     return GroupDiff(key[0], key[1], len(all_b), len(all_a), _clock(all_b), _clock(all_a),
                      changes, len(before), len(after))
-
-
-def _one_sided(change: Change, before: Sequence[Sequence[float]],
-               after: Sequence[Sequence[float]]) -> Change:
-    """A metric measured on one side only (memory peak: only profiled calls have one on CPU, and
-    one side may have profiled none) keeps that side's figure — each run's quantile and their
-    median, as with both sides — where the statistics give none for either (no change to
-    compute). The verdict stays "not measured"."""
-    if bool(change.n_before) == bool(change.n_after):
-        return change
-    q = change.metric.q
-    runs = [np.asarray(r, dtype=np.float64) for r in (before if change.n_before else after)]
-    per_run = tuple(float(np.quantile(r[np.isfinite(r)], q)) for r in runs
-                    if np.isfinite(r).any())
-    if not per_run:
-        return change
-    figure = float(np.median(per_run))
-    listed = per_run if max(len(before), len(after)) > 1 else ()
-    if change.n_before:
-        return replace(change, before=figure, runs_before=listed)
-    return replace(change, after=figure, runs_after=listed)
 
 
 def diary(before: Sequence[SpanRow], after: Sequence[SpanRow], *, min_change: float,

@@ -30,8 +30,8 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from ._stats import (CONFIDENCE, FEW, RESAMPLES, SAME, SEED, Change, Metric, calls_needed,
-                     verdict)
+from ._stats import (CONFIDENCE, RESAMPLES, SEED, Change, Metric, calls_needed, finite, relative,
+                     unmeasured, word)
 
 __all__ = ["compare_runs", "noise_floor", "run_quantiles"]
 
@@ -95,9 +95,7 @@ def _hierarchical(before: Runs, after: Runs, qs: Sequence[float], confidence: fl
 
 
 def _finite_runs(runs: Sequence[npt.ArrayLike]) -> list[npt.NDArray[np.float64]]:
-    arrays = [np.asarray(r, dtype=np.float64) for r in runs]
-    kept = [a[np.isfinite(a)] for a in arrays]
-    return [a for a in kept if len(a)]
+    return [a for a in map(finite, runs) if len(a)]
 
 
 def compare_runs(before: Sequence[npt.ArrayLike], after: Sequence[npt.ArrayLike],
@@ -111,8 +109,7 @@ def compare_runs(before: Sequence[npt.ArrayLike], after: Sequence[npt.ArrayLike]
     b, a = _finite_runs(before), _finite_runs(after)
     n_b, n_a = sum(len(r) for r in b), sum(len(r) for r in a)
     if not b or not a:
-        return [Change(m, math.nan, math.nan, math.nan, math.nan, math.nan, FEW, n_b, n_a)
-                for m in metrics]
+        return unmeasured(metrics, b, a, max(len(before), len(after)) > 1)
     qs = [m.q for m in metrics]
     per_b, per_a = run_quantiles(b, qs), run_quantiles(a, qs)
     fig_b, fig_a = np.median(per_b, axis=0), np.median(per_a, axis=0)
@@ -124,15 +121,10 @@ def compare_runs(before: Sequence[npt.ArrayLike], after: Sequence[npt.ArrayLike]
     out = []
     for i, m in enumerate(metrics):
         x, y = float(fig_b[i]), float(fig_a[i])
-        change = y / x - 1.0 if x else (0.0 if y == 0.0 else math.copysign(math.inf, y))
+        change = relative(x, y)
         low, high = found.get(i, (math.nan, math.nan))
-        if fewest < calls_needed(m.q):
-            word = FEW
-        elif x == 0.0:
-            word = SAME if y == 0.0 else (m.better if m.higher_is_better else m.worse)
-        else:
-            word = verdict(change, low, high, min_change, m)
-        out.append(Change(m, x, y, change, low, high, word, n_b, n_a,
+        said = word(m, fewest, x, y, change, low, high, min_change)
+        out.append(Change(m, x, y, change, low, high, said, n_b, n_a,
                           tuple(float(v) for v in per_b[:, i]),
                           tuple(float(v) for v in per_a[:, i])))
     return out

@@ -20,7 +20,8 @@ from scipy import stats  # type: ignore[import-untyped]
 
 __all__ = [
     "CONFIDENCE", "MIN_CALLS", "RESAMPLES", "TAIL_CALLS", "Change", "Metric", "METRICS",
-    "UNSURE", "calls_needed", "too_wide", "compare", "gate_failed", "verdict",
+    "UNSURE", "calls_needed", "too_wide", "compare", "gate_failed", "verdict", "finite",
+    "relative", "word", "unmeasured",
 ]
 
 CONFIDENCE = 0.95
@@ -145,7 +146,7 @@ def _intervals(before: npt.NDArray[np.float64], after: npt.NDArray[np.float64],
     return [(float(lo), float(hi)) for lo, hi in zip(lows, highs, strict=True)]
 
 
-def _finite(values: npt.ArrayLike) -> npt.NDArray[np.float64]:
+def finite(values: npt.ArrayLike) -> npt.NDArray[np.float64]:
     array = np.asarray(values, dtype=np.float64)
     return array[np.isfinite(array)]
 
@@ -156,10 +157,9 @@ def compare(before: npt.ArrayLike, after: npt.ArrayLike, metrics: tuple[Metric, 
     """The change of each metric's quantile from ``before`` to ``after`` (per-call values of one
     kind; NaNs dropped). Too few calls for a quantile: its values and change, no interval, verdict
     "too few calls"."""
-    b, a = _finite(before), _finite(after)
+    b, a = finite(before), finite(after)
     if not len(b) or not len(a):
-        return [Change(m, math.nan, math.nan, math.nan, math.nan, math.nan, FEW, len(b), len(a))
-                for m in metrics]
+        return unmeasured(metrics, [b] if len(b) else [], [a] if len(a) else [], False)
     qs = tuple(m.q for m in metrics)
     qb = np.atleast_1d(np.quantile(b, qs))
     qa = np.atleast_1d(np.quantile(a, qs))
@@ -169,15 +169,37 @@ def compare(before: npt.ArrayLike, after: npt.ArrayLike, metrics: tuple[Metric, 
                                         seed), strict=True)) if wanted else {}
     out = []
     for m, x, y in zip(metrics, qb, qa, strict=True):
-        change = _relative(float(x), float(y))
+        change = relative(float(x), float(y))
         low, high = found.get(m, (math.nan, math.nan))
-        if min(len(a), len(b)) < calls_needed(m.q):
-            word = FEW
-        elif x == 0.0:  # no ratio to bootstrap: 0 -> 0 is no change, 0 -> y has no relative size
-            word = SAME if y == 0.0 else _direction(m, y > 0)
-        else:
-            word = verdict(change, low, high, min_change, m)
-        out.append(Change(m, float(x), float(y), change, low, high, word, len(b), len(a)))
+        said = word(m, min(len(a), len(b)), float(x), float(y), change, low, high, min_change)
+        out.append(Change(m, float(x), float(y), change, low, high, said, len(b), len(a)))
+    return out
+
+
+def word(metric: Metric, fewest: int, before: float, after: float, change: float, low: float,
+         high: float, min_change: float) -> str:
+    """The verdict on one quantile, ``fewest`` calls in the smallest sample (a file, a run)."""
+    if fewest < calls_needed(metric.q):
+        return FEW
+    if before == 0.0:  # no ratio to bootstrap: 0 -> 0 is no change, 0 -> y has no relative size
+        return SAME if after == 0.0 else _direction(metric, after > 0)
+    return verdict(change, low, high, min_change, metric)
+
+
+def unmeasured(metrics: tuple[Metric, ...], before: list[npt.NDArray[np.float64]],
+               after: list[npt.NDArray[np.float64]], list_runs: bool) -> list[Change]:
+    """Metrics with values on one side at most (memory peak: only profiled calls have one on CPU,
+    and one side may have profiled none): no change to compute ("too few calls", shown as not
+    measured), but the side that has values keeps its figure — each run's quantile (listed when
+    ``list_runs``) and their median. ``before``/``after``: each run's finite, non-empty values."""
+    out = []
+    for m in metrics:
+        per_b = tuple(float(np.quantile(r, m.q)) for r in before)
+        per_a = tuple(float(np.quantile(r, m.q)) for r in after)
+        out.append(Change(m, float(np.median(per_b)) if per_b else math.nan,
+                          float(np.median(per_a)) if per_a else math.nan, math.nan, math.nan,
+                          math.nan, FEW, sum(map(len, before)), sum(map(len, after)),
+                          per_b if list_runs else (), per_a if list_runs else ()))
     return out
 
 
@@ -185,7 +207,7 @@ def _direction(metric: Metric, went_up: bool) -> str:
     return metric.better if went_up == metric.higher_is_better else metric.worse
 
 
-def _relative(before: float, after: float) -> float:
+def relative(before: float, after: float) -> float:
     if before == 0.0:
         return 0.0 if after == 0.0 else math.inf if after > 0 else -math.inf
     return after / before - 1.0
