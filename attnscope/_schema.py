@@ -127,6 +127,22 @@ HOST_NAME = Attribute("host.name", "string", "", "the rank's host (OpenTelemetry
 VERSION = attribute("version", "string", "", "attnscope's version (resource)")
 TORCH_VERSION = attribute("torch.version", "string", "", "torch's version (resource)")
 DEVICE_NAME = attribute("device.name", "string", "", "the CUDA device's name (resource)")
+TRANSFORMERS_VERSION = attribute("transformers.version", "string", "",
+                                 "transformers' version, when the program imported it (resource)")
+COMMAND_ARGS = Attribute("process.command_args", "string[]", "",
+                         "the process's command line, bounded (resource)")
+PROCESS_START = Attribute("process.creation.time", "string", "",
+                          "when the process started, ISO 8601 UTC (resource)")
+HOST_ARCH = Attribute("host.arch", "string", "", "the host's architecture (resource)")
+CPU_NAME = Attribute("host.cpu.model.name", "string", "", "the CPU's model name (resource)")
+CONFIG_SAMPLE_RATE = attribute("config.sample_rate", "float", "1",
+                               "configured sample rate when the pipeline was built (resource)")
+CONFIG_PROFILE_RATE = attribute("config.profile_rate", "float", "1",
+                                "configured profile rate when the pipeline was built (resource)")
+CONFIG_OVERHEAD_BUDGET = attribute("config.overhead_budget", "float", "1",
+                                   "configured overhead budget (resource)")
+CONFIG_WARMUP_CALLS = attribute("config.warmup_calls", "int", "",
+                                "configured warm-up calls per site (resource)")
 
 ATTRIBUTES: tuple[Attribute, ...] = tuple(
     v for v in list(globals().values()) if isinstance(v, Attribute))

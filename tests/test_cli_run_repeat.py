@@ -24,6 +24,7 @@ from tests.support.cli_errors import usage_error
 
 TIMEOUT = 180
 TRACE_FILES = ["traces.jaeger.json", "traces.otlp.jsonl"]
+RUN_FILES = ["run.json", *TRACE_FILES]  # a run that wrote spans says what it ran
 
 # appends its label to ./log (the order of the runs), then makes --calls SDPA calls; exits with
 # --fail-at's code at that call of the program (the count of lines in ./log)
@@ -90,8 +91,8 @@ def test_repeat_writes_one_run_directory_per_run(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout == "x done\nx done\n"  # the program's stdout, each run's, untouched
     assert _log(tmp_path) == ["x", "x"]
-    assert _tree(out) == ["notes.txt", "run-1", *[f"run-1/{n}" for n in TRACE_FILES],
-                          "run-2", *[f"run-2/{n}" for n in TRACE_FILES]]
+    assert _tree(out) == ["notes.txt", "run-1", *[f"run-1/{n}" for n in RUN_FILES],
+                          "run-2", *[f"run-2/{n}" for n in RUN_FILES]]
     for k in (1, 2):
         assert _names(out / f"run-{k}") == {"scaled_dot_product_attention": 4}
     lines = _ours(done.stderr)
@@ -104,7 +105,7 @@ def test_repeat_writes_one_run_directory_per_run(tmp_path: Path) -> None:
     # each run directory is what a plain run writes with --no-report
     plain = _cli(tmp_path, "--no-report", "--out", "plain", "--", "python", app, "x", "4")
     assert plain.returncode == 0, plain.stderr
-    assert _tree(tmp_path / "plain") == TRACE_FILES
+    assert _tree(tmp_path / "plain") == RUN_FILES
     assert _names(tmp_path / "plain") == _names(out / "run-1")
 
 
@@ -118,7 +119,7 @@ def test_alternate_runs_a_and_b_in_turn(tmp_path: Path) -> None:
     assert _tree(out) == sorted(
         [side for side in ("a", "b")]
         + [f"{side}/run-{k}" for side in ("a", "b") for k in (1, 2)]
-        + [f"{side}/run-{k}/{n}" for side in ("a", "b") for k in (1, 2) for n in TRACE_FILES])
+        + [f"{side}/run-{k}/{n}" for side in ("a", "b") for k in (1, 2) for n in RUN_FILES])
     for k in (1, 2):  # each command's runs in its own directory
         assert _names(out / "a" / f"run-{k}") == {"scaled_dot_product_attention": 2}
         assert _names(out / "b" / f"run-{k}") == {"scaled_dot_product_attention": 3}
@@ -146,7 +147,7 @@ def test_a_failing_run_stops_the_repeat(tmp_path: Path) -> None:
                 "2", "3")  # exits 3 in its second run, after its spans were written
     assert done.returncode == 3, done.stderr
     assert _log(tmp_path) == ["x", "x"]  # no third run
-    assert _tree(out) == ["run-1", *[f"run-1/{n}" for n in TRACE_FILES]]
+    assert _tree(out) == ["run-1", *[f"run-1/{n}" for n in RUN_FILES]]
     assert _names(out / "run-1") == {"scaled_dot_product_attention": 2}
     lines = _ours(done.stderr)
     assert lines[1].startswith("attnscope run: run 2 of 3 failed: the program exited with 3 (")

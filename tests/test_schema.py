@@ -41,8 +41,10 @@ def test_every_documented_attribute_is_in_the_schema() -> None:
 def test_names_are_unique_and_prefixed_once() -> None:
     names = [a.name for a in schema.ATTRIBUTES]
     assert len(names) == len(set(names))
-    assert all(n.startswith((schema.PREFIX, "gen_ai.")) or n in ("code.function.name", "host.name")
-               for n in names)
+    # OpenTelemetry's own semantic-convention names, used as they are
+    otel = ("code.function.name", "host.name", "host.arch", "host.cpu.model.name",
+            "process.command_args", "process.creation.time")
+    assert all(n.startswith((schema.PREFIX, "gen_ai.")) or n in otel for n in names)
     metrics = [m.name for m in schema.METRICS]
     assert len(metrics) == len(set(metrics)) and all(m.startswith(schema.PREFIX) for m in metrics)
 

@@ -24,8 +24,9 @@ import os
 import re
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from ._errors import CLIError
@@ -47,6 +48,9 @@ _RUN_DIR = re.compile(r"^run-(\d+)$")
 GroupKey = tuple[str, str | None, str | None]
 
 
+_NO_RESOURCE: Mapping[str, Any] = MappingProxyType({})
+
+
 class TraceFileError(CLIError):
     """A path that gives no attnscope spans: missing, not JSON, not a trace, empty, or a trace
     written by another tool. The message is one line, naming the path."""
@@ -64,6 +68,9 @@ class SpanRow:
     end_ns: int
     attributes: Mapping[str, Any]
     service: str | None
+    # the writing process's resource (Jaeger: its process tags); one mapping per process, shared
+    resource: Mapping[str, Any] = field(default_factory=lambda: _NO_RESOURCE, compare=False,
+                                        repr=False)
 
     @property
     def duration_ns(self) -> int:
@@ -307,6 +314,8 @@ def _jaeger_rows(traces: list[Any]) -> Iterator[SpanRow]:
         if not isinstance(trace, dict):
             continue
         processes = trace.get("processes") or {}
+        resources = {pid: _process_resource(p) for pid, p in processes.items()
+                     if isinstance(p, dict)}
         for span in trace.get("spans") or ():
             refs = span.get("references") or ()
             parent = next((r.get("spanID") for r in refs if r.get("refType") == "CHILD_OF"),
@@ -320,7 +329,16 @@ def _jaeger_rows(traces: list[Any]) -> Iterator[SpanRow]:
                           span_id=str(span.get("spanID", "")), parent_id=parent or None,
                           name=str(span.get("operationName", "")), start_ns=start,
                           end_ns=start + int(span.get("duration", 0)) * 1000,
-                          attributes=tags, service=process.get("serviceName"))
+                          attributes=tags, service=process.get("serviceName"),
+                          resource=resources.get(span.get("processID"), _NO_RESOURCE))
+
+
+def _process_resource(process: Mapping[str, Any]) -> Mapping[str, Any]:
+    tags = {t["key"]: _jaeger_value(t) for t in process.get("tags") or ()
+            if isinstance(t, dict) and "key" in t}
+    if process.get("serviceName"):
+        tags.setdefault("service.name", process["serviceName"])
+    return MappingProxyType(tags)
 
 
 def _otlp_value(value: Mapping[str, Any]) -> Any:
@@ -353,8 +371,8 @@ def _otlp_id(value: Any) -> str:
 
 def _otlp_rows(resource_spans: list[Any]) -> Iterator[SpanRow]:
     for rs in resource_spans:
-        resource = {a["key"]: _otlp_value(a.get("value") or {})
-                    for a in (rs.get("resource") or {}).get("attributes") or ()}
+        resource = MappingProxyType({a["key"]: _otlp_value(a.get("value") or {})
+                                     for a in (rs.get("resource") or {}).get("attributes") or ()})
         service = resource.get("service.name")
         for ss in rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ():
             for span in ss.get("spans") or ():
@@ -371,4 +389,5 @@ def _otlp_rows(resource_spans: list[Any]) -> Iterator[SpanRow]:
                               name=str(span.get("name", "")),
                               start_ns=int(span.get("startTimeUnixNano", 0)),
                               end_ns=int(span.get("endTimeUnixNano", 0)), attributes=attrs,
-                              service=str(service) if service is not None else None)
+                              service=str(service) if service is not None else None,
+                              resource=resource)

@@ -24,7 +24,7 @@ from .._state import state
 from .._version import __version__
 from .otel_env import exporter_kwargs, reader_kwargs
 
-__all__ = ["make_exporter", "meter_provider_for", "otlp_protocol", "resource",
+__all__ = ["command_args", "make_exporter", "meter_provider_for", "otlp_protocol", "resource",
            "resource_attributes", "traces_exporter_from_env"]
 
 _DEFAULT_SERVICE = Config.service_name
@@ -46,7 +46,25 @@ def resource_attributes(cfg: Config) -> dict[str, Any]:
         "process.runtime.version": platform.python_version(),
         schema.RANK.name: _dist.rank(),
         schema.WORLD_SIZE.name: _dist.world_size(),
+        schema.HOST_ARCH.name: platform.machine() or "unknown",
+        schema.COMMAND_ARGS.name: command_args(getattr(sys, "orig_argv", None) or sys.argv),
+        # what was measured depends on these: a report or a diary entry states them
+        schema.CONFIG_SAMPLE_RATE.name: float(cfg.sample_rate),
+        schema.CONFIG_PROFILE_RATE.name: float(cfg.profile_rate),
+        schema.CONFIG_OVERHEAD_BUDGET.name: float(cfg.overhead_budget),
+        schema.CONFIG_WARMUP_CALLS.name: int(cfg.warmup_calls),
     }
+    started = _process_start()
+    if started is not None:
+        attrs[schema.PROCESS_START.name] = started
+    cpu = _cpu_name()
+    if cpu:
+        attrs[schema.CPU_NAME.name] = cpu
+    # Only when the program imported it: importing transformers here would cost seconds.
+    transformers = sys.modules.get("transformers")
+    version = getattr(transformers, "__version__", None)
+    if isinstance(version, str):
+        attrs[schema.TRANSFORMERS_VERSION.name] = version
     try:
         import torch
 
@@ -57,6 +75,46 @@ def resource_attributes(cfg: Config) -> dict[str, Any]:
     except Exception:
         pass
     return attrs
+
+
+_MAX_ARGS, _MAX_ARG_CHARS = 64, 512
+
+
+def command_args(argv: list[str]) -> list[str]:
+    """The command line as a bounded list: at most ``_MAX_ARGS`` entries of ``_MAX_ARG_CHARS``
+    characters; a cut list ends with ``"…(N more)"``, a cut entry with ``"…"``."""
+    args = [str(a) if len(str(a)) <= _MAX_ARG_CHARS else str(a)[:_MAX_ARG_CHARS - 1] + "…"
+            for a in list(argv)[:_MAX_ARGS]]
+    if len(argv) > _MAX_ARGS:
+        args[-1] = f"…({len(argv) - _MAX_ARGS + 1} more)"
+    return args
+
+
+def _process_start() -> str | None:
+    """This process's start, ISO 8601 UTC to the millisecond; None where psutil cannot tell."""
+    try:
+        import datetime
+
+        import psutil
+
+        created = psutil.Process().create_time()
+        return datetime.datetime.fromtimestamp(created, datetime.timezone.utc).isoformat(
+            timespec="milliseconds").replace("+00:00", "Z")
+    except Exception:
+        return None
+
+
+def _cpu_name() -> str | None:
+    """The CPU's model name (Linux: /proc/cpuinfo; elsewhere the platform's processor string)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "Hardware") and value.strip():
+                    return value.strip()[:128]
+    except OSError:
+        pass
+    return (platform.processor() or "")[:128] or None
 
 
 def resource(cfg: Config) -> Resource:

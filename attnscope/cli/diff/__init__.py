@@ -13,7 +13,10 @@ prints only that.
 at least two runs on each side. With one run on a side run-to-run noise is unmeasured, and the
 gate does not judge on call-level evidence alone: it exits 3 with a line saying how to get a
 verdict, unless ``--call-level-gate`` asks for the call-level gate. ``--json`` writes the same
-diary for scripts (``_json``). Exit codes: 0 ok, 1 gate failed, 2 bad input, 3 gate not judged.
+diary for scripts (``_json``); ``--append-diary PATH.jsonl`` appends the comparison as one line
+of the user's performance diary (``_diary``; read back by :mod:`..diary`). Groups match by
+(module, phase); each side's backends are shown beside them (``eager → sdpa``). Exit codes: 0
+ok, 1 gate failed, 2 bad input (or the diary could not be written), 3 gate not judged.
 """
 
 from __future__ import annotations
@@ -32,11 +35,12 @@ from ..render.console import console as make_console
 from ..render.console import fold, natural_width
 from ..render.writer import check_output, write_text
 from ..traces import SpanRow, attention_calls, load_runs
-from ._groups import Diary, GroupDiff, Noise, diary_runs, noise
+from ._diary import note as diary_note
+from ._groups import Backends, Diary, GroupDiff, Key, Noise, diary_runs, noise, side_backends
 from ._json import noise_json, to_json
 from ._stats import CONFIDENCE, Change
-from ._text import (HEADERS, NOISE_HEADERS, UNJUDGED_EXIT, group_label, names, noise_cells,
-                    noise_note, notes, row_cells)
+from ._text import (HEADERS, NOISE_HEADERS, UNJUDGED_EXIT, backend_text, group_label,
+                    layer_cell, names, noise_cells, noise_note, notes, row_cells)
 
 __all__ = ["register", "run_diff", "percent", "DEFAULT_MIN_CHANGE", "UNJUDGED_EXIT"]
 
@@ -59,9 +63,16 @@ hierarchical bootstrap (runs, then calls within each run), so run-to-run noise i
 noise floor (how much the runs of a side differ at p50) is printed under the table. One run per
 side: the interval resamples that run's calls only, and run-to-run noise is unmeasured.
 
-Exit codes: 0 done (and the gate passed), 1 --fail-if-slower tripped, 2 bad input, 3 the gate was
-asked for but not judged (one run on a side: record several with `attnscope run --repeat 3`, or
-pass --call-level-gate)."""
+Layers match by (module, phase) whatever implementation ran them; under each layer's name the
+table shows each side's attention backend ("backend eager → sdpa", one name when both sides ran
+the same, "—" where no call was profiled: the backend is known from profiled calls only).
+--append-diary PATH.jsonl appends the comparison as one JSON line to a performance diary (date,
+--diary-note, both sides' run metadata, per-layer verdicts, noise floors, the gate's outcome);
+`attnscope report --diary PATH` lists it.
+
+Exit codes: 0 done (and the gate passed), 1 --fail-if-slower tripped, 2 bad input (or the diary
+could not be written), 3 the gate was asked for but not judged (one run on a side: record
+several with `attnscope run --repeat 3`, or pass --call-level-gate)."""
 
 
 def percent(text: str) -> float:
@@ -99,6 +110,12 @@ def register(sub: Any, formatter: Any) -> None:
                    help="also write the diary as a self-contained HTML page")
     p.add_argument("--json", metavar="PATH", default=None,
                    help="also write the diary as JSON ('-': to stdout instead of the table)")
+    p.add_argument("--append-diary", metavar="PATH.jsonl", default=None,
+                   help="append this comparison as one JSON line to the performance diary PATH "
+                        "(created if missing; list it with `attnscope report --diary PATH`)")
+    p.add_argument("--diary-note", metavar="TEXT", type=diary_note, default=None,
+                   help="with --append-diary: what changed between BEFORE and AFTER (at most "
+                        "500 characters), kept in the entry")
     p.set_defaults(func=run_diff)
 
 
@@ -115,16 +132,29 @@ def _sides(args: argparse.Namespace) -> list[list[str]]:
     return [args.paths[:1], args.paths[1:]]
 
 
-def _runs(paths: list[str], label: str) -> list[list[SpanRow]]:
-    """Every run of one side, each run's attention calls kept apart."""
-    runs = []
-    for path in paths:
-        for where, spans in load_runs(path):
-            found = attention_calls(spans)
-            if not found:
-                raise CLIError(f"{where}: no attention calls in this trace ({label})")
-            runs.append(found)
-    return runs
+class _Side:
+    """One side's runs: each run's attention calls kept apart, the backends of its groups, and
+    its first run (path and spans: what the diary records as the side's run metadata)."""
+
+    def __init__(self, paths: list[str], label: str) -> None:
+        self.runs: list[list[SpanRow]] = []
+        loaded: list[tuple[list[SpanRow], list[SpanRow]]] = []
+        self.first: tuple[str, list[SpanRow]] | None = None
+        for path in paths:
+            for where, spans in load_runs(path):
+                found = attention_calls(spans)
+                if not found:
+                    raise CLIError(f"{where}: no attention calls in this trace ({label})")
+                self.runs.append(found)
+                loaded.append((spans, found))
+                if self.first is None:
+                    self.first = (where, spans)
+        self.backends: dict[Key, Backends] = side_backends(loaded)
+
+    def info(self) -> dict[str, Any]:
+        from ..runinfo import run_info
+
+        return run_info(*self.first) if self.first is not None else {}
 
 
 def _label(paths: list[str], runs: int) -> str:
@@ -135,13 +165,19 @@ def _label(paths: list[str], runs: int) -> str:
 def run_diff(args: argparse.Namespace) -> int:
     check_output(args.html, "--html")  # before the work
     check_output(args.json, "--json")
+    check_output(args.append_diary, "--append-diary")
+    if args.diary_note is not None and args.append_diary is None:
+        raise CLIError("--diary-note goes into the diary: give --append-diary PATH too")
     sides = _sides(args)
-    runs = [_runs(paths, label) for paths, label in zip(sides, ("BEFORE", "AFTER"), strict=False)]
+    loaded = [_Side(paths, label)
+              for paths, label in zip(sides, ("BEFORE", "AFTER"), strict=False)]
+    runs = [side.runs for side in loaded]
     if args.noise:
         return _noise_only(args, _label(sides[0], len(runs[0])), noise(runs[0]))
     before, after = _label(sides[0], len(runs[0])), _label(sides[1], len(runs[1]))
     result = diary_runs(runs[0], runs[1], min_change=args.min_change / 100,
-                        confidence=CONFIDENCE)
+                        confidence=CONFIDENCE,
+                        backends=(loaded[0].backends, loaded[1].backends))
     if not result.groups:
         raise CLIError(f"no layer/phase is in both traces (BEFORE: "
                        f"{names(result.only_before)}; AFTER: {names(result.only_after)})")
@@ -160,12 +196,20 @@ def run_diff(args: argparse.Namespace) -> int:
                                        failures=failures, judged=judged, noise=floors))
     if args.json != "-":
         _print(result, before, after, limit, failures, judged, floors)
+    if args.append_diary:  # last: the comparison is shown even when the diary cannot be written
+        from ._diary import append, entry
+
+        append(args.append_diary, entry(
+            result, note_text=args.diary_note, paths=sides, runs=[len(r) for r in runs],
+            info=[side.info() for side in loaded], limit=limit, judged=bool(judged),
+            failures=failures, floors=floors))
     return 1 if failures else UNJUDGED_EXIT if limit is not None and not judged else 0
 
 
 def _noise_only(args: argparse.Namespace, label: str, floors: list[Noise]) -> int:
-    if args.fail_if_slower is not None or args.html:
-        raise CLIError("--noise prints the noise floor only: no --fail-if-slower or --html")
+    if args.fail_if_slower is not None or args.html or args.append_diary:
+        raise CLIError("--noise prints the noise floor only: no --fail-if-slower, --html or "
+                       "--append-diary")
     if args.json:
         _write_json(args.json, noise_json(label, floors))
     if args.json != "-":
@@ -197,8 +241,8 @@ def _print(result: Diary, before: str, after: str, limit: float | None,
     else:  # narrow: each layer under its own heading, its columns folded into tables that fit
         console.print(title, markup=False, soft_wrap=True)
         for group in result.groups:
-            console.print(group_label((group.module, group.phase)), markup=False,
-                          soft_wrap=True, style="bold")
+            console.print(f"{group_label((group.module, group.phase))} · backend "
+                          f"{backend_text(group)}", markup=False, soft_wrap=True, style="bold")
             for part in fold(console, _group_table(group), len(HEADERS) - 1):
                 console.print(part)
     for side, floor in zip(("BEFORE", "AFTER"), floors, strict=False):
@@ -238,8 +282,7 @@ def _table(groups: list[GroupDiff], columns: Any, title: str | None, *,
                          no_wrap=c != 7)
     for group in groups:
         for i, change in enumerate(group.changes):
-            cells: list[Any] = [group_label((group.module, group.phase)) if i == 0 else "",
-                                *row_cells(group, change)]
+            cells: list[Any] = [layer_cell(group, i), *row_cells(group, change)]
             style = "red" if change.verdict in _WORSE else "green" if change.verdict in _BETTER \
                 else ""
             cells[7] = Text(cells[7], style=style)

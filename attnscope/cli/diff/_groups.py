@@ -12,23 +12,60 @@ Per call, from the span's attributes:
 - memory peak: ``attnscope.memory.peak_bytes``, from every call that has it (the profiled ones on
   CPU; on CUDA also timed calls with ``reset_peak_memory_stats``). A side that measured it keeps
   its figure when the other did not (no change to compute: "not measured").
+
+Groups are matched by (module, phase) only, whatever implementation ran them: switching the
+implementation is the change people diff most. Each side's backends (``traces.call_backends``:
+a profiled call's own, or its site's) are kept beside the group (:class:`Backends`); a call
+with none known counts as unknown, never as a guess.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ._runs import compare_runs, noise_floor, run_quantiles
 from ._stats import CONFIDENCE, FEW, METRICS, Change, compare, gate_failed
-from ..traces import SpanRow, group_key
+from ..traces import SpanRow, call_backends, group_key
 from ..summary import PHASE_ORDER, time_ns
 from ... import _schema as schema
 
-__all__ = ["Key", "GroupDiff", "Diary", "Noise", "diary", "diary_runs", "noise", "per_call_values"]
+__all__ = ["Key", "Backends", "GroupDiff", "Diary", "Noise", "diary", "diary_runs", "noise",
+           "per_call_values", "side_backends"]
 
 Key = tuple[str, str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Backends:
+    """The attention backends one side's calls of a group ran under: each backend's calls
+    (most calls first), and the calls whose backend is unknown (timed, never profiled)."""
+
+    calls: tuple[tuple[str, int], ...] = ()
+    unknown: int = 0
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.calls)
+
+
+def side_backends(runs: Sequence[tuple[Sequence[SpanRow], Sequence[SpanRow]]]
+                  ) -> dict[Key, Backends]:
+    """Per group, the backends of one side: ``runs`` holds each run's (spans, attention
+    calls). Each run is resolved on its own (span ids are only unique within a trace)."""
+    counts: dict[Key, Counter[str | None]] = defaultdict(Counter)
+    for spans, calls in runs:
+        known = call_backends(spans, calls)
+        for call in calls:
+            counts[group_key(call)][known.get((call.trace_id, call.span_id))] += 1
+    out = {}
+    for key, counter in counts.items():
+        named = sorted(((b, n) for b, n in counter.items() if b is not None),
+                       key=lambda item: (-item[1], item[0]))
+        out[key] = Backends(tuple(named), counter.get(None, 0))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +81,8 @@ class GroupDiff:
     changes: list[Change]
     runs_before: int = 1  # runs of each side with calls of this group
     runs_after: int = 1
+    backends_before: Backends = field(default_factory=Backends)
+    backends_after: Backends = field(default_factory=Backends)
 
     def p50(self) -> Change | None:
         """The p50 time's change (the gate's and the noise floor's metric)."""
@@ -111,7 +150,8 @@ def _order(key: Key, rows: Sequence[SpanRow]) -> tuple[int, str, int]:
 
 
 def _group_diff(key: Key, before: list[list[SpanRow]], after: list[list[SpanRow]],
-                min_change: float, confidence: float, by_runs: bool) -> GroupDiff:
+                min_change: float, confidence: float, by_runs: bool,
+                backends: tuple[Mapping[Key, Backends], Mapping[Key, Backends]]) -> GroupDiff:
     """``before``/``after``: the group's calls in each run that has some."""
     vb = [per_call_values(run) for run in before]
     va = [per_call_values(run) for run in after]
@@ -127,7 +167,9 @@ def _group_diff(key: Key, before: list[list[SpanRow]], after: list[list[SpanRow]
     all_b = [r for run in before for r in run]
     all_a = [r for run in after for r in run]
     return GroupDiff(key[0], key[1], len(all_b), len(all_a), _clock(all_b), _clock(all_a),
-                     changes, len(before), len(after))
+                     changes, len(before), len(after),
+                     backends[0].get(key, Backends(unknown=len(all_b))),
+                     backends[1].get(key, Backends(unknown=len(all_a))))
 
 
 def diary(before: Sequence[SpanRow], after: Sequence[SpanRow], *, min_change: float,
@@ -139,16 +181,20 @@ def diary(before: Sequence[SpanRow], after: Sequence[SpanRow], *, min_change: fl
 
 
 def diary_runs(before: Sequence[Sequence[SpanRow]], after: Sequence[Sequence[SpanRow]], *,
-               min_change: float, confidence: float = CONFIDENCE) -> Diary:
+               min_change: float, confidence: float = CONFIDENCE,
+               backends: tuple[Mapping[Key, Backends], Mapping[Key, Backends]] = ({}, {})
+               ) -> Diary:
     """Compare the runs ``before`` with the runs ``after`` (each run: its attention calls).
-    Several runs on either side: the hierarchical bootstrap over runs (:mod:`._runs`)."""
+    Several runs on either side: the hierarchical bootstrap over runs (:mod:`._runs`).
+    ``backends``: each side's :func:`side_backends` (a group missing there: all unknown)."""
     gb, ga = _grouped_runs(before), _grouped_runs(after)
     first_b = {k: runs[0] for k, runs in gb.items()}
     first_a = {k: runs[0] for k, runs in ga.items()}
     shared = sorted(set(gb) & set(ga), key=lambda k: _order(k, gb[k][0]))
     by_runs = max(len(before), len(after)) > 1
     return Diary(
-        groups=[_group_diff(k, gb[k], ga[k], min_change, confidence, by_runs) for k in shared],
+        groups=[_group_diff(k, gb[k], ga[k], min_change, confidence, by_runs, backends)
+                for k in shared],
         only_before=_only_runs(gb, first_b, ga), only_after=_only_runs(ga, first_a, gb),
         min_change=min_change, confidence=confidence,
         runs_before=len(before), runs_after=len(after))

@@ -10,7 +10,8 @@ from ..render.writer import write_text
 from collections.abc import Sequence
 
 from ._groups import Diary, Noise
-from ._text import HEADERS, NOISE_HEADERS, group_label, noise_cells, noise_note, notes, row_cells
+from ._text import (HEADERS, NOISE_HEADERS, group_label, layer_cell, noise_cells, noise_note,
+                    notes, row_cells)
 
 __all__ = ["write_html", "render"]
 
@@ -45,7 +46,7 @@ def _plot(result: Diary, limit: float | None) -> str:
 def render(result: Diary, before: str, after: str, limit: float | None, judged: bool = True,
            floors: Sequence[list[Noise]] = ()) -> str:
     """The page's HTML text."""
-    rows = [[group_label((g.module, g.phase)) if i == 0 else "", *row_cells(g, c)]
+    rows = [[layer_cell(g, i), *row_cells(g, c)]
             for g in result.groups for i, c in enumerate(g.changes)]
     failures = result.gate_failures(limit / 100) if limit is not None and judged else []
     said = notes(result, limit, failures, judged)

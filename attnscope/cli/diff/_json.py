@@ -2,7 +2,9 @@
 
 The same numbers as the table, unrounded: quantiles in the metric's unit (ns, tokens/s, bytes),
 changes and interval ends as fractions (``0.12`` is +12%); a value that could not be computed is
-``null``, never NaN (which is not JSON).
+``null``, never NaN (which is not JSON). Each group's ``backends``: per side the backends its calls
+ran under and the calls with none known; ``text`` as the table shows it (``eager → sdpa``), null
+when no call of either side has a known backend.
 """
 
 from __future__ import annotations
@@ -12,17 +14,33 @@ from typing import Any
 
 from collections.abc import Sequence
 
-from ._groups import Diary, GroupDiff, Key, Noise
+from ._groups import Backends, Diary, GroupDiff, Key, Noise
 from ._stats import Change
-from ._text import UNJUDGED_EXIT, method_note, verdict_text
+from ._text import UNJUDGED_EXIT, backend_text, method_note, verdict_text
 
-__all__ = ["to_json", "noise_json"]
+__all__ = ["to_json", "noise_json", "backends_json", "number"]
 
 _UNITS = {"time": "ns", "tokens_per_s": "tokens/s", "memory": "bytes"}
 
 
-def _number(value: float) -> float | None:
+def number(value: float) -> float | None:
+    """A figure for JSON: ``None`` for NaN and infinities (not JSON)."""
     return value if math.isfinite(value) else None
+
+
+_number = number
+
+
+def backends_json(b: Backends) -> dict[str, Any]:
+    """One side's backends: calls per backend (most first); calls with none known apart."""
+    return {"names": list(b.names), "calls": {name: n for name, n in b.calls},
+            "calls_unknown": b.unknown}
+
+
+def _backends(g: GroupDiff) -> dict[str, Any]:
+    names = bool(g.backends_before.names or g.backends_after.names)
+    return {"before": backends_json(g.backends_before), "after": backends_json(g.backends_after),
+            "text": backend_text(g) if names else None}
 
 
 def _change(c: Change) -> dict[str, Any]:
@@ -39,7 +57,7 @@ def _group(g: GroupDiff, failed: set[Key]) -> dict[str, Any]:
             "calls_after": g.calls_after, "clock_before": g.clock_before,
             "clock_after": g.clock_after, "gate_failed": (g.module, g.phase) in failed,
             "runs_before": g.runs_before, "runs_after": g.runs_after,
-            "metrics": [_change(c) for c in g.changes]}
+            "backends": _backends(g), "metrics": [_change(c) for c in g.changes]}
 
 
 def _only(keys: list[tuple[Key, int]]) -> list[dict[str, Any]]:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 
 from ..render.units import MISSING, quantity
-from ._groups import Diary, GroupDiff, Noise
+from ._groups import Backends, Diary, GroupDiff, Noise
 from ._stats import FEW, Change, calls_needed
 
 __all__ = ["HEADERS", "NOISE_HEADERS", "UNJUDGED_EXIT", "group_label", "names", "signed_percent",
            "interval", "verdict_text", "row_cells", "noise_cells", "noise_note", "notes",
-           "method_note", "gate_unjudged_note"]
+           "method_note", "gate_unjudged_note", "side_backend_text", "backend_text", "layer_cell"]
 
 UNJUDGED_EXIT = 3  # --fail-if-slower asked for, one run on a side: no verdict either way
 _RUNS_SHOWN = 6    # per-run p50s listed in the noise table (more: the smallest and largest)
@@ -24,6 +24,19 @@ def names(keys: list[tuple[tuple[str, str | None], int]]) -> str:
 
 def group_label(key: tuple[str, str | None]) -> str:
     return f"{key[0]} ({key[1]})" if key[1] else key[0]
+
+
+def side_backend_text(b: Backends) -> str:
+    """One side's backends: ``sdpa``, ``eager/sdpa`` (most calls first), ``—`` for calls with
+    none known (timed, never profiled), ``sdpa/—`` when only some are known."""
+    return "/".join([*b.names, *([MISSING] if b.unknown else [])]) or MISSING
+
+
+def backend_text(group: GroupDiff) -> str:
+    """``eager → sdpa``, or one name when both sides ran the same."""
+    before = side_backend_text(group.backends_before)
+    after = side_backend_text(group.backends_after)
+    return before if before == after else f"{before} → {after}"
 
 
 # -- numbers as text ------------------------------------------------------------------------
@@ -51,6 +64,13 @@ def verdict_text(change: Change) -> str:
         per_run = " in a run" if max(len(change.runs_before), len(change.runs_after)) > 1 else ""
         return f"too few calls (< {calls_needed(change.metric.q)}{per_run})"
     return change.verdict
+
+
+def layer_cell(group: GroupDiff, row: int) -> str:
+    """The first column of a group's ``row``-th line: its name, then its backends under it."""
+    if row == 0:
+        return group_label((group.module, group.phase))
+    return f"backend {backend_text(group)}" if row == 1 else ""
 
 
 def row_cells(group: GroupDiff, change: Change) -> list[str]:

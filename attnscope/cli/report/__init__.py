@@ -12,20 +12,23 @@ import json
 import math
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from rich import box
 from rich.table import Table
 
-from .._errors import positive_int
+from .._errors import CLIError, positive_int
 from ..render.console import console as make_console
 from ..render.units import MISSING, bytes_, duration, si, when
 from ..render.writer import check_output, write_text
+from ..e2e import EndToEnd, end_to_end
+from ..runinfo import describe, run_info
 from ..summary import GroupStats, Quantiles, Summary, summarize, time_ns
 from ..traces import SpanRow, attention_calls, group_key, load_spans
 from ... import _schema as schema
 
-__all__ = ["register", "run_report", "to_json", "render_terminal"]
+__all__ = ["Context", "register", "run_report", "to_json", "render_terminal"]
 
 
 def register(sub: Any, formatter: Any) -> None:
@@ -40,7 +43,11 @@ def register(sub: Any, formatter: Any) -> None:
                     "totals are of every sampled call; latency and rates of the timed ones "
                     "(profiled calls are slowed by the profiler); 'est. calls' re-weights the "
                     "count by 1/sample_rate.")
-    p.add_argument("trace", metavar="FILE_OR_DIR", help="trace file or `attnscope run` directory")
+    p.add_argument("trace", metavar="FILE_OR_DIR", nargs="?",
+                   help="trace file or `attnscope run` directory")
+    p.add_argument("--diary", metavar="PATH.jsonl",
+                   help="instead of a trace: list the performance diary `attnscope diff "
+                        "--append-diary` writes (--html: with p50/p99 per group over time)")
     p.add_argument("--html", metavar="PATH", help="also write a self-contained HTML report")
     p.add_argument("--json", metavar="PATH", help="also write the numbers as JSON ('-': stdout)")
     p.add_argument("--price-per-hour", metavar="USD", type=_price, default=None,
@@ -61,6 +68,16 @@ def _price(text: str) -> float:
 
 
 def _main(args: Any) -> int:
+    if args.diary is not None:
+        if args.trace is not None:
+            raise CLIError("give a trace or --diary PATH, not both")
+        from ..diary import run_diary_report
+
+        return run_diary_report(args.diary, html=args.html, json_path=args.json,
+                                out=sys.stdout)
+    if args.trace is None:
+        raise CLIError("no trace given (usage: attnscope report FILE_OR_DIR, or "
+                       "attnscope report --diary PATH.jsonl)")
     return run_report(args.trace, html=args.html, json_path=args.json,
                       price_per_hour=args.price_per_hour, top=args.top, out=sys.stdout)
 
@@ -74,18 +91,30 @@ def run_report(trace: str | os.PathLike[str], *, html: str | None = None,
     rows = load_spans(trace)
     calls = attention_calls(rows)
     summary = summarize(calls, price_per_hour=price_per_hour, top=top, rows=rows)
-    document = to_json(summary, source=os.fspath(trace), spans=len(rows), top=top)
+    context = Context(run_info(trace, rows), end_to_end(rows))
+    document = to_json(summary, source=os.fspath(trace), spans=len(rows), top=top,
+                       context=context)
     if json_path == "-":
         print(json.dumps(document, indent=2), file=out)
     else:
-        render_terminal(summary, source=os.fspath(trace), spans=len(rows), top=top, out=out)
+        render_terminal(summary, source=os.fspath(trace), spans=len(rows), top=top, out=out,
+                        context=context)
     if json_path and json_path != "-":
         write_text(json_path, json.dumps(document, indent=2) + "\n", "--json")
     if html:
         from ._html import render_html  # matplotlib: only for the page
 
-        write_text(html, render_html(summary, rows, source=os.fspath(trace), top=top), "--html")
+        write_text(html, render_html(summary, rows, source=os.fspath(trace), top=top,
+                                     context=context), "--html")
     return 0
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What the trace was a run of (:mod:`..runinfo`) and the end-to-end figures (:mod:`..e2e`)."""
+
+    run: dict[str, Any]
+    e2e: EndToEnd
 
 
 # -- JSON -----------------------------------------------------------------------------------
@@ -120,9 +149,26 @@ def _call_json(summary: Summary, row: SpanRow) -> dict[str, Any]:
             "tier": a.get(schema.TIER.name)}
 
 
-def to_json(summary: Summary, *, source: str, spans: int, top: int) -> dict[str, Any]:
-    """The report's numbers as plain JSON values (keys documented in docs/cli.md)."""
+def _e2e_json(e2e: EndToEnd) -> dict[str, Any]:
     return {
+        "generate": [{"name": g.name, "calls": g.calls, "timed": g.used,
+                      "wall_ns": _quantiles_json(g.wall),
+                      "output_tokens": g.output_tokens, "output_tokens_per_s": g.tokens_per_s,
+                      "ttft_ns": _quantiles_json(g.ttft), "ttft_calls": g.ttft_calls,
+                      "tpot_ns": _quantiles_json(g.tpot), "tpot_calls": g.tpot_calls}
+                     for g in e2e.generates],
+        "attention_share": [{"model": s.model, "phase": s.phase, "forwards": s.forwards,
+                             "timed": s.used, "attention_calls": s.calls,
+                             "model_ns": s.model_ns, "attention_ns": s.attention_ns,
+                             "share": s.share} for s in e2e.shares],
+    }
+
+
+def to_json(summary: Summary, *, source: str, spans: int, top: int,
+            context: Context | None = None) -> dict[str, Any]:
+    """The report's numbers as plain JSON values (keys documented in docs/cli.md)."""
+    extra = {} if context is None else {"run": context.run, "end_to_end": _e2e_json(context.e2e)}
+    return extra | {
         "source": source, "spans": spans, "attention_calls": summary.overall.calls,
         "services": summary.services, "sample_rates": summary.sample_rates,
         "price_per_hour_usd": summary.price_per_hour,
@@ -141,12 +187,15 @@ WHICH_CALLS = ("Sampled calls: counts, tokens, FLOPs, mem peak · timed: latency
                "profiled: core FLOP/s")
 
 
-def render_terminal(summary: Summary, *, source: str, spans: int, top: int, out: Any) -> None:
+def render_terminal(summary: Summary, *, source: str, spans: int, top: int, out: Any,
+                    context: Context | None = None) -> None:
     """The report as rich tables on ``out`` (100 columns when not a terminal)."""
     console = make_console(out, width=100)
     rates = ", ".join(f"{r:g}" for r in summary.sample_rates)
     o = summary.overall
     console.print(f"[bold]attnscope report[/bold] — {source}", highlight=False)
+    for line in describe(context.run) if context is not None else ():
+        console.print(line, highlight=False, markup=False, style="dim")
     console.print(f"{spans} spans, {o.calls} attention calls sampled (sample rate {rates}"
                   + (f"; ≈ {o.estimated_calls:,.0f} calls made" if summary.sampled else "")
                   + f"): {o.calls - o.profiled} timed, {o.profiled} profiled.", highlight=False)
@@ -164,7 +213,39 @@ def render_terminal(summary: Summary, *, source: str, spans: int, top: int, out:
                       "profiled calls.", highlight=False)
     if summary.price_per_hour is not None:
         console.print(_cost_table(summary))
+    if context is not None:
+        _end_to_end(console, context.e2e)
     _kernels_and_slowest(console, summary, top)
+
+
+def _end_to_end(console: Any, e2e: EndToEnd) -> None:
+    if e2e.generates:
+        t = _table("generate() end to end (wall time; TTFT and TPOT from its traced forwards)",
+                   ("call", "calls", "timed", "p50", "p95", "out tok/s", "TTFT p50", "TPOT p50"))
+        partial = []
+        for g in e2e.generates:
+            t.add_row(g.name, str(g.calls), str(g.used), duration(g.wall.p50),
+                      duration(g.wall.p95), si(g.tokens_per_s),
+                      duration(g.ttft.p50 if g.ttft else None),
+                      duration(g.tpot.p50 if g.tpot else None))
+            if g.ttft_calls < g.used or g.tpot_calls < g.used:
+                partial.append(f"{g.name}: TTFT of {g.ttft_calls}, TPOT of {g.tpot_calls} of its "
+                               f"{g.used} timed calls (the others' forwards were not all traced)")
+        console.print(t)
+        for line in partial:
+            console.print(line, highlight=False, markup=False)
+    if e2e.shares:
+        t = _table("Attention's share of the model's time (traced forwards, wall time)",
+                   ("model", "phase", "forwards", "timed", "attn calls", "model time",
+                    "attention", "share"))
+        for s in e2e.shares:
+            t.add_row(s.model, s.phase or MISSING, str(s.forwards), str(s.used), str(s.calls),
+                      duration(s.model_ns), duration(s.attention_ns) if s.calls else MISSING,
+                      MISSING if s.share is None else f"{s.share:.1%}")
+        console.print(t)
+    if e2e.generates or e2e.shares:
+        console.print("timed: the calls and forwards without a profiled call in them (the "
+                      "profiler slows them), unless all have one.", highlight=False)
 
 
 def _rows(summary: Summary) -> list[GroupStats]:
@@ -228,7 +309,8 @@ def _table(title: str, columns: tuple[str, ...]) -> Table:
     t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False,
               min_width=len(title) + 1, collapse_padding=True, title_style="bold")
     for col in columns:
-        left = col in ("layer", "phase", "backend", "kernel / op", "start (UTC)", "trace id")
+        left = col in ("layer", "phase", "backend", "kernel / op", "start (UTC)", "trace id",
+                       "call", "model")
         t.add_column(col, justify="left" if left else "right", no_wrap=True)
     return t
 

@@ -15,6 +15,7 @@ from matplotlib.ticker import FuncFormatter
 
 from ..render.html import PALETTE, escape, figure, page, svg, table
 from ..render.units import MISSING, duration, si, when
+from ..runinfo import describe
 from ..summary import GroupStats, Summary, latency_rows, operator_spans, time_ns, wall_ns
 from ..traces import SpanRow, attention_calls, group_key
 from ... import _schema as schema
@@ -24,15 +25,21 @@ __all__ = ["render_html"]
 _PHASE_COLOUR = {"prefill": PALETTE[0], "decode": PALETTE[1], None: PALETTE[2]}
 
 
-def render_html(summary: Summary, rows: Sequence[SpanRow], *, source: str, top: int) -> str:
-    """The whole page as text."""
+def render_html(summary: Summary, rows: Sequence[SpanRow], *, source: str, top: int,
+                context: Any = None) -> str:
+    """The whole page as text; ``context``: the report's ``Context`` (run, end to end)."""
     calls = attention_calls(rows)
+    head = [] if context is None else [("Run", _run(context.run))]
+    e2e = [] if context is None or not (context.e2e.generates or context.e2e.shares) else [
+        ("End to end: generate() and the model's forwards", _end_to_end(context.e2e))]
     sections = [
+        *head,
         ("Per layer and phase", _numbers(summary, duration, si)),
         ("Latency distribution per layer", _latency_plot(summary, calls)),
         ("Time per layer: prefill vs decode", _time_plot(summary)),
         ("Kernels and operators of the profiled calls", _kernel_plot(summary, top, duration)),
         ("Timeline of one profiled call", _timeline(summary, rows, calls, duration)),
+        *e2e,
         ("Slowest calls", _slowest(summary, duration)),
     ]
     rates = ", ".join(f"{r:g}" for r in summary.sample_rates)
@@ -40,6 +47,38 @@ def render_html(summary: Summary, rows: Sequence[SpanRow], *, source: str, top: 
                 f"{rates}), {summary.overall.profiled} profiled · "
                 f"services: {', '.join(summary.services) or MISSING}")
     return page("attnscope report", sections, subtitle=subtitle)
+
+
+def _run(info: dict[str, Any]) -> str:
+    lines = describe(info)
+    if not lines:
+        return "<p class=\"note\">No run metadata in this trace (written by an older attnscope)."
+    return "<p class=\"note\">" + "<br>".join(escape(line) for line in lines) + "</p>"
+
+
+def _end_to_end(e2e: Any) -> str:
+    parts = []
+    if e2e.generates:
+        parts.append(table(
+            ["call", "calls", "timed", "p50", "p95", "out tok/s", "TTFT p50", "TPOT p50",
+             "TTFT of", "TPOT of"],
+            [[g.name, g.calls, g.used, duration(g.wall.p50), duration(g.wall.p95),
+              si(g.tokens_per_s), duration(g.ttft.p50 if g.ttft else None),
+              duration(g.tpot.p50 if g.tpot else None), g.ttft_calls, g.tpot_calls]
+             for g in e2e.generates], left=(0,)))
+    if e2e.shares:
+        parts.append(table(
+            ["model", "phase", "forwards", "timed", "attn calls", "model time", "attention",
+             "share"],
+            [[s.model, s.phase or MISSING, s.forwards, s.used, s.calls, duration(s.model_ns),
+              duration(s.attention_ns) if s.calls else MISSING,
+              MISSING if s.share is None else f"{s.share:.1%}"]
+             for s in e2e.shares], left=(0, 1)))
+    note = ("<p class=\"note\">Wall times. TTFT: the end of a call's prefill forward − its start; "
+            "TPOT: the rest ÷ its decode forwards (only where all of them were traced). "
+            "Attention's share: the attention calls in the traced forwards ÷ those forwards' "
+            "time, weighted by 1/sample rate. Timed: without a profiled call in them.</p>")
+    return note + "".join(parts)
 
 
 def _label(g: GroupStats) -> str:

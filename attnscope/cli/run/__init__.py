@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +148,10 @@ def run(args: argparse.Namespace) -> int:
     out = _output_dir(args.out)
     env = _environment(args, out, service)
     output.clear_previous(out)
+    started = time.time_ns()
     code, _ = _run_child(argv, env)
+    output.write_run_info(out, command=command, argv=argv, environ=env, started_ns=started,
+                          ended_ns=time.time_ns(), exit_code=code)
     _report(out, full=not args.no_report)
     return code
 

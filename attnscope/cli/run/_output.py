@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -98,18 +100,63 @@ class RunExporter:
             exporter.shutdown()
 
 
+RUN_INFO = "run.json"
+# the settings a run states (the child reads them from these variables)
+_SETTING_VARS = {"sample_rate": "ATTNSCOPE_SAMPLE_RATE", "profile_rate": "ATTNSCOPE_PROFILE_RATE",
+                 "overhead_budget": "ATTNSCOPE_OVERHEAD_BUDGET",
+                 "warmup_calls": "ATTNSCOPE_WARMUP_CALLS"}
+
+
+def write_run_info(directory: Path, *, command: list[str], argv: list[str],
+                   environ: Mapping[str, str], started_ns: int, ended_ns: int,
+                   exit_code: int) -> None:
+    """``run.json``: what ``attnscope run`` ran and how (read back by ``report`` and ``diff``),
+    beside the trace files; none when the run wrote none. A write that fails is one line on
+    stderr: the traces are still there."""
+    if not written(directory):
+        return
+    import platform
+    import socket
+
+    from ..._version import __version__
+
+    def iso(ns: int) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns / 1e9)) + \
+            f".{ns // 1_000_000 % 1000:03d}Z"
+
+    info = {
+        "command": list(command), "argv": list(argv),
+        "started": iso(started_ns), "ended": iso(ended_ns),
+        "duration_s": round((ended_ns - started_ns) / 1e9, 3), "exit_code": exit_code,
+        "host": socket.gethostname(), "arch": platform.machine(),
+        "python": platform.python_version(), "attnscope_version": __version__,
+        "settings": {name: environ.get(var) for name, var in _SETTING_VARS.items()},
+    }
+    try:
+        (directory / RUN_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        print(f"attnscope run: cannot write {directory / RUN_INFO} "
+              f"({exc.strerror or type(exc).__name__})", file=sys.stderr)
+
+
+def is_run_file(name: str) -> bool:
+    """True for a file ``attnscope run`` writes into its directory: traces, locks, run.json."""
+    return name == RUN_INFO or is_trace_file(name)
+
+
 def is_trace_file(name: str) -> bool:
     """True for the name of a trace file a run writes, or of its lock file."""
     return _OURS.match(name.removesuffix(".lock")) is not None
 
 
 def clear_previous(directory: Path) -> list[Path]:
-    """Remove the trace files (and their lock files) an earlier run left in ``directory`` (OTLP
-    lines would be appended to them); returns what was removed. Other files are left alone."""
+    """Remove the trace files (and their lock files) and ``run.json`` an earlier run left in
+    ``directory`` (OTLP lines would be appended to them); returns what was removed. Other files
+    are left alone."""
     removed = []
     for path in sorted(directory.iterdir()):
         # (PATH.lock: left by a process killed before its exporter shut down)
-        if is_trace_file(path.name) and path.is_file() and not path.is_symlink():
+        if is_run_file(path.name) and path.is_file() and not path.is_symlink():
             path.unlink()
             removed.append(path)
     return removed

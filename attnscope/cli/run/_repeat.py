@@ -47,6 +47,7 @@ class _Command:
     argv: list[str]
     service: str
     given: str  # the command as the user typed it, for the closing lines
+    command: list[str]  # the same, whole, for run.json
 
 
 def split_alternate(command: list[str]) -> tuple[list[str], list[str] | None]:
@@ -91,16 +92,19 @@ def repeat(args: argparse.Namespace, command: list[str]) -> int:
 
 def _command(label: str, command: list[str]) -> _Command:
     given = shlex.join(command)
-    return _Command(label, *_program(command), given if len(given) <= 80 else given[:79] + "…")
+    return _Command(label, *_program(command), given if len(given) <= 80 else given[:79] + "…",
+                    list(command))
 
 
 def _one_run(args: argparse.Namespace, cmd: _Command, directory: Path, name: str) -> int | None:
     """Run once into ``directory``; None when it finished, else the exit code to stop with."""
     directory.mkdir(parents=True, exist_ok=True)
     env = _environment(args, directory, cmd.service)
-    start = time.monotonic()
+    start, started = time.monotonic(), time.time_ns()
     code, interrupted = _run_child(cmd.argv, env)
     took = units.duration((time.monotonic() - start) * 1e9)
+    output.write_run_info(directory, command=cmd.command, argv=cmd.argv, environ=env,
+                          started_ns=started, ended_ns=time.time_ns(), exit_code=code)
     if interrupted or code != 0:
         return _failed(directory, name, code, interrupted=interrupted, took=took)
     print(f"attnscope run: {name}: {_captured(directory)} in {_shown(directory)} ({took})",
@@ -177,7 +181,7 @@ def _clear_previous(out: Path) -> None:
 def _ours(path: Path) -> bool:
     if path.name == _REPORT:
         return path.is_file()
-    return path.is_file() and output.is_trace_file(path.name)
+    return path.is_file() and output.is_run_file(path.name)
 
 
 def _remove_run(directory: Path) -> None:

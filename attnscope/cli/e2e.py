@@ -1,0 +1,202 @@
+"""End-to-end context for a report: what ``generate()`` and model forwards took, and attention's
+share of the model's time.
+
+- **generate**: per ``generate()`` call site (span name), the calls' wall time, output tokens/s
+  (their output tokens ÷ their wall time, summed), time to first token (TTFT: the end of the
+  call's prefill forward − the call's start) and time per output token (TPOT: the rest of the
+  call ÷ its decode forwards). TTFT needs the call's prefill forward traced (``instrument(...,
+  trace_model=True)``, as ``attnscope run`` does); TPOT needs every forward of the call traced
+  (forwards at sample rate 1): else they are unknown for that call, never estimated.
+- **attention share**, per model and phase: the time of attention calls nested in the model's
+  traced forwards ÷ those forwards' time; a forward weighs 1/its sample rate, a nested call
+  1/(its rate × its forward's), so below rate 1 the share is a ratio of two estimated totals.
+
+Times are wall times (``attnscope.wall_ns``): device time is measured for attention calls only.
+A call or forward that holds a profiled call was slowed by the profiler: it is left out of the
+times and shares whenever others are left (``*_used`` says how many were used), as the report's
+latency percentiles leave profiled calls out.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .summary import Quantiles, quantiles, wall_ns
+from .traces import SpanRow, attention_calls
+from .. import _schema as schema
+
+__all__ = ["GenerateStats", "ShareStats", "EndToEnd", "end_to_end"]
+
+_FORWARD = ".forward"
+_GENERATE = ".generate"
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateStats:
+    name: str
+    calls: int
+    used: int  # calls the times are of (those without a profiled call, when there are any)
+    wall: Quantiles
+    output_tokens: int | None  # summed over the calls that counted them
+    tokens_per_s: float | None
+    ttft: Quantiles | None
+    ttft_calls: int  # calls whose TTFT is known
+    tpot: Quantiles | None
+    tpot_calls: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShareStats:
+    model: str
+    phase: str | None
+    forwards: int
+    used: int  # forwards the share is of
+    calls: int  # attention calls sampled inside them
+    model_ns: float  # weighted by 1/sample rate
+    attention_ns: float
+    share: float | None  # None with no attention call to estimate it from
+
+
+@dataclass(frozen=True, slots=True)
+class EndToEnd:
+    generates: list[GenerateStats]
+    shares: list[ShareStats]
+
+
+def _function(row: SpanRow) -> str:
+    value = row.attributes.get(schema.CODE_FUNCTION_NAME.name)
+    return value if isinstance(value, str) else ""
+
+
+def _is_generate(row: SpanRow) -> bool:
+    return schema.TIER.name in row.attributes and _function(row).endswith(_GENERATE)
+
+
+def _is_forward(row: SpanRow, attention: set[str]) -> bool:
+    return (schema.TIER.name in row.attributes and row.span_id not in attention
+            and schema.KERNEL_KIND.name not in row.attributes
+            and _function(row).endswith(_FORWARD) and schema.NUM_HEADS.name not in row.attributes)
+
+
+def _weight(row: SpanRow) -> float:
+    rate = row.attributes.get(schema.SAMPLE_RATE.name)
+    return 1.0 / rate if isinstance(rate, float) and 0.0 < rate <= 1.0 else 1.0
+
+
+def _int(row: SpanRow, key: str) -> int | None:
+    value = row.attributes.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def end_to_end(rows: Sequence[SpanRow]) -> EndToEnd:
+    """The generate and attention-share figures of a trace (empty lists when it has none)."""
+    attention = {r.span_id for r in attention_calls(rows)}
+    children: dict[str, list[SpanRow]] = defaultdict(list)
+    for r in rows:
+        if r.parent_id:
+            children[r.parent_id].append(r)
+    forwards = [r for r in rows if _is_forward(r, attention)]
+    forward_ids = {r.span_id for r in forwards}
+    # the outermost forwards only: a model inside a traced model is part of its time
+    by_id = {r.span_id: r for r in rows}
+    outer = [r for r in forwards if not _has_ancestor(r, by_id, forward_ids)]
+    return EndToEnd(_generates(rows, children, forward_ids),
+                    _shares(outer, children, attention))
+
+
+def _has_ancestor(row: SpanRow, by_id: Mapping[str, SpanRow], ids: set[str]) -> bool:
+    seen = 0
+    parent = row.parent_id
+    while parent and seen < 1000:
+        if parent in ids:
+            return True
+        up = by_id.get(parent)
+        parent = up.parent_id if up is not None else None
+        seen += 1
+    return False
+
+
+def _generates(rows: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
+               forward_ids: set[str]) -> list[GenerateStats]:
+    by_name: dict[str, list[SpanRow]] = defaultdict(list)
+    for r in rows:
+        if _is_generate(r):
+            by_name[r.name].append(r)
+    out = []
+    for name, every in sorted(by_name.items()):
+        calls = _unslowed(every, children)
+        ttft: list[float] = []
+        tpot: list[float] = []
+        tokens = 0
+        counted_ns = 0
+        counted = False
+        for g in calls:
+            out_tokens = _int(g, schema.OUTPUT_TOKENS.name)
+            if out_tokens is not None:
+                tokens += out_tokens
+                counted_ns += wall_ns(g)
+                counted = True
+            steps = sorted((c for c in children.get(g.span_id, ()) if c.span_id in forward_ids),
+                           key=lambda c: c.start_ns)
+            if not steps or steps[0].attributes.get(schema.PHASE.name) != "prefill":
+                continue
+            first_end = steps[0].start_ns + wall_ns(steps[0])
+            ttft.append(first_end - g.start_ns)
+            decodes = steps[1:]
+            if decodes and all(c.attributes.get(schema.PHASE.name) == "decode"
+                               and c.attributes.get(schema.SAMPLE_RATE.name) == 1.0
+                               for c in decodes):
+                tpot.append((g.start_ns + wall_ns(g) - first_end) / len(decodes))
+        out.append(GenerateStats(
+            name=name, calls=len(every), used=len(calls),
+            wall=quantiles([wall_ns(g) for g in calls]),
+            output_tokens=tokens if counted else None,
+            tokens_per_s=tokens / (counted_ns / 1e9) if counted and counted_ns > 0 else None,
+            ttft=quantiles(ttft) if ttft else None, ttft_calls=len(ttft),
+            tpot=quantiles(tpot) if tpot else None, tpot_calls=len(tpot)))
+    return out
+
+
+def _profiled(row: SpanRow, children: Mapping[str, list[SpanRow]]) -> bool:
+    return any(d.attributes.get(schema.TIER.name) == "profile"
+               for d in (row, *_descendants(row, children)))
+
+
+def _unslowed(rows: Sequence[SpanRow], children: Mapping[str, list[SpanRow]]) -> list[SpanRow]:
+    """``rows`` without those the profiler slowed, unless that leaves none."""
+    kept = [r for r in rows if not _profiled(r, children)]
+    return kept or list(rows)
+
+
+def _descendants(row: SpanRow, children: Mapping[str, list[SpanRow]]) -> list[SpanRow]:
+    out, stack = [], list(children.get(row.span_id, ()))
+    while stack:
+        r = stack.pop()
+        out.append(r)
+        stack.extend(children.get(r.span_id, ()))
+    return out
+
+
+def _shares(forwards: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
+            attention: set[str]) -> list[ShareStats]:
+    grouped: dict[tuple[str, str | None], list[SpanRow]] = defaultdict(list)
+    for f in forwards:
+        phase = f.attributes.get(schema.PHASE.name)
+        grouped[(f.name, phase if isinstance(phase, str) else None)].append(f)
+    out = []
+    for (model, phase), every in sorted(grouped.items(),
+                                        key=lambda kv: (kv[0][0], kv[0][1] != "prefill",
+                                                        kv[0][1] or "")):
+        kept = _unslowed(every, children)
+        model_ns = sum(wall_ns(f) * _weight(f) for f in kept)
+        # a nested call was sampled on its own, given its forward was: both weights apply
+        nested = [(d, f) for f in kept for d in _descendants(f, children)
+                  if d.span_id in attention]
+        attention_ns = sum(wall_ns(d) * _weight(d) * _weight(f) for d, f in nested)
+        out.append(ShareStats(model=model, phase=phase, forwards=len(every), used=len(kept),
+                              calls=len(nested), model_ns=model_ns, attention_ns=attention_ns,
+                              share=attention_ns / model_ns if model_ns > 0 and nested
+                              else None))
+    return out

@@ -1,0 +1,233 @@
+"""`attnscope report`'s context: what the trace was a run of, and the end-to-end figures
+(generate() time, TTFT, TPOT, output tokens/s, attention's share of the model's time)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import attnscope
+from attnscope.cli.e2e import end_to_end
+from attnscope.cli.runinfo import describe, run_info
+from attnscope.cli.traces import SpanRow, load_spans
+from attnscope.export.destinations import command_args
+from tests.support.cli_traces import TraceFiles, generate, jaeger_spans
+
+ROOT = Path(__file__).resolve().parent.parent
+MS = 1_000_000
+
+
+def _span(span_id: str, parent: str | None, start_ms: float, wall_ms: float, *, fn: str,
+          **attrs: Any) -> SpanRow:
+    a = {"attnscope.tier": "timing", "attnscope.sample_rate": 1.0, "code.function.name": fn,
+         "attnscope.wall_ns": int(wall_ms * MS), **attrs}
+    start = int(start_ms * MS)
+    return SpanRow("t" * 32, span_id, parent, fn.split(".")[0], start, start + int(wall_ms * MS),
+                   a, "svc")
+
+
+def _attn(span_id: str, parent: str, start_ms: float, wall_ms: float, phase: str,
+          **attrs: Any) -> SpanRow:
+    return _span(span_id, parent, start_ms, wall_ms, fn="LlamaAttention.forward",
+                 **{"attnscope.num_heads": 4, "attnscope.flops": 100, "attnscope.phase": phase,
+                    "attnscope.module": "model.layers.0.self_attn", **attrs})
+
+
+def _forward(span_id: str, parent: str, start_ms: float, wall_ms: float, phase: str,
+             **attrs: Any) -> SpanRow:
+    return _span(span_id, parent, start_ms, wall_ms, fn="LlamaForCausalLM.forward",
+                 **{"attnscope.phase": phase, **attrs})
+
+
+def _generate_rows(decode_rate: float = 1.0) -> list[SpanRow]:
+    """One generate(): prefill forward at 1-21 ms, three decode forwards of 10 ms, 100 ms in all;
+    two attention calls (one layer deep) in each forward."""
+    rows = [_span("g", None, 0, 100, fn="GenerationMixin.generate",
+                  **{"gen_ai.usage.output_tokens": 8, "attnscope.batch_size": 2})]
+    rows.append(_forward("f0", "g", 1, 20, "prefill"))
+    rows += [_attn("a0", "f0", 2, 4, "prefill"), _attn("a1", "f0", 8, 6, "prefill")]
+    for i in range(3):
+        fid = f"f{i + 1}"
+        rows.append(_forward(fid, "g", 30 + 20 * i, 10, "decode",
+                             **{"attnscope.sample_rate": decode_rate}))
+        rows.append(_attn(f"d{i}", fid, 31 + 20 * i, 2 + i, "decode"))
+    return rows
+
+
+def test_ttft_tpot_tokens_per_s_and_share_from_the_spans() -> None:
+    e = end_to_end(_generate_rows())
+    (g,) = e.generates
+    assert g.calls == g.used == 1 and g.output_tokens == 8
+    assert g.ttft is not None and g.ttft.p50 == 21 * MS  # prefill ends at 1 + 20 ms
+    assert g.tpot is not None and g.tpot.p50 == pytest.approx((100 - 21) * MS / 3)
+    assert g.tokens_per_s == pytest.approx(8 / 0.1)
+    prefill, decode = e.shares
+    assert (prefill.phase, prefill.forwards) == ("prefill", 1)
+    assert prefill.model_ns == 20 * MS and prefill.attention_ns == 10 * MS
+    assert prefill.share == pytest.approx(0.5) and prefill.calls == 2
+    assert decode.model_ns == 30 * MS and decode.attention_ns == (2 + 3 + 4) * MS
+    assert decode.share == pytest.approx(9 / 30)
+
+
+def test_tpot_unknown_unless_every_forward_was_traced_and_ttft_needs_the_prefill() -> None:
+    (g,) = end_to_end(_generate_rows(decode_rate=0.5)).generates
+    assert g.ttft is not None and g.tpot is None and g.tpot_calls == 0
+    no_prefill = [r for r in _generate_rows() if r.span_id not in ("f0", "a0", "a1")]
+    (g,) = end_to_end(no_prefill).generates
+    assert g.ttft is None and g.tpot is None and g.ttft_calls == 0
+    assert g.wall.p50 == 100 * MS  # the call's own time is still known
+
+
+def test_sampled_forwards_and_calls_are_weighted_by_their_rates() -> None:
+    # forward at rate 0.5 holding a call at rate 0.25: the call stands for 1/(0.5*0.25) calls
+    rows = [_forward("f", None, 0, 10, "prefill", **{"attnscope.sample_rate": 0.5}),
+            _attn("a", "f", 1, 2, "prefill", **{"attnscope.sample_rate": 0.25}),
+            _forward("h", None, 20, 10, "prefill", **{"attnscope.sample_rate": 0.5})]
+    (s,) = end_to_end(rows).shares
+    assert s.model_ns == pytest.approx(2 * 20 * MS)
+    assert s.attention_ns == pytest.approx(2 * MS / 0.125)
+    assert s.share == pytest.approx((2 / 0.125) / 40)
+
+
+def test_no_share_without_an_attention_call_to_estimate_it_from() -> None:
+    rows = [_forward("f", None, 0, 10, "prefill", **{"attnscope.sample_rate": 0.5}),
+            _forward("g", None, 20, 10, "decode"), _attn("a", "g", 21, 3, "decode")]
+    prefill, decode = end_to_end(rows).shares
+    assert prefill.calls == 0 and prefill.share is None and prefill.model_ns == 20 * MS
+    assert decode.calls == 1 and decode.share == pytest.approx(0.3)
+
+
+def test_forwards_and_calls_holding_a_profiled_call_are_left_out_while_others_remain() -> None:
+    rows = _generate_rows()
+    rows = [r if r.span_id != "d0" else SpanRow(
+        r.trace_id, r.span_id, r.parent_id, r.name, r.start_ns, r.end_ns,
+        {**r.attributes, "attnscope.tier": "profile"}, r.service) for r in rows]
+    decode = end_to_end(rows).shares[1]
+    assert (decode.forwards, decode.used) == (3, 2)
+    assert decode.model_ns == 20 * MS and decode.attention_ns == (3 + 4) * MS
+    (g,) = end_to_end(rows).generates  # the only generate holds it: kept, all there is
+    assert (g.calls, g.used) == (1, 1)
+
+
+def test_command_args_are_bounded() -> None:
+    long = ["python", "x" * 2000] + [f"a{i}" for i in range(100)]
+    args = command_args(long)
+    assert len(args) == 64 and args[-1] == "…(39 more)"
+    assert len(args[1]) == 512 and args[1].endswith("…") and args[2] == "a0"
+    assert command_args(["python", "app.py"]) == ["python", "app.py"]
+
+
+# ---- real traces -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> TraceFiles:
+    # every call traced, none profiled: every generate() has all its forwards
+    return generate(tmp_path_factory.mktemp("context") / "run", sample_rate=1.0,
+                    profile_rate=0.0, repeats=3, new_tokens=4)
+
+
+def _cli(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ATTNSCOPE_", "OTEL_"))}
+    return subprocess.run([sys.executable, "-m", "attnscope", *map(str, args)],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
+
+
+def test_report_json_end_to_end_matches_the_raw_spans(traces: TraceFiles,
+                                                      tmp_path: Path) -> None:
+    done = _cli("report", traces.jaeger, "--json", tmp_path / "r.json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    spans = jaeger_spans(traces.jaeger)
+
+    def tag(s: dict[str, Any], key: str) -> Any:
+        return s["tags"].get(key)
+
+    def parent(s: dict[str, Any]) -> str | None:
+        return next((r["spanID"] for r in s.get("references") or ()), None)
+
+    gens = [s for s in spans if str(tag(s, "code.function.name")).endswith(".generate")]
+    assert len(gens) == 3
+    ttft, tpot, walls, tokens = [], [], [], 0
+    for g in gens:
+        steps = sorted((s for s in spans if parent(s) == g["spanID"]
+                        and str(tag(s, "code.function.name")).endswith(".forward")),
+                       key=lambda s: s["startTime"])
+        assert tag(steps[0], "attnscope.phase") == "prefill" and len(steps) == 4
+        first_end = steps[0]["startTime"] * 1000 + tag(steps[0], "attnscope.wall_ns")
+        g_start, g_wall = g["startTime"] * 1000, tag(g, "attnscope.wall_ns")
+        ttft.append(first_end - g_start)
+        tpot.append((g_start + g_wall - first_end) / 3)
+        walls.append(g_wall)
+        tokens += tag(g, "gen_ai.usage.output_tokens")
+    (row,) = doc["end_to_end"]["generate"]
+    assert row["calls"] == 3 and row["output_tokens"] == tokens == 3 * 2 * 4
+    assert row["ttft_ns"]["p50"] == pytest.approx(float(np.percentile(ttft, 50)))
+    assert row["tpot_ns"]["p50"] == pytest.approx(float(np.percentile(tpot, 50)))
+    assert row["wall_ns"]["p95"] == pytest.approx(float(np.percentile(walls, 95)))
+    assert row["output_tokens_per_s"] == pytest.approx(tokens / (sum(walls) / 1e9))
+    shares = {s["phase"]: s for s in doc["end_to_end"]["attention_share"]}
+    for phase in ("prefill", "decode"):
+        forwards = [s for s in spans if tag(s, "attnscope.phase") == phase
+                    and str(tag(s, "code.function.name")).endswith("ForCausalLM.forward")]
+        ids = {f["spanID"] for f in forwards}
+        attn = [s for s in spans if parent(s) in ids] + [
+            s for s in spans if parent(s) in {x["spanID"] for x in spans if parent(x) in ids}]
+        attn_ns = sum(tag(s, "attnscope.wall_ns") for s in attn
+                      if tag(s, "attnscope.num_heads") is not None
+                      and tag(s, "code.function.name") != "scaled_dot_product_attention")
+        model_ns = sum(tag(f, "attnscope.wall_ns") for f in forwards)
+        assert shares[phase]["forwards"] == len(forwards)
+        assert shares[phase]["model_ns"] == pytest.approx(model_ns)
+        assert shares[phase]["attention_ns"] == pytest.approx(attn_ns)
+    run = doc["run"]
+    assert run["versions"]["torch"] == str(torch.__version__)
+    assert run["versions"]["attnscope"] == attnscope.__version__
+    assert run["versions"]["transformers"] is not None
+    assert run["settings"]["sample_rate"] == 1.0 and run["settings"]["profile_rate"] == 0.0
+    assert run["command"].split()[1] == "-c" and run["processes"] == 1
+    assert run["source"] == ["resource"]  # written by configure(): no run.json
+
+
+def test_report_terminal_shows_the_run_and_the_end_to_end_tables(traces: TraceFiles,
+                                                                 tmp_path: Path) -> None:
+    done = _cli("report", traces.otlp, "--html", tmp_path / "r.html")
+    assert done.returncode == 0, done.stderr
+    page = (tmp_path / "r.html").read_text()
+    assert "<h2>Run</h2>" in page and f"torch {torch.__version__}" in page
+    assert "End to end: generate() and the model" in page and "TTFT p50" in page
+    out = done.stdout
+    assert f"versions: attnscope {attnscope.__version__}, torch {torch.__version__}" in out
+    assert "configured: sample rate 1, profile rate 0," in out
+    assert "generate() end to end" in out and "Attention's share of the model's time" in out
+
+
+def test_run_writes_run_json_and_report_reads_it(tmp_path: Path) -> None:
+    app = tmp_path / "app.py"
+    app.write_text("import torch, torch.nn.functional as F\nimport sys\n"
+                   "q = torch.randn(1, 2, 8, 16)\n"
+                   "for _ in range(4):\n    F.scaled_dot_product_attention(q, q, q)\n"
+                   "sys.exit(0)\n")
+    out = tmp_path / "out"
+    done = _cli("run", "--no-report", "--sample-rate", "1", "--out", out, "--", "python",
+                app, "--flag", "x y", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    info = json.loads((out / "run.json").read_text())
+    assert info["command"] == ["python", str(app), "--flag", "x y"]
+    assert info["exit_code"] == 0 and info["duration_s"] > 0
+    assert info["settings"]["sample_rate"] == "1.0"
+    meta = run_info(out, load_spans(out))
+    assert meta["command"] == f"python {app} --flag 'x y'"
+    assert meta["started"] == info["started"] and meta["source"] == ["run.json", "resource"]
+    assert describe(meta)[0].startswith(f"run: python {app} --flag 'x y' (started ")
+    again = _cli("run", "--no-report", "--out", out, "--", "python", app, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert json.loads((out / "run.json").read_text())["command"] == ["python", str(app)]
