@@ -13,6 +13,13 @@ By default attnscope exports through a provider of its own (``exporter=`` a Span
 usual set-up; ``--app-provider`` hands it the application's provider instead (``tracer_provider=``),
 where spans go through the SDK's ``Tracer.start_span``.
 
+Full collections of the garbage collector are kept out of both sides: after the warm-up the
+heap is frozen (``gc.freeze()``). A full collection scans the whole heap (torch and the SDK: about
+65 ms here); left in, one lands in most rounds of 5000 spans, on whichever thread allocates when
+the threshold trips, usually the reference's (+13 µs per span on it), so the comparison measured
+where the collector happened to run. Young collections, which each side's own allocations cause,
+still run and are counted where they run.
+
 Run: python benchmarks/bench_worker.py [--spans 5000] [--rounds 5] [--metrics [off|on|both]]
                                       [--app-provider]
 Linux only (reads /proc for per-thread figures: the scheduler's nanosecond count where the kernel
@@ -22,6 +29,7 @@ keeps one, else clock ticks).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import platform
 import statistics
@@ -151,6 +159,8 @@ def measure(args: argparse.Namespace, metrics: bool) -> dict[str, Any]:
     attention(q, q, q)  # starts the worker
     assert attnscope.flush(timeout_s=30)
     worker_round(500)  # warm
+    gc.collect()
+    gc.freeze()  # see the module docstring: full collections out of the figures
     last = exporter.last
     assert last is not None
     attrs = dict(last.attributes or {})
@@ -171,6 +181,7 @@ def measure(args: argparse.Namespace, metrics: bool) -> dict[str, Any]:
     idle_switches, idle_cpu_ms = idle_figures(2.0)
     attnscope.shutdown()
     provider.shutdown()
+    gc.unfreeze()
     return {"ours": ours, "ref": ref, "ref_metrics": ref_metrics, "attrs": len(attrs),
             "idle": (idle_switches, idle_cpu_ms)}
 

@@ -24,6 +24,7 @@ from attnscope._state import state
 from attnscope.export import metrics as _metrics
 from attnscope.export import pipeline as _provider
 from attnscope.testing import capture_spans
+from attnscope.worker import engine as _engine
 
 
 @pytest.fixture(autouse=True)
@@ -127,6 +128,32 @@ def test_recorder_never_raises(meter_provider: MeterProvider, reader: InMemoryMe
     record(_result({"attnscope.wall_ns": "not a number", "attnscope.tokens": True}))
     record(_result({}))
     assert _log.error_count() == 0
+
+
+def test_metrics_wait_for_the_end_of_the_workers_batch() -> None:
+    seen: list[Any] = []
+    batch = _engine.MetricsBatch(lambda result, span_context: seen.append(result))
+    batch.add("a", None)
+    batch.add("b", None)
+    assert seen == [] and len(batch.held) == 2
+    batch.drain()
+    assert seen == ["a", "b"] and not batch.held
+    for i in range(_engine._METRICS_BATCH_MAX):  # bounded: recorded once the batch is full
+        batch.add(i, None)
+    assert seen[2:] == list(range(_engine._METRICS_BATCH_MAX)) and not batch.held
+
+
+def test_flush_returns_once_every_calls_metrics_are_recorded(
+    meter_provider: MeterProvider, reader: InMemoryMetricReader
+) -> None:
+    calls = _engine._METRICS_BATCH_MAX + 100  # more than one batch
+    q = torch.randn(1, 2, 4, 8)
+    with capture_spans(meter_provider=meter_provider):
+        for _ in range(calls):
+            attention(q, q, q)
+        assert attnscope.flush(timeout_s=30.0)
+        (point,) = _points(_metrics_by_name(reader)["attnscope.attention.duration"])
+        assert point.count == calls
 
 
 def test_instruments_are_made_once_per_provider(meter_provider: MeterProvider) -> None:

@@ -163,6 +163,7 @@ class Worker:
                 self._finish(cap, True)
             if self.engine is not None:
                 self.engine.builder.give_up()
+                self.engine.end_batch()
             _retire(self)
 
     def _idle(self) -> None:
@@ -223,6 +224,7 @@ class Worker:
                 self._finish(cap, timed_out)
         if engine is not None:
             engine.builder.expire()
+            engine.end_batch()
         with self._cond:
             self._cond.notify_all()
         return worked
@@ -278,7 +280,8 @@ class Worker:
         target, drops = self.submitted, self.dropped_queue
         with self._cond:
             while (self.processed + self.dropped_queue < target or len(self.resolver)
-                   or self.notices_applied + self.notices_skipped < drops):
+                   or self.notices_applied + self.notices_skipped < drops
+                   or (self.engine is not None and self.engine.metrics_pending())):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self.thread.is_alive():
                     return False
