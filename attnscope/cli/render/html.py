@@ -37,8 +37,9 @@ main{max-width:1180px;margin:0 auto;padding:16px 32px 48px}
 section{background:#fff;border:1px solid #e1e4ea;border-radius:8px;margin:18px 0;padding:14px 20px}
 section h2{font-size:17px;margin:2px 0 10px;font-weight:600}
 p.note{color:#5b6475;font-size:13px;margin:6px 0}
-table{border-collapse:collapse;font-size:13px;margin:8px 0;width:100%}
-th,td{padding:4px 10px;border-bottom:1px solid #eceef2;text-align:right;white-space:nowrap}
+div.wide{overflow-x:auto}
+table{border-collapse:collapse;font-size:12.5px;margin:8px 0;width:100%}
+th,td{padding:4px 6px;border-bottom:1px solid #eceef2;text-align:right;white-space:nowrap}
 th{background:#f0f2f5;font-weight:600}
 th:first-child,td:first-child{text-align:left}
 td.l,th.l{text-align:left}
@@ -80,7 +81,9 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]],
     head = "".join(cell("th", i, h) for i, h in enumerate(headers))
     body = "".join("<tr>" + "".join(cell("td", i, v) for i, v in enumerate(row)) + "</tr>"
                    for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    # a wide table scrolls inside its section instead of running past the card's edge
+    return (f"<div class=\"wide\"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody>"
+            "</table></div>")
 
 
 def page(title: str, sections: Sequence[tuple[str, str]], subtitle: str = "") -> str:

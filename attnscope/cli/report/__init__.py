@@ -244,8 +244,9 @@ def _end_to_end(console: Any, e2e: EndToEnd) -> None:
                       MISSING if s.share is None else f"{s.share:.1%}")
         console.print(t)
     if e2e.generates or e2e.shares:
-        console.print("timed: the calls and forwards without a profiled call in them (the "
-                      "profiler slows them), unless all have one.", highlight=False)
+        console.print("timed: the calls and forwards with no profiled span in them (the call, a "
+                      "forward or a layer: the profiler slows them), unless all have one.",
+                      highlight=False)
 
 
 def _rows(summary: Summary) -> list[GroupStats]:

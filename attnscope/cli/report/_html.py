@@ -77,7 +77,8 @@ def _end_to_end(e2e: Any) -> str:
     note = ("<p class=\"note\">Wall times. TTFT: the end of a call's prefill forward − its start; "
             "TPOT: the rest ÷ its decode forwards (only where all of them were traced). "
             "Attention's share: the attention calls in the traced forwards ÷ those forwards' "
-            "time, weighted by 1/sample rate. Timed: without a profiled call in them.</p>")
+            "time, weighted by 1/sample rate. Timed: with no profiled span in them (the call, a "
+            "forward or a layer: the profiler slows them), unless all have one.</p>")
     return note + "".join(parts)
 
 
