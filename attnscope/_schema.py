@@ -73,6 +73,9 @@ TOKENS_PER_S = attribute("tokens_per_s", "float", "{token}/s", "tokens over the 
 SLIDING_WINDOW = attribute("sliding_window", "int", _TOKEN, "the band's width of a windowed mask")
 KV_CACHE_LEN = attribute("kv_cache_len", "int", _TOKEN, "tokens cached before the call")
 PHASE = attribute("phase", "string", "", "prefill or decode")
+EXACT = attribute("exact", "bool", "", "false: a figure could not be established exactly")
+INEXACT_REASON = attribute("inexact_reason", "string", "",
+                           "why not: mask_not_kept, mask_unread, cache_unread, layer_narrows")
 INPUT_TOKENS = attribute("gen_ai.usage.input_tokens", "int", _TOKEN, "prompt tokens")
 OUTPUT_TOKENS = attribute("gen_ai.usage.output_tokens", "int", _TOKEN, "generated tokens")
 

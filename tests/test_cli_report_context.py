@@ -231,3 +231,36 @@ def test_run_writes_run_json_and_report_reads_it(tmp_path: Path) -> None:
     again = _cli("run", "--no-report", "--out", out, "--", "python", app, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert json.loads((out / "run.json").read_text())["command"] == ["python", str(app)]
+
+
+def test_report_marks_rows_with_calls_not_exact(tmp_path: Path) -> None:
+    trace = tmp_path / "t.json"
+    program = (
+        "import torch, attnscope\n"
+        f"attnscope.configure(exporter='jaeger-json:{trace}', sample_rate=1.0, warmup_calls=0,"
+        " overhead_budget=1.0, profile_rate=0.0, metrics=False)\n"
+        "@attnscope.trace(name='odd')\n"
+        "def odd(q, k, v, attn_mask=None):\n    return q\n"
+        "@attnscope.trace(name='plain')\n"
+        "def plain(q, k, v, attn_mask=None):\n    return q\n"
+        "q = torch.zeros(1, 2, 4, 8)\n"
+        "blocked = torch.ones(1, 1, 1, 4, 4, dtype=torch.bool)\n"  # a layout not read
+        "causal = torch.ones(4, 4, dtype=torch.bool).tril()[None, None]\n"
+        "for _ in range(3):\n    odd(q, q, q, attn_mask=blocked)\n"
+        "    plain(q, q, q, attn_mask=causal)\n"
+        "attnscope.shutdown()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ATTNSCOPE_", "OTEL_"))}
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    report = _cli("report", trace, "--json", tmp_path / "r.json")
+    assert report.returncode == 0, report.stderr
+    groups = {g["module"]: g for g in json.loads((tmp_path / "r.json").read_text())["groups"]}
+    assert groups["odd"]["inexact_calls"] == {"mask_unread": 3}
+    assert groups["plain"]["inexact_calls"] == {}
+    assert "† odd —: 3 of 3 calls not exact: 3 mask_unread (FLOPs an upper bound)" \
+        in report.stdout
+    flops_cells = [line for line in report.stdout.splitlines()
+                   if line.lstrip().startswith(("odd", "plain")) and "k" in line]
+    assert any(line.lstrip().startswith("odd") and "†" in line for line in flops_cells)
+    assert not any(line.lstrip().startswith("plain") and "†" in line for line in flops_cells)

@@ -155,3 +155,43 @@ def test_unreadable_mask_leaves_tokens_unknown_rather_than_wrong() -> None:
 def test_stats_include_profile_counters() -> None:
     stats = attnscope.stats()
     assert any(key.startswith("profile_") for key in stats)
+
+
+def test_a_mask_not_read_marks_the_call_inexact_and_a_read_one_does_not() -> None:
+    q = torch.zeros(1, 2, 4, 8)
+    odd_mask = torch.ones(1, 1, 1, 4, 4, dtype=torch.bool)  # a layout attnscope does not read
+    got = derive(summarize((q, q, q), {"attn_mask": odd_mask}, ("q", "k", "v")))
+    assert got["exact"] is False and got["inexact_reason"] == "mask_unread"
+    # the FLOPs are then the layer's own structure's: every pair (an upper bound)
+    assert got["flops"] == brute_force_flops(1, 2, 4, 4, 8, 8, False)
+    causal = torch.ones(4, 4, dtype=torch.bool).tril()[None, None]
+    read = derive(summarize((q, q, q), {"attn_mask": causal}, ("q", "k", "v")))
+    assert "exact" not in read and "inexact_reason" not in read
+    assert read["flops"] == brute_force_flops(1, 2, 4, 4, 8, 8, True)
+    plain = derive(summarize((q, q, q), {}, ("q", "k", "v")))
+    assert "exact" not in plain
+
+
+def test_a_mask_over_the_keeping_budget_marks_the_call_inexact() -> None:
+    from attnscope.record.capture import TensorMeta
+
+    q = torch.zeros(1, 2, 4, 8)
+    big = TensorMeta((1, 1, 4, 4), torch.bool, torch.device("cpu"))  # what retain keeps instead
+    got = derive([*summarize((q, q, q), {}, ("q", "k", "v")), ("attn_mask", big)])
+    assert got["exact"] is False and got["inexact_reason"] == "mask_not_kept"
+    assert "tokens" not in got
+
+
+def test_a_layer_call_whose_cache_length_was_not_read_says_so() -> None:
+    from attnscope.record.capture import AttentionFacts
+    from attnscope.worker.derive import derive_attention
+
+    facts = AttentionFacts(2, 1)
+    facts.heads, facts.head_dim, facts.cached = 4, 8, True
+    facts.past = object()  # a device copy that did not arrive: no length to read
+    got = derive_attention(facts)
+    assert got.exact is False and got.inexact_reason == "cache_unread"
+    assert got.seq_len_kv is None and got.flops is None and got.phase is None
+    facts.past = 3
+    known = derive_attention(facts)
+    assert known.exact is None and known.flops == 2 * 2 * 4 * 1 * 4 * (8 + 8)

@@ -81,6 +81,8 @@ class GroupStats:
     backends: Mapping[str, int]  # calls that recorded attnscope.backend themselves, per name
     kernels: list[tuple[str, int, float]]  # (name, ns, share of profiled kernel time)
     cost_per_1k_tokens: float | None
+    # calls marked attnscope.exact=false, per attnscope.inexact_reason (empty: all exact)
+    inexact: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +206,9 @@ def _stats(key: GroupKey, label: str, rows: Sequence[SpanRow], price_per_hour: f
         memory_peak_bytes=max(peaks) if peaks else None, backends=dict(backends),
         kernels=_kernels(profiled),
         cost_per_1k_tokens=(price_per_hour / 3600 / tokens_per_s * 1e3
-                            if price_per_hour is not None and tokens_per_s else None))
+                            if price_per_hour is not None and tokens_per_s else None),
+        inexact=dict(Counter(str(r.attributes.get(schema.INEXACT_REASON.name, "unknown"))
+                             for r in rows if r.attributes.get(schema.EXACT.name) is False)))
 
 
 def _sample_rate(row: SpanRow) -> float:

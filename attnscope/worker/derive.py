@@ -28,7 +28,7 @@ from ..record.capture import (
 from ..instrumentation.facts import head_info
 from ..record.reduce import generated_numbers
 from .derived import ARGUMENTS, HIDDEN, LAYER, MODEL, Derived
-from .masks import MaskReading, counts_of, pairs_upto, positions_tokens, read_counts
+from .masks import MaskCounts, MaskReading, counts_of, pairs_upto, positions_tokens, read_counts
 
 __all__ = ["derive", "causal_pairs", "window_pairs", "attention_flops", "count_tokens",
            "host_rss_bytes", "host_readable"]
@@ -170,6 +170,8 @@ def _qkv_attributes(out: Derived, qkv: tuple[TensorMeta, TensorMeta, TensorMeta]
         out.flops = 2 * reading.pairs * (d + dv)
     else:
         out.flops = attention_flops(b, hq, sq, skv, d, dv, bool(causal), window)
+    if isinstance(mask, (torch.Tensor, TensorMeta, HostCopy)):
+        _mark_mask(out, mask, counts, reading, hq)
     if counts is not None:
         if real is not None:
             out.tokens = real
@@ -285,6 +287,10 @@ def derive_attention(f: AttentionFacts) -> Derived:
             out.flops = 2 * reading.pairs * (f.head_dim + dv)
         elif keys_known:
             out.flops = attention_flops(b, f.heads, sq, skv, f.head_dim, dv, causal, window)
+    if not keys_known:
+        out.inexact("cache_unread")
+    elif self_mask or isinstance(f.mask, TensorMeta):
+        _mark_mask(out, f.mask, counts, reading, f.heads)
     if isinstance(f.mask, TensorMeta):  # a mask over the keeping budget: padding unknown
         return out
     if f.mask is None or f.seq_kv is not None:
@@ -292,6 +298,18 @@ def derive_attention(f: AttentionFacts) -> Derived:
     else:  # a mask that could not be read (timed out, a layout not understood): no count
         out.tokens = real
     return out
+
+
+def _mark_mask(out: Derived, mask: Any, counts: MaskCounts | None,
+               reading: MaskReading | None, heads: int | None) -> None:
+    """Mark ``out`` inexact when a self-attention mask was given but not read: its FLOPs then
+    come from the layer's own causality and window (an upper bound: a mask only hides pairs)."""
+    if isinstance(mask, TensorMeta):
+        out.inexact("mask_not_kept")
+    elif counts is None or (not counts.plan.structure and counts.plan.token_scale is None):
+        out.inexact("mask_unread")  # nothing read of it (a layout with no plan)
+    elif counts.plan.structure and heads and (reading is None or reading.pairs is None):
+        out.inexact("mask_unread")
 
 
 def _structure(f: AttentionFacts, reading: MaskReading | None) -> tuple[bool, int | None, bool]:
@@ -303,6 +321,12 @@ def _structure(f: AttentionFacts, reading: MaskReading | None) -> tuple[bool, in
     if f.causal_apart:  # the mask holds padding only: the layer applies causality on its own
         return f.causal, f.window if f.causal else None, False
     causal = f.causal if reading is None or reading.causal is None else reading.causal
+    if not causal and (reading is None or reading.causal is None) and f.cached \
+            and f.seq_kv is None and f.seq_q == 1:
+        # One query over the keys a cache holds: a mask cannot show causality there (the query
+        # sees every key either way), and a self-attention keeps a cache to decode token by
+        # token, which is causal (XGLM, MVP, NLLB-MoE: no is_causal attribute, the mask is it).
+        causal = True
     own = f.window if causal and f.window else None
     if reading is not None and reading.window is not None:
         if own is not None and own < reading.window:

@@ -20,13 +20,26 @@ from typing import Any
 from .. import _schema as schema
 from .emit import MAX_STRING
 
-__all__ = ["Derived", "Measured", "LAYER", "ARGUMENTS", "HIDDEN", "MODEL", "clean", "sig4"]
+__all__ = ["Derived", "Measured", "LAYER", "ARGUMENTS", "HIDDEN", "MODEL", "INEXACT_REASONS",
+           "clean", "sig4"]
+
+# Why a call's figures are not exact (attnscope.inexact_reason; docs/attributes.md):
+# mask_not_kept: its mask was over the keeping budget: FLOPs count every pair the layer's own
+#   causality and window allow (an upper bound), tokens are left out;
+# mask_unread: a mask attnscope could not read (a layout it does not know, a device copy that
+#   did not arrive): FLOPs as for mask_not_kept;
+# cache_unread: the KV-cache length on the device could not be read: keys, phase, FLOPs left out;
+# layer_narrows: the layer attends to fewer keys than its mask shows (a key selection of its
+#   own): FLOPs are an upper bound.
+INEXACT_REASONS = ("mask_not_kept", "mask_unread", "cache_unread", "layer_narrows")
 
 # The emission orders, one per way derive reads a call (field names).
 LAYER = ("batch_size", "seq_len_q", "causal", "seq_len_kv", "dtype", "device", "kv_cache_len",
-         "phase", "num_heads", "num_kv_heads", "head_dim", "sliding_window", "flops", "tokens")
+         "phase", "num_heads", "num_kv_heads", "head_dim", "sliding_window", "flops", "tokens",
+         "exact", "inexact_reason")
 ARGUMENTS = ("batch_size", "num_heads", "num_kv_heads", "head_dim", "seq_len_q", "seq_len_kv",
-             "dtype", "device", "sliding_window", "flops", "tokens", "causal")
+             "dtype", "device", "sliding_window", "flops", "tokens", "causal", "exact",
+             "inexact_reason")
 HIDDEN = ("batch_size", "seq_len_q", "dtype", "device", "num_heads", "num_kv_heads", "head_dim",
           "tokens", "causal")
 MODEL = ("batch_size", "seq_len_q", "tokens", "kv_cache_len", "seq_len_kv", "phase",
@@ -39,6 +52,7 @@ _ATTRIBUTE = {
     "causal": schema.CAUSAL, "sliding_window": schema.SLIDING_WINDOW, "flops": schema.FLOPS,
     "tokens": schema.TOKENS, "kv_cache_len": schema.KV_CACHE_LEN, "phase": schema.PHASE,
     "input_tokens": schema.INPUT_TOKENS, "output_tokens": schema.OUTPUT_TOKENS,
+    "exact": schema.EXACT, "inexact_reason": schema.INEXACT_REASON,
 }
 _NAME_OF = {f: a.name for f, a in _ATTRIBUTE.items()}
 _FIELD_OF = {a.key: f for f, a in _ATTRIBUTE.items()}
@@ -65,7 +79,16 @@ class Derived:
     phase: str | None = None
     input_tokens: int | None = None  # gen_ai.usage.input_tokens
     output_tokens: int | None = None  # gen_ai.usage.output_tokens
+    # Set only when a figure could not be established (never "exact=True": a family handled
+    # exactly carries neither); the reason is one of INEXACT_REASONS.
+    exact: bool | None = None
+    inexact_reason: str | None = None
     order: tuple[str, ...] = field(default=ARGUMENTS, repr=False)
+
+    def inexact(self, reason: str) -> None:
+        """Mark the call's figures as not established, for ``reason`` (the first one stays)."""
+        if self.inexact_reason is None:
+            self.exact, self.inexact_reason = False, reason
 
     def attributes(self) -> dict[str, Any]:
         """The span attributes, in :attr:`order`, with the values a span carries."""

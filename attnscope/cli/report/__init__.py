@@ -136,6 +136,7 @@ def _group_json(g: GroupStats) -> dict[str, Any]:
         "memory_peak_bytes": g.memory_peak_bytes, "backends": dict(g.backends),
         "kernels": [{"name": n, "ns": ns, "share": share} for n, ns, share in g.kernels],
         "cost_per_1k_tokens_usd": g.cost_per_1k_tokens,
+        "inexact_calls": dict(g.inexact),
     }
 
 
@@ -208,6 +209,8 @@ def render_terminal(summary: Summary, *, source: str, spans: int, top: int, out:
                                      lambda g: g.device))
     console.print(_throughput_table(summary))
     console.print(WHICH_CALLS, highlight=False)
+    for line in inexact_lines(summary):
+        console.print(line, highlight=False, markup=False)
     if any(g.latency_of == "profiled" for g in summary.groups):
         console.print("* every call of the row was profiled: its latency, time and rates are of "
                       "profiled calls.", highlight=False)
@@ -249,6 +252,25 @@ def _end_to_end(console: Any, e2e: EndToEnd) -> None:
                       highlight=False)
 
 
+INEXACT_MARK = " †"
+# what each reason leaves of the row's figures (docs/attributes.md#not-exact)
+_INEXACT_MEANS = {"mask_not_kept": "FLOPs an upper bound, tokens left out",
+                  "mask_unread": "FLOPs an upper bound", "layer_narrows": "FLOPs an upper bound",
+                  "cache_unread": "keys, phase and FLOPs left out"}
+
+
+def inexact_lines(summary: Summary) -> list[str]:
+    """One line per row with calls attnscope could not establish exactly (``†``)."""
+    lines = []
+    for g in summary.groups:
+        if g.inexact:
+            why = "; ".join(f"{n} {reason} ({_INEXACT_MEANS.get(reason, 'not exact')})"
+                            for reason, n in sorted(g.inexact.items()))
+            lines.append(f"† {g.label} {g.phase or MISSING}: {sum(g.inexact.values())} of "
+                         f"{g.calls} calls not exact: {why}")
+    return lines
+
+
 def _rows(summary: Summary) -> list[GroupStats]:
     return [*summary.groups, summary.overall]
 
@@ -266,7 +288,8 @@ def _calls_table(summary: Summary) -> Table:
                + ("profiled", "tokens", "FLOPs", "backend"))
     for g in _rows(summary):
         _add(t, summary, g, [str(g.calls)] + ([f"{g.estimated_calls:,.0f}"] if sampled else [])
-             + [str(g.profiled), MISSING if g.tokens is None else f"{g.tokens:,}", si(g.flops),
+             + [str(g.profiled), MISSING if g.tokens is None else f"{g.tokens:,}",
+                si(g.flops) + (INEXACT_MARK if g.inexact else ""),
                 (g.backend or MISSING) if g is not summary.overall
                 else ",".join(sorted({b.backend for b in summary.groups if b.backend}))
                 or MISSING])
@@ -289,9 +312,11 @@ def _throughput_table(summary: Summary) -> Table:
     t = _table("Throughput per attention layer (the timed calls' tokens or FLOPs ÷ their time)",
                ("layer", "phase", "time", "tok/s", "FLOP/s", "core FLOP/s", "mem peak"))
     for g in _rows(summary):
+        mark = INEXACT_MARK if g.inexact else ""
         _add(t, summary, g, [duration(g.time_ns), si(g.tokens_per_s),
-                             si(g.tflops * 1e12 if g.tflops is not None else None),
-                             si(g.core_tflops * 1e12 if g.core_tflops is not None else None),
+                             si(g.tflops * 1e12 if g.tflops is not None else None) + mark,
+                             si(g.core_tflops * 1e12 if g.core_tflops is not None else None)
+                             + (mark if g.core_tflops is not None else ""),
                              bytes_(g.memory_peak_bytes)])
     return t
 

@@ -16,6 +16,7 @@ from matplotlib.ticker import FuncFormatter
 from ..render.html import PALETTE, escape, figure, page, svg, table
 from ..render.units import MISSING, duration, si, when
 from ..runinfo import describe
+from . import INEXACT_MARK, inexact_lines
 from ..summary import GroupStats, Summary, latency_rows, operator_spans, time_ns, wall_ns
 from ..traces import SpanRow, attention_calls, group_key
 from ... import _schema as schema
@@ -98,7 +99,9 @@ def _numbers(summary: Summary, duration: Any, si: Any) -> str:
             + ([f"{g.estimated_calls:,.0f}"] if sampled else []) \
             + [g.profiled, MISSING if g.tokens is None else f"{g.tokens:,}",
                *(duration(v) for v in (w.min, w.p5, w.p50, w.p95, w.p99, w.max)),
-               si(g.tokens_per_s), si(g.tflops * 1e12 if g.tflops is not None else None),
+               si(g.tokens_per_s),
+               si(g.tflops * 1e12 if g.tflops is not None else None)
+               + (INEXACT_MARK if g.inexact else ""),
                si(g.core_tflops * 1e12 if g.core_tflops is not None else None),
                (g.backend or MISSING) if g is not summary.overall else MISSING]
         if cost:
@@ -110,6 +113,9 @@ def _numbers(summary: Summary, duration: Any, si: Any) -> str:
             "over them; core FLOP/s: the profiled calls' FLOPs ÷ their attention-core time."
             + (" 'est. calls' re-weights the count by 1/sample_rate." if sampled else "")
             + " A layer that ran under several backends has one row per backend.</p>")
+    inexact = inexact_lines(summary)
+    if inexact:
+        note += "<p class=\"note\">" + "<br>".join(escape(line) for line in inexact) + "</p>"
     return note + table(headers, body, left=(0, 1, len(headers) - 1 - int(cost)))
 
 
