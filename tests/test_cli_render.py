@@ -37,3 +37,14 @@ def test_quantity_is_the_unit_of_a_metric_kind() -> None:
     assert quantity(204 * 1024, "memory") == bytes_(204 * 1024) == "204 KiB"
     assert quantity(279_000, "tokens_per_s") == "279 k tok/s"
     assert quantity(math.nan, "time") == MISSING == "—"
+
+
+def test_a_value_that_rounds_up_to_the_next_unit_is_written_in_it() -> None:
+    # 999.7 µs shown to 3 digits is 1000 µs: it reads "1 ms", never "1e+03 µs"
+    assert duration(999_700) == "1 ms" and duration(999.7e6) == "1 s"
+    assert duration(999.6) == "1 µs" and duration(999.4) == "999 ns"
+    assert duration(999_400) == "999 µs"
+    assert si(999.6) == "1 k" and si(999_600) == "1 M" and si(999.4) == "999"
+    assert bytes_(1023.6 * 1024) == "1024 KiB"
+    assert all("e+" not in duration(v) and "e+" not in si(v)
+               for v in (999.5, 999.5e3, 999.5e6, 999.5e9, 999.99, 9.9999e5))

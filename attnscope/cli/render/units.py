@@ -13,14 +13,21 @@ __all__ = ["MISSING", "duration", "si", "bytes_", "quantity", "when"]
 MISSING = "—"
 
 def _sig3(v: float) -> str:
-    return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    text = f"{v:.3g}"
+    return f"{v:.0f}" if "e" in text else text  # 999.7 rounds to "1e+03": written whole
+
+
+def _reaches(value: float, scale: float) -> bool:
+    """Whether ``value``, rounded to the 3 digits shown, is at least ``scale``: 999.7 µs is
+    shown as 1 ms, not as 1000 µs."""
+    return abs(float(f"{value:.3g}")) >= scale
 
 def duration(ns: float | None) -> str:
     """Nanoseconds in a human unit: ``850 ns``, ``12.3 µs``, ``4.56 ms``, ``1.23 s``."""
     if ns is None or not math.isfinite(ns):
         return MISSING
     for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
-        if abs(ns) >= scale:
+        if _reaches(ns, scale):
             return f"{_sig3(ns / scale)} {unit}"
     return f"{ns:.0f} ns"
 
@@ -30,7 +37,7 @@ def si(value: float | None, unit: str = "") -> str:
         return MISSING
     number, prefix = _sig3(value), ""
     for p, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= scale:
+        if _reaches(value, scale):
             number, prefix = _sig3(value / scale), p
             break
     return " ".join(part for part in (number, prefix, unit) if part)
@@ -40,7 +47,7 @@ def bytes_(n: float | None) -> str:
     if n is None or not math.isfinite(n):
         return MISSING
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= scale:
+        if abs(n) >= scale:  # 1023.6 KiB is written whole ("1024 KiB"), not rounded up
             return f"{_sig3(n / scale)} {unit}"
     return f"{n:.0f} B"
 
