@@ -45,10 +45,12 @@ def keep_summary(cap: Capture) -> None:
     """Apply the budget to every tensor the capture's summary holds (masks, facts' masks)."""
     summary = cap.summary
     for i, (key, value) in enumerate(summary):
-        if isinstance(value, torch.Tensor):
+        # facts first: an instrumented layer's summary is one AttentionFacts (the two are disjoint)
+        if isinstance(value, (AttentionFacts, ModelFacts)):
+            if value.mask is not None:
+                value.mask = keep(cap, value.mask)
+        elif isinstance(value, torch.Tensor):
             summary[i] = (key, keep(cap, value))
-        elif isinstance(value, (AttentionFacts, ModelFacts)) and value.mask is not None:
-            value.mask = keep(cap, value.mask)
 
 
 def drop(cap: Capture, value: torch.Tensor) -> None:

@@ -22,6 +22,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 
 from .._config import Config
@@ -205,6 +206,8 @@ class Sampler:
         self._sites: weakref.WeakSet[CallSite] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._rng = random.Random()
+        # (the last OpenTelemetry context seen, weakly; its valid span context or None)
+        self._parent: tuple[weakref.ref[Any] | None, Any] = (None, None)
         self.gen = 0
         self.step_no: int | None = None
         self.reset()
@@ -287,9 +290,10 @@ class Sampler:
         if not self.enabled or site.disabled:
             site.countdown = NEVER
             return TIER_NONE, 0.0
-        forced = force.get() if self.force_blocks else None
+        force_blocks = self.force_blocks
+        forced = force.get() if force_blocks else None
         if forced is not None or forced_sample is not None:
-            if self.force_blocks:
+            if force_blocks:
                 site.countdown = 1  # stay on the slow path while a forced block is open
             sample = forced_sample if forced_sample is not None else forced[0]  # type: ignore[index]
             if not sample:
@@ -300,8 +304,9 @@ class Sampler:
             self._count(profile=False)
             return TIER_TIMING, 1.0
         forced_rate = site.forced_rate
-        rate = self.effective_rate if forced_rate is None else forced_rate
-        if self.force_blocks:
+        # the budget's scale read here, not through effective_rate: one call less per decision
+        rate = self.rate * self.budget.scale if forced_rate is None else forced_rate
+        if force_blocks:
             # Another context forces capture, so every call here comes through: draw per call.
             site.countdown = 1
             site.calls += 1
@@ -310,26 +315,49 @@ class Sampler:
                 return TIER_NONE, 0.0
             if rng.random() >= rate:
                 return TIER_NONE, 0.0
-        elif site.gen != self.gen:
-            refreshed = self._refresh(site, rate)
-            if refreshed is None:
-                return TIER_NONE, 0.0
-            rng = refreshed
         else:
-            rng = site.rng or self._rng
-        # This call won the lottery; draw the next one.
-        if not self.force_blocks:
-            draw = geometric_draw(rate, rng.random)
+            if site.gen != self.gen:
+                refreshed = self._refresh(site, rate)
+                if refreshed is None:
+                    return TIER_NONE, 0.0
+                rng = refreshed
+            else:
+                rng = site.rng or self._rng
+            # This call won the lottery; draw the next one (rate 1, every call: no draw to make).
+            draw = 1 if rate >= 1.0 else geometric_draw(rate, rng.random)
             site.countdown = draw
             site.calls += draw
-        if forced_rate is None and _parent_not_sampled():
-            return TIER_NONE, 0.0
-        profile_rate = self.effective_profile_rate if forced_rate is None else self.profile_rate
+        if forced_rate is None:
+            parent = self.parent_context()
+            if parent is not None and not parent.trace_flags.sampled:
+                return TIER_NONE, 0.0
+            profile_rate = self.profile_rate * self.budget.scale
+        else:
+            profile_rate = self.profile_rate
         if profile_rate > 0 and rng.random() < profile_rate and self.bucket.take():
             self._count(profile=True)
             return TIER_PROFILE, rate
-        self._count(profile=False)
+        with self._lock:  # _count(profile=False), inlined: the most common sampled call
+            self.sampled += 1
         return TIER_TIMING, rate
+
+    def parent_context(self) -> Any:
+        """The application's current span context when it is valid (a parent to link to), else
+        None. Asked twice per sampled call (the parent step here, the capture's parent in the
+        wrapper); OpenTelemetry contexts are immutable, so the answer is kept for the last
+        context object seen (weakly: a dead one cannot match a new one at its address) and the
+        second time costs one ``get_current()``."""
+        ctx = otel_context.get_current()
+        seen, parent = self._parent
+        if seen is not None and seen() is ctx:
+            return parent
+        span_ctx = otel_trace.get_current_span(ctx).get_span_context()
+        parent = span_ctx if span_ctx.is_valid else None
+        try:
+            self._parent = (weakref.ref(ctx), parent)  # one tuple: readers on other threads
+        except TypeError:  # a context type without weak references: asked every time
+            pass
+        return parent
 
     def _refresh(self, site: CallSite, rate: float) -> random.Random | None:
         """First decision after a config/step change: reseed, apply warm-up, redraw.
@@ -364,8 +392,3 @@ class Sampler:
             site.countdown = NEVER
             return True
         return False
-
-
-def _parent_not_sampled() -> bool:
-    ctx = otel_trace.get_current_span().get_span_context()
-    return bool(ctx.is_valid and not ctx.trace_flags.sampled)

@@ -17,8 +17,6 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from opentelemetry import trace as otel_trace
-
 from .. import _log, _state
 from .. import _schema as schema
 from .._state import state
@@ -131,14 +129,16 @@ def leave(site: CallSite, active: Active, error: BaseException | None, result: A
         if cap.timer is not None:
             _device_counts(cap)
         starting = state.worker is None
-        t_submit = _perf_ns()
+        t_submit = _perf_ns() if starting else 0
         if not _state.submit(cap):
             _retain.release(cap)
-        t_done = _perf_ns()
-        own = (cap.start_perf_ns - t_enter) + (t_done - cap.end_perf_ns)
-        if starting:  # starting the worker (imports, a thread) is paid once, not per call
-            own -= t_done - t_submit
-        state.sampler.budget.add(own, cap.wall_ns, cap.sample_rate or 1.0)
+        budget = state.sampler.budget
+        if budget.budget < 1.0:  # 1.0: no budget (add() would return at once)
+            t_done = _perf_ns()
+            own = (cap.start_perf_ns - t_enter) + (t_done - cap.end_perf_ns)
+            if starting:  # starting the worker (imports, a thread) is paid once, not per call
+                own -= t_done - t_submit
+            budget.add(own, cap.end_perf_ns - cap.start_perf_ns, cap.sample_rate or 1.0)
     except Exception as exc:
         _retain.release(cap)
         _site_error(site, "capture-end", exc)
@@ -153,10 +153,9 @@ def _open(site: CallSite, tier: int, rate: float, args: tuple[Any, ...], kwargs:
     cap.name = site.name
     cap.sample_rate = rate
     cap.extra = extra
-    cap.step_no = state.sampler.step_no
-    span_ctx = otel_trace.get_current_span().get_span_context()
-    if span_ctx.is_valid:
-        cap.otel_parent = span_ctx
+    sampler = state.sampler
+    cap.step_no = sampler.step_no
+    cap.otel_parent = sampler.parent_context()  # usually kept from the decision's parent step
     if site.kind == "method" and args:
         cap.instance = args[0]
     extractor = site.extractor
@@ -170,7 +169,7 @@ def _open(site: CallSite, tier: int, rate: float, args: tuple[Any, ...], kwargs:
         # allocator queries and any device read would be recorded into the graph.
         if _device.stream_capturing(device):
             return None
-        cap.memory = _device.memory_before(device, state.sampler.reset_peak)
+        cap.memory = _device.memory_before(device, sampler.reset_peak)
     if extractor is not None:  # after the capture check: it may read a device tensor
         try:
             summary.extend(extractor(cap.instance, args, kwargs))
@@ -179,7 +178,7 @@ def _open(site: CallSite, tier: int, rate: float, args: tuple[Any, ...], kwargs:
         if not summary:  # nothing it recognised: the shapes of the arguments, as for @trace
             summary.extend(_args.summarize(args, kwargs, site.param_names))
     if grant is not None:
-        tier, cap.grant = _grants.settle(state.grants, state.sampler, site, grant, summary, tier)
+        tier, cap.grant = _grants.settle(state.grants, sampler, site, grant, summary, tier)
         if tier == TIER_NONE:  # an armed call outside the slow call's bucket: call through
             return None  # no CUDA event was taken for it
     if cuda:  # after the grant is settled: events only for a call that is captured

@@ -98,6 +98,37 @@ def _lookup(names: tuple[str, ...]) -> Any:
     return get
 
 
+# The position of a candidate the forward does not take positionally: past any call's arguments.
+_NOT_POSITIONAL = 1 << 30
+
+
+def _reader(names: tuple[str, ...], groups: tuple[tuple[str, ...], ...]) -> Any:
+    """``_lookup(names)`` for fixed candidate sets, all read in one call (a list, one value per
+    set), their positions found once per module: the extractor of a traced layer runs on every
+    sampled call, between the model's ops, where each Python call is paid again (cold)."""
+    index = {name: i for i, name in enumerate(names)}
+    table = tuple(tuple((name, index.get(name, _NOT_POSITIONAL)) for name in group)
+                  for group in groups)
+
+    def read(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        n = len(args)
+        found = []
+        for pairs in table:
+            value = None
+            for name, i in pairs:
+                value = kwargs.get(name)
+                if value is not None:
+                    break
+                if i < n:
+                    value = args[i]
+                    if value is not None:
+                        break
+            found.append(value)
+        return found
+
+    return read
+
+
 def _past_length(cache: Any, layer_idx: int | None, cross: bool = False) -> Any:
     """KV-cache length before the call, with no device sync (static caches: a 0-d tensor copy).
 
@@ -123,9 +154,11 @@ def _past_length(cache: Any, layer_idx: int | None, cross: bool = False) -> Any:
         layer = layers[idx]
         if not getattr(layer, "is_initialized", True):
             return 0
-        held = _sliding_held(layer) if layer_idx is not None else None
-        if held is not None:
-            return held
+        # _sliding_held's first test, inlined: most layers are not sliding
+        if layer_idx is not None and getattr(layer, "is_sliding", False) is True:
+            held = _sliding_held(layer)
+            if held is not None:
+                return held
         getter = getattr(layer, "get_seq_length", None)
     else:
         getter = getattr(inner, "get_seq_length", None)
@@ -216,35 +249,39 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
     ``names``: the forward's positional parameter names, ``self`` first.
     """
     heads, kv_heads, head_dim, head_dim_v = head_info(module)
-    get = _lookup(names)
-    hidden_names = tuple(n for n in (*_HIDDEN, *names[1:2]) if n)
+    read = _reader(names, (
+        tuple(n for n in (*_HIDDEN, *names[1:2]) if n),
+        _SOURCE,
+        _CACHE,
+        ("use_cache",),  # _starts_cache
+        _CAUSAL_MASK,
+        (_LOCAL_MASK, *_MASK) if _two_sided_local(module) else _MASK,
+    ))
     layer_idx = _layer_idx(module)
     window = _window(module)
     module_cross = getattr(module, "is_cross_attention", False) is True
     masked_where_true = type(module).__name__ in _MASKED_WHERE_TRUE
-    mask_names = (_LOCAL_MASK, *_MASK) if _two_sided_local(module) else _MASK
 
     def extract(
         instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> list[tuple[str, Any]]:
-        hidden = get(args, kwargs, hidden_names)
+        # every argument the facts may need, in one pass: reading one that is not needed is free
+        hidden, source, cache, use_cache, causal_mask, mask = read(args, kwargs)
         if not isinstance(hidden, torch.Tensor) or hidden.ndim < 2:
             return []
-        batch, sq = (hidden.shape[0], hidden.shape[1]) if hidden.ndim >= 3 else (1, hidden.shape[0])
-        facts = AttentionFacts(batch, sq)
-        facts.heads, facts.kv_heads, facts.head_dim, facts.head_dim_v = (
-            heads,
-            kv_heads,
-            head_dim,
-            head_dim_v,
-        )
-        facts.dtype, facts.device = hidden.dtype, hidden.device
-        source = get(args, kwargs, _SOURCE)
-        cache = get(args, kwargs, _CACHE)
+        shape = hidden.shape
+        facts = (AttentionFacts(shape[0], shape[1]) if len(shape) >= 3
+                 else AttentionFacts(1, shape[0]))
+        facts.heads = heads
+        facts.kv_heads = kv_heads
+        facts.head_dim = head_dim
+        facts.head_dim_v = head_dim_v
+        facts.dtype = hidden.dtype
+        facts.device = hidden.device
         if cache is not None:
             facts.cached = True
             facts.past = _past_length(cache, layer_idx, module_cross or source is not None)
-        elif _starts_cache(get, args, kwargs):
+        elif use_cache is True:  # _starts_cache
             facts.cached, facts.past = True, 0
         if isinstance(source, torch.Tensor) and source.ndim >= 2:
             facts.seq_kv = source.shape[-2]
@@ -255,10 +292,9 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
             flag = kwargs.get("is_causal")
             causal = flag if isinstance(flag, bool) else getattr(instance, "is_causal", False)
             # CLIP's text layers before transformers 5: causality as a mask of its own
-            causal_mask = get(args, kwargs, _CAUSAL_MASK)
             facts.causal = causal is True or causal_mask is not None
             facts.window = window if facts.causal else None
-            facts.mask = get(args, kwargs, mask_names)
+            facts.mask = mask
             if facts.mask is None:
                 facts.mask = causal_mask
             elif causal_mask is not None:

@@ -106,10 +106,7 @@ def read_counts(counts: MaskCounts, batch: int, heads: int | None, sq: int,
     lo = vlo if n["below"] else None
     causal = False if vhi > 0 else (True if hi is not None else None)
     if causal is None:  # no real query is kept from a later real key, nor shown one: unknown
-        # Causality, that is. With every query real the pairs counted one by one are the work
-        # (one query whose chunk or window hides older keys: Llama 4's chunked layers at
-        # decode); a padding row would be computed over a band this reading cannot see.
-        return MaskReading(None, None, exact if tokens == batch * sq else None), tokens
+        return MaskReading(None, None, None), tokens
     window = hi - lo + 1 if hi is not None and lo is not None else None
     return MaskReading(causal, window, batch * heads * band_pairs(sq, skv, lo, hi)), tokens
 
