@@ -29,10 +29,21 @@ def _calls(model: Any, run: Any) -> list[dict[str, Any]]:
     return [dict(s.attributes or {}) for s in sorted(calls, key=lambda s: s.start_time)]
 
 
-def _generate(model: Any) -> None:
+def _generate(model: Any, new: int = 3) -> None:
     ids = torch.randint(3, 60, (2, 8), generator=torch.Generator().manual_seed(1))
-    model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=3,
-                   min_new_tokens=3, do_sample=False)
+    model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                   min_new_tokens=new, do_sample=False)
+
+
+def _spans(model: Any, run: Any) -> list[dict[str, Any]]:
+    """Every span's attributes (attention or not), in start order."""
+    attnscope.instrument(model)
+    try:
+        with capture_spans() as spans, sweep.quiet(), torch.no_grad():
+            run()
+    finally:
+        attnscope.uninstrument(model)
+    return [dict(s.attributes or {}) for s in sorted(spans, key=lambda s: s.start_time)]
 
 
 @pytest.mark.parametrize(("model_type", "class_name"), [
@@ -54,26 +65,84 @@ def test_a_decoders_self_attention_is_causal_at_every_step(model_type: str,
     assert not wrong, f"{model_type}: decoder steps with causal != true: {wrong}"
 
 
-def test_llama4_chunked_layers_count_only_the_keys_of_their_chunk() -> None:
-    """Llama 4's chunked layers keep a chunk-sized cache and mask the previous chunk's keys: the
-    FLOPs of every step are the pairs the softmax weights leave non-zero (2 · pairs · (Dqk + Dv))."""
-    model = sweep.build("llama4_text", "Llama4ForCausalLM", attention_chunk_size=4,
-                        no_rope_layers=[1, 0], num_hidden_layers=2)
-    assert model.config.layer_types == ["chunked_attention", "full_attention"]
-    ids = torch.randint(3, 60, (1, 6), generator=torch.Generator().manual_seed(1))
+# ---- hybrid models: only softmax attention is attention --------------------------------------
 
-    def run() -> Any:
-        return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                              max_new_tokens=4, min_new_tokens=4, do_sample=False,
-                              output_attentions=True, return_dict_in_generate=True)
+_HYBRID_BASE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                    intermediate_size=64, vocab_size=96, max_position_embeddings=64,
+                    num_hidden_layers=2, attn_implementation="eager", pad_token_id=0)
+_MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=1, mamba_d_state=4,
+               mamba_chunk_size=4)
+# (model type, class, config: at least one layer of each kind, the attention class)
+HYBRIDS = [
+    ("jamba", "JambaForCausalLM", dict(attn_layer_period=2, attn_layer_offset=1,
+                                       expert_layer_period=2, expert_layer_offset=1,
+                                       mamba_d_state=4, mamba_dt_rank=4,
+                                       use_mamba_kernels=False), "JambaAttention"),
+    ("bamba", "BambaForCausalLM", dict(attn_layer_indices=[1], **_MAMBA2), "BambaAttention"),
+    ("zamba2", "Zamba2ForCausalLM", dict(layers_block_type=["mamba", "hybrid"], mamba_d_state=4,
+                                         n_mamba_heads=4, mamba_ngroups=1,
+                                         use_mamba_kernels=False, num_mem_blocks=1),
+     "Zamba2Attention"),
+    ("lfm2", "Lfm2ForCausalLM", dict(layer_types=["conv", "full_attention"]), "Lfm2Attention"),
+    ("falcon_h1", "FalconH1ForCausalLM", dict(mamba_d_ssm=128, head_dim=16, **_MAMBA2),
+     "FalconH1Attention"),
+    ("granitemoehybrid", "GraniteMoeHybridForCausalLM",
+     dict(layer_types=["mamba", "attention"], **_MAMBA2), "GraniteMoeHybridAttention"),
+]
 
-    with sweep.quiet(), torch.no_grad():
-        reference = run()
-    weights = [w for step in reference.attentions for w in step]  # step by step, layer by layer
-    calls = _calls(model, run)
-    assert len(calls) == len(weights) == 8
-    dims = model.config.head_dim * 2
-    for a, w in zip(calls, weights, strict=True):
-        assert (a["attnscope.seq_len_q"], a["attnscope.seq_len_kv"]) == tuple(w.shape[-2:])
-        assert a["attnscope.flops"] == 2 * int((w != 0).sum()) * dims, a["attnscope.module"]
-        assert "attnscope.exact" not in a
+
+def _hybrid(model_type: str, class_name: str, extra: dict[str, Any]) -> Any:
+    with sweep.quiet():
+        cfg = transformers.CONFIG_MAPPING[model_type](**_HYBRID_BASE, **extra)
+        torch.manual_seed(0)
+        return getattr(transformers, class_name)(cfg).eval()
+
+
+@pytest.mark.parametrize(("model_type", "class_name", "extra", "attention"), HYBRIDS,
+                         ids=[h[0] for h in HYBRIDS])
+def test_hybrid_models_get_attention_spans_on_attention_layers_only(
+        model_type: str, class_name: str, extra: dict[str, Any], attention: str) -> None:
+    model = _hybrid(model_type, class_name, extra)
+    present = {type(m).__name__ for m in model.modules()}
+    assert attention in present
+    calls = [s for s in _spans(model, lambda: _generate(model, new=2))
+             if "attnscope.module_class" in s and "attnscope.seq_len_q" in s]
+    classes = {a["attnscope.module_class"] for a in calls}
+    assert classes == {attention}, f"{model_type}: spans on {sorted(classes)}"
+
+
+def test_zamba2_shared_attention_reads_its_own_layer_of_the_cache() -> None:
+    """Zamba2's shared attention has layer_idx -1 and gets the real one as a call keyword."""
+    model = _hybrid(*HYBRIDS[2][:3])
+    calls = [a for a in _spans(model, lambda: _generate(model, new=3))
+             if a.get("attnscope.module_class") == "Zamba2Attention"]
+    steps = [(a["attnscope.phase"], a["attnscope.kv_cache_len"], a["attnscope.seq_len_kv"],
+              a["attnscope.flops"]) for a in calls]
+    attn = next(m for m in model.modules() if type(m).__name__ == "Zamba2Attention")
+    assert [s[:3] for s in steps] == [("prefill", 0, 8), ("decode", 8, 9), ("decode", 9, 10)]
+    for (_, _, skv, flops) in steps[1:]:  # one query, every key visible, batch 2
+        assert flops == 2 * 2 * attn.config.num_attention_heads * skv * 2 * attn.head_dim
+@pytest.mark.parametrize(("model_type", "class_name"), [
+    ("pegasus", "PegasusForConditionalGeneration"), ("m2m_100", "M2M100ForConditionalGeneration"),
+    ("blenderbot", "BlenderbotForConditionalGeneration"),
+    ("blenderbot-small", "BlenderbotSmallForConditionalGeneration"),
+    ("plbart", "PLBartForConditionalGeneration"),
+    ("esm", "EsmModel"), ("layoutlm", "LayoutLMModel"),
+])
+def test_an_encoder_layer_has_no_phase_and_no_cache(model_type: str, class_name: str) -> None:
+    # ESM's default config has no vocabulary (a protein model's is 33 tokens)
+    model = sweep.build(model_type, class_name, **({"vocab_size": 64, "pad_token_id": 1,
+                                                     "mask_token_id": 2} if model_type == "esm"
+                                                    else {}))
+    ids = torch.randint(3, 60, (2, 8), generator=torch.Generator().manual_seed(1))
+    if model.config.is_encoder_decoder:
+        calls = _calls(model, lambda: _generate(model))
+    else:
+        calls = _calls(model, lambda: model(input_ids=ids, attention_mask=torch.ones_like(ids)))
+    encoder = [a for a in calls
+               if model.config.is_encoder_decoder is False
+               or str(a.get("attnscope.module", "")).startswith(("model.encoder.", "encoder."))]
+    assert encoder, calls
+    wrong = [(a["attnscope.module"], a.get("attnscope.phase"), a.get("attnscope.kv_cache_len"))
+             for a in encoder if "attnscope.phase" in a or "attnscope.kv_cache_len" in a]
+    assert not wrong, f"{model_type}: encoder layers with a phase or a cache: {wrong}"

@@ -263,7 +263,6 @@ AUTO_KNOWN = {
     **{(t, check): reason for t, reason in (
         ("diffllama", "differential attention: two softmax maps per head, FLOPs counted once"),
         ("minimax", "lightning (linear) attention layers traced as softmax attention"),
-        ("lfm3", "a convolution block with a fused in_proj and a head count traced as attention"),
         ("rwkv", "RWKV time-mixing returns 'attentions' but is not traced (recurrent, no QKᵀ)"),
         ("hrm_text", "recurrent module reuse: seq_len_kv of the low-level module reads 16, not 8"),
         ("deepseek_v4", "compressed-KV layers: the weights show more keys than attnscope counts"),

@@ -2,8 +2,9 @@
 
 Pure choices over the module tree: nothing here patches a module. Attention layers are those
 registered with :func:`attnscope.register_attention`, ``nn.MultiheadAttention`` and
-transformers-style modules recognised by structure (innermost wins; in hybrid models a module of
-another class where the declared attention class sits in other layers is another token mixer).
+transformers-style modules recognised by structure (innermost wins; in hybrid models state-space
+and convolution mixers, and a module of another class where the declared attention class sits in
+other layers, are other token mixers).
 """
 
 from __future__ import annotations
@@ -75,12 +76,24 @@ def targets(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
 
 def _no_other_mixers(model: torch.nn.Module, found: list[tuple[str, torch.nn.Module]],
                      declared: tuple[type, ...]) -> list[tuple[str, torch.nn.Module]]:
-    """Hybrid models (linear attention, Mamba): a module of another class where the model's
-    declared attention class sits in other layers is a different token mixer, not attention."""
+    """Hybrid models (linear attention, Mamba, short convolutions): only softmax attention is
+    attention. Not attention: a module of another class where the model's declared attention
+    class sits in other layers, and a state-space or convolution mixer (:func:`_sequence_mixer`)."""
     slots = {_LAYER_DIGITS.sub(".*", p)
              for p, m in model.named_modules() if isinstance(m, declared)}
     return [(p, m) for p, m in found
-            if not declared or isinstance(m, declared) or _LAYER_DIGITS.sub(".*", p) not in slots]
+            if (declared and isinstance(m, declared))
+            or (not _sequence_mixer(m)
+                and (not declared or _LAYER_DIGITS.sub(".*", p) not in slots))]
+
+
+def _sequence_mixer(module: torch.nn.Module) -> bool:
+    """A state-space or convolution token mixer (Jamba's, Bamba's, Zamba2's, Falcon-H1's and
+    Granite's Mamba layers, LFM2's short convolution, gated delta rules): it owns a convolution
+    over the sequence (``nn.Conv1d``; transformers' ``Conv1D`` is a linear layer) or a state
+    matrix (``A_log``). Softmax attention owns neither."""
+    return "A_log" in module._parameters or any(
+        isinstance(child, torch.nn.Conv1d) for child in module.children())
 
 
 def extractor_for(module: torch.nn.Module, names: tuple[str, ...]) -> Extractor:

@@ -249,6 +249,10 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
     ``names``: the forward's positional parameter names, ``self`` first.
     """
     heads, kv_heads, head_dim, head_dim_v = head_info(module)
+    layer_idx = _layer_idx(module)
+    # Zamba2's shared attention serves several layers: its own layer_idx is -1 and the layer's
+    # index comes with each call
+    index_per_call = layer_idx is None and "layer_idx" in names
     read = _reader(names, (
         tuple(n for n in (*_HIDDEN, *names[1:2]) if n),
         _SOURCE,
@@ -256,8 +260,15 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
         ("use_cache",),  # _starts_cache
         _CAUSAL_MASK,
         (_LOCAL_MASK, *_MASK) if _two_sided_local(module) else _MASK,
+        ("layer_idx",) if index_per_call else (),
     ))
-    layer_idx = _layer_idx(module)
+    # use_cache=True starts no cache in an encoder layer (transformers hands it to Pegasus',
+    # M2M-100's ... encoder layers too); a cache object given is used whatever the flag says
+    # (BertGeneration decodes with is_decoder=False layers)
+    encoder = getattr(module, "is_decoder", None) is False
+    # use_cache alone starts a cache only for a layer whose forward takes one (GPT-2's
+    # layer_past); LayoutLM's and ESM's layers get it in **kwargs and keep none
+    takes_cache = any(name in names for name in _CACHE)
     window = _window(module)
     module_cross = getattr(module, "is_cross_attention", False) is True
     masked_where_true = type(module).__name__ in _MASKED_WHERE_TRUE
@@ -266,7 +277,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
         instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> list[tuple[str, Any]]:
         # every argument the facts may need, in one pass: reading one that is not needed is free
-        hidden, source, cache, use_cache, causal_mask, mask = read(args, kwargs)
+        hidden, source, cache, use_cache, causal_mask, mask, call_idx = read(args, kwargs)
         if not isinstance(hidden, torch.Tensor) or hidden.ndim < 2:
             return []
         shape = hidden.shape
@@ -279,9 +290,13 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
         facts.dtype = hidden.dtype
         facts.device = hidden.device
         if cache is not None:
+            idx = layer_idx
+            if index_per_call and isinstance(call_idx, int) and not isinstance(call_idx, bool) \
+                    and call_idx >= 0:
+                idx = call_idx
             facts.cached = True
-            facts.past = _past_length(cache, layer_idx, module_cross or source is not None)
-        elif use_cache is True:  # _starts_cache
+            facts.past = _past_length(cache, idx, module_cross or source is not None)
+        elif use_cache is True and takes_cache and not encoder:  # _starts_cache
             facts.cached, facts.past = True, 0
         if isinstance(source, torch.Tensor) and source.ndim >= 2:
             facts.seq_kv = source.shape[-2]
