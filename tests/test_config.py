@@ -85,9 +85,10 @@ def test_out_of_range_environment_value(monkeypatch: pytest.MonkeyPatch) -> None
         attnscope.configure()
 
 
-def test_exporter_names_are_accepted() -> None:
-    for name in ("otlp", "otlp-http", "console", "none", "jaeger-json:/tmp/x.json",
-                 "otlp-json:/tmp/x"):
+def test_exporter_names_are_accepted(tmp_path: Path) -> None:
+    # file paths under tmp_path: a fixed /tmp name may be a directory on someone's machine
+    for name in ("otlp", "otlp-http", "console", "none", f"jaeger-json:{tmp_path / 'x.json'}",
+                 f"otlp-json:{tmp_path / 'x'}"):
         assert attnscope.configure(exporter=name).exporter == name
 
 
