@@ -146,3 +146,41 @@ def test_an_encoder_layer_has_no_phase_and_no_cache(model_type: str, class_name:
     wrong = [(a["attnscope.module"], a.get("attnscope.phase"), a.get("attnscope.kv_cache_len"))
              for a in encoder if "attnscope.phase" in a or "attnscope.kv_cache_len" in a]
     assert not wrong, f"{model_type}: encoder layers with a phase or a cache: {wrong}"
+
+
+# ---- a layer that narrows its mask: Doge's dynamic top-k keys --------------------------------
+
+
+def test_doge_counts_the_keys_its_dynamic_mask_keeps_and_marks_what_it_cannot() -> None:
+    model = sweep.build("doge", "DogeForCausalLM", keep_window_size=4)
+    ids = torch.randint(3, 60, (2, 8), generator=torch.Generator().manual_seed(1))
+    dims = 2 * model.config.head_dim if getattr(model.config, "head_dim", None) else None
+
+    def weights(**kw: Any) -> list[torch.Tensor]:
+        with sweep.quiet(), torch.no_grad():
+            return list(model(input_ids=ids, output_attentions=True, **kw).attentions)
+
+    plain = weights(attention_mask=torch.ones_like(ids))
+    calls = _calls(model, lambda: model(input_ids=ids, attention_mask=torch.ones_like(ids)))
+    assert len(calls) == len(plain) == 2
+    for a, w in zip(calls, plain, strict=True):
+        d = dims or 2 * a["attnscope.head_dim"]
+        assert a["attnscope.flops"] == 2 * int((w != 0).sum()) * d  # 208 pairs of 288
+        assert "attnscope.exact" not in a
+    # generate: every decode step against the step's own weights
+    with sweep.quiet(), torch.no_grad():
+        ref = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=3,
+                             min_new_tokens=3, do_sample=False, output_attentions=True,
+                             return_dict_in_generate=True)
+    steps = [w for step in ref.attentions for w in step]
+    calls = _calls(model, lambda: _generate(model))
+    assert len(calls) == len(steps)
+    for a, w in zip(calls, steps, strict=True):
+        assert a["attnscope.flops"] == 2 * int((w != 0).sum()) * 2 * a["attnscope.head_dim"]
+        assert a["attnscope.causal"] is True
+    # left padding: which keys the top-k keeps depends on values attnscope never reads
+    padded = torch.ones_like(ids)
+    padded[1, :2] = 0
+    calls = _calls(model, lambda: model(input_ids=ids, attention_mask=padded))
+    assert all(a["attnscope.exact"] is False and a["attnscope.inexact_reason"] == "layer_narrows"
+               for a in calls)

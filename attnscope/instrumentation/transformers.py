@@ -269,6 +269,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
     # use_cache alone starts a cache only for a layer whose forward takes one (GPT-2's
     # layer_past); LayoutLM's and ESM's layers get it in **kwargs and keep none
     takes_cache = any(name in names for name in _CACHE)
+    key_cap = pos_int(vars(module).get("keep_window_size"))  # Doge's dynamic mask
     window = _window(module)
     module_cross = getattr(module, "is_cross_attention", False) is True
     masked_where_true = type(module).__name__ in _MASKED_WHERE_TRUE
@@ -315,6 +316,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
             elif causal_mask is not None:
                 facts.causal_apart = True
             facts.mask_ignores = masked_where_true
+            facts.key_cap = key_cap
         return [(ATTENTION_KEY, facts)]
 
     return extract

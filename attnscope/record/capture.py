@@ -266,7 +266,7 @@ class AttentionFacts:
 
     __slots__ = ("batch", "seq_q", "seq_kv", "past", "cached", "heads", "kv_heads", "head_dim",
                  "head_dim_v", "causal", "window", "dtype", "device", "mask", "mask_ignores",
-                 "causal_apart")
+                 "causal_apart", "key_cap")
 
     def __init__(self, batch: int, seq_q: int) -> None:
         self.batch = batch
@@ -287,6 +287,9 @@ class AttentionFacts:
         # the layer adds its causal mask itself, apart from ``mask`` (padding only): the mask
         # gives the tokens, ``causal``/``window`` the structure (CLIP before transformers 5)
         self.causal_apart = False
+        # the layer keeps at most this many keys per query of those its mask allows (Doge's
+        # dynamic mask: top-k over the allowed keys once there are more than k)
+        self.key_cap: int | None = None
 
 
 class ModelFacts:

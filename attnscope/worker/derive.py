@@ -287,6 +287,8 @@ def derive_attention(f: AttentionFacts) -> Derived:
             out.flops = 2 * reading.pairs * (f.head_dim + dv)
         elif keys_known:
             out.flops = attention_flops(b, f.heads, sq, skv, f.head_dim, dv, causal, window)
+        if f.key_cap is not None and keys_known and skv > f.key_cap:
+            _cap_keys(out, f, reading, real, causal, window, skv, dv)
     if not keys_known:
         out.inexact("cache_unread")
     elif self_mask or isinstance(f.mask, TensorMeta):
@@ -298,6 +300,31 @@ def derive_attention(f: AttentionFacts) -> Derived:
     else:  # a mask that could not be read (timed out, a layout not understood): no count
         out.tokens = real
     return out
+
+
+def capped_pairs(sq: int, skv: int, cap: int, causal: bool) -> int:
+    """Pairs of one (batch, head) when each query keeps at most ``cap`` of the keys it may see
+    (queries aligned bottom-right: query ``q`` of a causal call sees ``skv - sq + q + 1`` keys)."""
+    if not causal:
+        return sq * min(skv, cap)
+    first, last = skv - sq + 1, skv  # keys seen by the first and the last query
+    below = max(0, min(last, cap) - first + 1)  # queries that see fewer than cap keys
+    low_end = first + below - 1
+    return (first + low_end) * below // 2 + (sq - below) * cap
+
+
+def _cap_keys(out: Derived, f: AttentionFacts, reading: MaskReading | None, real: int | None,
+              causal: bool, window: int | None, skv: int, dv: int) -> None:
+    """A layer that keeps at most ``f.key_cap`` keys per query (Doge): exact over a plain causal
+    or full mask with every query real; otherwise the FLOPs above are an upper bound."""
+    plain = (window is None and (f.mask is None or (
+        reading is not None and reading.window is None and real == f.batch * f.seq_q
+        and (reading.causal is None or reading.causal == causal))))
+    if not plain or not f.heads or not f.head_dim or f.key_cap is None:
+        out.inexact("layer_narrows")
+        return
+    pairs = f.batch * f.heads * capped_pairs(f.seq_q, skv, f.key_cap, causal)
+    out.flops = 2 * pairs * (f.head_dim + dv)
 
 
 def _mark_mask(out: Derived, mask: Any, counts: MaskCounts | None,
