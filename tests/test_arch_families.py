@@ -184,3 +184,25 @@ def test_doge_counts_the_keys_its_dynamic_mask_keeps_and_marks_what_it_cannot() 
     calls = _calls(model, lambda: model(input_ids=ids, attention_mask=padded))
     assert all(a["attnscope.exact"] is False and a["attnscope.inexact_reason"] == "layer_narrows"
                for a in calls)
+
+
+def test_timesformer_attention_is_traced_with_its_head_size_from_the_fused_projection() -> None:
+    """TimesformerSelfAttention has a head count and a fused qkv, no head-size attribute."""
+    model = sweep.build("timesformer", "TimesformerModel")
+    c = model.config
+    pixels = torch.randn(2, c.num_frames, c.num_channels, c.image_size, c.image_size,
+                         generator=torch.Generator().manual_seed(0))
+    seen: list[tuple[int, ...]] = []
+    hooks = [m.register_forward_hook(lambda mod, args, out: seen.append(tuple(args[0].shape)))
+             for m in model.modules() if type(m).__name__ == "TimesformerSelfAttention"]
+    with torch.no_grad():
+        model(pixel_values=pixels)
+    for h in hooks:
+        h.remove()
+    calls = _calls(model, lambda: model(pixel_values=pixels))
+    assert len(calls) == len(seen) == 2 * c.num_hidden_layers  # temporal and spatial per layer
+    head = c.hidden_size // c.num_attention_heads
+    for a, (b, s, width) in zip(calls, seen, strict=True):
+        assert (a["attnscope.batch_size"], a["attnscope.seq_len_q"]) == (b, s)
+        assert a["attnscope.head_dim"] == head and a["attnscope.num_heads"] == c.num_attention_heads
+        assert a["attnscope.flops"] == 2 * b * c.num_attention_heads * s * s * 2 * head

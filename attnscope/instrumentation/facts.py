@@ -29,6 +29,7 @@ _HEAD_DIM = (
     "d_kv",
     "kv_channels",
 )
+_FUSED_QKV = ("qkv", "qkv_proj", "Wqkv", "c_attn", "in_proj")
 _WIDTH = ("embed_dim", "hidden_size", "d_model", "n_embd", "all_head_size", "inner_dim")
 
 
@@ -63,6 +64,14 @@ def head_info(module: Any) -> tuple[int | None, int | None, int | None, int | No
         if width and width % heads == 0:
             head_dim = width // heads
     kv_heads = _first_int(owners, _KV_HEADS)
+    if heads and not head_dim and kv_heads in (None, heads):
+        # nothing but a fused projection says the width (TimeSformer's qkv): q, k and v of
+        # equal width, so a third of its outputs per head; a model with fewer kv heads names them
+        for name in _FUSED_QKV:
+            out = pos_int(getattr(getattr(module, name, None), "out_features", None))
+            if out and out % (3 * heads) == 0:
+                head_dim = out // (3 * heads)
+                break
     if kv_heads is None and heads:
         groups = pos_int(getattr(module, "num_key_value_groups", None))
         if groups and heads % groups == 0:
