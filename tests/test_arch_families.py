@@ -206,3 +206,15 @@ def test_timesformer_attention_is_traced_with_its_head_size_from_the_fused_proje
         assert (a["attnscope.batch_size"], a["attnscope.seq_len_q"]) == (b, s)
         assert a["attnscope.head_dim"] == head and a["attnscope.num_heads"] == c.num_attention_heads
         assert a["attnscope.flops"] == 2 * b * c.num_attention_heads * s * s * 2 * head
+
+
+def test_longt5_local_attention_with_its_blocked_mask_is_marked_not_exact() -> None:
+    """LongT5's local encoder attention gets a 5-D blocked mask attnscope does not read: its
+    FLOPs are the layer's own structure's (an upper bound), and the span says so."""
+    model = sweep.build("longt5", "LongT5Model")
+    ids = torch.randint(3, 60, (2, 8), generator=torch.Generator().manual_seed(1))
+    calls = _calls(model, lambda: model(input_ids=ids, decoder_input_ids=ids[:, :3]))
+    local = [a for a in calls if a["attnscope.module"].endswith("LocalSelfAttention")]
+    assert local and all(a["attnscope.exact"] is False
+                         and a["attnscope.inexact_reason"] == "mask_unread" for a in local)
+    assert all("attnscope.exact" not in a for a in calls if a not in local)
