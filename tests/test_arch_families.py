@@ -202,7 +202,7 @@ def test_timesformer_attention_is_traced_with_its_head_size_from_the_fused_proje
     calls = _calls(model, lambda: model(pixel_values=pixels))
     assert len(calls) == len(seen) == 2 * c.num_hidden_layers  # temporal and spatial per layer
     head = c.hidden_size // c.num_attention_heads
-    for a, (b, s, width) in zip(calls, seen, strict=True):
+    for a, (b, s, _width) in zip(calls, seen, strict=True):
         assert (a["attnscope.batch_size"], a["attnscope.seq_len_q"]) == (b, s)
         assert a["attnscope.head_dim"] == head and a["attnscope.num_heads"] == c.num_attention_heads
         assert a["attnscope.flops"] == 2 * b * c.num_attention_heads * s * s * 2 * head
@@ -218,3 +218,39 @@ def test_longt5_local_attention_with_its_blocked_mask_is_marked_not_exact() -> N
     assert local and all(a["attnscope.exact"] is False
                          and a["attnscope.inexact_reason"] == "mask_unread" for a in local)
     assert all("attnscope.exact" not in a for a in calls if a not in local)
+
+
+def test_fsmt_time_first_layout_and_layer_state_cache() -> None:
+    """FSMT's attention takes (seq, batch, width) tensors and its cache as layer_state."""
+    model = sweep.build("fsmt", "FSMTForConditionalGeneration")
+    ids = torch.randint(3, 60, (2, 10), generator=torch.Generator().manual_seed(1))
+    padded = torch.ones_like(ids)
+    padded[1, :3] = 0
+
+    def run(mask: torch.Tensor) -> Any:
+        return model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :4],
+                     output_attentions=True)
+
+    with sweep.quiet(), torch.no_grad():
+        ref = run(torch.ones_like(ids))
+    pairs = zip(ref.decoder_attentions, ref.cross_attentions, strict=True)
+    weights = [*ref.encoder_attentions, *(w for pair in pairs for w in pair)]
+    calls = _calls(model, lambda: run(torch.ones_like(ids)))
+    assert len(calls) == len(weights) == 6
+    dims = 2 * model.config.d_model // model.config.encoder_attention_heads
+    for a, w in zip(calls, weights, strict=True):
+        b, h, sq, skv = w.shape
+        assert (a["attnscope.batch_size"], a["attnscope.num_heads"], a["attnscope.seq_len_q"],
+                a["attnscope.seq_len_kv"]) == (b, h, sq, skv), a["attnscope.module"]
+        assert a["attnscope.flops"] == 2 * int((w != 0).sum()) * dims
+    encoder = [a for a in _calls(model, lambda: run(padded))
+               if a["attnscope.module"].startswith("model.encoder.")]
+    assert [a["attnscope.tokens"] for a in encoder] == [10 + 7] * 2  # the padding excluded
+    assert all("attnscope.phase" not in a for a in encoder)
+    generated = _calls(model, lambda: model.generate(
+        input_ids=ids[:1], attention_mask=padded[:1], max_new_tokens=3, min_new_tokens=3,
+        do_sample=False, num_beams=1))
+    steps = [a for a in generated if a["attnscope.module"].endswith("decoder.layers.0.self_attn")]
+    assert [(a["attnscope.phase"], a["attnscope.kv_cache_len"], a["attnscope.seq_len_kv"],
+             a["attnscope.causal"]) for a in steps] == [
+        ("prefill", 0, 1, True), ("decode", 1, 2, True), ("decode", 2, 3, True)]

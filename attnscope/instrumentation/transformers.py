@@ -48,6 +48,9 @@ _CAUSAL_MASK = ("causal_attention_mask",)
 # from the mask's diagonal).
 _MASKED_WHERE_TRUE = ("MptAttention",)
 _HIDDEN = ("hidden_states", "hidden", "x", "query")
+# Modules whose attention takes time-first tensors (seq, batch, width) and its cache as
+# ``layer_state``: FSMT's.
+_TIME_FIRST = frozenset({"transformers.models.fsmt.modeling_fsmt"})
 
 
 def _has_projections(module: torch.nn.Module) -> bool:
@@ -253,15 +256,22 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
     # Zamba2's shared attention serves several layers: its own layer_idx is -1 and the layer's
     # index comes with each call
     index_per_call = layer_idx is None and "layer_idx" in names
-    read = _reader(names, (
-        tuple(n for n in (*_HIDDEN, *names[1:2]) if n),
-        _SOURCE,
-        _CACHE,
-        ("use_cache",),  # _starts_cache
-        _CAUSAL_MASK,
-        (_LOCAL_MASK, *_MASK) if _two_sided_local(module) else _MASK,
-        ("layer_idx",) if index_per_call else (),
-    ))
+    time_first = type(module).__module__ in _TIME_FIRST
+    if time_first:  # FSMT: (query, key, key_padding_mask, layer_state, attn_mask), (T, B, C)
+        groups: tuple[tuple[str, ...], ...] = (
+            ("query",), ("key",) if module.encoder_decoder_attention else (), ("layer_state",),
+            (), ("attn_mask",), ("key_padding_mask",), ())
+    else:
+        groups = (
+            tuple(n for n in (*_HIDDEN, *names[1:2]) if n),
+            _SOURCE,
+            _CACHE,
+            ("use_cache",),  # _starts_cache
+            _CAUSAL_MASK,
+            (_LOCAL_MASK, *_MASK) if _two_sided_local(module) else _MASK,
+            ("layer_idx",) if index_per_call else (),
+        )
+    read = _reader(names, groups)
     # use_cache=True starts no cache in an encoder layer (transformers hands it to Pegasus',
     # M2M-100's ... encoder layers too); a cache object given is used whatever the flag says
     # (BertGeneration decodes with is_decoder=False layers)
@@ -282,8 +292,11 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
         if not isinstance(hidden, torch.Tensor) or hidden.ndim < 2:
             return []
         shape = hidden.shape
-        facts = (AttentionFacts(shape[0], shape[1]) if len(shape) >= 3
-                 else AttentionFacts(1, shape[0]))
+        if time_first and len(shape) == 3:
+            facts = AttentionFacts(shape[1], shape[0])
+        else:
+            facts = (AttentionFacts(shape[0], shape[1]) if len(shape) >= 3
+                     else AttentionFacts(1, shape[0]))
         facts.heads = heads
         facts.kv_heads = kv_heads
         facts.head_dim = head_dim
@@ -300,7 +313,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
         elif use_cache is True and takes_cache and not encoder:  # _starts_cache
             facts.cached, facts.past = True, 0
         if isinstance(source, torch.Tensor) and source.ndim >= 2:
-            facts.seq_kv = source.shape[-2]
+            facts.seq_kv = source.shape[0] if time_first else source.shape[-2]
         elif module_cross:
             facts.seq_kv = None  # cross-attention with cached source keys: length unknown here
             return []
@@ -315,7 +328,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
                 facts.mask = causal_mask
             elif causal_mask is not None:
                 facts.causal_apart = True
-            facts.mask_ignores = masked_where_true
+            facts.mask_ignores = masked_where_true or time_first  # FSMT: True = padding
             facts.key_cap = key_cap
         return [(ATTENTION_KEY, facts)]
 
