@@ -522,3 +522,31 @@ def test_a_file_from_another_process_is_still_replaced(tmp_path: Path) -> None:
     exporter.shutdown()
     doc = load(path)
     assert [s["operationName"] for t in doc["data"] for s in t["spans"]] == ["new"]
+
+
+def test_the_merge_widens_a_step_root_over_every_ranks_spans(tmp_path: Path) -> None:
+    from attnscope.exporters import merge_jaeger_json
+
+    def span(span_id: str, name: str, start: int, duration: int, parent: str | None,
+             **tags: Any) -> dict[str, Any]:
+        refs = [{"refType": "CHILD_OF", "traceID": "t", "spanID": parent}] if parent else []
+        return {"traceID": "t", "spanID": span_id, "operationName": name, "references": refs,
+                "startTime": start, "duration": duration, "processID": "p1",
+                "tags": [{"key": k, "type": "int64", "value": v} for k, v in tags.items()]}
+
+    process = {"p1": {"serviceName": "job", "tags": []}}
+    rank0 = {"data": [{"traceID": "t", "processes": process, "spans": [
+        span("r", "attnscope.step 3", 1000, 500, None, **{"attnscope.step": 3}),
+        span("a", "attnscope.rank 0", 1000, 500, "r", **{"attnscope.rank": 0})]}]}
+    rank1 = {"data": [{"traceID": "t", "processes": process, "spans": [  # a straggler
+        span("b", "attnscope.rank 1", 900, 2000, "r", **{"attnscope.rank": 1}),
+        span("c", "layer", 950, 100, "b", **{"attnscope.rank": 1})]}]}
+    files = [tmp_path / "r0.json", tmp_path / "r1.json"]
+    for path, doc in zip(files, (rank0, rank1), strict=True):
+        path.write_text(json.dumps(doc))
+    assert merge_jaeger_json(tmp_path / "m.json", files) == 1
+    (trace,) = json.loads((tmp_path / "m.json").read_text())["data"]
+    root = next(s for s in trace["spans"] if s["spanID"] == "r")
+    assert (root["startTime"], root["duration"]) == (900, 2000)
+    # the files themselves are left as written
+    assert json.loads(files[0].read_text())["data"][0]["spans"][0]["startTime"] == 1000

@@ -58,7 +58,9 @@ def _run_steps(exporter: InMemorySpanExporter, steps: int = 2, calls: int = 2,
 
 
 def _by_name(spans: list[ReadableSpan], name: str) -> list[ReadableSpan]:
-    return [s for s in spans if s.name == name]
+    """Spans named ``name``; for the step and rank spans, ``name`` then their number."""
+    numbered = name in (ROOT_NAME, RANK_NAME)
+    return [s for s in spans if s.name == name or (numbered and s.name.startswith(name + " "))]
 
 
 def test_ids_are_a_function_of_run_step_and_rank() -> None:
@@ -83,6 +85,8 @@ def test_rank0_emits_root_rank_span_and_calls_under_it(monkeypatch: pytest.Monke
         (rank,) = _by_name(in_trace, RANK_NAME)
         calls = _by_name(in_trace, "layer")
         assert root.context.span_id == root_id and root.parent is None
+        assert (root.name, rank.name) == (f"attnscope.step {step}", "attnscope.rank 0")
+        assert all(dict(c.attributes or {})["attnscope.rank"] == 0 for c in calls)
         assert rank.context.span_id == rank_id and rank.parent is not None
         assert rank.parent.span_id == root_id
         assert len(calls) == 2 and all(c.parent and c.parent.span_id == rank_id for c in calls)
@@ -107,7 +111,8 @@ def test_other_ranks_hang_under_the_same_root_without_emitting_it(
     (rank,) = _by_name(spans, RANK_NAME)
     assert rank.context.trace_id == trace_id and rank.context.span_id == rank_id
     assert rank.parent is not None and rank.parent.span_id == root_id
-    assert dict(rank.attributes or {})["attnscope.rank"] == 1
+    assert dict(rank.attributes or {})["attnscope.rank"] == 1 and rank.name == "attnscope.rank 1"
+    assert all(dict(c.attributes or {})["attnscope.rank"] == 1 for c in _by_name(spans, "layer"))
 
 
 def test_torchrun_run_id_and_restart_count(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -139,8 +144,14 @@ def test_without_a_run_id_each_step_is_still_one_trace() -> None:
     traces = {s.context.trace_id for s in spans}
     assert len(traces) == 2
     for trace_id in traces:
-        names = sorted(s.name for s in spans if s.context.trace_id == trace_id)
-        assert names == sorted([ROOT_NAME, RANK_NAME, "layer", "layer"])
+        in_trace = [s for s in spans if s.context.trace_id == trace_id]
+        (root,) = _by_name(in_trace, ROOT_NAME)
+        step = dict(root.attributes or {})["attnscope.step"]
+        names = sorted(s.name for s in in_trace)
+        assert names == sorted([f"attnscope.step {step}", "attnscope.rank 0", "layer", "layer"])
+        # one process: no rank attribute on its spans
+        calls = _by_name(in_trace, "layer")
+        assert all("attnscope.rank" not in (s.attributes or {}) for s in calls)
 
 
 def test_calls_outside_a_step_and_under_an_app_span_keep_their_own_traces() -> None:
@@ -315,9 +326,17 @@ def _torchrun(out: Path, launch: list[str], steps: int) -> tuple[list[str], str]
     for trace in document["data"]:
         spans = trace["spans"]
         by_id = {s["spanID"]: s for s in spans}
-        (root,) = [s for s in spans if s["operationName"] == ROOT_NAME]
-        ranks = [s for s in spans if s["operationName"] == RANK_NAME]
+        (root,) = [s for s in spans if s["operationName"].startswith(ROOT_NAME + " ")]
+        ranks = [s for s in spans if s["operationName"].startswith(RANK_NAME + " ")]
         assert sorted(_tag(s, "attnscope.rank") for s in ranks) == [0, 1]
+        assert sorted(s["operationName"] for s in ranks) == ["attnscope.rank 0", "attnscope.rank 1"]
+        assert root["operationName"] == f"attnscope.step {_tag(root, 'attnscope.step')}"
+        # the merge widens rank 0's root over every rank's spans of the step
+        assert root["startTime"] == min(s["startTime"] for s in spans)
+        assert root["startTime"] + root["duration"] == max(s["startTime"] + s["duration"]
+                                                           for s in spans)
+        # every span of a rank says which (the root spans the job)
+        assert all(_tag(s, "attnscope.rank") in (0, 1) for s in spans if s is not root)
         assert {_tag(s, "attnscope.step") for s in ranks + [root]} == {_tag(root, "attnscope.step")}
         for rank in ranks:
             assert rank["references"][0]["spanID"] == root["spanID"]

@@ -4,7 +4,9 @@ Each file written by :class:`~attnscope.exporters.JaegerJSONFileExporter` holds 
 with its own process table (``p1``, ``p2``...). The ranks of a job write the spans of one step
 under the same trace id (docs/live.md); merged, a trace holds every rank's spans, and their
 processes are renumbered per trace so rank 0's ``p1`` and rank 1's ``p1`` stay apart. A span that
-appears in two files (the same file given twice) is kept once.
+appears in two files (the same file given twice) is kept once. A step's root (``attnscope.step N``,
+emitted by rank 0 and covering rank 0's calls only) is widened to cover every rank's spans of its
+trace: a straggler's rank span lies under it, and the trace's time under no span is gone.
 """
 
 from __future__ import annotations
@@ -25,7 +27,27 @@ def merged_document(paths: Iterable[str | os.PathLike[str]]) -> dict[str, Any]:
             document = json.load(f)
         for trace in document.get("data") or ():
             _add_trace(traces, trace)
+    for trace in traces.values():
+        _widen_step_root(trace["spans"])
     return {"data": list(traces.values())}
+
+
+_STEP_ROOT = "attnscope.step"  # worker/steps.py ROOT_NAME (not imported: the worker side)
+
+
+def _widen_step_root(spans: list[dict[str, Any]]) -> None:
+    roots = [s for s in spans if not s.get("references")
+             and str(s.get("operationName", "")).startswith(_STEP_ROOT)
+             and any(t.get("key") == _STEP_ROOT for t in s.get("tags") or ())]
+    if len(roots) != 1 or len(spans) < 2:
+        return
+    (root,) = roots
+    try:
+        start = min(int(s["startTime"]) for s in spans)
+        end = max(int(s["startTime"]) + int(s.get("duration", 0)) for s in spans)
+    except (KeyError, TypeError, ValueError):
+        return  # a span without times: the root is left as it was written
+    root["startTime"], root["duration"] = start, end - start
 
 
 def _add_trace(traces: dict[str, dict[str, Any]], trace: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, Link, SpanContext
 
+from .. import _dist
 from .. import _schema as schema
 from ..record.capture import TIER_NAMES, Capture
 from .derived import Measured, clean, sig4
@@ -42,6 +43,7 @@ _TIER, _SAMPLE_RATE, _WALL_NS = schema.TIER.name, schema.SAMPLE_RATE.name, schem
 _FLOPS, _TFLOPS, _TOKENS, _TOKENS_PER_S = (schema.FLOPS.name, schema.TFLOPS.name,
                                            schema.TOKENS.name, schema.TOKENS_PER_S.name)
 _LINK = schema.LINK.name
+_RANK = schema.RANK.name
 
 
 def capture_attributes(cap: Capture, shape: dict[str, Any], found: Measured,
@@ -130,6 +132,9 @@ class SpanBuilder:
         self._stash: dict[int, list[Result]] = {}
         self._per_trace: OrderedDict[int, int] = OrderedDict()
         self.steps: StepTraces | None = None  # made by the first call under attnscope.step()
+        # A rank of a job puts its rank on every span (Jaeger groups its statistics by span tags,
+        # and a process tag is not one): read once, as the worker starts under torchrun's RANK.
+        self._rank = _dist.rank() if _dist.world_size() > 1 else None
 
     def add(self, item: Result) -> None:
         """Build now if the parent is settled; otherwise wait for it."""
@@ -194,6 +199,8 @@ class SpanBuilder:
             self._cut(item)
             return
         emit = self.emitter.emit
+        if self._rank is not None:
+            item.attrs[_RANK] = self._rank
         sc = emit(item.name, target, item.attrs, item.start_ns, item.end_ns, links, item.error)
         if sc is None:
             sc = INVALID_SPAN_CONTEXT
@@ -222,7 +229,10 @@ class SpanBuilder:
         built: list[SpanContext] = []
         for child in children:
             parent = built[child.parent] if 0 <= child.parent < len(built) else sc
-            built.append(self.emitter.emit(child.name, parent, child.attributes, child.start_ns,
+            attrs = child.attributes
+            if self._rank is not None:
+                attrs = {**attrs, _RANK: self._rank}
+            built.append(self.emitter.emit(child.name, parent, attrs, child.start_ns,
                                            child.end_ns) or parent)
 
     def _cut(self, item: Result) -> None:

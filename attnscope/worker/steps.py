@@ -4,8 +4,8 @@ The ids are a pure function of the run id (worker/run_id.py: the ``run_id`` sett
 torchrun's ``TORCHELASTIC_RUN_ID`` and restart count, else one id agreed once through
 torch.distributed's store) and the step number, so the ranks agree without talking at each step:
 the trace id (128 bits) and the step root's span id (64 bits) hash ``(run id, step)``; a
-rank's own span id hashes ``(run id, step, rank)``. Rank 0 emits the root (``attnscope.step``),
-every rank emits one ``attnscope.rank`` span under it, and the rank's top-level sampled calls of
+rank's own span id hashes ``(run id, step, rank)``. Rank 0 emits the root (``attnscope.step N``),
+every rank emits one ``attnscope.rank R`` span under it, and the rank's top-level sampled calls of
 the step hang under that. Without a run id, the ids come from a random per-process id: one trace
 per step of this process (ranks of a job without one do not join; a warning says so once).
 
@@ -35,10 +35,21 @@ from .._state import state
 from .emit import Emitter, OpenSpan
 from .run_id import RunId
 
-__all__ = ["RANK_NAME", "ROOT_NAME", "StepTraces", "configured_run_id", "step_ids"]
+__all__ = ["RANK_NAME", "ROOT_NAME", "StepTraces", "configured_run_id", "rank_name", "root_name",
+           "step_ids"]
 
-ROOT_NAME = schema.PREFIX + "step"  # span names
+ROOT_NAME = schema.PREFIX + "step"  # span names start so; the step's or rank's number follows
 RANK_NAME = schema.PREFIX + "rank"
+
+
+def root_name(step_no: int) -> str:
+    """The step root's name: ``attnscope.step 3`` (Jaeger's search list shows the step)."""
+    return f"{ROOT_NAME} {step_no}"
+
+
+def rank_name(rank: int) -> str:
+    """A rank span's name: ``attnscope.rank 1`` (told apart in the timeline and statistics)."""
+    return f"{RANK_NAME} {rank}"
 _KEEP_CLOSED = 64  # closed steps whose rank span late calls can still find
 
 
@@ -118,17 +129,17 @@ class StepTraces:
         rank = _dist.rank()
         trace_id, root_id, rank_id = step_ids(run_id, step_no, rank)
         emitter = self.emitter
-        root_ctx = emitter.context_with(trace_id, root_id, ROOT_NAME, None)
+        root_ctx = emitter.context_with(trace_id, root_id, root_name(step_no), None)
         root = None
         if rank == 0:
-            root = emitter.open_span(root_ctx, ROOT_NAME, None, {
+            root = emitter.open_span(root_ctx, root_name(step_no), None, {
                 schema.STEP.name: step_no, schema.WORLD_SIZE.name: world,
                 schema.RUN_ID.name: run_id[:256]},
                 start_ns)
         rank_attrs = {schema.STEP.name: step_no, schema.RANK.name: rank,
                       schema.WORLD_SIZE.name: world,
                       schema.HOST_NAME.name: _dist.host()[:256]}
-        rank_ctx = emitter.context_with(trace_id, rank_id, RANK_NAME, root_ctx)
-        rank_span = emitter.open_span(rank_ctx, RANK_NAME, root_ctx, rank_attrs, start_ns)
+        rank_ctx = emitter.context_with(trace_id, rank_id, rank_name(rank), root_ctx)
+        rank_span = emitter.open_span(rank_ctx, rank_name(rank), root_ctx, rank_attrs, start_ns)
         parent = rank_span.context if rank_span is not None else root_ctx
         return _Step(step_no, root, rank_span, parent, start_ns, end_ns)
