@@ -16,6 +16,8 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from .. import _schema as schema
+
 __all__ = ["merge_jaeger_json", "merged_document"]
 
 
@@ -32,7 +34,8 @@ def merged_document(paths: Iterable[str | os.PathLike[str]]) -> dict[str, Any]:
     return {"data": list(traces.values())}
 
 
-_STEP_ROOT = "attnscope.step"  # worker/steps.py ROOT_NAME (not imported: the worker side)
+# the step attribute, and the start of the root's name (worker/steps.py root_name)
+_STEP_ROOT = schema.STEP.name
 
 
 def _widen_step_root(spans: list[dict[str, Any]]) -> None:
