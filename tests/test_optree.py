@@ -18,7 +18,7 @@ from attnscope.worker.profiles import kernels as _kernels
 from attnscope.worker.profiles import optree
 from attnscope.worker.profiles.kernels import RawEvent
 
-from .support.helpers import attrs, children_of, descendants_of, sdpa, traced_spans
+from .support.helpers import attrs, base_name, children_of, descendants_of, sdpa, traced_spans
 
 PROFILE = {"profile_rate": 1.0, "profile_max_per_minute": 1000.0}
 
@@ -73,7 +73,7 @@ def _llama_layer(attn: str) -> tuple[list[Any], Any]:
                 model(ids)
     finally:
         attnscope.uninstrument(model)
-    (layer,) = [s for s in traced_spans(spans) if s.name.endswith("self_attn")]
+    (layer,) = [s for s in traced_spans(spans) if base_name(s).endswith("self_attn")]
     assert attrs(layer)["attnscope.tier"] == "profile"
     return spans, layer
 

@@ -55,3 +55,30 @@ def test_span_name_helper() -> None:
     assert span_name(7) == "7"
     assert span_name("x" * 1000) == "x" * MAX_NAME
     assert span_name("") == "attnscope.span"
+
+
+def test_a_layers_span_name_says_its_phase_and_a_blocks_name_is_its_own() -> None:
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
+                                   max_position_embeddings=32)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    attnscope.instrument(model, trace_model=True)
+    ids = torch.randint(1, 64, (1, 5))
+    with capture_spans(sample_rate=1.0, warmup_calls=0, profile_rate=0.0) as spans, \
+            torch.no_grad():
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3,
+                       min_new_tokens=3, do_sample=False, pad_token_id=0)
+        with attnscope.span("mine", sample=True, attributes={"attnscope.phase": "decode"}):
+            pass
+    attnscope.uninstrument(model)
+    names = [s.name for s in sorted(spans, key=lambda s: s.start_time)]
+    layer = [n for n in names if n.startswith("model.layers.0.self_attn")]
+    path = "model.layers.0.self_attn"
+    assert layer == [f"{path} (prefill)"] + [f"{path} (decode)"] * 2
+    forwards = [n for n in names if n.startswith("LlamaForCausalLM (")]
+    assert forwards == ["LlamaForCausalLM (prefill)"] + ["LlamaForCausalLM (decode)"] * 2
+    assert "LlamaForCausalLM.generate" in names and "mine" in names

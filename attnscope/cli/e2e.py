@@ -184,7 +184,9 @@ def _shares(forwards: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
     grouped: dict[tuple[str, str | None], list[SpanRow]] = defaultdict(list)
     for f in forwards:
         phase = f.attributes.get(schema.PHASE.name)
-        grouped[(f.name, phase if isinstance(phase, str) else None)].append(f)
+        module = f.attributes.get(schema.MODULE.name)  # the span's name also says the phase
+        grouped[(module if isinstance(module, str) and module else f.name,
+                 phase if isinstance(phase, str) else None)].append(f)
     out = []
     for (model, phase), every in sorted(grouped.items(),
                                         key=lambda kv: (kv[0][0], kv[0][1] != "prefill",

@@ -44,6 +44,9 @@ _FLOPS, _TFLOPS, _TOKENS, _TOKENS_PER_S = (schema.FLOPS.name, schema.TFLOPS.name
                                            schema.TOKENS.name, schema.TOKENS_PER_S.name)
 _LINK = schema.LINK.name
 _RANK = schema.RANK.name
+_PHASE = schema.PHASE.name
+_MODULE = schema.MODULE.name
+_PHASES = frozenset(("prefill", "decode"))
 
 
 def capture_attributes(cap: Capture, shape: dict[str, Any], found: Measured,
@@ -96,7 +99,13 @@ class Result:
     def __init__(self, cap: Capture, attrs: dict[str, Any], children: list[ChildSpan]) -> None:
         self.capture_id = cap.capture_id
         self.parent_id = cap.parent_id
-        self.name = span_name(cap.name)  # a str, capped: an exporter could refuse the batch
+        name = cap.name
+        phase = attrs.get(_PHASE)
+        # an instrumented layer's (or model's) prefill and decode calls told apart in a search
+        # list; a span() block keeps the name its code gave
+        if phase in _PHASES and _MODULE in attrs:
+            name = f"{name} ({phase})"
+        self.name = span_name(name)  # a str, capped: an exporter could refuse the batch
         self.otel_parent = cap.otel_parent
         self.start_ns = cap.start_epoch_ns
         self.end_ns = cap.end_epoch_ns

@@ -53,3 +53,12 @@ def descendants_of(spans: list[Any], parent: Any) -> list[Any]:
         out.extend(kids)
         todo.extend(kids)
     return out
+
+
+def base_name(span: Any) -> str:
+    """A span's name without the phase a layer's span name ends with (``"x (decode)"``: ``x``)."""
+    name = str(span.name)
+    for phase in (" (prefill)", " (decode)"):
+        if name.endswith(phase):
+            return name[: -len(phase)]
+    return name
