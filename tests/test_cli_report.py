@@ -559,6 +559,11 @@ def test_the_demo_trace_reports_two_rows_per_layer_as_its_tables(tmp_path: Path)
     assert demo.returncode == 0, demo.stderr
     report = _json_report(trace, tmp_path)
     spans = {s["spanID"]: s for s in jaeger_spans(trace)}
+    # the forwards are named with their implementation (Jaeger's search list tells them apart)
+    forwards = {s["operationName"] for s in spans.values()
+                if s["operationName"].startswith("demo.forward")}
+    assert forwards == {"demo.forward (naive)", "demo.forward (naive, profiled)",
+                        "demo.forward (sdpa)", "demo.forward (sdpa, profiled)"}
 
     def implementation(span: dict[str, Any]) -> str:
         while "demo.implementation" not in span["tags"]:

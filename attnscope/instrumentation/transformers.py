@@ -257,21 +257,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
     # index comes with each call
     index_per_call = layer_idx is None and "layer_idx" in names
     time_first = type(module).__module__ in _TIME_FIRST
-    if time_first:  # FSMT: (query, key, key_padding_mask, layer_state, attn_mask), (T, B, C)
-        groups: tuple[tuple[str, ...], ...] = (
-            ("query",), ("key",) if module.encoder_decoder_attention else (), ("layer_state",),
-            (), ("attn_mask",), ("key_padding_mask",), ())
-    else:
-        groups = (
-            tuple(n for n in (*_HIDDEN, *names[1:2]) if n),
-            _SOURCE,
-            _CACHE,
-            ("use_cache",),  # _starts_cache
-            _CAUSAL_MASK,
-            (_LOCAL_MASK, *_MASK) if _two_sided_local(module) else _MASK,
-            ("layer_idx",) if index_per_call else (),
-        )
-    read = _reader(names, groups)
+    read = _reader(names, _argument_groups(module, names, time_first, index_per_call))
     # use_cache=True starts no cache in an encoder layer (transformers hands it to Pegasus',
     # M2M-100's ... encoder layers too); a cache object given is used whatever the flag says
     # (BertGeneration decodes with is_decoder=False layers)
@@ -291,12 +277,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
         hidden, source, cache, use_cache, causal_mask, mask, call_idx = read(args, kwargs)
         if not isinstance(hidden, torch.Tensor) or hidden.ndim < 2:
             return []
-        shape = hidden.shape
-        if time_first and len(shape) == 3:
-            facts = AttentionFacts(shape[1], shape[0])
-        else:
-            facts = (AttentionFacts(shape[0], shape[1]) if len(shape) >= 3
-                     else AttentionFacts(1, shape[0]))
+        facts = _facts_of(hidden.shape, time_first)
         facts.heads = heads
         facts.kv_heads = kv_heads
         facts.head_dim = head_dim
@@ -304,10 +285,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
         facts.dtype = hidden.dtype
         facts.device = hidden.device
         if cache is not None:
-            idx = layer_idx
-            if index_per_call and isinstance(call_idx, int) and not isinstance(call_idx, bool) \
-                    and call_idx >= 0:
-                idx = call_idx
+            idx = _call_index(call_idx) if index_per_call else layer_idx
             facts.cached = True
             facts.past = _past_length(cache, idx, module_cross or source is not None)
         elif use_cache is True and takes_cache and not encoder:  # _starts_cache
@@ -367,6 +345,37 @@ def _model_facts(get: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mod
     elif _starts_cache(get, args, kwargs):
         facts.cached, facts.past = True, 0
     return facts
+
+
+def _argument_groups(module: Any, names: tuple[str, ...], time_first: bool,
+                     index_per_call: bool) -> tuple[tuple[str, ...], ...]:
+    """What :func:`hidden_state_extractor` reads, in its order: hidden states, source, cache,
+    use_cache, causal mask, mask, layer index (an empty group: nothing to read)."""
+    if time_first:  # FSMT: (query, key, key_padding_mask, layer_state, attn_mask), (T, B, C)
+        return (("query",), ("key",) if module.encoder_decoder_attention else (),
+                ("layer_state",), (), ("attn_mask",), ("key_padding_mask",), ())
+    return (
+        tuple(n for n in (*_HIDDEN, *names[1:2]) if n),
+        _SOURCE,
+        _CACHE,
+        ("use_cache",),  # _starts_cache
+        _CAUSAL_MASK,
+        (_LOCAL_MASK, *_MASK) if _two_sided_local(module) else _MASK,
+        ("layer_idx",) if index_per_call else (),
+    )
+
+
+def _facts_of(shape: Any, time_first: bool) -> AttentionFacts:
+    if time_first and len(shape) == 3:
+        return AttentionFacts(shape[1], shape[0])
+    return AttentionFacts(shape[0], shape[1]) if len(shape) >= 3 else AttentionFacts(1, shape[0])
+
+
+def _call_index(value: Any) -> int | None:
+    """A layer index passed with the call (Zamba2), when it is one."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
 
 
 def _starts_cache(get: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

@@ -128,11 +128,13 @@ def run_demo(steps: int = 20, seq_len: int = 256, jaeger_json: str | None = None
             for impl in (naive_attention, sdpa_attention):
                 with attnscope.sampling(force=False):  # warm-up, not captured
                     model(x, impl)
+                # the implementation in the name: Jaeger's search list tells the runs apart
+                short = impl.__name__.removesuffix("_attention")
                 for _ in range(steps):
-                    with attnscope.span("demo.forward", tokens=x.shape[0] * seq_len,
+                    with attnscope.span(f"demo.forward ({short})", tokens=x.shape[0] * seq_len,
                                         attributes={"demo.implementation": impl.__name__}):
                         model(x, impl)
-                with attnscope.span("demo.forward.profiled", sample=True,
+                with attnscope.span(f"demo.forward ({short}, profiled)", sample=True,
                                     attributes={"demo.implementation": impl.__name__}):
                     with attnscope.sampling(force=True, profile=True):  # every layer profiled
                         model(x, impl)
