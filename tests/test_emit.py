@@ -119,3 +119,15 @@ def test_direct_path_asks_the_providers_sampler(monkeypatch: pytest.MonkeyPatch)
     assert isinstance(state.worker.builder.emitter, DirectEmitter)
     assert exporter.get_finished_spans() == ()
     assert otel_trace.get_tracer_provider() is not None  # the global provider was left alone
+
+
+def test_rates_keep_four_significant_digits_and_never_overflow() -> None:
+    import sys
+
+    from attnscope.worker.derived import sig4
+
+    for x in (1234567.0, 0.000123456, -98765.4321, 3.0, 9.99951):
+        assert sig4(x) == float(f"{x:.4g}")
+    # the largest float rounds up past itself: kept as it is, never an OverflowError
+    assert sig4(sys.float_info.max) == sys.float_info.max
+    assert sig4(0.0) == 0.0 and sig4(float("inf")) == float("inf")

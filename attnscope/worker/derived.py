@@ -165,7 +165,10 @@ def sig4(x: float) -> float:
     The same value as ``float(f"{x:.4g}")``, in half the time (it runs twice per span)."""
     if not x or not isfinite(x):
         return x
-    return round(x, 3 - floor(log10(abs(x))))
+    try:
+        return round(x, 3 - floor(log10(abs(x))))
+    except OverflowError:  # rounds up past the largest float (1.7977e308): kept as it is
+        return x
 
 
 def clean(value: Any) -> Any:
