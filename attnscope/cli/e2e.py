@@ -23,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .summary import Quantiles, quantiles, wall_ns
+from .summary import Quantiles, int_attribute, is_profiled, quantiles, sample_rate, wall_ns
 from .traces import SpanRow, attention_calls
 from .. import _schema as schema
 
@@ -81,13 +81,7 @@ def _is_forward(row: SpanRow, attention: set[str]) -> bool:
 
 
 def _weight(row: SpanRow) -> float:
-    rate = row.attributes.get(schema.SAMPLE_RATE.name)
-    return 1.0 / rate if isinstance(rate, float) and 0.0 < rate <= 1.0 else 1.0
-
-
-def _int(row: SpanRow, key: str) -> int | None:
-    value = row.attributes.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return 1.0 / sample_rate(row)
 
 
 def end_to_end(rows: Sequence[SpanRow]) -> EndToEnd:
@@ -133,7 +127,7 @@ def _generates(rows: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
         counted_ns = 0
         counted = False
         for g in calls:
-            out_tokens = _int(g, schema.OUTPUT_TOKENS.name)
+            out_tokens = int_attribute(g, schema.OUTPUT_TOKENS.name)
             if out_tokens is not None:
                 tokens += out_tokens
                 counted_ns += wall_ns(g)
@@ -160,8 +154,7 @@ def _generates(rows: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
 
 
 def _profiled(row: SpanRow, children: Mapping[str, list[SpanRow]]) -> bool:
-    return any(d.attributes.get(schema.TIER.name) == "profile"
-               for d in (row, *_descendants(row, children)))
+    return any(is_profiled(d) for d in (row, *_descendants(row, children)))
 
 
 def _unslowed(rows: Sequence[SpanRow], children: Mapping[str, list[SpanRow]]) -> list[SpanRow]:

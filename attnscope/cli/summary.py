@@ -39,7 +39,8 @@ from .traces import GroupKey, SpanRow, call_backends, group_key
 from .. import _schema as schema
 
 __all__ = ["Quantiles", "GroupStats", "Summary", "summarize", "quantiles", "time_ns", "wall_ns",
-           "latency_rows", "operator_spans", "PHASE_ORDER"]
+           "latency_rows", "operator_spans", "int_attribute", "sample_rate", "is_profiled",
+           "PHASE_ORDER"]
 
 PHASE_ORDER = {"prefill": 0, "decode": 1, None: 2}
 
@@ -130,27 +131,27 @@ def wall_ns(row: SpanRow) -> int:
     return wall if isinstance(wall, int) and not isinstance(wall, bool) else row.duration_ns
 
 
-def _int(row: SpanRow, key: str) -> int | None:
+def int_attribute(row: SpanRow, key: str) -> int | None:
     value = row.attributes.get(key)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _ints(rows: Iterable[SpanRow], key: str) -> list[int]:
-    return [v for r in rows if (v := _int(r, key)) is not None]
+    return [v for r in rows if (v := int_attribute(r, key)) is not None]
 
 
-def _profiled(row: SpanRow) -> bool:
+def is_profiled(row: SpanRow) -> bool:
     return row.attributes.get(schema.TIER.name) == "profile"
 
 
 def latency_rows(rows: Sequence[SpanRow]) -> list[SpanRow]:
     """The calls latency and rates are of: the timed ones, else (all profiled) all of them."""
-    return [r for r in rows if not _profiled(r)] or list(rows)
+    return [r for r in rows if not is_profiled(r)] or list(rows)
 
 
 def _over_time(rows: Sequence[SpanRow], key: str) -> tuple[int, int] | None:
     """(Σ ``key``, Σ time) over the calls of ``rows`` that have ``key``; None when none has."""
-    having = [(v, time_ns(r)) for r in rows if (v := _int(r, key)) is not None]
+    having = [(v, time_ns(r)) for r in rows if (v := int_attribute(r, key)) is not None]
     return (sum(v for v, _ in having), sum(t for _, t in having)) if having else None
 
 
@@ -184,9 +185,9 @@ def _stats(key: GroupKey, label: str, rows: Sequence[SpanRow], price_per_hour: f
         tokens = sum(all_tokens)
     if tokens_per_s is None:
         tokens_per_s = _rate(_over_time(timed, schema.TOKENS.name))
-    profiled = [r for r in rows if _profiled(r)]
-    cored = [(f, c) for r in profiled if (f := _int(r, schema.FLOPS.name)) is not None
-             and (c := _int(r, schema.CORE_NS.name))]
+    profiled = [r for r in rows if is_profiled(r)]
+    cored = [(f, c) for r in profiled if (f := int_attribute(r, schema.FLOPS.name)) is not None
+             and (c := int_attribute(r, schema.CORE_NS.name))]
     core = _rate((sum(f for f, _ in cored), sum(c for _, c in cored))) if cored else None
     flop_rate = _rate(_over_time(timed, schema.FLOPS.name))
     peaks = _ints(rows, schema.PEAK_BYTES.name)
@@ -194,9 +195,9 @@ def _stats(key: GroupKey, label: str, rows: Sequence[SpanRow], price_per_hour: f
                        if schema.BACKEND.name in r.attributes)
     return GroupStats(
         module=key[0], phase=key[1], backend=key[2], label=label, calls=len(rows),
-        estimated_calls=sum(1.0 / _sample_rate(r) for r in rows), profiled=len(profiled),
+        estimated_calls=sum(1.0 / sample_rate(r) for r in rows), profiled=len(profiled),
         latency_calls=len(timed),
-        latency_of="timed" if any(not _profiled(r) for r in rows) else "profiled",
+        latency_of="timed" if any(not is_profiled(r) for r in rows) else "profiled",
         wall=quantiles([wall_ns(r) for r in timed]),
         device=quantiles(devices) if devices else None,
         time_ns=sum(time_ns(r) for r in timed), tokens=tokens,
@@ -211,7 +212,7 @@ def _stats(key: GroupKey, label: str, rows: Sequence[SpanRow], price_per_hour: f
                              for r in rows if r.attributes.get(schema.EXACT.name) is False)))
 
 
-def _sample_rate(row: SpanRow) -> float:
+def sample_rate(row: SpanRow) -> float:
     rate = row.attributes.get(schema.SAMPLE_RATE.name)
     return float(rate) if isinstance(rate, (int, float)) and 0 < rate <= 1 else 1.0
 
@@ -261,7 +262,7 @@ def summarize(calls: Sequence[SpanRow], price_per_hour: float | None = None,
     overall = _stats(("all layers", None, None), "all layers", calls, price_per_hour,
                      tokens=most_tokens, tokens_per_s=_overall_tokens_per_s(calls))
     slowest = sorted(calls, key=lambda r: (-time_ns(r), r.start_ns))[:top]
-    rates = sorted({_sample_rate(r) for r in calls})
+    rates = sorted({sample_rate(r) for r in calls})
     services = sorted({r.service for r in calls if r.service})
     labels = {(r.trace_id, r.span_id): label[k] for k, members in grouped.items() for r in members}
     return Summary(groups, overall, slowest, rates, price_per_hour, services, labels)
