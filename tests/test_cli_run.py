@@ -28,19 +28,49 @@ def _write(tmp_path: Path, name: str, source: str) -> Path:
 
 
 def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("ATTNSCOPE_")}
+    # faulthandler in every process: a run that hangs is ended by SIGABRT, which then prints
+    # each process's Python stacks into the failure (see _bounded)
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("ATTNSCOPE_")},
+            "PYTHONFAULTHANDLER": "1"}
+
+
+def _bounded(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[bytes]:
+    """Run ``argv`` in a session of its own; past TIMEOUT, every process of that session is sent
+    SIGABRT and the test fails with their stderr (their stacks), not with a bare timeout."""
+    with subprocess.Popen(argv, cwd=cwd, env=_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, start_new_session=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            try:
+                tree = subprocess.run(["ps", "-o", "pid,ppid,stat,etime,args", "-s",
+                                       str(proc.pid)], capture_output=True, text=True,
+                                      check=False, timeout=30).stdout
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                tree = f"(ps: {exc!r})"
+            try:
+                os.killpg(proc.pid, signal.SIGABRT)
+            except ProcessLookupError:
+                pass
+            try:
+                stdout, stderr = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                stdout, stderr = proc.communicate()
+            stacks = stderr.decode(errors="replace")[-20000:]
+            pytest.fail(f"{' '.join(argv)[-300:]} still running after {TIMEOUT} s; "
+                        f"processes:\n{tree}\nstderr (stacks after SIGABRT):\n{stacks}")
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
 
 
 def _run(tmp_path: Path, *args: str, report: bool = False) -> subprocess.CompletedProcess[bytes]:
     # no profile tier: its operator spans would make the span counts a matter of chance
     options = ["--out", "out", "--profile-rate", "0"] + ([] if report else ["--no-report"])
-    return subprocess.run([sys.executable, "-m", "attnscope", "run", *options, "--", *args],
-                          cwd=tmp_path, env=_env(), capture_output=True, timeout=TIMEOUT)
+    return _bounded([sys.executable, "-m", "attnscope", "run", *options, "--", *args], tmp_path)
 
 
 def _plain(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(list(args), cwd=tmp_path, env=_env(), capture_output=True,
-                          timeout=TIMEOUT)
+    return _bounded(list(args), tmp_path)
 
 
 def _jaeger_names(path: Path) -> collections.Counter[str]:
