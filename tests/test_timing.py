@@ -285,3 +285,30 @@ def test_timer_type_satisfies_protocol() -> None:
     event: device.Event = FakeEvent(gpu)
     event.record()
     assert event.query() is False
+
+
+def test_span_covers_the_call_however_long_set_up_takes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The span's start and its length come from two clocks read back to back: set-up between
+    them (slowed down here) must not end the span before the call did."""
+    from attnscope.capture import retain, wrapper
+
+    kept = retain.keep_summary
+
+    def slow_keep(cap: Any) -> None:
+        kept(cap)
+        time.sleep(0.02)
+
+    monkeypatch.setattr(wrapper._retain, "keep_summary", slow_keep)
+    seen: list[int] = []
+
+    @attnscope.trace
+    def body() -> None:
+        seen.append(time.time_ns())
+        time.sleep(0.005)
+        seen.append(time.time_ns())
+
+    with capture_spans() as spans:
+        body()
+    (span,) = spans
+    assert span.start_time is not None and span.end_time is not None
+    assert span.start_time <= seen[0] and seen[1] <= span.end_time

@@ -188,7 +188,6 @@ def _open(site: CallSite, tier: int, rate: float, args: tuple[Any, ...], kwargs:
         if cap.profile is None:
             tier = TIER_TIMING
     cap.tier = tier
-    cap.start_epoch_ns = time.time_ns()
     if cap.timer is not None:
         try:
             cap.timer.record_start()
@@ -197,6 +196,9 @@ def _open(site: CallSite, tier: int, rate: float, args: tuple[Any, ...], kwargs:
                 _profiler.stop(cap.profile)
             raise
     _retain.keep_summary(cap)  # last: a capture given up before this holds no budget
+    # Both clocks back to back: the span ends at start_epoch + wall, and a gap between the two
+    # reads would end it early (a profiled call's last operators then fell outside its span).
+    cap.start_epoch_ns = time.time_ns()
     cap.start_perf_ns = _perf_ns()
     return cap
 
