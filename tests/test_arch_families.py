@@ -59,6 +59,27 @@ def test_a_decoders_self_attention_is_causal_at_every_step(model_type: str,
     assert not wrong, f"{model_type}: decoder steps with causal != true: {wrong}"
 
 
+def test_an_encoder_run_as_a_causal_lm_stays_bidirectional_on_decode_steps() -> None:
+    """BERT as a causal LM without is_decoder=True (transformers warns) attends to every key in
+    its prefill, as its weights show: its one-query steps are not called causal either."""
+    model = sweep.build("bert", "BertLMHeadModel")
+    assert model.config.is_decoder is False
+    ids = torch.randint(3, 60, (1, 8), generator=torch.Generator().manual_seed(1))
+
+    def run(**kw: Any) -> Any:
+        return model.generate(input_ids=ids, max_new_tokens=3, min_new_tokens=3, do_sample=False,
+                              **kw)
+
+    with sweep.quiet(), torch.no_grad():
+        steps = run(output_attentions=True, return_dict_in_generate=True).attentions
+    assert all(sweep.causal_shown(w) is False for w in steps[0])  # the prefill is bidirectional
+    calls = _calls(model, run)
+    assert len(calls) == sum(len(step) for step in steps)
+    decode = [a for a in calls if a["attnscope.phase"] == "decode"]
+    assert len(decode) == 2 * len(steps[0])
+    assert all(a["attnscope.causal"] is False for a in calls)
+
+
 # ---- hybrid models: only softmax attention is attention --------------------------------------
 
 _HYBRID_BASE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
@@ -202,16 +223,37 @@ def test_timesformer_attention_is_traced_with_its_head_size_from_the_fused_proje
         assert a["attnscope.flops"] == 2 * b * c.num_attention_heads * s * s * 2 * head
 
 
-def test_longt5_local_attention_with_its_blocked_mask_is_marked_not_exact() -> None:
-    """LongT5's local encoder attention gets a 5-D blocked mask attnscope does not read: its
-    FLOPs are the layer's own structure's (an upper bound), and the span says so."""
-    model = sweep.build("longt5", "LongT5Model")
+@pytest.mark.parametrize("kind", ["local", "transient-global"])
+def test_longt5_blocked_local_attention_counts_its_band_and_global_keys(kind: str) -> None:
+    """LongT5's encoder attention splits the sequence into blocks of local_radius + 1: each query
+    sees the keys within local_radius of it (the local layer gets a 5-D blocked mask), and the
+    transient-global layer adds one summary key per global_block_size tokens. FLOPs against the
+    weights of the real queries (the rows that pad the last block are not queries)."""
+    model = sweep.build("longt5", "LongT5Model", encoder_attention_type=kind, local_radius=2,
+                        global_block_size=2)
     ids = torch.randint(3, 60, (2, 8), generator=torch.Generator().manual_seed(1))
-    calls = _calls(model, lambda: model(input_ids=ids, decoder_input_ids=ids[:, :3]))
-    local = [a for a in calls if a["attnscope.module"].endswith("LocalSelfAttention")]
-    assert local and all(a["attnscope.exact"] is False
-                         and a["attnscope.inexact_reason"] == "mask_unread" for a in local)
-    assert all("attnscope.exact" not in a for a in calls if a not in local)
+    padded = torch.ones_like(ids)
+    padded[1, :2] = 0
+
+    def run(mask: torch.Tensor, **kw: Any) -> Any:
+        return model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :3], **kw)
+
+    with sweep.quiet(), torch.no_grad():
+        ref = run(torch.ones_like(ids), output_attentions=True)
+    blocked = [w for w in ref.encoder_attentions]
+    assert all(w.ndim == 5 and w.shape[1] > 1 for w in blocked)  # more than one block
+    dims = 2 * model.config.d_kv
+    for mask in (torch.ones_like(ids), padded):
+        calls = _calls(model, lambda mask=mask: run(mask))
+        local = [a for a in calls if a["attnscope.module"].startswith("encoder.")]
+        assert len(local) == len(blocked) == 2
+        for a, w in zip(local, blocked, strict=True):
+            b, nb, h, block, keys = w.shape
+            rows = w.permute(0, 2, 1, 3, 4).reshape(b, h, nb * block, keys)[:, :, :8]
+            assert a["attnscope.flops"] == 2 * int((rows != 0).sum()) * dims  # padding: as plain
+            assert a["attnscope.tokens"] == int(mask.sum())
+            assert (a["attnscope.causal"], a["attnscope.sliding_window"]) == (False, 2 * 2 + 1)
+        assert all("attnscope.exact" not in a for a in calls)
 
 
 def test_fsmt_time_first_layout_and_layer_state_cache() -> None:
@@ -248,3 +290,116 @@ def test_fsmt_time_first_layout_and_layer_state_cache() -> None:
     assert [(a["attnscope.phase"], a["attnscope.kv_cache_len"], a["attnscope.seq_len_kv"],
              a["attnscope.causal"]) for a in steps] == [
         ("prefill", 0, 1, True), ("decode", 1, 2, True), ("decode", 2, 3, True)]
+
+
+# ---- chunked attention: Llama 4's attention_chunk_size ----------------------------------------
+
+
+def _llama4(chunk: int = 4) -> Any:
+    model = sweep.build("llama4_text", "Llama4ForCausalLM", attention_chunk_size=chunk,
+                        no_rope_layers=[1, 0], num_hidden_layers=2)
+    assert model.config.layer_types == ["chunked_attention", "full_attention"]
+    return model
+
+
+def _padded_chunk_layout(chunk: int, mask: torch.Tensor) -> torch.Tensor:
+    """(batch, query, key) pairs of transformers' own chunked causal mask function over the
+    padded batch, padding not hidden (kernels compute padded positions): the chunks start at
+    each row's first real token, the positions before it form chunks of their own."""
+    from transformers.masking_utils import chunked_causal_mask_function
+
+    left = (mask.cumsum(-1) == 0).sum(-1)  # as create_chunked_causal_mask counts it
+    b, s = mask.shape
+    allowed = chunked_causal_mask_function(chunk, left)(
+        torch.arange(b)[:, None, None], 0, torch.arange(s)[None, :, None],
+        torch.arange(s)[None, None, :])
+    return allowed.expand(b, s, s)
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_llama4_chunked_layers_count_the_chunk_layout(impl: str) -> None:
+    """Llama 4's chunked layers hide the previous chunk's keys: decode FLOPs are the keys of the
+    query's own chunk (not the whole cache) and a left-padded prefill follows the padded chunk
+    layout transformers builds; the full-attention layer keeps the padded-shape convention."""
+    chunk = 4
+    model = _llama4(chunk)
+    dims = 2 * model.config.head_dim
+    heads = model.config.num_attention_heads
+    ids = torch.randint(3, 60, (2, 10), generator=torch.Generator().manual_seed(1))
+    padded = torch.ones_like(ids)
+    padded[1, :3] = 0
+
+    def forward(mask: torch.Tensor, **kw: Any) -> Any:
+        return model(input_ids=ids, attention_mask=mask, **kw)
+
+    def generate(**kw: Any) -> Any:
+        return model.generate(input_ids=ids, attention_mask=padded, max_new_tokens=6,
+                              min_new_tokens=6, do_sample=False, **kw)
+
+    with sweep.quiet(), torch.no_grad():  # the eager model's own weights
+        plain = forward(torch.ones_like(ids), output_attentions=True).attentions
+        masked = forward(padded, output_attentions=True).attentions
+        steps = generate(output_attentions=True, return_dict_in_generate=True).attentions
+    model.set_attn_implementation(impl)
+    got = _calls(model, lambda: forward(torch.ones_like(ids)))
+    assert [a["attnscope.flops"] for a in got] == [2 * int((w != 0).sum()) * dims for w in plain]
+    chunked, full = _calls(model, lambda: forward(padded))
+    layout = _padded_chunk_layout(chunk, padded)
+    # the layout is the one the model applied: between real positions, the weights' non-zero
+    # pairs (a padded query row's weights are uniform over every key: not a layout)
+    real = padded.bool()[:, :, None] & padded.bool()[:, None, :]
+    assert torch.equal((masked[0] != 0) & real[:, None], layout[:, None].expand_as(masked[0])
+                       & real[:, None])
+    assert int(layout[1].sum()) < int(layout[0].sum())  # padding moved row 1's chunk boundaries
+    assert chunked["attnscope.flops"] == 2 * heads * int(layout.sum()) * dims
+    assert full["attnscope.flops"] == 2 * int((plain[1] != 0).sum()) * dims  # as unpadded
+    assert "attnscope.exact" not in chunked and chunked["attnscope.tokens"] == 17
+    calls = _calls(model, generate)
+    weights = [w for step in steps for w in step]
+    assert len(calls) == len(weights) == 12
+    decode = [(a, w) for a, w in zip(calls, weights, strict=True)
+              if a["attnscope.phase"] == "decode" and a["attnscope.module"].endswith("0.self_attn")]
+    assert len(decode) == 5
+    for a, w in decode:  # every new token is real: the keys of its chunk, as the weights show
+        assert (a["attnscope.seq_len_kv"], a["attnscope.kv_cache_len"]) == (chunk, chunk - 1)
+        assert a["attnscope.flops"] == 2 * int((w != 0).sum()) * dims
+        assert "attnscope.exact" not in a and a["attnscope.causal"] is True
+    every_key = 2 * 2 * heads * chunk * dims  # batch 2, the whole cache: what was counted before
+    assert sum(a["attnscope.flops"] < every_key for a, _ in decode) >= 3
+
+
+def _funnel() -> Any:
+    with sweep.quiet():
+        cfg = transformers.FunnelConfig(vocab_size=96, d_model=32, n_head=4, d_head=8, d_inner=64,
+                                        block_sizes=[1, 1], block_repeats=[1, 1],
+                                        num_decoder_layers=1)  # block 1's layer: pooled query
+        torch.manual_seed(0)
+        return transformers.FunnelModel(cfg).eval()
+
+
+def test_funnel_attention_is_traced_with_its_pooled_query() -> None:
+    """Funnel's attention (``q_head``/``k_head``/``v_head``, the head size ``d_head`` apart from
+    ``d_model``) takes (query, key, value, attention_inputs): a block's first layer pools its
+    query below its keys and attends to every key."""
+    model = _funnel()
+    c = model.config
+    ids = torch.randint(3, 60, (2, 10), generator=torch.Generator().manual_seed(1))
+    padded = torch.ones_like(ids)
+    padded[1, :3] = 0
+    with sweep.quiet(), torch.no_grad():
+        plain = model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                      output_attentions=True).attentions
+    calls = _calls(model, lambda: model(input_ids=ids, attention_mask=torch.ones_like(ids)))
+    masked = _calls(model, lambda: model(input_ids=ids, attention_mask=padded))
+    assert len(calls) == len(masked) == len(plain) == 3
+    assert any(w.shape[-2] < w.shape[-1] for w in plain)  # the pooled query is exercised
+    for a, p, w in zip(calls, masked, plain, strict=True):
+        b, h, sq, skv = w.shape
+        assert (a["attnscope.batch_size"], a["attnscope.num_heads"], a["attnscope.seq_len_q"],
+                a["attnscope.seq_len_kv"], a["attnscope.head_dim"]) == (b, h, sq, skv, c.d_head)
+        assert a["attnscope.flops"] == 2 * int((w != 0).sum()) * 2 * c.d_head
+        assert p["attnscope.flops"] == a["attnscope.flops"]  # padding does not reduce FLOPs
+        assert a["attnscope.causal"] is False and "attnscope.phase" not in a
+        assert "attnscope.exact" not in a and "attnscope.exact" not in p
+        # queries that are the keys: the padding excluded; a pooled query: every one
+        assert p["attnscope.tokens"] == (int(padded.sum()) if sq == skv else b * sq)

@@ -174,3 +174,29 @@ def test_a_mask_without_a_query_axis_leaves_the_attributes_in_charge() -> None:
     f.mask = torch.zeros(2, 1, 4, 4)  # full attention, read from the mask
     got = derive_attention(f)
     assert got["causal"] is False and got["flops"] == 2 * 2 * 2 * 16 * 16
+
+
+def test_chunked_pairs_brute_force() -> None:
+    """Chunks [shift + c·chunk, ...) with keys held from ``offset`` on, queries the last ones."""
+    from attnscope.worker.masks import chunked_pairs
+
+    for sq, skv, chunk, shift, offset in [(10, 10, 4, 0, 0), (10, 10, 4, 3, 0), (10, 10, 4, 5, 0),
+                                          (1, 4, 4, 0, 7), (1, 4, 4, 2, 9), (3, 6, 5, 1, 4),
+                                          (7, 7, 1, 0, 0), (6, 6, 8, 2, 0)]:
+        brute = sum(1 for i in range(sq) for j in range(skv)
+                    if j + offset <= i + offset + skv - sq
+                    and (j + offset - shift) // chunk == (i + offset + skv - sq - shift) // chunk)
+        assert chunked_pairs(sq, skv, chunk, shift, offset) == brute, (sq, skv, chunk, shift)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float32])
+def test_left_padding_from_a_layers_mask(dtype: torch.dtype) -> None:
+    from attnscope.worker.masks import left_padding
+
+    real = torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    allowed = torch.ones(6, 6).tril().bool()[None] & real[:, None, :]
+    mask = allowed[:, None] if dtype == torch.bool else torch.where(
+        allowed, 0.0, torch.finfo(torch.float32).min)[:, None]
+    assert left_padding(mask, False, 3) == [0, 2, 6]
+    assert left_padding(mask[:1], False, 2) == [0, 0]  # one row broadcast over the batch
+    assert left_padding(real.long(), False, 3) is None  # no query axis: not read here

@@ -7,9 +7,24 @@ then its ``config``, under the attribute names used across model families.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["head_info", "pos_int"]
+__all__ = ["TRAITS_KEY", "LayerTraits", "blocked_band", "chunk_size", "head_info", "layer_traits",
+           "pos_int"]
+
+# The summary entry, beside an instrumented layer's facts, of what its structure adds to them
+# (read once, when instrumenting): a layer with none of these traits has no such entry.
+TRAITS_KEY = "attention.traits"
+
+
+class LayerTraits(NamedTuple):
+    """What a layer's own structure says beyond its facts, for derive on the worker."""
+
+    chunk: int | None = None  # chunked attention (Llama 4): :func:`chunk_size`
+    band: tuple[int, int] | None = None  # blocked local attention (LongT5): :func:`blocked_band`
+    # an encoder layer (``is_decoder=False``) given a cache (BERT-style models run as causal LMs
+    # without ``is_decoder=True``): bidirectional, so a one-query step is not called causal
+    bidirectional: bool = False
 
 _K_PROJ = ("k_proj", "key", "k", "wk", "to_k", "k_lin", "key_proj")
 _HEADS = ("num_heads", "num_attention_heads", "n_heads", "n_head", "num_q_heads")
@@ -28,6 +43,7 @@ _HEAD_DIM = (
     "head_size",
     "d_kv",
     "kv_channels",
+    "d_head",  # Funnel's config (d_model is not heads x d_head there)
 )
 _FUSED_QKV = ("qkv", "qkv_proj", "Wqkv", "c_attn", "in_proj")
 _WIDTH = ("embed_dim", "hidden_size", "d_model", "n_embd", "all_head_size", "inner_dim")
@@ -86,3 +102,40 @@ def head_info(module: Any) -> tuple[int | None, int | None, int | None, int | No
                 break
     head_dim_v = _first_int(owners, ("v_head_dim",)) or head_dim
     return heads, kv_heads or heads, head_dim, head_dim_v
+
+
+def chunk_size(module: Any) -> int | None:
+    """The chunk of a chunked-attention layer (Llama 4's ``attention_chunk_size``): a query sees
+    the keys of its own chunk only, chunks counted from each row's first real token. Set on the
+    config for the model; ``config.layer_types`` says which layers are chunked (none listed:
+    every layer is, as transformers' mask builder reads it)."""
+    config = getattr(module, "config", None)
+    size = pos_int(getattr(config, "attention_chunk_size", None))
+    if size is None:
+        return None
+    kinds = getattr(config, "layer_types", None)
+    layer = getattr(module, "layer_idx", None)
+    if isinstance(kinds, (list, tuple)) and kinds:
+        if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < len(kinds):
+            return None
+        return size if kinds[layer] == "chunked_attention" else None
+    return size
+
+
+def blocked_band(module: Any) -> tuple[int, int] | None:
+    """(radius, global block size) of a layer that splits its sequence into blocks of
+    ``block_len = local_radius + 1`` and lets each query see the keys within ``local_radius`` of
+    it (LongT5's ``LocalAttention``), plus one summary key per ``global_block_size`` tokens
+    (``TransientGlobalAttention``; 0: none). Read once, when instrumenting."""
+    radius = getattr(module, "local_radius", None)
+    block = pos_int(getattr(module, "block_len", None))
+    if not isinstance(radius, int) or isinstance(radius, bool) or radius < 0 or block != radius + 1:
+        return None
+    return radius, pos_int(getattr(module, "global_block_size", None)) or 0
+
+
+def layer_traits(module: Any) -> LayerTraits | None:
+    """The module's :class:`LayerTraits`, or None when it has none (most layers)."""
+    traits = LayerTraits(chunk_size(module), blocked_band(module),
+                         getattr(module, "is_decoder", None) is False)
+    return traits if traits != LayerTraits() else None

@@ -18,7 +18,7 @@ import torch
 
 from ..record.capture import ATTENTION_KEY, MODEL_KEY, AttentionFacts, ModelFacts
 from . import Extractor
-from .facts import head_info, pos_int
+from .facts import TRAITS_KEY, head_info, layer_traits, pos_int
 
 __all__ = [
     "generate_facts",
@@ -37,6 +37,7 @@ _SEPARATE = (
     ("to_q", "to_k", "to_v"),
     ("q_lin", "k_lin", "v_lin"),
     ("query_proj", "key_proj", "value_proj"),
+    ("q_head", "k_head", "v_head"),  # Funnel
 )
 _FUSED = ("c_attn", "query_key_value", "qkv_proj", "qkv", "Wqkv", "W_pack", "in_proj")
 _CACHE = ("cache", "past_key_values", "past_key_value", "layer_past")
@@ -51,6 +52,10 @@ _HIDDEN = ("hidden_states", "hidden", "x", "query")
 # Modules whose attention takes time-first tensors (seq, batch, width) and its cache as
 # ``layer_state``: FSMT's.
 _TIME_FIRST = frozenset({"transformers.models.fsmt.modeling_fsmt"})
+# Modules whose attention takes (query, key, value, attention_inputs) hidden states, the query
+# pooled below the keys in the first layer of a block, the padding mask third of
+# ``attention_inputs``: Funnel's.
+_POOLED_QUERY = frozenset({"transformers.models.funnel.modeling_funnel"})
 
 
 def _has_projections(module: torch.nn.Module) -> bool:
@@ -251,6 +256,8 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
 
     ``names``: the forward's positional parameter names, ``self`` first.
     """
+    if type(module).__module__ in _POOLED_QUERY:
+        return _pooled_query_extractor(module, names)
     heads, kv_heads, head_dim, head_dim_v = head_info(module)
     layer_idx = _layer_idx(module)
     # Zamba2's shared attention serves several layers: its own layer_idx is -1 and the layer's
@@ -269,6 +276,12 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
     window = _window(module)
     module_cross = getattr(module, "is_cross_attention", False) is True
     masked_where_true = type(module).__name__ in _MASKED_WHERE_TRUE
+    # chunked (Llama 4), blocked local (LongT5), encoder layers: derive reads them with the facts
+    traits = layer_traits(module)
+    extra = [(TRAITS_KEY, traits)] if traits is not None else []
+    # an encoder layer's trait matters only with a cache: without one its facts stay alone (and
+    # their derive kept per summary on the worker)
+    with_cache_only = traits is not None and traits.chunk is None and traits.band is None
 
     def extract(
         instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -308,6 +321,38 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
                 facts.causal_apart = True
             facts.mask_ignores = masked_where_true or time_first  # FSMT: True = padding
             facts.key_cap = key_cap
+            if extra and (facts.cached or not with_cache_only):
+                return [(ATTENTION_KEY, facts), *extra]
+        return [(ATTENTION_KEY, facts)]
+
+    return extract
+
+
+def _pooled_query_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
+    """Funnel's attention: ``(query, key, value, attention_inputs)``, bidirectional, no cache. A
+    query pooled below its keys (a block's first layer) attends to every key, as cross-attention
+    does: its FLOPs are all ``Sq x Skv`` pairs and its tokens the pooled queries (the padding
+    mask is the keys'); other layers' queries are their keys, whose padding mask gives the
+    tokens."""
+    heads, kv_heads, head_dim, head_dim_v = head_info(module)
+    read = _reader(names, (("query",), ("key",), ("attention_inputs",)))
+
+    def extract(
+        instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> list[tuple[str, Any]]:
+        query, key, inputs = read(args, kwargs)
+        if not isinstance(query, torch.Tensor) or query.ndim != 3 or not isinstance(
+                key, torch.Tensor) or key.ndim != 3:
+            return []
+        facts = AttentionFacts(query.shape[0], query.shape[1])
+        facts.heads, facts.kv_heads = heads, kv_heads
+        facts.head_dim, facts.head_dim_v = head_dim, head_dim_v
+        facts.dtype, facts.device = query.dtype, query.device
+        if key.shape[1] != query.shape[1]:
+            facts.seq_kv = key.shape[1]
+        elif isinstance(inputs, (tuple, list)) and len(inputs) > 2 and isinstance(
+                inputs[2], torch.Tensor):
+            facts.mask = inputs[2]  # (batch, keys), 1 = real
         return [(ATTENTION_KEY, facts)]
 
     return extract

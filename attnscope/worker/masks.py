@@ -26,10 +26,10 @@ from typing import Any, NamedTuple
 import torch
 
 from ..record.capture import HostCopy
-from ..record.reduce import FIELDS, MaskPlan, mask_numbers, plan_mask
+from ..record.reduce import MASKED_BELOW, FIELDS, MaskPlan, attend, mask_numbers, plan_mask
 
 __all__ = ["MaskReading", "MaskCounts", "band_pairs", "pairs_upto", "counts_of", "read_counts",
-           "positions_tokens"]
+           "positions_tokens", "blocked_tokens", "chunked_pairs", "left_padding", "shown_pairs"]
 
 
 class MaskReading(NamedTuple):
@@ -119,3 +119,61 @@ def positions_tokens(copy: HostCopy, batch: int, sq: int) -> int | None:
     values = copy.read()
     count = sum(values[-sq:]) if sq > 0 else 0
     return count * batch if shape[0] == 1 and batch > 1 else count
+
+
+def shown_pairs(counts: MaskCounts) -> int | None:
+    """The (query, key) pairs the mask shows, summed over batch and heads (padding hidden too);
+    None without a query axis to count them on."""
+    if not counts.plan.structure:
+        return None
+    return counts.values["pairs"] * counts.plan.pair_scale
+
+
+def chunked_pairs(sq: int, skv: int, chunk: int, shift: int, offset: int = 0) -> int:
+    """Causal pairs of one (batch row, head) of chunked attention: a query sees the keys of its
+    own chunk up to itself, chunks ``[shift + c·chunk, shift + (c + 1)·chunk)`` (transformers'
+    ``chunked_overlay``: ``shift`` is the row's left padding, so the positions before the first
+    real token form chunks of their own). The ``skv`` keys sit at positions ``offset`` on (a
+    sliding cache holds the last ones), the ``sq`` queries are the last of them. O(sq / chunk)."""
+    if sq <= 0 or skv <= 0 or chunk <= 0:
+        return 0
+    first, last = offset + skv - sq, offset + skv - 1  # the queries' positions
+    total = 0
+    for c in range((first - shift) // chunk, (last - shift) // chunk + 1):
+        start = c * chunk + shift
+        lo, hi = max(first, start), min(last, start + chunk - 1)
+        base = max(offset, start)  # the chunk's first key held
+        if hi >= lo:
+            total += (lo - base + 1 + hi - base + 1) * (hi - lo + 1) // 2
+    return total
+
+
+def left_padding(mask: torch.Tensor, ignores: bool, batch: int) -> list[int] | None:
+    """Padding positions before each row's first real key, read from a host mask with a query
+    axis (a key is real when some query of its row sees it); None for a mask of another layout
+    or batch. Reads the mask's values: the worker's, for a CPU tensor only."""
+    if mask.is_cuda or mask.is_meta or mask.ndim not in (3, 4) or mask.shape[0] not in (1, batch):
+        return None
+    seen = attend(mask, ignores)
+    real = seen.reshape(seen.shape[0], -1, seen.shape[-1]).any(1)  # (rows, keys)
+    keys = real.shape[-1]
+    first = torch.where(real.any(-1), real.to(torch.uint8).argmax(-1), keys).tolist()
+    return first * batch if len(first) == 1 and batch > 1 else first
+
+
+def blocked_tokens(mask: torch.Tensor, ignores: bool, batch: int) -> int | None:
+    """Real queries of a blocked local mask ``(batch, 1, blocks, block, 3 · block)`` (LongT5's:
+    True = attend): a query is real when it sees a key; the rows that pad the last block see
+    none. Reads the mask's values: the worker's, for a CPU tensor only; None for another
+    layout."""
+    if mask.is_cuda or mask.is_meta or mask.ndim != 5 or mask.shape[0] not in (1, batch):
+        return None
+    m = mask.detach()
+    if m.dtype == torch.bool:
+        seen = ~m if ignores else m
+    elif m.is_floating_point():
+        seen = (m > MASKED_BELOW) & (m == m)
+    else:
+        seen = m == 0 if ignores else m != 0
+    rows = int(seen.any(-1).any(1).sum())
+    return rows * batch if mask.shape[0] == 1 else rows

@@ -10,6 +10,7 @@ the full (B, H, Sq, Skv) block, hence its Dqk + Dv. Nothing here is read from at
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,7 +20,8 @@ import torch
 import transformers
 from torch.utils.flop_counter import FlopCounterMode
 
-__all__ = ["Reference", "Weights", "build", "inputs_for", "quiet", "reference", "tiny_overrides"]
+__all__ = ["FEATURES", "Reference", "Weights", "build", "causal_shown", "inputs_for", "padded",
+           "quiet", "reference", "tiny_overrides"]
 
 WIDTH, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB, POSITIONS = 32, 4, 2, 8, 64, 96, 64
 _SET: dict[tuple[str, ...], int] = {
@@ -53,6 +55,60 @@ _TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_tok
               "sep_token_id", "cls_token_id")
 
 
+_MAMBA2 = {"mamba_n_heads": 4, "mamba_d_head": 16, "mamba_n_groups": 1, "mamba_d_state": 4,
+           "mamba_chunk_size": 4}
+# What makes a family's attention different, switched on at the sweep's sizes (8 tokens, a
+# generate of 3 more): config keywords over the tiny overrides. The window (4) and layer kinds of
+# the other families come from tiny_overrides already.
+FEATURES: dict[str, dict[str, Any]] = {
+    # chunked layers: a chunk of 4 (the previous chunk's keys hidden) beside a full layer
+    "llama4_text": {"attention_chunk_size": 4, "no_rope_layers": [1, 0]},
+    "doge": {"keep_window_size": 4},  # the dynamic top-k mask keeps 4 of the 8 keys
+    # hybrids: one attention layer and one state-space (or convolution) mixer
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2,
+              "expert_layer_offset": 1, "mamba_d_state": 4, "mamba_dt_rank": 4,
+              "use_mamba_kernels": False},
+    # (layer_types None: the kinds follow from the other keywords, not from a list)
+    "bamba": {"attn_layer_indices": [1], "num_hidden_layers": 2, "layer_types": None, **_MAMBA2},
+    "falcon_h1": {"mamba_d_ssm": 64, "layer_types": None, **_MAMBA2},
+    "granitemoehybrid": {"layer_types": ["mamba", "attention"], **_MAMBA2},
+    "zamba2": {"layers_block_type": ["mamba", "hybrid"], "mamba_d_state": 4, "n_mamba_heads": 4,
+               "mamba_ngroups": 1, "use_mamba_kernels": False, "num_mem_blocks": 1},
+    "lfm2": {"layer_types": ["conv", "full_attention"]},
+}
+
+
+def causal_shown(w: torch.Tensor) -> bool | None:
+    """Whether eager weights ``(B, H, Sq, Skv)`` are causal (bottom-right aligned): no query
+    weighs a later key; None for one query, where weights cannot show it."""
+    sq, skv = w.shape[-2:]
+    if sq < 2:
+        return None
+    later = torch.ones(sq, skv, dtype=torch.bool).triu(skv - sq + 1)
+    return not bool((w[..., later] != 0).any())
+
+
+def padded(model: Any, c: Weights, mask: torch.Tensor) -> Weights:
+    """The reference of call ``c`` (plain input) for the same batch padded by ``mask``. Padding
+    does not reduce FLOPs (kernels compute padded positions): ``c`` itself, unless the layer's
+    structure moves with the padding — a chunked layer's chunks start at each row's first real
+    token (transformers' ``chunked_overlay``): then the pairs of transformers' own chunked mask
+    function over the padded batch, padding not hidden, as the weights."""
+    from transformers.masking_utils import chunked_causal_mask_function
+
+    cfg = model.config
+    chunk, kinds = getattr(cfg, "attention_chunk_size", None), getattr(cfg, "layer_types", None)
+    digits = re.search(r"\.(\d+)\.", c.module)
+    if not chunk or not kinds or digits is None or kinds[int(digits[1])] != "chunked_attention":
+        return c
+    b, h, sq, skv = c.w.shape
+    left = (mask.cumsum(-1) == 0).sum(-1)  # as create_chunked_causal_mask counts it
+    allowed = chunked_causal_mask_function(chunk, left)(
+        torch.arange(b)[:, None, None], 0, torch.arange(sq)[None, :, None] + skv - sq,
+        torch.arange(skv)[None, None, :])
+    return c._replace(w=allowed[:, None].expand(b, h, sq, skv).float())
+
+
 def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -67,7 +123,8 @@ def _layers(cfg: Any, out: dict[str, Any]) -> None:
         n = len(picked)
         out["layer_types"] = picked
     for name in _LAYERS:
-        if _int(getattr(cfg, name, None)):
+        if _int(getattr(cfg, name, None)) and not isinstance(getattr(type(cfg), name, None),
+                                                             property):  # Funnel: block sizes
             out[name] = n
 
 
@@ -109,8 +166,14 @@ def build(model_type: str, class_name: str, **extra: Any) -> Any:
     """An eager tiny model of ``class_name`` for ``model_type``, in eval mode, seeded."""
     config_cls = transformers.CONFIG_MAPPING[model_type]
     with quiet():
-        cfg = config_cls(**{**tiny_overrides(config_cls()), "attn_implementation": "eager",
-                            **extra})
+        keywords = {**tiny_overrides(config_cls()), "attn_implementation": "eager",
+                    **FEATURES.get(model_type, {}), **extra}
+        kinds = keywords.get("layer_types")
+        if kinds is None:
+            keywords.pop("layer_types", None)
+        elif isinstance(kinds, list) and "num_hidden_layers" in keywords:
+            keywords["num_hidden_layers"] = len(kinds)  # a feature's own layer kinds
+        cfg = config_cls(**keywords)
         cls = getattr(transformers, class_name)
         torch.manual_seed(0)
         model = cls(cfg).eval()
@@ -159,6 +222,7 @@ class Reference(NamedTuple):
     calls: list[Weights]  # in the order the model returned them
     dims: dict[str, int | None]  # module path -> Dqk + Dv (None: not a whole number)
     pooling_calls: int  # nn.MultiheadAttention calls (SigLIP's pooling head): weights not returned
+    seq: int | None = None  # the input's length (blocked weights pad it to whole blocks)
 
 
 def _groups(out: Any) -> list[tuple[str, torch.Tensor]]:
@@ -214,6 +278,12 @@ def reference(model: Any, inputs: dict[str, Any]) -> tuple[Reference, Any]:
         # the module's own matmuls: a sparse-attention indexer below it scores keys apart
         flops = bmm.get(path, 0) - sum(bmm.get(f"{path}.{name}", 0) for name in children)
         dims[path] = flops // block if flops and flops % block == 0 else None
+        blocked = any(c.w.ndim == 5 for c in calls if c.module == path)
+        if blocked and dims[path] is None:  # LongT5's transient-global layer: its matmuls
+            # include the global aggregation; the layer's own head size (q, k and v alike)
+            dims[path] = 2 * model.get_submodule(path).key_value_proj_dim
     pools = {p for p, m in model.named_modules() if isinstance(m, torch.nn.MultiheadAttention)}
     pooling = sum(1 for path, _ in seen if path in pools)
-    return Reference(calls, dims, pooling), out
+    ids = inputs.get("input_ids")
+    seq = ids.shape[-1] if isinstance(ids, torch.Tensor) else None
+    return Reference(calls, dims, pooling, seq), out
