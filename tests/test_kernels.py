@@ -255,3 +255,65 @@ def test_eager_flex_attention_is_flex() -> None:
     (parent,) = traced_spans(spans)
     assert parent.attributes["attnscope.tier"] == "profile"
     assert parent.attributes["attnscope.backend"] == "flex"
+
+
+# ---- the clocks, and what each op read (issue 24 §3) ---------------------------------------------
+
+def test_events_on_the_span_clock_keep_their_time() -> None:
+    # torch 2.13: kineto's clock is time.time_ns()'s; the marker starts 40 µs before the span's
+    # start was read. Pairing the two put every op 40 µs late (out of the nested span that ran
+    # it, under trace_model=True); the events keep their own timestamps instead.
+    start = 1_700_000_000_000_000_000
+    events = [RawEvent("attnscope", "marker", "cpu", start - 40_000, start + 1_000_000),
+              RawEvent("aten::mm", "cpu_op", "cpu", start + 10_000, start + 30_000)]
+    report = _kernels.analyze(events, span_start_ns=start, span_end_ns=start + 1_000_000,
+                              max_spans=64, on_device=False)
+    ((_, op_start, op_end, _, _),) = report.children
+    assert (op_start, op_end) == (start + 10_000, start + 30_000)
+    # another clock (the marker nowhere near the span's start): one offset, marker start = start
+    far = [e._replace(start_ns=e.start_ns - 10**12, end_ns=e.end_ns - 10**12) for e in events]
+    report = _kernels.analyze(far, span_start_ns=start, span_end_ns=start + 1_000_000,
+                              max_spans=64, on_device=False)
+    ((_, op_start, op_end, _, _),) = report.children
+    assert (op_start, op_end) == (start + 50_000, start + 70_000)
+
+
+def test_from_kineto_reads_each_ops_inputs_from_a_real_profile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _profile.warm_up()
+    results: list[Any] = []
+    real = _kernels.from_kineto
+
+    def keep(result: Any, marker: str, **kw: Any) -> list[RawEvent]:
+        results.append(result)
+        return real(result, marker, **kw)
+
+    monkeypatch.setattr(_kernels, "from_kineto", keep)
+    proj = torch.nn.Linear(8, 8)
+
+    @attnscope.trace
+    def project(x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = proj(x)
+        return out
+
+    x = torch.randn(2, 8)
+    with capture_spans(profile_rate=1.0, profile_max_per_minute=1000.0):
+        project(x)
+    (result,) = results
+    plain = real(result, "attnscope", inputs=False)
+    events = real(result, "attnscope")
+    assert [e._replace(inputs=()) for e in events] == plain and all(not e.inputs for e in plain)
+    (linear,) = [e for e in events if e.name == "aten::linear"]
+    storage = {p.untyped_storage().data_ptr() for p in (proj.weight, proj.bias)}
+    assert x.untyped_storage().data_ptr() in linear.inputs
+    assert storage <= set(linear.inputs)
+
+
+def test_from_kineto_without_an_event_tree_reads_no_inputs() -> None:
+    class Result(_FakeResult):
+        def experimental_event_tree(self) -> list[Any]:
+            raise RuntimeError("not recorded")
+
+    events = _kernels.from_kineto(Result([_FakeKineto("aten::mm", "cpu_op", "cpu", 3, 0)]),
+                                  "attnscope")
+    assert [(e.name, e.inputs) for e in events] == [("aten::mm", ())]

@@ -18,7 +18,7 @@ from attnscope.worker.profiles import kernels as _kernels
 from attnscope.worker.profiles import optree
 from attnscope.worker.profiles.kernels import RawEvent
 
-from .support.helpers import attrs, base_name, children_of, descendants_of, sdpa, traced_spans
+from .support.helpers import attrs, children_of, descendants_of, sdpa, traced_spans
 
 PROFILE = {"profile_rate": 1.0, "profile_max_per_minute": 1000.0}
 
@@ -53,6 +53,11 @@ def _check_tree(spans: list[Any], parent: Any) -> list[Any]:
     return [s for s in below if "attnscope.tier" not in attrs(s)]
 
 
+def _is_layer(span: Any) -> bool:
+    """An attention layer's span (its name also carries the phase and implementation)."""
+    return str(attrs(span).get("attnscope.module", "")).endswith("self_attn")
+
+
 # ---- a real model --------------------------------------------------------------------------------
 
 def _llama_layer(attn: str) -> tuple[list[Any], Any]:
@@ -73,7 +78,7 @@ def _llama_layer(attn: str) -> tuple[list[Any], Any]:
                 model(ids)
     finally:
         attnscope.uninstrument(model)
-    (layer,) = [s for s in traced_spans(spans) if base_name(s).endswith("self_attn")]
+    (layer,) = [s for s in traced_spans(spans) if _is_layer(s)]
     assert attrs(layer)["attnscope.tier"] == "profile"
     return spans, layer
 
@@ -93,7 +98,7 @@ def test_llama_layer_ops_nest_and_fold(attn: str) -> None:
     folded = sum(attrs(s).get("attnscope.kernel.folded", 0) for s in [layer, *ops])
     assert folded > 0
     # nested as they ran: the projections are aten::linear spans at the top, the matmul inside
-    top = [s.name for s in children_of(spans, layer)]
+    top = [s.name.split(" (")[0] for s in children_of(spans, layer)]  # without a module label
     assert "aten::linear" in top and "aten::matmul" not in top[:1]
     if attn == "sdpa":
         assert "aten::scaled_dot_product_attention" in top
@@ -127,11 +132,27 @@ def test_views_fold_and_their_work_moves_up() -> None:
     ]
     report = _kernels.analyze(events, span_start_ns=0, span_end_ns=1000, max_spans=64,
                               on_device=False, fold_ns=100)
-    got = [(c.name, c.parent, c.attributes.get("attnscope.kernel.folded")) for c in report.children]
-    assert got == [("aten::clone", -1, 1), ("aten::copy_", 0, None), ("aten::add", -1, None)]
-    assert report.attributes["kernel.folded"] == 3  # reshape, view, the tiny add
+    got = [(c.name, c.parent, c.attributes.get("attnscope.kernel.folded"),
+            c.attributes.get("attnscope.kernel.inner")) for c in report.children]
+    # the copy is the clone's own work (merged); the tiny add is an operator like the other
+    assert got == [("aten::clone", -1, 1, ["aten::copy_"]), ("aten::add", -1, None, None),
+                   ("aten::add", -1, None, None)]
+    assert report.attributes["kernel.folded"] == 2  # reshape, view
     clone = report.children[0]
-    assert clone.attributes["attnscope.kernel.self_ns"] == 480 - 280
+    assert clone.attributes["attnscope.kernel.self_ns"] == 480
+
+
+def test_a_detach_recorded_without_namespace_folds_like_aten_detach() -> None:
+    events = [
+        _ev("attnscope", "marker", 0, 1000),
+        _ev("aten::cat", "cpu_op", 0, 400),
+        _ev("detach_", "cpu_op", 500, 502),
+        _ev("detach", "cpu_op", 600, 601),
+    ]
+    report = _kernels.analyze(events, span_start_ns=0, span_end_ns=1000, max_spans=64,
+                              on_device=False)
+    assert [c.name for c in report.children] == ["aten::cat"]
+    assert report.attributes["kernel.folded"] == 2
 
 
 def test_an_op_that_only_wraps_another_is_one_span() -> None:
@@ -296,13 +317,333 @@ def test_core_tflops_from_the_derived_flops(monkeypatch: pytest.MonkeyPatch) -> 
     from attnscope.worker.profiles import session as profile
 
     report = _kernels.KernelReport({"core_ns": 2_000_000, "kernel.count": 1}, [])
-    monkeypatch.setattr(_kernels, "from_kineto", lambda result, marker: [])
+    monkeypatch.setattr(_kernels, "from_kineto", lambda result, marker, **kw: [])
     monkeypatch.setattr(_kernels, "analyze", lambda events, **kw: report)
 
     class Cap:
         profile = type("S", (), {"result": object(), "on_cuda": False})()
         start_epoch_ns = end_epoch_ns = 0
+        instance = None  # no module: no labels
 
     cfg = type("C", (), {"max_kernel_spans": 64, "profile_dir": None})()
     got, _ = profile.finish(Cap(), cfg, {"flops": 4 * 10**9})  # type: ignore[arg-type]
     assert got["core_tflops"] == pytest.approx(2.0)  # 4 GFLOP in 2 ms
+
+
+# ---- one shape per operator (issue 24 §3) --------------------------------------------------------
+
+def _shape_of(children: list[optree.ChildSpan]) -> list[tuple[str, int, tuple[str, ...], int]]:
+    return [(c.name, c.parent, tuple(c.attributes.get("attnscope.kernel.inner", ())),
+             c.attributes.get("attnscope.kernel.folded", 0)) for c in children]
+
+
+def _linear_call(scale: int) -> list[RawEvent]:
+    """q/k/v projections, a softmax and a copy, every op ``scale`` times as long."""
+    def ev(name: str, start: int, end: int) -> RawEvent:
+        return _ev(name, "cpu_op", start * scale, end * scale)
+    return [
+        _ev("attnscope", "marker", 0, 1000 * scale),
+        ev("aten::linear", 0, 100), ev("aten::t", 1, 2), ev("aten::matmul", 3, 99),
+        ev("aten::mm", 4, 98),
+        ev("aten::linear", 100, 140), ev("aten::t", 101, 102), ev("aten::addmm", 103, 139),
+        ev("aten::copy_", 104, 105),
+        ev("aten::softmax", 150, 152), ev("aten::_softmax", 150, 151),
+        ev("aten::view", 160, 161),
+        ev("aten::add", 170, 171),
+    ]
+
+
+@pytest.mark.parametrize("scale", [1, 1000, 100_000])
+def test_the_span_shape_depends_on_the_operators_not_their_time(scale: int) -> None:
+    # The same ops, taking 1 ns to 100 µs each: the same spans (the fold threshold of the old
+    # code, max(5 µs, 0.5 % of the call), folded the short ones away and merged by time).
+    report = _kernels.analyze(_linear_call(scale), span_start_ns=0, span_end_ns=1000 * scale,
+                              max_spans=64, on_device=False)
+    assert _shape_of(report.children) == [
+        ("aten::linear", -1, ("aten::matmul", "aten::mm"), 1),
+        ("aten::linear", -1, ("aten::addmm", "aten::copy_"), 1),
+        ("aten::softmax", -1, ("aten::_softmax",), 0),
+        ("aten::add", -1, (), 0),
+    ]
+    assert report.attributes["kernel.folded"] == 1  # the view
+    # own time: nothing below a merged op is a span, so all of its time is its own
+    assert [c.attributes["attnscope.kernel.self_ns"] for c in report.children] == [
+        100 * scale, 40 * scale, 2 * scale, 1 * scale]
+
+
+def test_ops_under_a_region_without_a_namespace_stay_spans() -> None:
+    # a record_function-like region is no operator: what it ran is shown, each op merged as above
+    events = [_ev("my_region", "cpu_op", 0, 100), _ev("aten::linear", "cpu_op", 10, 50),
+              _ev("aten::mm", "cpu_op", 11, 49), _ev("aten::relu", "cpu_op", 60, 70)]
+    report = _kernels.analyze(events, span_start_ns=0, span_end_ns=100, max_spans=64,
+                              on_device=False)
+    assert _shape_of(report.children) == [("my_region", -1, (), 0),
+                                          ("aten::linear", 0, ("aten::mm",), 0),
+                                          ("aten::relu", 0, (), 0)]
+    assert report.children[0].attributes["attnscope.kernel.self_ns"] == 100 - 40 - 10
+
+
+def _child(name: str, start: int, end: int, parent: int = -1) -> optree.ChildSpan:
+    return optree.ChildSpan(name, start, end, {"attnscope.kernel.kind": "cpu_op",
+                                               "attnscope.kernel.device": "cpu",
+                                               "attnscope.kernel.self_ns": end - start}, parent)
+
+
+class _Nested:
+    def __init__(self, start: int, end: int, module: str) -> None:
+        self.start_ns, self.end_ns = start, end
+        self.attrs = {"attnscope.module": module}
+        self.children: list[optree.ChildSpan] = []
+
+
+def test_the_cap_applies_to_each_nested_span_after_hand_down() -> None:
+    # 2 nested layers with 6 ops each, 3 ops between: the cap (4) is per span, after hand-down
+    spans = [_child(f"aten::op{i}", 10 * i, 10 * i + 5) for i in range(15)]
+    spans[1] = _child("aten::linear (model.layers.0.self_attn.q_proj)", 10, 15)
+    children = optree.Children.of(spans, 4)
+    assert len(children) == 4  # the call's own cap, when nothing is nested
+    nested = [_Nested(8, 67, "model.layers.0.self_attn"), _Nested(88, 147, "elsewhere")]
+    stay = optree.hand_down(children, nested)
+    assert [c.name for c in stay] == ["aten::op0", "aten::op7", "aten::op8"]
+    for res in nested:
+        assert len(res.children) == 4 and res.children[-1].name == "other"
+        (other,) = [c for c in res.children if c.name == "other"]
+        assert other.attributes["attnscope.kernel.count"] == 3  # 6 ops, 3 kept
+    # all 6 of each layer were there before the cap: the longest kept are its first 3 (a tie)
+    assert [c.name for c in nested[0].children[:3]] == [
+        "aten::linear (q_proj)", "aten::op2", "aten::op3"]  # relative to the layer's module
+    assert nested[1].children[0].name == "aten::op9"
+
+
+def test_labels_name_the_one_submodule_whose_weights_an_op_read() -> None:
+    lin, shared = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    root = torch.nn.Module()
+    root.q_proj = lin
+    root.a = shared
+    root.b = shared  # one module under two names: no label says which
+    root.tied = torch.nn.Linear(4, 4)
+    root.tied.weight = lin.weight  # tied to q_proj: neither is certain
+    root.k_proj = torch.nn.Linear(4, 4, bias=True)
+    ptr = {n: p.untyped_storage().data_ptr() for n, p in root.named_parameters(
+        remove_duplicate=False)}
+    owners = _kernels.parameter_owners(root)
+    assert owners == {ptr["k_proj.weight"]: {"k_proj"}, ptr["k_proj.bias"]: {"k_proj"},
+                      ptr["q_proj.weight"]: {"q_proj", "tied"}, ptr["q_proj.bias"]: {"q_proj"},
+                      ptr["tied.bias"]: {"tied"}, ptr["a.weight"]: {"a", "b"},
+                      ptr["a.bias"]: {"a", "b"}}
+    activation = 12345
+    events = [
+        RawEvent("aten::linear", "cpu_op", "cpu", 0, 10, inputs=(activation, ptr["k_proj.weight"],
+                                                               ptr["k_proj.bias"])),
+        RawEvent("aten::linear", "cpu_op", "cpu", 10, 20, inputs=(activation, ptr["a.weight"])),
+        RawEvent("aten::linear", "cpu_op", "cpu", 20, 30,
+                 inputs=(activation, ptr["q_proj.weight"], ptr["q_proj.bias"])),
+        RawEvent("aten::add", "cpu_op", "cpu", 30, 40,
+                 inputs=(ptr["k_proj.bias"], ptr["tied.bias"])),  # two modules: no label
+        RawEvent("aten::mm", "cpu_op", "cpu", 40, 50,
+                 inputs=(activation, ptr["q_proj.weight"])),  # q_proj's or tied's: no label
+    ]
+    report = _kernels.analyze(events, span_start_ns=0, span_end_ns=50, max_spans=64,
+                              on_device=False, module=root)
+    # q_proj's weight is tied's too, its bias only q_proj's: q_proj owns all the op read
+    assert [c.name for c in report.children] == [
+        "aten::linear (k_proj)", "aten::linear", "aten::linear (q_proj)", "aten::add", "aten::mm"]
+
+
+def _profiled_layer_result(attn: str, seq: int) -> tuple[Any, Any, Any]:
+    """A real profile of one tiny-Llama attention layer: the profiler's result, the layer, and
+    the span attnscope made of it."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+                                   max_position_embeddings=128)
+    cfg._attn_implementation = attn
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    layer = model.model.layers[0].self_attn
+    results: list[Any] = []
+    real = _kernels.from_kineto
+
+    def keep(result: Any, marker: str, **kw: Any) -> list[RawEvent]:
+        results.append(result)
+        return real(result, marker, **kw)
+
+    attnscope.instrument(model)
+    ids = torch.randint(0, 100, (1, seq))
+    try:
+        with torch.inference_mode():
+            model(ids)
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(_kernels, "from_kineto", keep)
+                with capture_spans(**PROFILE) as spans:
+                    model(ids)
+    finally:
+        attnscope.uninstrument(model)
+    (span,) = [s for s in traced_spans(spans) if _is_layer(s)]
+    assert attrs(span)["attnscope.tier"] == "profile" and len(results) == 1
+    return results[0], layer, span
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_projections_are_labelled_from_a_real_profile(attn: str) -> None:
+    from attnscope.record.capture import PROFILE_MARKER
+
+    result, layer, span = _profiled_layer_result(attn, 16)
+    events = _kernels.from_kineto(result, PROFILE_MARKER)
+    report = _kernels.analyze(events, span_start_ns=span.start_time, span_end_ns=span.end_time,
+                              max_spans=64, on_device=False, module=layer)
+    linears = [c.name for c in report.children if c.name.startswith("aten::linear")]
+    # LlamaAttention.forward: q, k, v projections, the attention, the output projection
+    assert linears == ["aten::linear (q_proj)", "aten::linear (k_proj)", "aten::linear (v_proj)",
+                       "aten::linear (o_proj)"]
+    # the layer's weights are what the ops read: the same tensors as its children's
+    assert set(_kernels.parameter_owners(layer).values()) == {
+        frozenset({name}) for name in ("q_proj", "k_proj", "v_proj", "o_proj")}
+    # without the module: the same spans, unlabelled
+    plain = _kernels.analyze(events, span_start_ns=span.start_time, span_end_ns=span.end_time,
+                             max_spans=64, on_device=False)
+    assert [c.name.split(" (")[0] for c in report.children] == [c.name for c in plain.children]
+
+
+# ---- the same shape in the files a person opens (Jaeger JSON, OTLP JSON) -------------------------
+
+_KIND_TAG, _INNER_TAG = "attnscope.kernel.kind", "attnscope.kernel.inner"
+
+
+def _otlp_value(value: Any) -> Any:
+    which = value.WhichOneof("value")
+    if which == "array_value":
+        return [_otlp_value(v) for v in value.array_value.values]
+    return getattr(value, which) if which else None
+
+
+def _file_spans(path: Any) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """(span id, parent id or "", name, attributes) of every span in a Jaeger or OTLP JSON file."""
+    import json
+
+    from attnscope.exporters import read_otlp_json_lines
+
+    out: list[tuple[str, str, str, dict[str, Any]]] = []
+    if str(path).endswith(".json"):
+        for trace in json.loads(path.read_text())["data"]:
+            for s in trace["spans"]:
+                parent = next((r["spanID"] for r in s.get("references", ())
+                               if r["refType"] == "CHILD_OF"), "")
+                tags = {t["key"]: t["value"] for t in s["tags"]}
+                if isinstance(tags.get(_INNER_TAG), str):  # Jaeger JSON: a list as JSON text
+                    tags[_INNER_TAG] = json.loads(tags[_INNER_TAG])
+                out.append((s["spanID"], parent, s["operationName"], tags))
+        return out
+    for request in read_otlp_json_lines(path):
+        for rs in request.resource_spans:
+            for ss in rs.scope_spans:
+                for s in ss.spans:
+                    tags = {a.key: _otlp_value(a.value) for a in s.attributes}
+                    out.append((s.span_id.hex(), s.parent_span_id.hex(), s.name, tags))
+    return out
+
+
+def _op_shape(rows: list[tuple[str, str, str, dict[str, Any]]], span_id: str) -> tuple[Any, ...]:
+    """The operator spans under a span: (name, what was merged into it, its own operator spans)."""
+    kids = [r for r in rows if r[1] == span_id and _KIND_TAG in r[3]]
+    return tuple((name, tuple(tags.get(_INNER_TAG) or ()), _op_shape(rows, sid))
+                 for sid, _, name, tags in kids)
+
+
+def _tiny_llama(attn: str, layers: int = 4) -> Any:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=layers, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=100,
+                                   max_position_embeddings=128)
+    cfg._attn_implementation = attn
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def _profiled_generate(model: Any, path: Any, **instrument: Any) -> list[Any]:
+    """One profiled ``generate()`` (prefill, 2 decode steps) written to ``path``; its rows."""
+    ids = torch.randint(0, 100, (1, 16), generator=torch.Generator().manual_seed(1))
+    attnscope.instrument(model, **instrument)
+    try:
+        with torch.inference_mode():
+            model.generate(ids, max_new_tokens=3, do_sample=False)  # warm
+            kind = "jaeger-json" if str(path).endswith(".json") else "otlp-json"
+            attnscope.configure(exporter=f"{kind}:{path}", sample_rate=1.0, warmup_calls=0,
+                                overhead_budget=1.0, profile_rate=1.0,
+                                profile_max_per_minute=1000.0)
+            model.generate(ids, max_new_tokens=3, do_sample=False)
+            assert attnscope.shutdown(timeout_s=30.0)
+    finally:
+        attnscope.uninstrument(model)
+    return _file_spans(path)
+
+
+def _layer_shapes(rows: list[Any]) -> dict[str, list[tuple[Any, ...]]]:
+    """Each phase's attention-layer spans' operator shapes, in file order."""
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    for sid, _, _, tags in rows:
+        if str(tags.get("attnscope.module", "")).endswith("self_attn"):
+            assert tags.get("attnscope.tier") == "profile"
+            out.setdefault(str(tags["attnscope.phase"]), []).append(_op_shape(rows, sid))
+    return out
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_one_operator_shape_across_layers_and_runs(attn: str, tmp_path: Any) -> None:
+    model = _tiny_llama(attn)
+    runs = [_layer_shapes(_profiled_generate(model, tmp_path / name))
+            for name in ("run1.json", "run2.jsonl")]
+    for shapes in runs:
+        assert sorted(shapes) == ["decode", "prefill"]
+        assert len(shapes["prefill"]) == 4 and len(shapes["decode"]) == 8  # 4 layers, 2 steps
+        for phase, per_layer in shapes.items():
+            assert all(s == per_layer[0] for s in per_layer), (
+                f"{attn} {phase}: the layers' operator spans differ")
+    for phase in ("prefill", "decode"):
+        assert runs[0][phase][0] == runs[1][phase][0], f"{attn} {phase}: the two runs differ"
+    for phase in ("prefill", "decode"):
+        top = [name for name, _, _ in runs[0][phase][0]]
+        # q, k, v and the output projection, each one span with its matrix product merged
+        linears = [(name, inner) for name, inner, _ in runs[0][phase][0]
+                   if name.startswith("aten::linear")]
+        assert len(linears) == 4, top
+        assert all({"aten::mm", "aten::addmm"} & set(inner) for _, inner in linears), linears
+        assert not set(top) & optree.METADATA_OPS
+        assert ("aten::scaled_dot_product_attention" in top) == (attn == "sdpa")
+        assert ("aten::softmax" in top) == (attn == "eager")
+        if attn == "eager":
+            (softmax,) = [inner for name, inner, _ in runs[0][phase][0] if name == "aten::softmax"]
+            assert softmax == ("aten::_softmax",)  # one shape, prefill and decode alike
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_trace_model_ops_fold_under_the_innermost_span(attn: str, tmp_path: Any) -> None:
+    # trace_model=True: the profile lands on generate(); its ops go down to the model forwards
+    # and the attention layers that ran them, each then folded and capped on its own, so every
+    # layer shows the operator spans a layer profiled by itself shows.
+    model = _tiny_llama(attn)
+    alone = _layer_shapes(_profiled_generate(model, tmp_path / "alone.json"))
+    rows = _profiled_generate(model, tmp_path / "model.jsonl", trace_model=True)
+    layers: dict[str, list[tuple[Any, ...]]] = {}
+    for sid, _, _, tags in rows:
+        if str(tags.get("attnscope.module", "")).endswith("self_attn"):
+            assert tags.get("attnscope.tier") != "profile"  # generate() held the profiler
+            layers.setdefault(str(tags["attnscope.phase"]), []).append(_op_shape(rows, sid))
+    assert {p: len(v) for p, v in layers.items()} == {"prefill": 4, "decode": 8}
+    for phase, per_layer in layers.items():
+        assert all(s == alone[phase][0] for s in per_layer), f"{attn} {phase}"
+    (generate,) = [r for r in rows if r[3].get("attnscope.tier") == "profile"]
+    ops = [r for r in rows if _KIND_TAG in r[3]]
+    # far more than one cap's worth: the cap (64) applies per span, after the hand-down
+    assert len(ops) > 64 * 3
+    assert len([r for r in ops if r[1] == generate[0]]) <= 64
+
+
+def test_projections_are_labelled_in_the_files(tmp_path: Any) -> None:
+    rows = _profiled_generate(_tiny_llama("eager", layers=2), tmp_path / "labels.json")
+    for sid, _, _, tags in rows:
+        if str(tags.get("attnscope.module", "")).endswith("self_attn"):
+            names = [name for name, _, _ in _op_shape(rows, sid)]
+            assert [n for n in names if n.startswith("aten::linear")] == [
+                f"aten::linear ({p})" for p in ("q_proj", "k_proj", "v_proj", "o_proj")]

@@ -20,7 +20,7 @@ from . import opstats, optree
 
 __all__ = [
     "RawEvent", "KernelReport", "analyze", "from_kineto", "detect_backend", "call_kernels",
-    "memory_peaks", "covered_ns",
+    "memory_peaks", "covered_ns", "parameter_owners", "module_labels",
     "KIND_CUDA_KERNEL", "KIND_CPU_OP", "KIND_MEMCPY", "KIND_MEMSET", "KIND_MEMORY", "KIND_MARKER",
     "KIND_RUNTIME", "KIND_OTHER", "MAX_NAME", "TOP_N",
 ]
@@ -51,6 +51,9 @@ class RawEvent(NamedTuple):
     # the op that launched a GPU activity (kineto's linked correlation id); 0 when unknown.
     op_id: int = 0
     thread: int = 0  # CPU ops: the thread that ran it (ops nest per thread)
+    # CPU ops: the storage addresses of the op's tensor inputs (``from_kineto(inputs=True)``), to
+    # tell which module's parameters it read; empty when not recorded.
+    inputs: tuple[int, ...] = ()
 
 
 class KernelReport(NamedTuple):
@@ -174,21 +177,30 @@ def analyze(
     span_end_ns: int,
     max_spans: int,
     on_device: bool,
+    module: Any = None,
     fold_ns: int | None = None,
 ) -> KernelReport:
     """Kernel/op children and parent attributes for one profiled call.
 
     ``on_device``: the call's tensors were on a GPU, so the device activities are the kernels
     (CPU ops are their launches); otherwise the CPU ops are, ranked by their own (self) time.
-    ``fold_ns``: ops shorter than this are folded (default :func:`optree.fold_threshold`).
+    ``module``: the instrumented module that ran the call; an op span whose tensor inputs
+    (:attr:`RawEvent.inputs`) include parameters of exactly one of its submodules is labelled
+    with that submodule's path (:func:`module_labels`). ``fold_ns`` is not used: folding
+    depends on the operators, not on their time (:mod:`.optree`); accepted for older callers.
     """
+    del fold_ns
     marker = next((e for e in events if e.kind == KIND_MARKER), None)
     if marker is not None:
-        offset = span_start_ns - marker.start_ns
         lo, hi = marker.start_ns, marker.end_ns
     else:
-        offset = 0
         lo, hi = span_start_ns, span_end_ns
+    # The profiler's own clock when it is the span's (torch 2.13: Unix-epoch ns; the marker then
+    # starts just before the span's start was read): exact, where pairing the marker's start
+    # with the span's start was off by the 30-100 µs between the two (measured under load).
+    # Else one offset: the marker's start is the span's start.
+    same = marker is not None and 0 <= span_start_ns - lo <= _SAME_CLOCK_NS
+    clock = _Clock(0 if same else span_start_ns - lo)
     cpu_ops = sorted((e for e in events if e.kind == KIND_CPU_OP),
                      key=lambda e: (e.start_ns, -e.end_ns))
     device_ops = sorted((e for e in events if e.kind in DEVICE_KINDS), key=lambda e: e.start_ns)
@@ -220,15 +232,30 @@ def analyze(
         attrs[schema.LAUNCH_OVERHEAD_NS.key] = max(0, (hi - lo) - covered_ns(intervals, lo, hi))
     attrs.update(_memory(events, on_device))
 
-    ops, device = _tree(cpu_ops, par, device_ops if on_device else [], offset, span_start_ns,
+    ops, device = _tree(cpu_ops, par, device_ops if on_device else [], clock, span_start_ns,
                         span_end_ns)
-    attrs.update(_op_attributes(ops, device, events, lo, hi, offset, on_device))
-    children, top_folded = optree.build(
-        ops, device, max_spans=max_spans,
-        fold_ns=optree.fold_threshold(hi - lo) if fold_ns is None else fold_ns)
+    attrs.update(_op_attributes(ops, device, events, lo, hi, clock, on_device))
+    labels = module_labels(cpu_ops, module) if module is not None else None
+    children, top_folded = optree.build(ops, device, max_spans=max_spans, labels=labels)
     if top_folded:
         attrs[schema.KERNEL_FOLDED.key] = top_folded
     return KernelReport(attrs, children)
+
+
+# The most the marker's start may lie before the span's start on one clock.
+_SAME_CLOCK_NS = 5_000_000
+
+
+class _Clock:
+    """The profiler's clock → the span's: one offset (the marker's start is the span's)."""
+
+    __slots__ = ("offset",)
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+    def __call__(self, t: int) -> int:
+        return t + self.offset
 
 
 def _memory(events: Sequence[RawEvent], on_device: bool) -> dict[str, int]:
@@ -245,7 +272,7 @@ def _memory(events: Sequence[RawEvent], on_device: bool) -> dict[str, int]:
 
 
 def _tree(cpu_ops: Sequence[RawEvent], par: Sequence[int], device_ops: Sequence[RawEvent],
-          offset: int, span_start_ns: int, span_end_ns: int,
+          clock: _Clock, span_start_ns: int, span_end_ns: int,
           ) -> tuple[list[optree.Op], list[tuple[RawEvent, int, int, int]]]:
     """Ops on the span's clock, clamped into the call and into their parent op, with their weight
     (time with all they called, or device time of all they launched if longer); GPU activities
@@ -254,9 +281,9 @@ def _tree(cpu_ops: Sequence[RawEvent], par: Sequence[int], device_ops: Sequence[
     device: list[tuple[RawEvent, int, int, int]] = []
     launched = [0] * len(cpu_ops)
     for ev in device_ops:
-        start = ev.start_ns + offset
+        start = clock(ev.start_ns)
         # where it ran on the GPU, even after the call returned
-        end = max(start, ev.end_ns + offset)
+        end = max(start, clock(ev.end_ns))
         op = by_id.get(ev.op_id, -1) if ev.op_id else -1
         device.append((ev, start, end, op))
         if op >= 0:
@@ -268,15 +295,15 @@ def _tree(cpu_ops: Sequence[RawEvent], par: Sequence[int], device_ops: Sequence[
     for i, ev in enumerate(cpu_ops):
         lo, hi = ((span_start_ns, span_end_ns) if par[i] < 0
                   else (ops[par[i]].start, ops[par[i]].end))
-        start = min(max(ev.start_ns + offset, lo), hi)
-        end = min(max(ev.end_ns + offset, start), hi)
+        start = min(max(clock(ev.start_ns), lo), hi)
+        end = min(max(clock(ev.end_ns), start), hi)
         ops.append(optree.Op(ev.name[:MAX_NAME], start, end, ev.kind, ev.device, ev.shapes, par[i],
                              max(end - start, launched[i])))
     return ops, device
 
 
 def _op_attributes(ops: Sequence[Any], device: Sequence[tuple[RawEvent, int, int, int]],
-                   events: Sequence[RawEvent], lo: int, hi: int, offset: int,
+                   events: Sequence[RawEvent], lo: int, hi: int, clock: _Clock,
                    on_device: bool) -> dict[str, Any]:
     """Attention core / projection time, host syncs, copy time, device idle time."""
     role = opstats.roles(ops)
@@ -291,7 +318,7 @@ def _op_attributes(ops: Sequence[Any], device: Sequence[tuple[RawEvent, int, int
             out[attr.key] = sum(op.end - op.start for i, op in enumerate(ops)
                                 if op.parent < 0 and role[i] == name)
     # runtime sync calls inside the call's window (not attnscope's own sync after it)
-    runtime = sorted((e.name, e.start_ns + offset, e.end_ns + offset) for e in events
+    runtime = sorted((e.name, clock(e.start_ns), clock(e.end_ns)) for e in events
                      if e.kind == KIND_RUNTIME and lo <= e.start_ns and e.end_ns <= hi)
     syncs = opstats.host_syncs(ops, runtime)
     out[schema.HOST_SYNCS.key] = len(syncs)
@@ -322,9 +349,84 @@ _KINDS = {
 _RUNTIME = frozenset(("cuda_runtime", "cuda_driver"))
 
 
-def from_kineto(result: Any, marker: str) -> list[RawEvent]:
-    """torch's kineto events as plain records (profiler clock, nanoseconds)."""
+def parameter_owners(module: Any) -> dict[int, frozenset[str]]:
+    """Storage address → paths of the submodules of ``module`` whose own parameters live there.
+
+    Usually one path; tied weights, or a module registered under two names, give several. The
+    module's own parameters have the path ``""``.
+    """
+    owners: dict[int, set[str]] = {}
+    try:
+        for path, sub in module.named_modules(remove_duplicate=False):
+            for param in sub.parameters(recurse=False):
+                try:
+                    ptr = int(param.untyped_storage().data_ptr())
+                except Exception:  # a parameter without storage (meta, a tensor subclass)
+                    continue
+                if ptr:
+                    owners.setdefault(ptr, set()).add(path)
+    except Exception:  # not an nn.Module after all: no labels
+        return {}
+    return {ptr: frozenset(paths) for ptr, paths in owners.items()}
+
+
+def module_labels(cpu_ops: Sequence[RawEvent], module: Any) -> dict[int, str]:
+    """Op index → the one submodule that owns every parameter the op read (``q_proj``).
+
+    Certain or nothing: an op that read no parameter, or parameters that no single submodule
+    owns all of (two modules' weights, a weight tied between two modules and nothing else of
+    either, the instrumented module's own parameters), has no label.
+    """
+    owners = parameter_owners(module)
+    if not owners:
+        return {}
+    out: dict[int, str] = {}
+    for i, ev in enumerate(cpu_ops):
+        if not ev.inputs:
+            continue
+        found: frozenset[str] | None = None
+        for ptr in ev.inputs:
+            paths = owners.get(ptr)
+            if paths is not None:
+                found = paths if found is None else found & paths
+        if found is not None and len(found) == 1:
+            (path,) = found
+            if path:
+                out[i] = path
+    return out
+
+
+def _input_storages(result: Any) -> dict[int, tuple[int, ...]]:
+    """CPU op correlation id → storage addresses of its tensor inputs (torch's event tree, which
+    keeps them when shapes are recorded)."""
+    out: dict[int, tuple[int, ...]] = {}
+    todo = list(result.experimental_event_tree())
+    while todo:
+        ev = todo.pop()
+        todo.extend(ev.children)
+        inputs = getattr(ev.extra_fields, "inputs", None)
+        if not inputs:
+            continue
+        ptrs = tuple(p for p in (getattr(t, "storage_data_ptr", None) for t in inputs)
+                     if isinstance(p, int) and p)
+        if ptrs:
+            out[int(ev.correlation_id)] = ptrs
+    return out
+
+
+def from_kineto(result: Any, marker: str, *, inputs: bool = True) -> list[RawEvent]:
+    """torch's kineto events as plain records (profiler clock, nanoseconds).
+
+    ``inputs``: also the storage addresses of each CPU op's tensor inputs (for
+    :func:`analyze`'s ``module`` labels); none when torch's event tree cannot say.
+    """
     out: list[RawEvent] = []
+    storages: dict[int, tuple[int, ...]] = {}
+    if inputs:
+        try:
+            storages = _input_storages(result)
+        except Exception:  # an older or different profiler result: no labels, same spans
+            storages = {}
     for ev in result.events():
         name = ev.name()
         activity = ev.activity_type()
@@ -353,8 +455,9 @@ def from_kineto(result: Any, marker: str) -> list[RawEvent]:
                 thread = int(ev.start_thread_id())
             except Exception:  # one thread then: the profiler records the calling thread only
                 thread = 0
+        op_id = _op_id(ev, kind)
         out.append(RawEvent(name, kind, device, ev.start_ns(), ev.end_ns(), 0, shapes,
-                            _op_id(ev, kind), thread))
+                            op_id, thread, storages.get(op_id, ()) if op_id else ()))
     return out
 
 

@@ -1,32 +1,41 @@
 """Operator spans as they ran: the op tree of one profiled call, folded and capped (worker side).
 
 The profiler records CPU ops with start and end on the calling thread; an op's children are the
-ops that started and ended inside it (time containment on the same thread). From that tree:
+ops that started and ended inside it (time containment on the same thread). From that tree, by a
+fixed rule per operator — its name and its place in the tree, never its measured duration, so two
+traces of the same code have spans of the same shape:
 
-- **folding**: metadata-only ops (views, transposes, ``empty``...) and ops shorter than a small
-  threshold are not spans: their time stays in the nearest kept ancestor's own time, and that
-  ancestor counts them (``attnscope.kernel.folded``); ops below a folded op move up to it;
-- **the cap**: at most ``max_spans`` child spans. The longest ops are kept (device activities
-  first); a kept op's parent is always kept too (an op lasts at least as long as its children);
-  the rest become one ``other`` span;
+- **folding**: metadata-only ops (:data:`METADATA_OPS`: views, transposes, ``empty``...) are never
+  spans: their time stays in the nearest kept ancestor's own time, and that ancestor counts them
+  (``attnscope.kernel.folded``); ops below a folded op move up to it;
+- **merging**: the ops a dispatcher operator (a name with a namespace, ``aten::linear``) runs
+  are its implementation (``aten::matmul`` › ``aten::mm``, ``aten::_softmax``, a ``copy_``): they
+  are one span with it, listed in ``attnscope.kernel.inner`` (in the order they ran, one entry
+  per op). Ops under a region without a namespace (a custom ``record_function`` range, an
+  autograd Function) stay child spans of it;
+- **the cap**: at most ``max_spans`` child spans per attnscope span. Only a span with more ops
+  than that loses some: the longest are kept (device activities first); a kept op's parent is
+  always kept too (an op lasts at least as long as its children); the rest become one ``other``
+  span. This is the one place where time decides, and it is applied per attnscope span (after
+  :func:`hand_down`), so a layer with fewer ops than the cap keeps them all;
 - **nesting**: every child span names its parent (an index into the same list, ``-1`` for the
   call's own span). On a GPU call a kernel hangs under the op that launched it (or that op's
   nearest kept ancestor), on the device's timeline.
 
 :func:`hand_down` moves op spans into a nested attnscope span that ran them (``span()`` blocks,
-outer traced calls profiled around inner ones).
+outer traced calls profiled around inner ones, ``trace_model=True``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ... import _schema as schema
 from ...record.capture import MAX_NAME
 
-__all__ = ["ChildSpan", "METADATA_OPS", "FOLD_MIN_NS", "FOLD_SHARE", "fold_threshold", "parents",
-           "build", "hand_down", "Op"]
+__all__ = ["ChildSpan", "Children", "METADATA_OPS", "MAX_INNER", "SPAN_BOUND", "absorbs",
+           "parents", "build", "cap", "hand_down", "Op"]
 
 # a child span's attribute names, read and written per op
 _KIND, _DEVICE, _SELF_NS = (schema.KERNEL_KIND.name, schema.KERNEL_DEVICE.name,
@@ -34,6 +43,8 @@ _KIND, _DEVICE, _SELF_NS = (schema.KERNEL_KIND.name, schema.KERNEL_DEVICE.name,
 _INPUT_SHAPES, _FOLDED, _INNER = (schema.KERNEL_INPUT_SHAPES.name, schema.KERNEL_FOLDED.name,
                                   schema.KERNEL_INNER.name)
 _COUNT, _TOTAL_NS = schema.KERNEL_COUNT.name, schema.KERNEL_TOTAL_NS.name
+_MODULE = schema.MODULE.name
+_CPU_OP, _OTHER = "cpu_op", "other"
 
 # Ops that only make a new view or an uninitialised tensor: no work of their own worth a span.
 METADATA_OPS = frozenset((
@@ -45,10 +56,14 @@ METADATA_OPS = frozenset((
     "aten::view_as", "aten::resolve_conj", "aten::resolve_neg", "aten::empty", "aten::empty_like",
     "aten::empty_strided", "aten::to", "aten::contiguous", "aten::result_type",
     "aten::broadcast_tensors", "aten::_has_compatible_shallow_copy_type",
+    # the same, recorded without a namespace (autograd's in-place detach of a cache's tensors)
+    "detach", "detach_",
 ))
-# An op (with all it called) shorter than both of these is folded into its parent.
-FOLD_MIN_NS = 5_000
-FOLD_SHARE = 0.005  # of the profiled call's time
+# Entries of ``attnscope.kernel.inner`` per span; further merged ops are counted in ``folded``.
+MAX_INNER = 32
+# Spans a profiled call keeps before :func:`hand_down` shares them out among its nested spans
+# (each of which is then capped to ``max_spans``): the memory bound of one profile's spans.
+SPAN_BOUND = 4096
 
 
 class ChildSpan(NamedTuple):
@@ -61,9 +76,24 @@ class ChildSpan(NamedTuple):
     parent: int = -1  # index of the parent child span in the same list; -1: the call's span
 
 
-def fold_threshold(window_ns: int) -> int:
-    """Ops with all they called shorter than this are folded (``window_ns``: the call's time)."""
-    return max(FOLD_MIN_NS, int(window_ns * FOLD_SHARE))
+class Children(list[ChildSpan]):
+    """A call's child spans, capped to ``limit``; ``uncapped`` holds them before the cap (at most
+    :data:`SPAN_BOUND`), for :func:`hand_down` to share out before capping each span's own."""
+
+    limit: int
+    uncapped: list[ChildSpan]
+
+    @classmethod
+    def of(cls, spans: list[ChildSpan], limit: int) -> Children:
+        out = cls(cap(spans, limit))
+        out.limit = limit
+        out.uncapped = spans
+        return out
+
+
+def absorbs(name: str) -> bool:
+    """A dispatcher operator (``aten::linear``, ``flash_attn::…``): the ops it runs are its own."""
+    return "::" in name
 
 
 def parents(starts: Sequence[int], ends: Sequence[int], threads: Sequence[int]) -> list[int]:
@@ -93,26 +123,42 @@ class Op(NamedTuple):
     device: str
     shapes: str
     parent: int  # op index, -1 top level
-    weight: int  # what decides folding and ranking: its time with all it called (or launched)
+    weight: int  # what ranks it for the cap: its time with all it called (or launched)
 
 
-def build(ops: Sequence[Op], device: Sequence[tuple[Any, int, int, int]], *, fold_ns: int,
-          max_spans: int) -> tuple[list[ChildSpan], int]:
+def build(ops: Sequence[Op], device: Sequence[tuple[Any, int, int, int]], *, max_spans: int,
+          labels: Mapping[int, str] | None = None) -> tuple[Children, int]:
     """Child spans of one call and the number of top-level ops folded into the call's span.
 
     ``ops``: in tree order (parents before children). ``device``: (event, start, end, op index or
-    -1) for GPU activities, already on the call's clock.
+    -1) for GPU activities, already on the call's clock. ``labels``: op index → the module that
+    owns its weights (``q_proj``), added to the span's name.
     """
-    keep = [op.weight >= fold_ns and op.name not in METADATA_OPS for op in ops]
-    inner = _merge_wrappers(ops, keep, fold_ns)
-    dropped_ops, dropped_dev = _cap(ops, device, keep, max_spans)
-    up = _kept_ancestors(ops, keep)
-    merged = [j for names in inner.values() for j in names]
-    folded, top_folded = _folded(up, keep, [*dropped_ops, *merged])
-    # ops merged into an op the cap left out are left out with it
-    dropped_ops += [j for i in dropped_ops for j in inner.get(i, ())]
+    n = len(ops)
+    keep = [False] * n
+    up = [-1] * n  # nearest kept ancestor
+    folded = [0] * n
+    inner: dict[int, list[str]] = {}
+    top_folded = 0
+    for i, op in enumerate(ops):
+        p = op.parent
+        above = -1 if p < 0 else (p if keep[p] else up[p])
+        up[i] = above
+        if op.name in METADATA_OPS:
+            if above < 0:
+                top_folded += 1
+            else:
+                folded[above] += 1
+        elif above >= 0 and absorbs(ops[above].name):
+            names = inner.setdefault(above, [])
+            if len(names) < MAX_INNER:
+                names.append(op.name)
+            else:
+                folded[above] += 1
+        else:
+            keep[i] = True
     own = [op.end - op.start for op in ops]
-    for i in range(len(ops)):
+    for i in range(n):
         if keep[i] and up[i] >= 0:
             own[up[i]] -= ops[i].end - ops[i].start
     spans: list[ChildSpan] = []
@@ -120,27 +166,31 @@ def build(ops: Sequence[Op], device: Sequence[tuple[Any, int, int, int]], *, fol
     for i, op in enumerate(ops):
         if not keep[i]:
             continue
-        attrs: dict[str, Any] = {_KIND: op.kind, _DEVICE: op.device,
-                                 _SELF_NS: max(0, own[i])}
+        attrs: dict[str, Any] = {_KIND: op.kind, _DEVICE: op.device, _SELF_NS: max(0, own[i])}
         if op.shapes:
             attrs[_INPUT_SHAPES] = op.shapes
         if folded[i]:
             attrs[_FOLDED] = folded[i]
         if i in inner:
-            attrs[_INNER] = [ops[j].name for j in inner[i]]
+            attrs[_INNER] = inner[i]
+        name = op.name or "?"
+        label = labels.get(i) if labels else None
+        if label:
+            name = labelled(name, label)
         index[i] = len(spans)
-        spans.append(ChildSpan(op.name or "?", op.start, op.end, attrs, index.get(up[i], -1)))
-    skip = set(dropped_dev)
-    for j, (ev, start, end, at) in enumerate(device):
-        if j in skip:
-            continue
+        spans.append(ChildSpan(name, op.start, op.end, attrs, index.get(up[i], -1)))
+    for ev, start, end, at in device:
         while at >= 0 and not keep[at]:
             at = ops[at].parent
         spans.append(ChildSpan(ev.name[:MAX_NAME] or "?", start, end, {
             _KIND: ev.kind, _DEVICE: ev.device}, index.get(at, -1)))
-    if dropped_ops or dropped_dev:
-        spans.append(_other(ops, keep, device, dropped_ops, dropped_dev))
-    return _by_start(spans), top_folded
+    spans = _by_start(spans)
+    return Children.of(cap(spans, SPAN_BOUND), max_spans), top_folded
+
+
+def labelled(name: str, label: str) -> str:
+    """An op span's name with the module that owns its weights: ``aten::linear (q_proj)``."""
+    return f"{name} ({label})"[:MAX_NAME]
 
 
 def _by_start(spans: list[ChildSpan]) -> list[ChildSpan]:
@@ -152,156 +202,165 @@ def _by_start(spans: list[ChildSpan]) -> list[ChildSpan]:
     return [spans[k]._replace(parent=where.get(spans[k].parent, -1)) for k in order]
 
 
-def _merge_wrappers(ops: Sequence[Op], keep: list[bool], fold_ns: int) -> dict[int, list[int]]:
-    """An op that only wraps one other op (``aten::linear`` > ``aten::matmul`` > ``aten::mm``)
-    is one span: the inner op is unmarked in ``keep`` and listed under the outer one. Merged while
-    the outer op's own time, apart from what it wraps, stays under ``fold_ns``."""
-    kids: dict[int, list[int]] = {}
-    for i, above in enumerate(_kept_ancestors(ops, keep)):
-        if keep[i]:
-            kids.setdefault(above, []).append(i)
-    inner: dict[int, list[int]] = {}
-    for i, op in enumerate(ops):
-        if not keep[i]:
-            continue
-        below = kids.get(i, [])
-        while (len(below) == 1
-               and (op.end - op.start) - (ops[below[0]].end - ops[below[0]].start) < fold_ns):
-            wrapped = below[0]
-            keep[wrapped] = False
-            inner.setdefault(i, []).append(wrapped)
-            below = kids.get(wrapped, [])
-        kids[i] = below
-    return inner
-
-
-def _folded(up: Sequence[int], keep: Sequence[bool],
-            dropped: Sequence[int]) -> tuple[list[int], int]:
-    """How many folded ops each kept op took in, and how many the call's span did (ops the cap
-    left out are counted by the ``other`` span instead)."""
-    folded = [0] * len(up)
-    top_folded = 0
-    out = set(dropped)
-    for i, above in enumerate(up):
-        if keep[i] or i in out:
-            continue
-        if above < 0:
-            top_folded += 1
+def cap(spans: list[ChildSpan], max_spans: int) -> list[ChildSpan]:
+    """At most ``max_spans`` spans (parents before children in ``spans``): device work first, then
+    the heaviest ops — time with all they called, or the device time they launched if longer
+    (ties keep list order: parents first) — and one ``other`` span for the rest (an ``other``
+    span already there is merged into it). Under the limit: ``spans`` as they are."""
+    if len(spans) <= max_spans:
+        return spans
+    n = len(spans)
+    dur = [s.end_ns - s.start_ns for s in spans]
+    kinds = [s.attributes.get(_KIND) for s in spans]
+    launched = [0] * n
+    for k in range(n - 1, -1, -1):
+        if kinds[k] not in (_CPU_OP, _OTHER):
+            launched[k] = dur[k]
+        p = spans[k].parent
+        if p >= 0:
+            launched[p] += launched[k]
+    ranked: list[tuple[int, int, int]] = []
+    for k in range(n):
+        if kinds[k] == _OTHER:
+            continue  # always into the new one
+        if kinds[k] == _CPU_OP:
+            ranked.append((1, -max(dur[k], launched[k]), k))
         else:
-            folded[above] += 1
-    return folded, top_folded
-
-
-def _cap(ops: Sequence[Op], device: Sequence[tuple[Any, int, int, int]], keep: list[bool],
-         max_spans: int) -> tuple[list[int], list[int]]:
-    """At most ``max_spans`` spans: device work first, then the heaviest ops (ties keep tree
-    order: parents first). Returns the ops (unmarked in ``keep``) and device activities left out."""
-    ranked = [(0, -(end - start), j) for j, (_, start, end, _) in enumerate(device)]
-    ranked += [(1, -op.weight, i) for i, op in enumerate(ops) if keep[i]]
-    dropped_ops: list[int] = []
-    dropped_dev: list[int] = []
-    if len(ranked) <= max_spans:
-        return dropped_ops, dropped_dev
+            ranked.append((0, -dur[k], k))
     ranked.sort()
-    for group, _, idx in ranked[max(0, max_spans - 1):]:
-        if group == 0:
-            dropped_dev.append(idx)
-        else:
-            dropped_ops.append(idx)
-            keep[idx] = False
-    return dropped_ops, dropped_dev
+    kept = {k for _, _, k in ranked[:max(0, max_spans - 1)]}
+    dropped = [k for k in range(n) if k not in kept]
+    out: list[ChildSpan] = []
+    where: dict[int, int] = {}
+    for k, s in enumerate(spans):
+        if k not in kept:
+            continue
+        p = s.parent
+        while p >= 0 and p not in kept:
+            p = spans[p].parent
+        where[k] = len(out)
+        out.append(s._replace(attributes=dict(s.attributes), parent=where.get(p, -1)))
+    out.append(_other(spans, dropped, set(dropped)))
+    _own_times(out)
+    return _by_start(out)
 
 
-def _kept_ancestors(ops: Sequence[Op], keep: Sequence[bool]) -> list[int]:
-    up = [-1] * len(ops)
-    for i, op in enumerate(ops):
-        p = op.parent
-        up[i] = -1 if p < 0 else (p if keep[p] else up[p])
-    return up
-
-
-def _other(ops: Sequence[Op], keep: Sequence[bool], device: Sequence[tuple[Any, int, int, int]],
-           dropped_ops: Sequence[int], dropped_dev: Sequence[int]) -> ChildSpan:
-    """One span for what the cap left out: how many, and their time (ops left out inside a kept op
-    are in that op's own time too). It lasts the time of the top-level ops and the device
-    activities left out, from the earliest of them."""
-    dropped = set(dropped_ops)
-    top = [i for i in dropped_ops if _top_dropped(ops, i, dropped, keep)]
-    outer = [i for i in dropped_ops if ops[i].parent not in dropped]
-    total = sum(ops[i].end - ops[i].start for i in outer)
-    total += sum(device[j][2] - device[j][1] for j in dropped_dev)
-    length = sum(ops[i].end - ops[i].start for i in top)
-    length += sum(device[j][2] - device[j][1] for j in dropped_dev)
-    starts = [ops[i].start for i in top] + [device[j][1] for j in dropped_dev]
-    nested = [ops[i].start for i in dropped_ops]
-    first = min(starts) if starts else min(nested)
-    dev = device[dropped_dev[0]][0].device if dropped_dev else ops[dropped_ops[0]].device
+def _other(spans: Sequence[ChildSpan], dropped: Sequence[int], out: set[int]) -> ChildSpan:
+    """One span for what the cap left out: how many ops and activities (those folded and merged
+    into them included) and their time (ops left out inside a kept op are in that op's own time
+    too). It lasts the time of the top-level ops and the device activities left out, from the
+    earliest of them."""
+    count = total = length = 0
+    starts: list[int] = []
+    device = ""
+    for k in dropped:
+        s = spans[k]
+        a = s.attributes
+        d = s.end_ns - s.start_ns
+        kind = a.get(_KIND)
+        if kind == _OTHER:
+            count += int(a.get(_COUNT, 0))
+            total += int(a.get(_TOTAL_NS, 0))
+        elif kind == _CPU_OP:
+            count += 1 + int(a.get(_FOLDED, 0)) + len(a.get(_INNER, ()))
+            if s.parent not in out:
+                total += d
+        else:  # a device activity: beside the ops, never inside them
+            count += 1
+            total += d
+        if kind != _CPU_OP or s.parent < 0:
+            length += d
+            starts.append(s.start_ns)
+        if not device:
+            device = str(a.get(_DEVICE, ""))
+    # a GPU activity's device when one was left out
+    device = next((str(spans[k].attributes.get(_DEVICE)) for k in dropped
+                   if spans[k].attributes.get(_KIND) not in (_CPU_OP, _OTHER)), device)
+    first = min(starts) if starts else min(spans[k].start_ns for k in dropped)
     return ChildSpan("other", first, first + length, {
-        _KIND: "other", _DEVICE: dev,
-        _COUNT: len(dropped_ops) + len(dropped_dev),
-        _TOTAL_NS: total})
-
-
-def _top_dropped(ops: Sequence[Op], i: int, dropped: set[int], keep: Sequence[bool]) -> bool:
-    """Neither a kept op nor another left-out op above it: its time is in no other span."""
-    p = ops[i].parent
-    while p >= 0:
-        if p in dropped or keep[p]:
-            return False
-        p = ops[p].parent
-    return True
+        _KIND: _OTHER, _DEVICE: device or "cpu", _COUNT: count, _TOTAL_NS: total})
 
 
 def hand_down(children: list[ChildSpan], nested: Sequence[Any]) -> list[ChildSpan]:
     """Move op spans that ran inside a nested attnscope call into that call's children.
 
     ``nested``: results of the calls nested directly in this one (with ``start_ns``, ``end_ns``,
-    ``children``), not yet built. An op goes down when its middle lies inside the nested call,
-    with all spans below it; a GPU activity goes with the op that launched it. Returns what stays.
+    ``children``, and ``attrs`` holding ``attnscope.module``), not yet built. An op goes down when
+    it starts inside the nested call, with all spans below it; a GPU activity goes with the op
+    that launched it. (Its start, not its middle: a nested span's end is its start plus the
+    call's duration, measured from a few µs later, so it can read up to ~15 µs early under the
+    profiler, and a short last op — a decode step's ``o_proj`` — would stay outside.) A label
+    that names a module below the nested call's module is made relative to it
+    (``model.layers.0.self_attn.q_proj`` → ``q_proj``). ``children`` as :func:`build` made them
+    (:class:`Children`) are shared out before the cap, and the cap is then applied to what stays
+    and to each nested call's spans. Returns what stays.
     """
-    if not nested or not children:
+    limit = children.limit if isinstance(children, Children) else None
+    full = children.uncapped if isinstance(children, Children) else children
+    if not nested or not full:
         return children
-    target = [-1] * len(children)
-    for k, child in enumerate(children):
+    target = [-1] * len(full)
+    for k, child in enumerate(full):
         p = child.parent
         if p >= 0 and target[p] >= 0:
             target[k] = target[p]  # below a span that moved: goes with it
-        elif child.attributes.get(_KIND) == "cpu_op":
-            mid = (child.start_ns + child.end_ns) // 2
+        elif child.attributes.get(_KIND) == _CPU_OP:
+            start = child.start_ns
             for r, res in enumerate(nested):
-                if res.start_ns <= mid <= res.end_ns:
+                if res.start_ns <= start <= res.end_ns:
                     target[k] = r
                     break
     if all(t < 0 for t in target):
         return children
     new_index: dict[int, int] = {}
     stay: list[ChildSpan] = []
-    for k, child in enumerate(children):
+    dests: dict[int, list[ChildSpan]] = {}
+    for k, child in enumerate(full):
         r = target[k]
         if r < 0:
             new_index[k] = len(stay)
             stay.append(child._replace(parent=new_index.get(child.parent, -1)))
             continue
-        dest = nested[r].children
+        dest = dests.get(r)
+        if dest is None:
+            before = nested[r].children
+            dest = dests[r] = list(before.uncapped if isinstance(before, Children) else before)
         parent = new_index[child.parent] if child.parent >= 0 and target[child.parent] == r else -1
-        if child.attributes.get(_KIND) == "cpu_op":
+        if child.attributes.get(_KIND) == _CPU_OP:
             # into the nested span (its clock and the profiler's differ by microseconds)
             lo, hi = ((dest[parent].start_ns, dest[parent].end_ns) if parent >= 0
                       else (nested[r].start_ns, nested[r].end_ns))
             start = min(max(child.start_ns, lo), hi)
-            child = child._replace(start_ns=start, end_ns=min(max(child.end_ns, start), hi))
+            child = child._replace(start_ns=start, end_ns=min(max(child.end_ns, start), hi),
+                                   name=_relative(child.name, nested[r]))
         new_index[k] = len(dest)
         dest.append(child._replace(parent=parent))
-    for r in set(target) - {-1}:
-        _own_times(nested[r].children)
-    return stay
+    for r, dest in dests.items():
+        _own_times(dest)
+        nested[r].children = Children.of(dest, limit) if limit is not None else dest
+    _own_times(stay)
+    return Children.of(stay, limit) if limit is not None else stay
 
 
-def _own_times(spans: list[ChildSpan]) -> None:
-    """``self_ns`` of each op span again: its time minus its children's (after clamping)."""
+def _relative(name: str, res: Any) -> str:
+    """``op (a.b.c)`` → ``op (c)`` in a nested span whose module is ``a.b``."""
+    attrs = getattr(res, "attrs", None)
+    module = attrs.get(_MODULE) if isinstance(attrs, dict) else None
+    if not isinstance(module, str) or not module or not name.endswith(")"):
+        return name
+    mark = f" ({module}."
+    at = name.find(mark)
+    if at < 0:
+        return name
+    return f"{name[:at]} ({name[at + len(mark):]}"
+
+
+def _own_times(spans: Iterable[ChildSpan]) -> None:
+    """``self_ns`` of each op span again: its time minus its child op spans' (after clamping)."""
+    spans = list(spans)
     own = [c.end_ns - c.start_ns for c in spans]
     for c in spans:
-        if c.parent >= 0 and c.attributes.get(_KIND) == "cpu_op":
+        if c.parent >= 0 and c.attributes.get(_KIND) == _CPU_OP:
             own[c.parent] -= c.end_ns - c.start_ns  # GPU activities run beside, not inside
     for k, c in enumerate(spans):
         if _SELF_NS in c.attributes:
