@@ -49,26 +49,38 @@ def attribute(key: str, type_: str, unit: str, brief: str) -> Attribute:
 _NS, _BY, _TOKEN = "ns", "By", "{token}"
 
 # ---- every sampled call
-TIER = attribute("tier", "string", "", "timing or profile")
+TIER = attribute("tier", "string", "",
+                 "timing or profile (inside a profiled call: timing, see profiled_by)")
 SAMPLE_RATE = attribute("sample_rate", "float", "1", "the probability that produced the span")
 WALL_NS = attribute("wall_ns", "int", _NS, "host wall time of the call")
 HOST_RSS_BYTES = attribute("memory.host_rss_bytes", "int", _BY, "process resident set size")
 TOKENS = attribute("tokens", "int", _TOKEN, "query tokens processed, padding excluded")
 # OpenTelemetry's own name, set on a call site by capture and instrument
 CODE_FUNCTION_NAME = Attribute("code.function.name", "string", "", "the traced function")
+SUMMARY = attribute("summary", "string", "",
+                    "the span's figures for a person to read, in units (the exact ones stay)")
 
 # ---- attention inputs (derived by the worker)
 DEVICE = attribute("device", "string", "", "the inputs' device")
 DTYPE = attribute("dtype", "string", "", "the inputs' dtype")
 BATCH_SIZE = attribute("batch_size", "int", "", "B")
 NUM_HEADS = attribute("num_heads", "int", "", "query heads")
-NUM_KV_HEADS = attribute("num_kv_heads", "int", "", "key/value heads")
+NUM_KV_HEADS = attribute("num_kv_heads", "int", "", "key/value heads the call received")
+KV_REPEATED_FROM = attribute("kv_repeated_from", "int", "",
+                             "the enclosing layer's num_kv_heads, K/V repeated from them")
 HEAD_DIM = attribute("head_dim", "int", "", "D")
 SEQ_LEN_Q = attribute("seq_len_q", "int", _TOKEN, "query length")
 SEQ_LEN_KV = attribute("seq_len_kv", "int", _TOKEN, "key/value length")
 CAUSAL = attribute("causal", "bool", "", "whether the attention is causal")
 FLOPS = attribute("flops", "int", "{FLOP}", "attention FLOPs (QKᵀ and PV)")
-TFLOPS = attribute("tflops", "float", "TFLOP/s", "achieved rate over the call's time")
+BYTES = attribute("bytes", "int", _BY,
+                  "least bytes the attention core moves: Q, K, V, mask read once, O written")
+KV_BYTES_READ = attribute("kv_bytes_read", "int", _BY,
+                          "decode: the K and V bytes read, the whole cache, padding excluded")
+ARITHMETIC_INTENSITY = attribute("arithmetic_intensity", "float", "{FLOP}/By",
+                                 "flops over bytes: where the call sits on a roofline")
+TFLOPS = attribute("tflops", "float", "TFLOP/s",
+                   "flops over the call's own time: device_ns when measured, else wall_ns")
 TOKENS_PER_S = attribute("tokens_per_s", "float", "{token}/s", "tokens over the call's time")
 SLIDING_WINDOW = attribute("sliding_window", "int", _TOKEN, "the band's width of a windowed mask")
 KV_CACHE_LEN = attribute("kv_cache_len", "int", _TOKEN, "tokens cached before the call")
@@ -84,6 +96,8 @@ MODULE = attribute("module", "string", "", "module path")
 MODULE_CLASS = attribute("module_class", "string", "", "the module's class")
 LAYER_INDEX = attribute("layer_index", "int", "", "the layer's index in its path")
 FUSED = attribute("fused", "string", "", "attention+feed_forward: one fused kernel ran the layer")
+IMPLEMENTATION = attribute("implementation", "string", "",
+                           "the attention implementation the module's config names (sdpa, eager)")
 
 # ---- device time and memory
 DEVICE_NS = attribute("device_ns", "int", _NS, "GPU time between two CUDA events")
@@ -96,13 +110,17 @@ KERNEL_COUNT = attribute("kernel.count", "int", "", "kernels (CUDA) or ATen ops 
 KERNEL_TOTAL_NS = attribute("kernel.total_ns", "int", _NS, "their summed time")
 KERNEL_TOP_NAMES = attribute("kernel.top_names", "string[]", "", "the 5 with the most time")
 KERNEL_TOP_NS = attribute("kernel.top_ns", "int[]", _NS, "their times")
+KERNEL_TOP = attribute("kernel.top", "string[]", "", "the same 5 as \"name: time\"")
+PROFILED_BY = attribute("profiled_by", "string", "",
+                        "enclosing: timed inside a profiled call, its ops from that profile")
 KERNEL_FOLDED = attribute("kernel.folded", "int", "", "ops folded into the span's own time")
 BACKEND = attribute("backend", "string", "", "the attention backend that ran")
 LAUNCH_OVERHEAD_NS = attribute("launch_overhead_ns", "int", _NS, "CPU window without GPU work")
 PROFILE_PATH = attribute("profile.path", "string", "", "the call's Chrome trace")
 CORE_NS = attribute("core_ns", "int", _NS, "time of the attention core")
 PROJECTION_NS = attribute("projection_ns", "int", _NS, "time of the projections")
-CORE_TFLOPS = attribute("core_tflops", "float", "TFLOP/s", "flops over core_ns")
+CORE_TFLOPS = attribute("core_tflops", "float", "TFLOP/s",
+                        "flops over core_ns, the attention core's time in the profile")
 HOST_SYNCS = attribute("host_syncs", "int", "", "host waits in the call")
 HOST_SYNC_OPS = attribute("host_sync_ops", "string[]", "", "the names behind host_syncs")
 MEMCPY_NS = attribute("memcpy_ns", "int", _NS, "copy time")

@@ -39,7 +39,9 @@ COUNT_KEYS = ("captured", "emitted", "dropped_queue_full", "dropped_trace_cap", 
               "pending", "worker_errors", "exported", "export_failed", "export_dropped",
               "export_in_flight")
 
-_PROFILE_SKIP_REASONS = ("warming", "user_profiler", "busy", "sync_debug", "error")
+# "nested": attnscope's own session was running on this thread (a traced call inside a profiled
+# one), not the user's profiler
+_PROFILE_SKIP_REASONS = ("warming", "user_profiler", "nested", "busy", "sync_debug", "error")
 
 
 class ProfilerState:

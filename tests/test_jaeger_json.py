@@ -550,3 +550,18 @@ def test_the_merge_widens_a_step_root_over_every_ranks_spans(tmp_path: Path) -> 
     assert (root["startTime"], root["duration"]) == (900, 2000)
     # the files themselves are left as written
     assert json.loads(files[0].read_text())["data"][0]["spans"][0]["startTime"] == 1000
+
+
+def test_summaries_in_the_file_read_as_their_exact_attributes(tmp_path: Path) -> None:
+    """Issue 24 §4: one attnscope.summary per span, in units, agreeing with the exact attributes
+    beside it; kernel.top as "name: time"; shapes as one compact string."""
+    pytest.importorskip("transformers")
+    from tests.support.helpers import check_summary_trace, summary_trace
+
+    rows, shape = summary_trace(tmp_path / "t.json", "jaeger-json")
+    check_summary_trace(rows, shape)
+    raw = json.loads((tmp_path / "t.json").read_text())
+    tagged = [t for tr in raw["data"] for s in tr["spans"] for t in s["tags"]
+              if t["key"] == "attnscope.summary"]
+    spans = [s for tr in raw["data"] for s in tr["spans"]]
+    assert len(tagged) == len(spans) and all(t["type"] == "string" for t in tagged)

@@ -274,3 +274,17 @@ def test_a_deleted_or_replaced_file_is_not_written_into(tmp_path: Path) -> None:
     assert exporter.force_flush() is False
     exporter.shutdown()
     assert not directory.exists()
+
+
+def test_summaries_in_the_file_read_as_their_exact_attributes(tmp_path: Path) -> None:
+    """Issue 24 §4 in the OTLP/JSON path: the same summaries and kernel list as Jaeger JSON's."""
+    pytest.importorskip("transformers")
+    from tests.support.helpers import check_summary_trace, summary_trace
+
+    rows, shape = summary_trace(tmp_path / "t.jsonl", "otlp-json")
+    check_summary_trace(rows, shape)
+    spans = [s for line in (tmp_path / "t.jsonl").read_text().splitlines() if line.strip()
+             for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"]
+             for s in ss["spans"]]
+    assert spans and all(any(a["key"] == "attnscope.summary" for a in s["attributes"])
+                         for s in spans)

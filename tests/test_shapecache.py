@@ -37,7 +37,7 @@ from attnscope.worker.latency import Escalator
 
 SETTINGS: dict[str, Any] = {"sample_rate": 1.0, "warmup_calls": 0, "overhead_budget": 1.0,
                             "profile_rate": 0.0, "metrics": False}
-_PER_CALL = ("_ns", "tflops", "tokens_per_s", "host_rss_bytes")
+_PER_CALL = ("_ns", "tflops", "tokens_per_s", "host_rss_bytes", "summary")
 
 
 @attnscope.trace

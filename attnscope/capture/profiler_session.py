@@ -62,7 +62,7 @@ def start(device: Any) -> ProfileSession | None:
         warm_up_async(cuda=on_cuda)
         return None
     if p.foreign or _user_profiler_active():
-        _skip("user_profiler")
+        _skip(_whose_profiler(p))
         return None
     if on_cuda and _sync_debug_on():
         _skip("sync_debug")  # stopping CUPTI needs a stream sync, which the user asked to flag
@@ -140,6 +140,16 @@ def _user_profiler_active() -> bool:
                     or p.torch._C._autograd._profiler_enabled())
     except Exception:
         return True
+
+
+def _whose_profiler(p: Any) -> str:
+    """Why a running profiler keeps this call out (skip branch only): attnscope's own session,
+    this thread's (a traced call inside a profiled one: ``nested``, its ops are in that call's
+    profile) or another thread's (``busy``); else the user's."""
+    owner = p.owner
+    if p.foreign or owner is None:
+        return "user_profiler"
+    return "nested" if owner == threading.get_ident() else "busy"
 
 
 def _sync_debug_on() -> bool:

@@ -25,10 +25,23 @@ from ..record.capture import (
     TensorMeta,
     find_qkv,
 )
-from ..instrumentation.facts import head_info
+from ..instrumentation.facts import TRAITS_KEY, LayerTraits, head_info
 from ..record.reduce import generated_numbers
 from .derived import ARGUMENTS, HIDDEN, LAYER, MODEL, Derived
-from .masks import MaskCounts, MaskReading, counts_of, pairs_upto, positions_tokens, read_counts
+from .traffic import attention_traffic
+from .masks import (
+    MaskCounts,
+    MaskReading,
+    band_pairs,
+    blocked_tokens,
+    chunked_pairs,
+    counts_of,
+    left_padding,
+    pairs_upto,
+    positions_tokens,
+    read_counts,
+    shown_pairs,
+)
 
 __all__ = ["derive", "causal_pairs", "window_pairs", "attention_flops", "count_tokens",
            "host_rss_bytes", "host_readable"]
@@ -101,7 +114,8 @@ def derive(summary_list: Sequence[tuple[str, Any]], instance: Any = None,
     summary = dict(summary_list)
     facts = summary.get(ATTENTION_KEY)
     if isinstance(facts, AttentionFacts):
-        return derive_attention(facts)
+        traits = summary.get(TRAITS_KEY)
+        return derive_attention(facts, traits if isinstance(traits, LayerTraits) else None)
     model = summary.get(MODEL_KEY)
     if isinstance(model, ModelFacts):
         return derive_model(model)
@@ -172,12 +186,48 @@ def _qkv_attributes(out: Derived, qkv: tuple[TensorMeta, TensorMeta, TensorMeta]
         out.flops = attention_flops(b, hq, sq, skv, d, dv, bool(causal), window)
     if isinstance(mask, (torch.Tensor, TensorMeta, HostCopy)):
         _mark_mask(out, mask, counts, reading, hq)
+    if out.exact is None:
+        _traffic(out, (b, hq, hkv, sq, skv, d, dv), _dtype_name(k.dtype), bool(causal), mask,
+                 ignores, counts, real, reading, None)
     if counts is not None:
         if real is not None:
             out.tokens = real
     else:
         _tokens(out, mask, b, sq, ignores)
     return causal
+
+
+def _traffic(out: Derived, dims: tuple[int, int, int, int, int, int, int], kv_dtype: str | None,
+             causal: bool, mask: Any, ignores: bool, counts: MaskCounts | None, real: int | None,
+             reading: MaskReading | None, chunk: int | None) -> None:
+    """Least bytes, the decode KV read and FLOPs/bytes (:mod:`.traffic`), for a call whose FLOPs
+    are exact. ``dims``: (B, Hq, Hkv, Sq, Skv, Dk, Dv). A mask's rows and keys come from its
+    counts where they decide them (decode: the one query reads the keys it sees; Sq = Skv: each
+    real query sees itself), else from a host mask's left padding over a causal band; a mask of
+    another kind, or whose layout capture did not record (a CUDA mask today), leaves them out."""
+    b, hq, hkv, sq, skv, d, dv = dims
+    counted = pads = shape = mask_dtype = None
+    if mask is not None:
+        meta = mask if isinstance(mask, (torch.Tensor, TensorMeta)) else None
+        if meta is None or len(meta.shape) < 2:
+            return
+        shape, mask_dtype = tuple(meta.shape), _dtype_name(meta.dtype)
+        shown = shown_pairs(counts) if counts is not None else None
+        if real is not None and sq == skv:
+            counted = (real, real)
+        elif real is not None and shown is not None and sq == 1 and (
+                len(shape) < 4 or shape[1] == 1):
+            counted = (real, shown // hq)
+        elif isinstance(mask, torch.Tensor) and reading is not None and reading.causal:
+            pads = left_padding(mask, ignores, b)
+        if counted is None and pads is None:
+            return
+    t = attention_traffic(b, hq, hkv, sq, skv, d, dv, out.dtype, kv_dtype=kv_dtype,
+                          causal=causal, window=out.sliding_window,
+                          chunk=chunk if counted is None else None, left_padding=pads,
+                          counted=counted, mask_shape=shape, mask_dtype=mask_dtype,
+                          mask=mask is not None, decode=out.phase == "decode", flops=out.flops)
+    out.bytes_moved, out.kv_bytes_read, out.arithmetic_intensity = t
 
 
 def _tokens(out: Derived, mask: Any, batch: int, sq: int, ignores: bool = False) -> None:
@@ -250,12 +300,15 @@ def _as_int(value: Any) -> int | None:
     return None
 
 
-def derive_attention(f: AttentionFacts) -> Derived:
+def derive_attention(f: AttentionFacts, traits: LayerTraits | None = None) -> Derived:
     """Span attributes of one attention layer call (QK^T and PV only; projections excluded).
 
     Causality, the window and the visible pairs come from the mask the layer received when it
     has a query axis (see :mod:`.masks`); the module's attributes only when there is none.
+    ``traits``: what the layer's structure adds (chunked attention: :func:`_chunked`; blocks
+    of its own: :func:`_banded`; an encoder layer: not causal on a one-query step).
     """
+    chunk, band = (traits.chunk, traits.band) if traits is not None else (None, None)
     b, sq = f.batch, f.seq_q
     past = _as_int(f.past)
     # a cache length on the device whose copy was not read (timed out): the keys are unknown
@@ -266,7 +319,8 @@ def derive_attention(f: AttentionFacts) -> Derived:
               if self_mask else None)
     reading, real = (None, None) if counts is None else read_counts(
         counts, b, f.heads, sq, skv if keys_known else None)
-    causal, window, mask_pairs = _structure(f, reading)
+    causal, window, mask_pairs = _structure(f, reading,
+                                            traits is not None and traits.bidirectional)
     out = Derived(batch_size=b, seq_len_q=sq, causal=causal, order=LAYER)
     if keys_known:
         out.seq_len_kv = skv
@@ -289,10 +343,20 @@ def derive_attention(f: AttentionFacts) -> Derived:
             out.flops = attention_flops(b, f.heads, sq, skv, f.head_dim, dv, causal, window)
         if f.key_cap is not None and keys_known and skv > f.key_cap:
             _cap_keys(out, f, reading, real, causal, window, skv, dv)
+    if band is not None and keys_known and _banded(out, f, band, skv):
+        return out
     if not keys_known:
         out.inexact("cache_unread")
+    elif chunk is not None and self_mask and _chunked(out, f, counts, real, chunk, skv, past):
+        pass  # the chunk layout counted (or marked) from the mask
     elif self_mask or isinstance(f.mask, TensorMeta):
         _mark_mask(out, f.mask, counts, reading, f.heads)
+    if (keys_known and f.heads and f.head_dim and out.exact is None and out.flops is not None
+            and not (f.key_cap is not None and skv > f.key_cap) and (
+                f.mask is None or f.seq_kv is None)):
+        _traffic(out, (b, f.heads, f.kv_heads or f.heads, sq, skv, f.head_dim,
+                       f.head_dim_v or f.head_dim), None, causal, f.mask, f.mask_ignores, counts,
+                 real, reading, chunk)
     if isinstance(f.mask, TensorMeta):  # a mask over the keeping budget: padding unknown
         return out
     if f.mask is None or f.seq_kv is not None:
@@ -327,6 +391,63 @@ def _cap_keys(out: Derived, f: AttentionFacts, reading: MaskReading | None, real
     out.flops = 2 * pairs * (f.head_dim + dv)
 
 
+def _banded(out: Derived, f: AttentionFacts, band: tuple[int, int], skv: int) -> bool:
+    """FLOPs of a layer that splits its sequence into blocks and lets each query see the keys
+    within ``radius`` of it, plus one summary key per ``globals`` tokens (LongT5's local and
+    transient-global encoder attention): the two-sided band's pairs plus every query's global
+    keys (padding does not reduce FLOPs; the rows that pad the last block are not queries).
+    True: the tokens were counted too, from a blocked host mask (a local layer's); False: the
+    mask, if any, is left to the usual reading (a transient-global layer's padding mask), or to
+    its mark (a blocked mask on a device: no token count)."""
+    radius, globals_every = band
+    if not f.heads or not f.head_dim or f.seq_kv is not None:
+        return False
+    dims = f.head_dim + (f.head_dim_v or f.head_dim)
+    keys = band_pairs(f.seq_q, skv, -radius, radius)
+    if globals_every:
+        keys += f.seq_q * (skv // globals_every)
+    out.flops = 2 * f.batch * f.heads * keys * dims
+    out.sliding_window = 2 * radius + 1
+    tokens = (blocked_tokens(f.mask, f.mask_ignores, f.batch)
+              if isinstance(f.mask, torch.Tensor) else None)
+    if tokens is None:
+        return False
+    out.tokens = tokens
+    return True
+
+
+def _chunked(out: Derived, f: AttentionFacts, counts: MaskCounts | None, real: int | None,
+             chunk: int, skv: int, past: int | None) -> bool:
+    """FLOPs of a chunked layer (Llama 4) from the mask it received; False: not counted here.
+
+    The mask's pairs cannot be read as a band (a chunk boundary hides older keys of the same
+    row), so they are counted one by one. With every query real those are the pairs the layer
+    computes: at decode the keys of the query's chunk, which left padding never reaches (the
+    chunks start at each row's first real token). Padded query rows are computed over the
+    padded chunk layout like any padded position (padding does not reduce FLOPs): counted by
+    :func:`.masks.chunked_pairs` from each row's left padding, read from a first call's host
+    mask; otherwise (a device mask's counts, padded queries over a cache) the figure is the
+    causal count, an upper bound, marked ``mask_unread``.
+    """
+    shown = shown_pairs(counts) if counts is not None else None
+    if shown is None or not f.heads or not f.head_dim:
+        return False
+    dims = f.head_dim + (f.head_dim_v or f.head_dim)
+    if real == f.batch * f.seq_q:
+        out.flops = 2 * shown * dims
+        return True
+    rows = (left_padding(f.mask, f.mask_ignores, f.batch)
+            if not past and isinstance(f.mask, torch.Tensor) else None)
+    if rows is None:
+        out.flops = attention_flops(f.batch, f.heads, f.seq_q, skv, f.head_dim,
+                                    f.head_dim_v or f.head_dim, True)
+        out.inexact("mask_unread")
+        return True
+    pairs = sum(chunked_pairs(f.seq_q, skv, chunk, shift) for shift in rows)
+    out.flops = 2 * f.heads * pairs * dims
+    return True
+
+
 def _mark_mask(out: Derived, mask: Any, counts: MaskCounts | None,
                reading: MaskReading | None, heads: int | None) -> None:
     """Mark ``out`` inexact when a self-attention mask was given but not read: its FLOPs then
@@ -339,7 +460,8 @@ def _mark_mask(out: Derived, mask: Any, counts: MaskCounts | None,
         out.inexact("mask_unread")
 
 
-def _structure(f: AttentionFacts, reading: MaskReading | None) -> tuple[bool, int | None, bool]:
+def _structure(f: AttentionFacts, reading: MaskReading | None,
+               bidirectional: bool = False) -> tuple[bool, int | None, bool]:
     """(causal, window, the mask's pairs hold): what the mask shows, else the module's attributes.
 
     A causal layer that declares a narrower window than its mask shows applies it itself (GPT-Neo's
@@ -348,11 +470,13 @@ def _structure(f: AttentionFacts, reading: MaskReading | None) -> tuple[bool, in
     if f.causal_apart:  # the mask holds padding only: the layer applies causality on its own
         return f.causal, f.window if f.causal else None, False
     causal = f.causal if reading is None or reading.causal is None else reading.causal
-    if not causal and (reading is None or reading.causal is None) and f.cached \
-            and f.seq_kv is None and f.seq_q == 1:
+    if not causal and not bidirectional and (reading is None or reading.causal is None) \
+            and f.cached and f.seq_kv is None and f.seq_q == 1:
         # One query over the keys a cache holds: a mask cannot show causality there (the query
         # sees every key either way), and a self-attention keeps a cache to decode token by
-        # token, which is causal (XGLM, MVP, NLLB-MoE: no is_causal attribute, the mask is it).
+        # token, which is causal (XGLM, MVP, NLLB-MoE: no is_causal attribute, the mask is it);
+        # not an encoder's layer given a cache (BERT-style models run as causal LMs without
+        # is_decoder=True), bidirectional on its multi-token calls too.
         causal = True
     own = f.window if causal and f.window else None
     if reading is not None and reading.window is not None:

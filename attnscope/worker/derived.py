@@ -36,10 +36,10 @@ INEXACT_REASONS = ("mask_not_kept", "mask_unread", "cache_unread", "layer_narrow
 # The emission orders, one per way derive reads a call (field names).
 LAYER = ("batch_size", "seq_len_q", "causal", "seq_len_kv", "dtype", "device", "kv_cache_len",
          "phase", "num_heads", "num_kv_heads", "head_dim", "sliding_window", "flops", "tokens",
-         "exact", "inexact_reason")
+         "exact", "inexact_reason", "bytes_moved", "kv_bytes_read", "arithmetic_intensity")
 ARGUMENTS = ("batch_size", "num_heads", "num_kv_heads", "head_dim", "seq_len_q", "seq_len_kv",
              "dtype", "device", "sliding_window", "flops", "tokens", "causal", "exact",
-             "inexact_reason")
+             "inexact_reason", "bytes_moved", "kv_bytes_read", "arithmetic_intensity")
 HIDDEN = ("batch_size", "seq_len_q", "dtype", "device", "num_heads", "num_kv_heads", "head_dim",
           "tokens", "causal")
 MODEL = ("batch_size", "seq_len_q", "tokens", "kv_cache_len", "seq_len_kv", "phase",
@@ -53,6 +53,8 @@ _ATTRIBUTE = {
     "tokens": schema.TOKENS, "kv_cache_len": schema.KV_CACHE_LEN, "phase": schema.PHASE,
     "input_tokens": schema.INPUT_TOKENS, "output_tokens": schema.OUTPUT_TOKENS,
     "exact": schema.EXACT, "inexact_reason": schema.INEXACT_REASON,
+    "bytes_moved": schema.BYTES, "kv_bytes_read": schema.KV_BYTES_READ,
+    "arithmetic_intensity": schema.ARITHMETIC_INTENSITY,
 }
 _NAME_OF = {f: a.name for f, a in _ATTRIBUTE.items()}
 _FIELD_OF = {a.key: f for f, a in _ATTRIBUTE.items()}
@@ -79,6 +81,9 @@ class Derived:
     phase: str | None = None
     input_tokens: int | None = None  # gen_ai.usage.input_tokens
     output_tokens: int | None = None  # gen_ai.usage.output_tokens
+    bytes_moved: int | None = None  # attnscope.bytes (worker/traffic.py)
+    kv_bytes_read: int | None = None
+    arithmetic_intensity: float | None = None
     # Set only when a figure could not be established (never "exact=True": a family handled
     # exactly carries neither); the reason is one of INEXACT_REASONS.
     exact: bool | None = None

@@ -16,12 +16,13 @@ from typing import Any
 
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, Link, SpanContext
 
-from .. import _dist
+from .. import _dist, _log
 from .. import _schema as schema
 from ..record.capture import TIER_NAMES, Capture
 from .derived import Measured, clean, sig4
 from .emit import Emitter, span_name
 from .profiles.optree import ChildSpan, hand_down
+from .readable import Summaries, op_summary
 from .steps import StepTraces, configured_run_id
 
 __all__ = ["SpanBuilder", "Result", "result_of", "capture_attributes", "site_attributes",
@@ -47,6 +48,43 @@ _RANK = schema.RANK.name
 _PHASE = schema.PHASE.name
 _MODULE = schema.MODULE.name
 _PHASES = frozenset(("prefill", "decode"))
+_IMPLEMENTATION, _BACKEND = schema.IMPLEMENTATION.name, schema.BACKEND.name
+_NUM_HEADS, _NUM_KV_HEADS = schema.NUM_HEADS.name, schema.NUM_KV_HEADS.name
+_KV_REPEATED_FROM, _PROFILED_BY = schema.KV_REPEATED_FROM.name, schema.PROFILED_BY.name
+_SUMMARY = schema.SUMMARY.name
+# what an implementation's name may hold (transformers: "sdpa", "flash_attention_2", a hub
+# kernel "kernels-community/flash-attn3"): anything else is not a name, and not put in one
+_IMPL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./:")
+_IMPL_MAX = 48
+
+
+def _implementation(instance: Any) -> str | None:
+    """The attention implementation an instrumented module's config names (transformers'
+    ``config._attn_implementation``: ``eager``, ``sdpa``, ...), read when the worker builds the
+    span; None when there is none, or it is not a short plain name."""
+    try:
+        impl = getattr(getattr(instance, "config", None), "_attn_implementation", None)
+    except Exception:  # a config's own property that raises: no implementation
+        return None
+    if type(impl) is str and 0 < len(impl) <= _IMPL_MAX and _IMPL_CHARS.issuperset(impl):
+        return impl
+    return None
+
+
+def _name_suffix(attrs: dict[str, Any]) -> str:
+    """What an instrumented layer's or model forward's span name ends with: `` (phase,
+    implementation)``, either alone, or nothing. The implementation is the module config's,
+    else, on a profiled attention call, the backend that ran. A span() block, a traced function
+    and generate() keep their names."""
+    if _MODULE not in attrs:
+        return ""
+    phase = attrs.get(_PHASE)
+    parts = [phase] if phase in _PHASES else []
+    if parts or _NUM_HEADS in attrs:
+        impl = attrs.get(_IMPLEMENTATION) or attrs.get(_BACKEND)
+        if isinstance(impl, str) and impl:
+            parts.append(impl)
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def capture_attributes(cap: Capture, shape: dict[str, Any], found: Measured,
@@ -62,6 +100,10 @@ def capture_attributes(cap: Capture, shape: dict[str, Any], found: Measured,
     attrs[_SAMPLE_RATE] = float(cap.sample_rate)
     attrs.update(shape)
     found.add_to(attrs)
+    if cap.instance is not None and _MODULE in attrs:
+        impl = _implementation(cap.instance)
+        if impl is not None:
+            attrs[_IMPLEMENTATION] = impl
     if cap.extra:  # span() attributes, already under their final names
         for key, value in cap.extra.items():
             if value is not None:
@@ -94,17 +136,15 @@ class Result:
     """What the worker made of one capture: all its span needs, and no live handle."""
 
     __slots__ = ("capture_id", "parent_id", "name", "otel_parent", "start_ns", "end_ns", "attrs",
-                 "children", "error", "added", "link_id", "step_no")
+                 "children", "error", "added", "link_id", "step_no", "kept")
 
     def __init__(self, cap: Capture, attrs: dict[str, Any], children: list[ChildSpan]) -> None:
         self.capture_id = cap.capture_id
         self.parent_id = cap.parent_id
-        name = cap.name
-        phase = attrs.get(_PHASE)
-        # an instrumented layer's (or model's) prefill and decode calls told apart in a search
-        # list; a span() block keeps the name its code gave
-        if phase in _PHASES and _MODULE in attrs:
-            name = f"{name} ({phase})"
+        # an instrumented layer's (or model's) prefill and decode calls, eager and sdpa, told
+        # apart in a search list (backends index names: bounded, no shapes or numbers)
+        suffix = _name_suffix(attrs)
+        name = f"{cap.name}{suffix}" if suffix else cap.name
         self.name = span_name(name)  # a str, capped: an exporter could refuse the batch
         self.otel_parent = cap.otel_parent
         self.start_ns = cap.start_epoch_ns
@@ -116,11 +156,36 @@ class Result:
         # a call profiled after a slow one links to the slow call's span (capture.grants)
         self.link_id = cap.grant.link if cap.grant is not None else None
         self.step_no = cap.step_no
+        # (derive's attributes, the site's) when they alone decide the summary's kept texts
+        self.kept: tuple[Any, Any] | None = None
+
+
+def _tell_nested(parent: dict[str, Any], nested: list[Result]) -> None:
+    """What the calls nested in ``parent``'s call say that their own figures cannot: a call
+    timed inside a profiled one (at any depth) has its ops from that profile (``profiled_by``:
+    the nested call found attnscope's profiler running, ``profile_skipped_nested``), and a kernel
+    that got K/V repeated to more heads than its layer has names the layer's count
+    (``kv_repeated_from``: ``num_kv_heads`` stays what the kernel received)."""
+    profiled = parent.get(_TIER) == "profile" or _PROFILED_BY in parent
+    heads, kv = parent.get(_NUM_HEADS), parent.get(_NUM_KV_HEADS)
+    kv_heads = kv if _MODULE in parent and type(heads) is int and type(kv) is int and kv > 0 \
+        else 0
+    for child in nested:
+        attrs = child.attrs
+        if profiled and attrs.get(_TIER) == "timing":
+            attrs[_PROFILED_BY] = "enclosing"
+        if kv_heads and _MODULE not in attrs and attrs.get(_NUM_HEADS) == heads:
+            got = attrs.get(_NUM_KV_HEADS)
+            if type(got) is int and got > kv_heads and got % kv_heads == 0:
+                attrs[_KV_REPEATED_FROM] = kv_heads
 
 
 def result_of(cap: Capture, shape: dict[str, Any], found: Measured, children: list[ChildSpan],
               site_attrs: dict[str, Any] | None = None) -> Result:
-    return Result(cap, capture_attributes(cap, shape, found, site_attrs), children)
+    result = Result(cap, capture_attributes(cap, shape, found, site_attrs), children)
+    if site_attrs is not None and not cap.extra:
+        result.kept = (shape, site_attrs)
+    return result
 
 
 _CUT = "cut"  # the capture's span was not emitted (per-trace cap): its subtree is cut too
@@ -141,6 +206,7 @@ class SpanBuilder:
         self._stash: dict[int, list[Result]] = {}
         self._per_trace: OrderedDict[int, int] = OrderedDict()
         self.steps: StepTraces | None = None  # made by the first call under attnscope.step()
+        self._summaries = Summaries()  # the attnscope.summary texts kept per shape
         # A rank of a job puts its rank on every span (Jaeger groups its statistics by span tags,
         # and a process tag is not one): read once, as the worker starts under torchrun's RANK.
         self._rank = _dist.rank() if _dist.world_size() > 1 else None
@@ -210,6 +276,13 @@ class SpanBuilder:
         emit = self.emitter.emit
         if self._rank is not None:
             item.attrs[_RANK] = self._rank
+        nested = self._stash.get(item.capture_id)
+        if nested:
+            _tell_nested(item.attrs, nested)
+        try:
+            item.attrs[_SUMMARY] = self._summaries.call(item.attrs, item.kept)
+        except Exception as exc:  # the span goes out without it
+            _log.internal_error("summary", exc)
         sc = emit(item.name, target, item.attrs, item.start_ns, item.end_ns, links, item.error)
         if sc is None:
             sc = INVALID_SPAN_CONTEXT
@@ -239,6 +312,10 @@ class SpanBuilder:
         for child in children:
             parent = built[child.parent] if 0 <= child.parent < len(built) else sc
             attrs = child.attributes
+            try:
+                attrs[_SUMMARY] = op_summary(attrs, child.end_ns - child.start_ns)
+            except Exception as exc:  # the span goes out without it
+                _log.internal_error("summary", exc)
             if self._rank is not None:
                 attrs = {**attrs, _RANK: self._rank}
             built.append(self.emitter.emit(child.name, parent, attrs, child.start_ns,
