@@ -294,9 +294,15 @@ def _is_chrome_trace(doc: Any) -> bool:
         isinstance(e, dict) and "ph" in e for e in doc[:10])
 
 
+# attnscope's own string attributes: text that looks like a JSON list (``kernel.input_shapes``,
+# ``[2,24]``) stays text, as it is in OTLP
+_STRINGS = frozenset(a.name for a in schema.ATTRIBUTES if a.type == "string")
+
+
 def _jaeger_value(tag: Mapping[str, Any]) -> Any:
     value = tag.get("value")
-    if tag.get("type") == "string" and isinstance(value, str) and value.startswith("["):
+    if tag.get("type") == "string" and isinstance(value, str) and value.startswith("[") \
+            and tag.get("key") not in _STRINGS:
         try:  # the Jaeger exporter writes list attributes as JSON text
             decoded = json.loads(value)
         except ValueError:

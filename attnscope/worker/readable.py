@@ -237,10 +237,10 @@ def _marks(attrs: dict[str, Any]) -> str:
 
 
 def compact_shapes(text: str) -> str:
-    """``kernel.input_shapes`` (``[[2, 64], [384, 256], []]``) as ``[2,64] [384,256] []``."""
-    text = text.replace(" ", "")
+    """``kernel.input_shapes`` as ``[2,64] [384,256]`` (its own form; a nested list such as
+    ``[[2, 64], [384, 256]]``, from an older parser or a test, is rewritten to it)."""
     if text.startswith("[[") and text.endswith("]]"):
-        return text[1:-1].replace("],[", "] [")
+        return text.replace(" ", "")[1:-1].replace("],[", "] [")
     return text
 
 

@@ -447,8 +447,9 @@ def from_kineto(result: Any, marker: str, *, inputs: bool = True) -> list[RawEve
         thread = 0
         if kind == KIND_CPU_OP:
             try:
-                found = [s for s in ev.shapes() if s]
-                shapes = str(found)[:256] if found else ""
+                # one compact string: Jaeger draws a JSON-looking list as a tree many lines tall
+                shapes = " ".join("[" + ",".join(map(str, s)) + "]"
+                                  for s in ev.shapes() if s)[:256]
             except Exception:
                 shapes = ""
             try:
