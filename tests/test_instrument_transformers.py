@@ -158,10 +158,15 @@ def test_generate_eight_tokens_phases_growing_kv_and_usage() -> None:
     assert [f.attributes["attnscope.phase"] for f in forwards] == ["prefill"] + ["decode"] * 7
     assert forwards[0].attributes["gen_ai.usage.input_tokens"] == 8
     assert all("gen_ai.usage.input_tokens" not in f.attributes for f in forwards[1:])
-    layers = [s for s in spans if base_name(s).startswith("model.layers.")]
+    layers = [s for s in spans if base_name(s).endswith(".self_attn")]
     assert len(layers) == 16  # one span per attention layer per forward
+    # each under its decoder layer's span (trace_model=True), that under the forward
+    blocks = {s.context.span_id: s for s in spans if base_name(s) in ("model.layers.0",
+                                                                     "model.layers.1")}
+    assert len(blocks) == 16
     for i, fwd in enumerate(forwards):
-        children = [s for s in layers if s.parent.span_id == fwd.context.span_id]
+        children = [s for s in layers if blocks[s.parent.span_id].parent.span_id
+                    == fwd.context.span_id]
         assert sorted(c.attributes["attnscope.layer_index"] for c in children) == [0, 1]
         for c in children:
             a = c.attributes

@@ -640,6 +640,32 @@ def test_trace_model_ops_fold_under_the_innermost_span(attn: str, tmp_path: Any)
     assert len([r for r in ops if r[1] == generate[0]]) <= 64
 
 
+@pytest.mark.parametrize("fmt", ["json", "jsonl"])
+def test_trace_model_hangs_a_blocks_ops_under_its_decoder_layer(fmt: str, tmp_path: Any) -> None:
+    # trace_model=True: each decoder layer (an entry of model.layers) gets a span; its norms and
+    # MLP ops hang under it, its attention layer's span with them, nothing of it on the forward
+    rows = _profiled_generate(_tiny_llama("sdpa", layers=2), tmp_path / f"blocks.{fmt}",
+                              trace_model=True)
+    by_id = {r[0]: r for r in rows}
+    blocks = [r for r in rows if r[3].get("attnscope.module") in ("model.layers.0",
+                                                                   "model.layers.1")]
+    assert len(blocks) == 2 * 3  # per layer: the prefill and two decode forwards
+    for sid, parent, name, tags in blocks:
+        assert name == tags["attnscope.module"]  # no phase: a block has no attention facts
+        assert "attnscope.flops" not in tags and "attnscope.tokens" not in tags
+        assert by_id[parent][3].get("attnscope.module") == "LlamaForCausalLM"
+        kids = [r for r in rows if r[1] == sid]
+        ops = [r[2] for r in kids if _KIND_TAG in r[3]]
+        assert [n for n in ops if n.startswith("aten::linear")] == [
+            f"aten::linear (mlp.{p})" for p in ("gate_proj", "up_proj", "down_proj")]
+        assert {"aten::mul (input_layernorm)", "aten::mul (post_attention_layernorm)"} <= set(ops)
+        (attn,) = [r for r in kids if r[3].get("attnscope.module", "").endswith("self_attn")]
+        assert attn[3]["attnscope.module"] == tags["attnscope.module"] + ".self_attn"
+    forwards = {r[0] for r in rows if r[3].get("attnscope.module") == "LlamaForCausalLM"}
+    on_forward = [r[2] for r in rows if r[1] in forwards and _KIND_TAG in r[3]]
+    assert on_forward and not any("mlp" in n or "layernorm" in n for n in on_forward)
+
+
 def test_projections_are_labelled_in_the_files(tmp_path: Any) -> None:
     rows = _profiled_generate(_tiny_llama("eager", layers=2), tmp_path / "labels.json")
     for sid, _, _, tags in rows:

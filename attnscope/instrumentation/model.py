@@ -99,7 +99,8 @@ def _instrument_layers(model: torch.nn.Module, inc: tuple[str, ...] | None,
     return already
 
 
-def _instrument_root(model: torch.nn.Module, root_name: str, sample_rate: float | None) -> int:
+def _instrument_root(model: torch.nn.Module, root_name: str, name_prefix: str | None,
+                     sample_rate: float | None) -> int:
     """``trace_model=True``: the model's forward and generate(); returns 1 if already done."""
     already = 0
     attrs = {schema.MODULE.name: root_name, schema.MODULE_CLASS.name: type(model).__qualname__}
@@ -111,7 +112,42 @@ def _instrument_root(model: torch.nn.Module, root_name: str, sample_rate: float 
         wrap_forward(model, root_name, attrs, sample_rate, extract_model)
     if callable(getattr(model, "generate", None)) and not is_instrumented(model, "generate"):
         wrap_generate(model, root_name + ".generate", attrs, sample_rate)
+    for path, layer in _decoder_layers(model):
+        if not is_instrumented(layer):
+            name, layer_attrs = _naming(path, layer, name_prefix, root_name)
+            wrap_forward(layer, name, layer_attrs, sample_rate, _no_facts)
     return already
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The blocks holding an instrumented attention layer, as the module tree says: the entry of
+    the outermost ``nn.ModuleList`` above it (``model.layers.3``; T5's ``encoder.block.0``, not
+    the sublayer inside it). Their spans hold the block's other operators (norms, MLP)."""
+    modules = dict(model.named_modules())
+    found: dict[str, torch.nn.Module] = {}
+    for path, module in modules.items():
+        if not path or not is_instrumented(module) or path in found:
+            continue
+        parts = path.split(".")
+        for cut in range(1, len(parts)):
+            parent = ".".join(parts[:cut - 1])
+            if isinstance(modules.get(parent), torch.nn.ModuleList):
+                block = ".".join(parts[:cut])
+                if block != path:
+                    found[block] = modules[block]
+                break
+    return list(found.items())
+
+
+_BLOCK = [("\x00block", True)]  # a key no argument has: derive finds no attention facts in it
+
+
+def _no_facts(names: tuple[str, ...]) -> Any:
+    """A block's call has no attention facts of its own: its span is its time and operators."""
+    def extract(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        return _BLOCK  # not empty: the arguments' shapes would be summarised instead
+
+    return extract
 
 
 def instrument(
@@ -128,7 +164,8 @@ def instrument(
     Finds ``nn.MultiheadAttention``, classes given to :func:`register_attention` and
     transformers-style attention modules (recognised by structure). ``include``/``exclude`` are
     glob patterns on module paths (``"model.layers.*.self_attn"``). Span name = module path.
-    ``trace_model=True`` adds a parent span per model forward and one per ``generate()`` call.
+    ``trace_model=True`` adds a parent span per model forward, one per ``generate()`` call and
+    one per decoder layer (the ``nn.ModuleList`` entry holding an attention layer).
     Instrumenting twice keeps one wrapper per module and warns once.
     """
     if not isinstance(model, torch.nn.Module):
@@ -144,7 +181,7 @@ def instrument(
         already += _instrument_layers(model, patterns(include), patterns(exclude), name_prefix,
                                       root_name, sample_rate)
         if trace_model:
-            already += _instrument_root(model, root_name, sample_rate)
+            already += _instrument_root(model, root_name, name_prefix, sample_rate)
         register_when_dynamo_loads()
     except Exception as err:  # never break the host program: keep what was done, log the rest
         _log.internal_error("instrument", err)

@@ -343,16 +343,22 @@ def hand_down(children: list[ChildSpan], nested: Sequence[Any]) -> list[ChildSpa
 
 
 def _relative(name: str, res: Any) -> str:
-    """``op (a.b.c)`` → ``op (c)`` in a nested span whose module is ``a.b``."""
+    """``op (a.b.c)`` → ``op (c)`` in a nested span whose module is ``a.b``; also a label made
+    relative to an enclosing span's module already (``op (b.c)`` under ``a``, then into ``a.b``)."""
     attrs = getattr(res, "attrs", None)
     module = attrs.get(_MODULE) if isinstance(attrs, dict) else None
     if not isinstance(module, str) or not module or not name.endswith(")"):
         return name
-    mark = f" ({module}."
-    at = name.find(mark)
+    at = name.rfind(" (")
     if at < 0:
         return name
-    return f"{name[:at]} ({name[at + len(mark):]}"
+    label = name[at + 2:]
+    parts = module.split(".")
+    for i in range(len(parts)):  # the whole path first, then the part below each ancestor
+        prefix = ".".join(parts[i:]) + "."
+        if label.startswith(prefix) and len(label) > len(prefix) + 1:
+            return f"{name[:at]} ({label[len(prefix):]}"
+    return name
 
 
 def _own_times(spans: Iterable[ChildSpan]) -> None:
