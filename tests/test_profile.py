@@ -369,6 +369,52 @@ def test_ctrl_c_inside_start_or_stop_releases_the_profiler(
     assert [attrs(p)["attnscope.tier"] for p in _parents(spans)][-1] == "profile"
 
 
+@pytest.mark.parametrize("where", ["keep_summary", "current.set"])
+def test_ctrl_c_between_the_sessions_start_and_the_call_releases_the_profiler(
+    where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A KeyboardInterrupt landing in attnscope's own code after the session started and before
+    the user's call ran (CI: 1 of 5 SIGINTs in a profiled loop left the lock held and kineto on)
+    propagates and stops the session."""
+    from attnscope.capture import retain, wrapper
+
+    fired: list[bool] = []
+
+    def once() -> None:
+        if not fired:
+            fired.append(True)
+            raise KeyboardInterrupt
+
+    if where == "keep_summary":
+        kept = retain.keep_summary
+
+        def keep(cap: Any) -> None:
+            kept(cap)
+            once()
+
+        monkeypatch.setattr(retain, "keep_summary", keep)
+    else:
+        real = wrapper.current
+
+        class Current:
+            def set(self, value: Any) -> Any:
+                once()
+                return real.set(value)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+        monkeypatch.setattr(wrapper, "current", Current())
+    with capture_spans(**PROFILE) as spans:
+        with pytest.raises(KeyboardInterrupt):
+            sdpa(Q, Q, Q)
+        assert not state.profiler.session_lock.locked()
+        assert not torch._C._autograd._profiler_enabled()
+        sdpa(Q, Q, Q)
+    assert fired
+    assert [attrs(p)["attnscope.tier"] for p in _parents(spans)][-1] == "profile"
+
+
 # ---- parsing on made-up events (what a GPU run produces) -----------------------------------------
 
 def _ev(name: str, kind: str, start: int, end: int, device: str = "cpu",

@@ -98,7 +98,12 @@ def enter(site: CallSite, args: tuple[Any, ...], kwargs: dict[str, Any],
         cap = _open(site, tier, rate, args, kwargs, extra, grant)
         if cap is None:
             return None
-        return cap, current.set(cap.capture_id), t_enter
+        try:
+            token = current.set(cap.capture_id)
+        except BaseException:
+            _abandon(cap)
+            raise
+        return cap, token, t_enter
     except Exception as exc:
         _site_error(site, "capture", exc)
         return None
@@ -188,19 +193,29 @@ def _open(site: CallSite, tier: int, rate: float, args: tuple[Any, ...], kwargs:
         if cap.profile is None:
             tier = TIER_TIMING
     cap.tier = tier
-    if cap.timer is not None:
-        try:
+    try:
+        if cap.timer is not None:
             cap.timer.record_start()
-        except BaseException:
-            if cap.profile is not None:  # a session left open would hold the profiler lock forever
-                _profiler.stop(cap.profile)
-            raise
-    _retain.keep_summary(cap)  # last: a capture given up before this holds no budget
-    # Both clocks back to back: the span ends at start_epoch + wall, and a gap between the two
-    # reads would end it early (a profiled call's last operators then fell outside its span).
-    cap.start_epoch_ns = time.time_ns()
-    cap.start_perf_ns = _perf_ns()
+        _retain.keep_summary(cap)  # last: a capture given up before this holds no budget
+        # Both clocks back to back: the span ends at start_epoch + wall, and a gap between the
+        # two reads would end it early (a profiled call's last operators fell outside its span).
+        cap.start_epoch_ns = time.time_ns()
+        cap.start_perf_ns = _perf_ns()
+    except BaseException:  # Ctrl-C included: see _abandon
+        _abandon(cap)
+        raise
     return cap
+
+
+def _abandon(cap: Capture) -> None:
+    """A capture given up between its start and the user's call (an exception, a Ctrl-C landing
+    in attnscope's own code): a profiler session left open would hold the profiler lock and
+    keep kineto on for good, and kept tensors their budget."""
+    try:
+        if cap.profile is not None:
+            _profiler.stop(cap.profile)
+    finally:
+        _retain.release(cap)
 
 
 def _event_timer(device: Any) -> Any:

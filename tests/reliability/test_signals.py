@@ -17,6 +17,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -134,9 +135,12 @@ _UNCAUGHT = textwrap.dedent(
 class Script:
     """A running script whose stdout lines (JSON) are read as they come."""
 
+    started: list[Script] = []  # killed after each test (see _no_script_outlives_its_test)
+
     def __init__(self, path: Path, args: list[str], env: dict[str, str]) -> None:
         self.proc = subprocess.Popen([sys.executable, str(path), *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=env)
+        Script.started.append(self)
         self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
         self.seen: list[dict[str, Any]] = []
         self._err: list[str] = []
@@ -207,6 +211,15 @@ class Script:
         found = [m for m in self.seen if m["tag"] == tag]
         assert found, (tag, self.seen, self.stderr)
         return found[-1]
+
+
+@pytest.fixture(autouse=True)
+def _no_script_outlives_its_test() -> Iterator[None]:
+    """A test that failed on an assertion left its script running: in CI one, profiling every
+    call, ran on for the rest of the suite (7 GB, a core), slowing and failing later tests."""
+    yield
+    while Script.started:
+        Script.started.pop().kill()
 
 
 def _assert_clean(script: Script, returncode: int, expect_rc: int = 0) -> None:
