@@ -343,6 +343,18 @@ def test_user_exception_propagates_and_session_closes() -> None:
     assert "aten::relu" in [k.name for k in _descendants(spans, parent)]
 
 
+def _interrupted_then_profiled() -> None:
+    """A profiled call the (patched) interrupt ends: it propagates, the lock is free and kineto
+    off; the next call is profiled again."""
+    with capture_spans(**PROFILE) as spans:
+        with pytest.raises(KeyboardInterrupt):
+            sdpa(Q, Q, Q)
+        assert not state.profiler.session_lock.locked()
+        assert not torch._C._autograd._profiler_enabled()
+        sdpa(Q, Q, Q)
+    assert [attrs(p)["attnscope.tier"] for p in _parents(spans)][-1] == "profile"
+
+
 @pytest.mark.parametrize("entry_point", ["enable", "disable"])
 def test_ctrl_c_inside_start_or_stop_releases_the_profiler(
     entry_point: str, monkeypatch: pytest.MonkeyPatch
@@ -360,13 +372,7 @@ def test_ctrl_c_inside_start_or_stop_releases_the_profiler(
         return result
 
     monkeypatch.setitem(state.profiler.entry_points, entry_point, interrupted)
-    with capture_spans(**PROFILE) as spans:
-        with pytest.raises(KeyboardInterrupt):
-            sdpa(Q, Q, Q)
-        assert not state.profiler.session_lock.locked()
-        assert not torch._C._autograd._profiler_enabled()
-        sdpa(Q, Q, Q)
-    assert [attrs(p)["attnscope.tier"] for p in _parents(spans)][-1] == "profile"
+    _interrupted_then_profiled()
 
 
 @pytest.mark.parametrize("where", ["keep_summary", "current.set"])
@@ -405,14 +411,8 @@ def test_ctrl_c_between_the_sessions_start_and_the_call_releases_the_profiler(
                 return getattr(real, name)
 
         monkeypatch.setattr(wrapper, "current", Current())
-    with capture_spans(**PROFILE) as spans:
-        with pytest.raises(KeyboardInterrupt):
-            sdpa(Q, Q, Q)
-        assert not state.profiler.session_lock.locked()
-        assert not torch._C._autograd._profiler_enabled()
-        sdpa(Q, Q, Q)
+    _interrupted_then_profiled()
     assert fired
-    assert [attrs(p)["attnscope.tier"] for p in _parents(spans)][-1] == "profile"
 
 
 # ---- parsing on made-up events (what a GPU run produces) -----------------------------------------
