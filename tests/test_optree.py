@@ -550,6 +550,11 @@ def _op_shape(rows: list[tuple[str, str, str, dict[str, Any]]], span_id: str) ->
                  for sid, _, name, tags in kids)
 
 
+def _count(shape: tuple[Any, ...]) -> int:
+    """Spans in an :func:`_op_shape`, at every depth."""
+    return sum(1 + _count(kids) for _, _, kids in shape)
+
+
 def _tiny_llama(attn: str, layers: int = 4) -> Any:
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128,
@@ -561,7 +566,8 @@ def _tiny_llama(attn: str, layers: int = 4) -> Any:
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
-def _profiled_generate(model: Any, path: Any, **instrument: Any) -> list[Any]:
+def _profiled_generate(model: Any, path: Any, max_kernel_spans: int = 64,
+                       **instrument: Any) -> list[Any]:
     """One profiled ``generate()`` (prefill, 2 decode steps) written to ``path``; its rows."""
     ids = torch.randint(0, 100, (1, 16), generator=torch.Generator().manual_seed(1))
     attnscope.instrument(model, **instrument)
@@ -571,7 +577,8 @@ def _profiled_generate(model: Any, path: Any, **instrument: Any) -> list[Any]:
             kind = "jaeger-json" if str(path).endswith(".json") else "otlp-json"
             attnscope.configure(exporter=f"{kind}:{path}", sample_rate=1.0, warmup_calls=0,
                                 overhead_budget=1.0, profile_rate=1.0,
-                                profile_max_per_minute=1000.0)
+                                profile_max_per_minute=1000.0,
+                                max_kernel_spans=max_kernel_spans)
             model.generate(ids, max_new_tokens=3, do_sample=False)
             assert attnscope.shutdown(timeout_s=30.0)
     finally:
@@ -587,6 +594,21 @@ def _layer_shapes(rows: list[Any]) -> dict[str, list[tuple[Any, ...]]]:
             assert tags.get("attnscope.tier") == "profile"
             out.setdefault(str(tags["attnscope.phase"]), []).append(_op_shape(rows, sid))
     return out
+
+
+def test_over_the_cap_layers_and_runs_keep_one_shape(tmp_path: Any) -> None:
+    # An eager layer has 24-25 operator spans: with a cap of 8 each keeps 7 and an ``other``,
+    # the same 7 in every layer and run, however long each op took this time.
+    model = _tiny_llama("eager")
+    runs = [_layer_shapes(_profiled_generate(model, tmp_path / name, max_kernel_spans=8))
+            for name in ("run1.json", "run2.jsonl")]
+    for shapes in runs:
+        for phase, per_layer in shapes.items():
+            for shape in per_layer:
+                assert _count(shape) == 8 and "other" in [name for name, *_ in shape], shape
+            assert all(s == per_layer[0] for s in per_layer), f"{phase}: the layers differ"
+    for phase in ("prefill", "decode"):
+        assert runs[0][phase][0] == runs[1][phase][0], f"{phase}: the two runs differ"
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])

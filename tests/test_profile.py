@@ -467,25 +467,35 @@ def test_cap_prefers_device_work_and_sums_into_other() -> None:
                               on_device=True, fold_ns=0)
     names = [c[0] for c in report.children]
     assert len(names) == 4 and "other" in names
-    assert {"k4", "k3", "k2"} <= set(names)
+    assert {"k0", "k1", "k2"} == set(names) - {"other"}  # device work first, in launch order
     other = next(c for c in report.children if c[0] == "other")
     assert other[3]["attnscope.kernel.count"] == 22
+    # the longest left out: 9 ns ops (ties by name), before the 4 ns and 5 ns kernels
+    assert other[3]["attnscope.kernel.top"] == [f"op{i}: 9 ns" for i in (0, 1, 10, 11, 12)]
     assert [c[1] for c in report.children] == sorted(c[1] for c in report.children)
 
 
-def test_cap_keeps_the_longest_ops() -> None:
-    own = [5, 50, 7, 90, 1, 60, 3, 2, 40, 8]
+def _kept(own: list[int]) -> tuple[set[str], dict[str, Any]]:
     events = [_ev(f"op{i}", "cpu_op", 100 * i, 100 * i + ns) for i, ns in enumerate(own)]
+    events.append(_ev("inner", "cpu_op", 1, 2))  # inside op0: deeper than every other op
     report = _kernels.analyze(events, span_start_ns=0, span_end_ns=1000, max_spans=4,
                               on_device=False, fold_ns=0)
-    kept = {c[0] for c in report.children if c[0] != "other"}
-    assert kept == {"op3", "op5", "op1"}  # 90, 60, 50
     (other,) = [c for c in report.children if c[0] == "other"]
-    assert other[3]["attnscope.kernel.count"] == 7
-    assert other[3]["attnscope.kernel.total_ns"] == sum(own) - 200
-    assert other[1] == 0 and other[2] - other[1] == sum(own) - 200
-    assert report.attributes["kernel.count"] == 10
-    assert report.attributes["kernel.top_names"] == ["op3", "op5", "op1", "op8", "op9"]
+    return {c[0] for c in report.children if c[0] != "other"}, other[3]
+
+
+def test_cap_keeps_ops_by_their_place_never_by_their_time() -> None:
+    own = [5, 50, 7, 90, 1, 60, 3, 2, 40, 8]
+    kept, other = _kept(own)
+    assert kept == {"op0", "op1", "op2"}  # the outermost, in the order they ran
+    # the same code with other durations keeps the same spans (issue 24: one shape per operator)
+    assert _kept(list(reversed(own)))[0] == kept
+    assert _kept([1000 // len(own) - 1] * len(own))[0] == kept
+    assert other["attnscope.kernel.count"] == 8  # op3..op9 and the nested op
+    assert other["attnscope.kernel.total_ns"] == sum(own[3:]) + 1  # the nested op inside op0
+    # what it left out that took longest is named, with its time
+    assert other["attnscope.kernel.top"] == ["op3: 90 ns", "op5: 60 ns", "op8: 40 ns",
+                                             "op9: 8 ns", "op6: 3 ns"]
 
 
 def test_cpu_ops_are_clamped_into_the_parent() -> None:

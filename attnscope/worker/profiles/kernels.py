@@ -274,31 +274,24 @@ def _memory(events: Sequence[RawEvent], on_device: bool) -> dict[str, int]:
 def _tree(cpu_ops: Sequence[RawEvent], par: Sequence[int], device_ops: Sequence[RawEvent],
           clock: _Clock, span_start_ns: int, span_end_ns: int,
           ) -> tuple[list[optree.Op], list[tuple[RawEvent, int, int, int]]]:
-    """Ops on the span's clock, clamped into the call and into their parent op, with their weight
-    (time with all they called, or device time of all they launched if longer); GPU activities
+    """Ops on the span's clock, clamped into the call and into their parent op; GPU activities
     with the index of the op that launched them."""
     by_id = {e.op_id: i for i, e in enumerate(cpu_ops) if e.op_id}
     device: list[tuple[RawEvent, int, int, int]] = []
-    launched = [0] * len(cpu_ops)
     for ev in device_ops:
         start = clock(ev.start_ns)
         # where it ran on the GPU, even after the call returned
         end = max(start, clock(ev.end_ns))
         op = by_id.get(ev.op_id, -1) if ev.op_id else -1
         device.append((ev, start, end, op))
-        if op >= 0:
-            launched[op] += end - start
-    for i in range(len(cpu_ops) - 1, -1, -1):  # children come after their parent
-        if par[i] >= 0:
-            launched[par[i]] += launched[i]
     ops: list[optree.Op] = []
     for i, ev in enumerate(cpu_ops):
         lo, hi = ((span_start_ns, span_end_ns) if par[i] < 0
                   else (ops[par[i]].start, ops[par[i]].end))
         start = min(max(clock(ev.start_ns), lo), hi)
         end = min(max(clock(ev.end_ns), start), hi)
-        ops.append(optree.Op(ev.name[:MAX_NAME], start, end, ev.kind, ev.device, ev.shapes, par[i],
-                             max(end - start, launched[i])))
+        ops.append(optree.Op(ev.name[:MAX_NAME], start, end, ev.kind, ev.device, ev.shapes,
+                             par[i]))
     return ops, device
 
 

@@ -14,10 +14,11 @@ traces of the same code have spans of the same shape:
   per op). Ops under a region without a namespace (a custom ``record_function`` range, an
   autograd Function) stay child spans of it;
 - **the cap**: at most ``max_spans`` child spans per attnscope span. Only a span with more ops
-  than that loses some: the longest are kept (device activities first); a kept op's parent is
-  always kept too (an op lasts at least as long as its children); the rest become one ``other``
-  span. This is the one place where time decides, and it is applied per attnscope span (after
-  :func:`hand_down`), so a layer with fewer ops than the cap keeps them all;
+  than that loses some, chosen by their place in the tree (device activities, then the outermost
+  ops, in the order they started), so a kept op's parent is always kept too; the rest become one
+  ``other`` span, which names the longest of them (``attnscope.kernel.top``). It is applied
+  per attnscope span (after :func:`hand_down`), so a layer with fewer ops than the cap keeps
+  them all;
 - **nesting**: every child span names its parent (an index into the same list, ``-1`` for the
   call's own span). On a GPU call a kernel hangs under the op that launched it (or that op's
   nearest kept ancestor), on the device's timeline.
@@ -33,6 +34,7 @@ from typing import Any, NamedTuple
 
 from ... import _schema as schema
 from ...record.capture import MAX_NAME
+from ..readable import top_list
 
 __all__ = ["ChildSpan", "Children", "METADATA_OPS", "MAX_INNER", "SPAN_BOUND", "absorbs",
            "parents", "build", "cap", "hand_down", "Op"]
@@ -45,6 +47,9 @@ _INPUT_SHAPES, _FOLDED, _INNER = (schema.KERNEL_INPUT_SHAPES.name, schema.KERNEL
 _COUNT, _TOTAL_NS = schema.KERNEL_COUNT.name, schema.KERNEL_TOTAL_NS.name
 _MODULE = schema.MODULE.name
 _CPU_OP, _OTHER = "cpu_op", "other"
+_TOP = schema.KERNEL_TOP.name
+# names ``other`` lists in ``attnscope.kernel.top``
+OTHER_TOP = 5
 
 # Ops that only make a new view or an uninitialised tensor: no work of their own worth a span.
 METADATA_OPS = frozenset((
@@ -123,7 +128,6 @@ class Op(NamedTuple):
     device: str
     shapes: str
     parent: int  # op index, -1 top level
-    weight: int  # what ranks it for the cap: its time with all it called (or launched)
 
 
 def build(ops: Sequence[Op], device: Sequence[tuple[Any, int, int, int]], *, max_spans: int,
@@ -203,32 +207,27 @@ def _by_start(spans: list[ChildSpan]) -> list[ChildSpan]:
 
 
 def cap(spans: list[ChildSpan], max_spans: int) -> list[ChildSpan]:
-    """At most ``max_spans`` spans (parents before children in ``spans``): device work first, then
-    the heaviest ops — time with all they called, or the device time they launched if longer
-    (ties keep list order: parents first) — and one ``other`` span for the rest (an ``other``
-    span already there is merged into it). Under the limit: ``spans`` as they are."""
+    """At most ``max_spans`` spans (parents before children in ``spans``), chosen by their place
+    in the tree, never by their time: device activities first (what a GPU call costs), then the
+    outermost ops (depth 0, then 1, ...), at one depth in the order they started (ties: list
+    order), so two runs of the same code keep the same spans; one ``other`` span holds the rest
+    (an ``other`` span already there is merged into it) and names the longest of them. Under
+    the limit: ``spans`` as they are."""
     if len(spans) <= max_spans:
         return spans
     n = len(spans)
-    dur = [s.end_ns - s.start_ns for s in spans]
-    kinds = [s.attributes.get(_KIND) for s in spans]
-    launched = [0] * n
-    for k in range(n - 1, -1, -1):
-        if kinds[k] not in (_CPU_OP, _OTHER):
-            launched[k] = dur[k]
-        p = spans[k].parent
-        if p >= 0:
-            launched[p] += launched[k]
-    ranked: list[tuple[int, int, int]] = []
-    for k in range(n):
-        if kinds[k] == _OTHER:
-            continue  # always into the new one
-        if kinds[k] == _CPU_OP:
-            ranked.append((1, -max(dur[k], launched[k]), k))
-        else:
-            ranked.append((0, -dur[k], k))
+    depth = [0] * n
+    ranked: list[tuple[int, int, int, int]] = []
+    for k, s in enumerate(spans):
+        if s.parent >= 0:
+            depth[k] = depth[s.parent] + 1
+        kind = s.attributes.get(_KIND)
+        if kind != _OTHER:  # always into the new one
+            ranked.append((int(kind == _CPU_OP), depth[k], s.start_ns, k))
     ranked.sort()
-    kept = {k for _, _, k in ranked[:max(0, max_spans - 1)]}
+    # an op's parent op is shallower: a kept op's parent op is kept (a kept device activity whose
+    # op was left out hangs under that op's nearest kept ancestor)
+    kept = {k for *_, k in ranked[:max(0, max_spans - 1)]}
     dropped = [k for k in range(n) if k not in kept]
     out: list[ChildSpan] = []
     where: dict[int, int] = {}
@@ -277,8 +276,26 @@ def _other(spans: Sequence[ChildSpan], dropped: Sequence[int], out: set[int]) ->
     device = next((str(spans[k].attributes.get(_DEVICE)) for k in dropped
                    if spans[k].attributes.get(_KIND) not in (_CPU_OP, _OTHER)), device)
     first = min(starts) if starts else min(spans[k].start_ns for k in dropped)
-    return ChildSpan("other", first, first + length, {
-        _KIND: _OTHER, _DEVICE: device or "cpu", _COUNT: count, _TOTAL_NS: total})
+    attrs: dict[str, Any] = {_KIND: _OTHER, _DEVICE: device or "cpu", _COUNT: count,
+                             _TOTAL_NS: total}
+    top = _longest(spans, dropped)
+    if top:
+        attrs[_TOP] = top
+    return ChildSpan("other", first, first + length, attrs)
+
+
+def _longest(spans: Sequence[ChildSpan], dropped: Sequence[int]) -> list[str]:
+    """The :data:`OTHER_TOP` names that took longest among ``dropped`` (time summed per name, an
+    op's with all it called), as ``"name: time"``: what the cap left out that mattered, by time
+    only in what it lists, never in which spans stay."""
+    by_name: dict[str, int] = {}
+    for k in dropped:
+        s = spans[k]
+        if s.attributes.get(_KIND) == _OTHER:
+            continue
+        by_name[s.name] = by_name.get(s.name, 0) + s.end_ns - s.start_ns
+    top = sorted(by_name.items(), key=lambda kv: (-kv[1], kv[0]))[:OTHER_TOP]
+    return top_list([name for name, _ in top], [ns for _, ns in top])
 
 
 def hand_down(children: list[ChildSpan], nested: Sequence[Any]) -> list[ChildSpan]:
