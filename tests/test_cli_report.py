@@ -553,8 +553,20 @@ def test_the_demo_trace_reports_two_rows_per_layer_as_its_tables(tmp_path: Path)
     # the forwards are named with their implementation (Jaeger's search list tells them apart)
     forwards = {s["operationName"] for s in spans.values()
                 if s["operationName"].startswith("demo.forward")}
-    assert forwards == {"demo.forward (naive)", "demo.forward (naive, profiled)",
-                        "demo.forward (sdpa)", "demo.forward (sdpa, profiled)"}
+    assert forwards == {"demo.forward (naive)", "demo.forward (naive, layers profiled)",
+                        "demo.forward (sdpa)", "demo.forward (sdpa, layers profiled)"}
+    # a name says what was profiled: the block is timed, the layers under it are profiled
+    children: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for s in spans.values():
+        for r in s["references"]:
+            if r["refType"] == "CHILD_OF":
+                children[r["spanID"]].append(s)
+    for s in spans.values():
+        if s["operationName"].endswith("layers profiled)"):
+            assert s["tags"]["attnscope.tier"] == "timing"
+            layers = [c for c in children[s["spanID"]] if "attnscope.module" in c["tags"]]
+            assert len(layers) == 4
+            assert all(c["tags"]["attnscope.tier"] == "profile" for c in layers)
 
     def implementation(span: dict[str, Any]) -> str:
         while "demo.implementation" not in span["tags"]:

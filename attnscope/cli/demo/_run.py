@@ -134,7 +134,7 @@ def run_demo(steps: int = 20, seq_len: int = 256, jaeger_json: str | None = None
                     with attnscope.span(f"demo.forward ({short})", tokens=x.shape[0] * seq_len,
                                         attributes={"demo.implementation": impl.__name__}):
                         model(x, impl)
-                with attnscope.span(f"demo.forward ({short}, profiled)", sample=True,
+                with attnscope.span(f"demo.forward ({short}, layers profiled)", sample=True,
                                     attributes={"demo.implementation": impl.__name__}):
                     with attnscope.sampling(force=True, profile=True):  # every layer profiled
                         model(x, impl)
