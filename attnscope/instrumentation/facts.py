@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-__all__ = ["TRAITS_KEY", "LayerTraits", "blocked_band", "chunk_size", "head_info", "layer_traits",
-           "pos_int"]
+__all__ = ["TRAITS_KEY", "LayerTraits", "attention_cores", "bidirectional_model", "blocked_band",
+           "chunk_size", "head_info", "layer_traits", "pos_int"]
 
 # The summary entry, beside an instrumented layer's facts, of what its structure adds to them
 # (read once, when instrumenting): a layer with none of these traits has no such entry.
@@ -25,6 +25,13 @@ class LayerTraits(NamedTuple):
     # an encoder layer (``is_decoder=False``) given a cache (BERT-style models run as causal LMs
     # without ``is_decoder=True``): bidirectional, so a one-query step is not called causal
     bidirectional: bool = False
+    # the layer's window is its config's only (no attribute of its own): a model applies such a
+    # window in the mask it builds, so a mask that could show it and does not says it is not
+    # applied (Moshi sets config.sliding_window and never uses it)
+    config_window: bool = False
+    # attention cores one call of the layer runs over the same queries and keys: differential
+    # attention (DiffLlama) runs two, one per half of V (:func:`attention_cores`)
+    cores: int = 1
 
 _K_PROJ = ("k_proj", "key", "k", "wk", "to_k", "k_lin", "key_proj")
 _HEADS = ("num_heads", "num_attention_heads", "n_heads", "n_head", "num_q_heads")
@@ -134,8 +141,30 @@ def blocked_band(module: Any) -> tuple[int, int] | None:
     return radius, pos_int(getattr(module, "global_block_size", None)) or 0
 
 
-def layer_traits(module: Any) -> LayerTraits | None:
-    """The module's :class:`LayerTraits`, or None when it has none (most layers)."""
+def bidirectional_model(model: Any) -> bool:
+    """A model whose config says its layers attend both ways though it generates: XLM's and
+    FlauBERT's ``causal=False`` with ``is_encoder=True`` (their layers carry no ``is_decoder``; a
+    masked LM run through ``generate`` keeps its bidirectional mask over the cache)."""
+    config = getattr(model, "config", None)
+    return getattr(config, "causal", None) is False and getattr(config, "is_encoder", None) is True
+
+
+def attention_cores(module: Any) -> int:
+    """How many attention cores one call runs: 2 for differential attention (DiffLlama: the
+    learned ``lambda_q1``/``lambda_k1`` and ``lambda_init`` of ``softmax_1 - λ·softmax_2``, each
+    map over all of Q and K with half of V doubled back to the heads), else 1."""
+    params = getattr(module, "_parameters", {})
+    differential = "lambda_q1" in params and "lambda_k1" in params and isinstance(
+        vars(module).get("lambda_init"), (int, float))
+    return 2 if differential else 1
+
+
+def layer_traits(module: Any, bidirectional: bool = False,
+                 config_window: bool = False) -> LayerTraits | None:
+    """The module's :class:`LayerTraits`, or None when it has none (most layers).
+    ``bidirectional``: its model says its layers attend both ways (:func:`bidirectional_model`);
+    ``config_window``: its window is its config's only."""
     traits = LayerTraits(chunk_size(module), blocked_band(module),
-                         getattr(module, "is_decoder", None) is False)
+                         bidirectional or getattr(module, "is_decoder", None) is False,
+                         config_window, attention_cores(module))
     return traits if traits != LayerTraits() else None

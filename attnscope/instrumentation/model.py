@@ -24,6 +24,7 @@ from .._state import state
 from ..capture.compile import register_when_dynamo_loads
 from . import torch_nn
 from . import transformers as hf
+from .facts import bidirectional_model
 from .patching import is_instrumented, restore, wrap_forward, wrap_fused, wrap_generate
 from .selection import UserExtractor, extractor_for, patterns, selected, targets
 
@@ -86,6 +87,7 @@ def _instrument_layers(model: torch.nn.Module, inc: tuple[str, ...] | None,
                        sample_rate: float | None) -> int:
     """Wrap every selected attention layer; returns how many already were."""
     already = 0
+    bidirectional = bidirectional_model(model)
     for path, module in targets(model):
         if not selected(path, inc, exc):
             continue
@@ -93,7 +95,7 @@ def _instrument_layers(model: torch.nn.Module, inc: tuple[str, ...] | None,
             already += 1
             continue
         name, attrs = _naming(path, module, name_prefix, root_name)
-        extractor = functools.partial(extractor_for, module)
+        extractor = functools.partial(extractor_for, module, bidirectional=bidirectional)
         wrap_forward(module, name, attrs, sample_rate, extractor)
     _instrument_fused(model, name_prefix, root_name, sample_rate)
     return already

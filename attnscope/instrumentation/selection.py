@@ -78,31 +78,36 @@ def _no_other_mixers(model: torch.nn.Module, found: list[tuple[str, torch.nn.Mod
                      declared: tuple[type, ...]) -> list[tuple[str, torch.nn.Module]]:
     """Hybrid models (linear attention, Mamba, short convolutions): only softmax attention is
     attention. Not attention: a module of another class where the model's declared attention
-    class sits in other layers, and a state-space or convolution mixer (:func:`_sequence_mixer`)."""
+    class sits in other layers, and a state-space, convolution or linear-attention mixer
+    (:func:`_sequence_mixer`), even of a declared class (MiniMax declares its lightning layers)."""
     slots = {_LAYER_DIGITS.sub(".*", p)
              for p, m in model.named_modules() if isinstance(m, declared)}
     return [(p, m) for p, m in found
-            if (declared and isinstance(m, declared))
-            or (not _sequence_mixer(m)
-                and (not declared or _LAYER_DIGITS.sub(".*", p) not in slots))]
+            if not _sequence_mixer(m) and (
+                (declared and isinstance(m, declared))
+                or not declared or _LAYER_DIGITS.sub(".*", p) not in slots)]
 
 
 def _sequence_mixer(module: torch.nn.Module) -> bool:
     """A state-space or convolution token mixer (Jamba's, Bamba's, Zamba2's, Falcon-H1's and
     Granite's Mamba layers, LFM2's short convolution, gated delta rules): it owns a convolution
     over the sequence (``nn.Conv1d``; transformers' ``Conv1D`` is a linear layer) or a state
-    matrix (``A_log``). Softmax attention owns neither."""
-    return "A_log" in module._parameters or any(
-        isinstance(child, torch.nn.Conv1d) for child in module.children())
+    matrix (``A_log``), or says it is linear attention (``layer_type``, from the config's
+    ``layer_types``: MiniMax's lightning layers). Softmax attention does none of these."""
+    return ("A_log" in module._parameters
+            or vars(module).get("layer_type") == "linear_attention"
+            or any(isinstance(child, torch.nn.Conv1d) for child in module.children()))
 
 
-def extractor_for(module: torch.nn.Module, names: tuple[str, ...]) -> Extractor:
+def extractor_for(module: torch.nn.Module, names: tuple[str, ...],
+                  bidirectional: bool = False) -> Extractor:
+    """The module's extractor; ``bidirectional``: its model says its layers attend both ways."""
     is_registered, user = registered(module)
     if is_registered and user is not None:
         return _wrap_user_extractor(module, user)
     if torch_nn.is_multihead_attention(module):
         return torch_nn.multihead_extractor(module)  # type: ignore[arg-type]
-    return hf.hidden_state_extractor(module, names)
+    return hf.hidden_state_extractor(module, names, bidirectional)
 
 
 def _wrap_user_extractor(module: torch.nn.Module, user: UserExtractor) -> Extractor:

@@ -224,6 +224,12 @@ def _gpt_neo_kind(module: Any, config: Any) -> Any:
     return "global" if bool(bias[0, 0, window, 0]) else "local"  # once, when instrumenting
 
 
+def _config_window(module: Any) -> bool:
+    """The window :func:`_window` gives is the config's, the module declaring none of its own."""
+    return (_window(module) is not None and "sliding_window" not in vars(module)
+            and _gpt_neo_kind(module, getattr(module, "config", None)) not in ("local", "global"))
+
+
 def _window(module: Any) -> int | None:
     config = getattr(module, "config", None)
     # Hybrid models (EXAONE 4, ...) give every layer the config's window and say per layer whether
@@ -251,7 +257,8 @@ def _two_sided_local(module: Any) -> bool:
     return isinstance(pair, tuple) and len(pair) == 2 and pair != (-1, -1)
 
 
-def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
+def hidden_state_extractor(module: Any, names: tuple[str, ...],
+                           bidirectional: bool = False) -> Extractor:
     """Extractor for an attention module whose forward takes hidden states (not q/k/v).
 
     ``names``: the forward's positional parameter names, ``self`` first.
@@ -277,11 +284,12 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
     module_cross = getattr(module, "is_cross_attention", False) is True
     masked_where_true = type(module).__name__ in _MASKED_WHERE_TRUE
     # chunked (Llama 4), blocked local (LongT5), encoder layers: derive reads them with the facts
-    traits = layer_traits(module)
+    traits = layer_traits(module, bidirectional, _config_window(module))
     extra = [(TRAITS_KEY, traits)] if traits is not None else []
     # an encoder layer's trait matters only with a cache: without one its facts stay alone (and
     # their derive kept per summary on the worker)
-    with_cache_only = traits is not None and traits.chunk is None and traits.band is None
+    with_cache_only = (traits is not None and traits.chunk is None and traits.band is None
+                       and not traits.config_window and traits.cores == 1)
 
     def extract(
         instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]

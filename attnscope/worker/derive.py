@@ -320,7 +320,8 @@ def derive_attention(f: AttentionFacts, traits: LayerTraits | None = None) -> De
     reading, real = (None, None) if counts is None else read_counts(
         counts, b, f.heads, sq, skv if keys_known else None)
     causal, window, mask_pairs = _structure(f, reading,
-                                            traits is not None and traits.bidirectional)
+                                            traits is not None and traits.bidirectional,
+                                            traits is not None and traits.config_window, skv)
     out = Derived(batch_size=b, seq_len_q=sq, causal=causal, order=LAYER)
     if keys_known:
         out.seq_len_kv = skv
@@ -345,14 +346,18 @@ def derive_attention(f: AttentionFacts, traits: LayerTraits | None = None) -> De
             _cap_keys(out, f, reading, real, causal, window, skv, dv)
     if band is not None and keys_known and _banded(out, f, band, skv):
         return out
+    cores = traits.cores if traits is not None else 1
+    if cores != 1 and out.flops is not None:
+        out.flops *= cores  # one map per core, each over all the queries and keys
     if not keys_known:
         out.inexact("cache_unread")
     elif chunk is not None and self_mask and _chunked(out, f, counts, real, chunk, skv, past):
         pass  # the chunk layout counted (or marked) from the mask
     elif self_mask or isinstance(f.mask, TensorMeta):
         _mark_mask(out, f.mask, counts, reading, f.heads)
+    # several cores' least traffic is no one kernel's: not established, left out
     if (keys_known and f.heads and f.head_dim and out.exact is None and out.flops is not None
-            and not (f.key_cap is not None and skv > f.key_cap) and (
+            and cores == 1 and not (f.key_cap is not None and skv > f.key_cap) and (
                 f.mask is None or f.seq_kv is None)):
         _traffic(out, (b, f.heads, f.kv_heads or f.heads, sq, skv, f.head_dim,
                        f.head_dim_v or f.head_dim), None, causal, f.mask, f.mask_ignores, counts,
@@ -460,13 +465,15 @@ def _mark_mask(out: Derived, mask: Any, counts: MaskCounts | None,
         out.inexact("mask_unread")
 
 
-def _structure(f: AttentionFacts, reading: MaskReading | None,
-               bidirectional: bool = False) -> tuple[bool, int | None, bool]:
+def _structure(f: AttentionFacts, reading: MaskReading | None, bidirectional: bool = False,
+               config_window: bool = False, skv: int = 0) -> tuple[bool, int | None, bool]:
     """(causal, window, the mask's pairs hold): what the mask shows, else the module's attributes.
 
     A causal layer that declares a narrower window than its mask shows applies it itself (GPT-Neo's
     local layers: a plain causal mask, the window in the module's own buffer): the window is the
-    module's then, and the mask's pair count does not hold."""
+    module's then, and the mask's pair count does not hold. A window from the config only
+    (``config_window``) is applied by the mask the model builds: a causal mask over more keys
+    than the window that shows none says the layer does not apply it."""
     if f.causal_apart:  # the mask holds padding only: the layer applies causality on its own
         return f.causal, f.window if f.causal else None, False
     causal = f.causal if reading is None or reading.causal is None else reading.causal
@@ -479,6 +486,9 @@ def _structure(f: AttentionFacts, reading: MaskReading | None,
         # is_decoder=True), bidirectional on its multi-token calls too.
         causal = True
     own = f.window if causal and f.window else None
+    if (own is not None and config_window and reading is not None and reading.causal is True
+            and reading.window is None and reading.pairs is not None and skv > own):
+        return causal, None, True
     if reading is not None and reading.window is not None:
         if own is not None and own < reading.window:
             return causal, own, False

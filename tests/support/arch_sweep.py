@@ -257,6 +257,12 @@ def _produced_by(seen: list[tuple[str, Any]], w: torch.Tensor) -> str:
     return "?"
 
 
+def softmax_map(w: torch.Tensor) -> bool:
+    """Weights a softmax gave (never negative): what a linear-attention layer returns as its
+    "attentions" (MiniMax's lightning layers: decayed QKᵀ products) is not attention's map."""
+    return not isinstance(w, torch.Tensor) or not bool((w < 0).any())
+
+
 def reference(model: Any, inputs: dict[str, Any]) -> tuple[Reference, Any]:
     """The model's own account of one forward: each returned weights tensor with the module
     that returned it, and each such module's Dqk + Dv = its matmul FLOPs / (2 · B·H·Sq·Skv
@@ -267,7 +273,8 @@ def reference(model: Any, inputs: dict[str, Any]) -> tuple[Reference, Any]:
             out = model(**inputs, output_attentions=True)
     finally:
         remove()
-    calls = [Weights(group, _produced_by(seen, w), w) for group, w in _groups(out)]
+    calls = [Weights(group, _produced_by(seen, w), w) for group, w in _groups(out)
+             if softmax_map(w)]
     root = type(model).__name__ + "."
     bmm = {key.removeprefix(root): sum(n for op, n in ops.items() if "bmm" in str(op))
            for key, ops in counter.get_flop_counts().items()}
