@@ -9,7 +9,9 @@ user's call) reports them through ``warn`` and falls back instead.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import types
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Union
 
@@ -60,6 +62,9 @@ class Config:
     """None: ``$XDG_RUNTIME_DIR/attnscope``, else ``<tmp>/attnscope-<uid>``."""
     run_id: str | None = None
     """Shared by every rank of one job: step traces' ids (docs/live.md). None: torchrun's."""
+    device_peaks: Mapping[str, float] | None = None
+    """``{"tflops": T, "gbps": G}``: the roofline's peaks (docs/profiling.md). None: the device
+    table, else an ``attnscope calibrate`` result; on CPU without either, no roofline."""
 
 
 # name -> (env var, parser)
@@ -130,6 +135,43 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"attnscope: {name} must be an integer >= {minimum}, got {shown(value)}")
     return value
+
+
+_PEAK_KEYS = ("tflops", "gbps")
+_PEAK_ENV = ("ATTNSCOPE_PEAK_TFLOPS", "ATTNSCOPE_PEAK_GBPS")
+
+
+def _check_device_peaks(value: Any) -> Mapping[str, float] | None:
+    """A read-only ``{"tflops", "gbps"}`` of finite positive numbers (at most 1e9 each)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or set(value) != set(_PEAK_KEYS):
+        raise ValueError(f"attnscope: device_peaks must be a dict with exactly the keys "
+                         f"'tflops' and 'gbps', got {shown(value)}")
+    peaks: dict[str, float] = {}
+    for key in _PEAK_KEYS:
+        number = value[key]
+        if isinstance(number, bool) or not isinstance(number, (int, float)) \
+                or not 0 < number <= 1e9 or not math.isfinite(float(number)):
+            raise ValueError(f"attnscope: device_peaks[{key!r}] must be a number in (0, 1e9], "
+                             f"got {shown(number)}")
+        peaks[key] = float(number)
+    return types.MappingProxyType(peaks)
+
+
+def _peaks_from_env(env: Mapping[str, str]) -> dict[str, float] | None:
+    """Both peak variables, or neither; ValueError naming what is wrong."""
+    raw = [env.get(var, "").strip() for var in _PEAK_ENV]
+    if not any(raw):
+        return None
+    if not all(raw):
+        given, missing = (_PEAK_ENV[0], _PEAK_ENV[1]) if raw[0] else (_PEAK_ENV[1], _PEAK_ENV[0])
+        raise ValueError(f"attnscope: {given} is set without {missing}: set both or neither")
+    try:
+        return {key: float(text) for key, text in zip(_PEAK_KEYS, raw, strict=True)}
+    except ValueError:
+        raise ValueError(f"attnscope: {_PEAK_ENV[0]}/{_PEAK_ENV[1]} must be numbers, "
+                         f"got {shown(raw[0])}/{shown(raw[1])}") from None
 
 
 def _check_exporter(value: Any) -> ExporterSetting | None:
@@ -210,6 +252,7 @@ def validate(cfg: Config) -> Config:
         profile_max_per_minute=float(ppm),
         slow_call_quantile=float(cfg.slow_call_quantile),
         exporter=_check_exporter(cfg.exporter),
+        device_peaks=_check_device_peaks(cfg.device_peaks),
     )
 
 
@@ -236,6 +279,17 @@ def from_env(environ: Mapping[str, str] | None = None, *, strict: bool = True,
             if warn is not None:
                 warn("env:" + var, "attnscope: ignoring invalid environment value",
                      {"variable": var, "value": raw})
+    try:
+        peaks = _peaks_from_env(env)
+        if peaks is not None:
+            values["device_peaks"] = _check_device_peaks(peaks)
+    except ValueError as exc:
+        if strict:
+            raise ValueError(f"attnscope: environment variables {_PEAK_ENV[0]}/{_PEAK_ENV[1]} "
+                             f"are invalid: {exc}") from None
+        if warn is not None:
+            warn("env:ATTNSCOPE_PEAK", "attnscope: ignoring invalid environment value",
+                 {"variable": "ATTNSCOPE_PEAK_TFLOPS/ATTNSCOPE_PEAK_GBPS", "reason": str(exc)})
     disabled = env.get("OTEL_SDK_DISABLED")
     if disabled is not None and disabled.strip():
         try:

@@ -115,6 +115,13 @@ PROFILED_BY = attribute("profiled_by", "string", "",
                         "enclosing: timed inside a profiled call, its ops from that profile")
 KERNEL_FOLDED = attribute("kernel.folded", "int", "", "ops folded into the span's own time")
 BACKEND = attribute("backend", "string", "", "the attention backend that ran")
+# Silent fallback (worker/fallback.py): set on SDPA calls whose backend is known.
+BACKEND_FALLBACK = attribute("backend.fallback", "bool", "",
+                             "math ran while a fused backend was eligible, or none was")
+BACKEND_EXPECTED = attribute("backend.expected", "string", "",
+                             "the best backend the inputs allowed (empty: none)")
+BACKEND_REASON = attribute("backend.reason", "string", "",
+                           "why: torch's eligibility words, at most 240 characters")
 LAUNCH_OVERHEAD_NS = attribute("launch_overhead_ns", "int", _NS, "CPU window without GPU work")
 PROFILE_PATH = attribute("profile.path", "string", "", "the call's Chrome trace")
 CORE_NS = attribute("core_ns", "int", _NS, "time of the attention core")
@@ -165,6 +172,22 @@ CONFIG_OVERHEAD_BUDGET = attribute("config.overhead_budget", "float", "1",
 CONFIG_WARMUP_CALLS = attribute("config.warmup_calls", "int", "",
                                 "configured warm-up calls per site (resource)")
 
+# ---- the roofline of a call (docs/profiling.md#reading-the-roofline)
+ROOFLINE_ACHIEVED_TFLOPS = attribute("roofline.achieved_tflops", "float", "TFLOP/s",
+                                     "flops over the roofline's time (time_source)")
+ROOFLINE_ACHIEVED_GBPS = attribute("roofline.achieved_gbps", "float", "GB/s",
+                                   "bytes over the roofline's time")
+ROOFLINE_TIME_SOURCE = attribute("roofline.time_source", "string", "",
+                                 "the time divided by: core_ns, device_ns or wall_ns")
+ROOFLINE_BOUND = attribute("roofline.bound", "string", "",
+                           "memory or compute: intensity below or above the ridge point")
+ROOFLINE_FRACTION = attribute("roofline.fraction", "float", "1",
+                              "achieved over min(peak flops, intensity × peak bandwidth)")
+ROOFLINE_PEAK_TFLOPS = attribute("roofline.peak_tflops", "float", "TFLOP/s", "the peak used")
+ROOFLINE_PEAK_GBPS = attribute("roofline.peak_gbps", "float", "GB/s", "the bandwidth used")
+ROOFLINE_PEAK_SOURCE = attribute("roofline.peak_source", "string", "",
+                                 "where the peaks came from: configured")
+
 ATTRIBUTES: tuple[Attribute, ...] = tuple(
     v for v in list(globals().values()) if isinstance(v, Attribute))
 
@@ -185,5 +208,7 @@ EFFECTIVE_RATE = Metric(PREFIX + "sampling.effective_rate", "1",
                         "Sampling probability in force after the overhead budget, by tier")
 OVERHEAD_RATIO = Metric(PREFIX + "overhead.ratio", "1",
                         "attnscope's calling-thread cost / wall time of the calls it wraps")
+ROOFLINE_FRACTION_METRIC = Metric(PREFIX + "attention.roofline_fraction", "1",
+                                  "Sampled calls' achieved share of their roofline's roof")
 
 METRICS: tuple[Metric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Metric))

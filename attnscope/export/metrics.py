@@ -38,13 +38,17 @@ from .._state import state
 from .._version import __version__
 from .destinations import meter_provider_for
 
-__all__ = ["DURATION_BUCKETS_S", "MEMORY_BUCKETS_BYTES", "recorder"]
+__all__ = ["DURATION_BUCKETS_S", "FRACTION_BUCKETS", "MEMORY_BUCKETS_BYTES", "recorder"]
 
 DURATION_BUCKETS_S = (
     1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )
 MEMORY_BUCKETS_BYTES = tuple(float(4**k) for k in range(8, 19))  # 64 KiB .. 64 GiB
+# A fraction of the roof: fine steps near the top, where tuning happens; >1 is possible (the
+# bytes are a minimum only for the memory roof's side, and user-configured peaks may be low).
+FRACTION_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+_FRACTION = schema.ROOFLINE_FRACTION.name
 # Low-cardinality labels only: the module class, not its path (one series per layer would
 # multiply every histogram by the depth of the model); spans carry the path.
 _DEVICE_NS, _WALL_NS, _TOKENS = schema.DEVICE_NS.name, schema.WALL_NS.name, schema.TOKENS.name
@@ -172,6 +176,11 @@ class _Instruments:
             description=schema.MEMORY_PEAK.brief,
             explicit_bucket_boundaries_advisory=list(MEMORY_BUCKETS_BYTES),
         )
+        self.roofline_fraction = meter.create_histogram(
+            schema.ROOFLINE_FRACTION_METRIC.name, unit=schema.ROOFLINE_FRACTION_METRIC.unit,
+            description=schema.ROOFLINE_FRACTION_METRIC.brief,
+            explicit_bucket_boundaries_advisory=list(FRACTION_BUCKETS),
+        )
         # The context argument (exemplars) exists from opentelemetry-api 1.28 on.
         self._with_context = _takes_context(self.duration.record)
         for create, metric, callback in (
@@ -223,6 +232,9 @@ class _Instruments:
                     self.memory_peak.record(peak, labels)
                 else:
                     self.memory_peak.record(peak, labels, context=ctx)
+            fraction = attrs.get(_FRACTION)
+            if isinstance(fraction, float):  # only where the span has a roofline
+                self.roofline_fraction.record(fraction, labels)
         except Exception as exc:
             _log.internal_error("metrics", exc)
 

@@ -23,6 +23,8 @@ from .derived import Measured, clean, sig4
 from .emit import Emitter, span_name
 from .profiles.optree import ChildSpan, hand_down
 from .readable import Summaries, op_summary
+from . import fallback
+from . import roofline
 from .steps import StepTraces, configured_run_id
 
 __all__ = ["SpanBuilder", "Result", "result_of", "capture_attributes", "site_attributes",
@@ -100,6 +102,8 @@ def capture_attributes(cap: Capture, shape: dict[str, Any], found: Measured,
     attrs[_SAMPLE_RATE] = float(cap.sample_rate)
     attrs.update(shape)
     found.add_to(attrs)
+    if _BACKEND in attrs:  # profiled SDPA call: was it a silent fallback?
+        fallback.annotate(attrs, cap.summary, str(attrs.get(_MODULE) or cap.name))
     if cap.instance is not None and _MODULE in attrs:
         impl = _implementation(cap.instance)
         if impl is not None:
@@ -118,6 +122,7 @@ def capture_attributes(cap: Capture, shape: dict[str, Any], found: Measured,
     tokens = attrs.get(_TOKENS)
     if isinstance(tokens, int) and busy > 0:
         attrs[_TOKENS_PER_S] = sig4(tokens * 1e9 / busy)
+    roofline.add_configured(attrs)
     return attrs
 
 

@@ -1,0 +1,201 @@
+"""Silent SDPA fallback: the best backend a call's inputs allowed, against the one that ran.
+
+Worker side only, and from shapes, dtypes and flags only: no tensor data is read. CUDA calls ask
+torch's own eligibility checks (``torch.backends.cuda.can_use_*`` with ``debug=True``) on meta
+tensors of the recorded shapes; their reason is the warning text they emit. CPU calls follow the
+CPU flash kernel's conditions, checked against torch 2.13's choice (tests/test_fallback.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _log
+from .. import _schema as schema
+from ..record.capture import TensorMeta, find_qkv
+
+__all__ = ["Inputs", "Verdict", "annotate", "assess", "from_summary", "warn"]
+
+# Fastest first, as torch's own priority order on CUDA (sdp_utils.cpp); CPU has flash or math.
+_CUDA_ORDER = ("flash", "cudnn", "efficient")
+_FUSED = frozenset(_CUDA_ORDER)
+# Reasons are torch's words, kept to a span attribute's size.
+_REASON_CHARS = 240
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the worker knows of one SDPA call: shapes, dtypes, strides and flags, never data.
+
+    ``allowed`` is the set of backends the call's ``sdpa_kernel`` context allowed (None: unknown);
+    it only changes the reason given, since an excluded faster backend is still a fallback.
+    """
+
+    device_type: str
+    shapes: tuple[Sequence[int], Sequence[int], Sequence[int]]
+    dtype: Any
+    last_dim_strides: tuple[int, int, int] | None = None  # None: not recorded
+    mask_shape: Sequence[int] | None = None
+    mask_dtype: Any = None
+    dropout_p: float = 0.0
+    is_causal: bool = False
+    enable_gqa: bool = False
+    allowed: frozenset[str] | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``expected``: the best eligible backend ("" when none was); ``reason``: why not fused."""
+
+    fallback: bool
+    expected: str
+    reason: str
+
+
+def _bounded(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _REASON_CHARS else text[:_REASON_CHARS - 1] + "…"
+
+
+def _cpu(inputs: Inputs) -> tuple[str, str]:
+    """CPU flash (``use_flash_attention_cpp``): the conditions that decide it for dense inputs."""
+    if inputs.dropout_p > 0.0:
+        return "", f"flash (CPU) does not support dropout (dropout_p={inputs.dropout_p:g})"
+    if any(len(shape) != 4 for shape in inputs.shapes):
+        return "", "flash (CPU) needs 4-D query, key and value"
+    strides = inputs.last_dim_strides
+    if strides is None:
+        return "?", ""  # eligibility hangs on the strides, which were not recorded
+    if any(stride != 1 for stride in strides):
+        return "", ("flash (CPU) needs query, key and value with last-dimension stride 1, got "
+                    f"{list(strides)}")
+    return "flash", ""
+
+
+def _cuda_checks() -> dict[str, Callable[..., bool]]:
+    import torch
+
+    checks = {"flash": torch.backends.cuda.can_use_flash_attention,
+              "efficient": torch.backends.cuda.can_use_efficient_attention}
+    cudnn = getattr(torch.backends.cuda, "can_use_cudnn_attention", None)
+    if cudnn is not None:
+        checks["cudnn"] = cudnn
+    return checks
+
+
+def _cuda(inputs: Inputs) -> tuple[str, str]:
+    """Torch's checks on meta tensors: no memory, no data; the reasons are their warnings."""
+    import torch
+
+    q, k, v = (torch.empty(tuple(s), dtype=inputs.dtype, device="meta") for s in inputs.shapes)
+    mask = (torch.empty(tuple(inputs.mask_shape), dtype=inputs.mask_dtype, device="meta")
+            if inputs.mask_shape is not None and inputs.mask_dtype is not None else None)
+    params = torch.backends.cuda.SDPAParams(q, k, v, mask, inputs.dropout_p, inputs.is_causal,
+                                            inputs.enable_gqa)
+    checks = _cuda_checks()
+    reasons: list[str] = []
+    for name in _CUDA_ORDER:
+        if name not in checks:
+            continue
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ok = checks[name](params, True)
+        if ok:
+            return name, ""
+        words = "; ".join(str(w.message) for w in caught) or "not eligible"
+        reasons.append(f"{name}: {words}")
+    return "", " | ".join(reasons)
+
+
+def assess(ran: str, inputs: Inputs) -> Verdict | None:
+    """The verdict for an SDPA call whose backend ``ran``; None when nothing can be said.
+
+    A fallback is a call that ran math while a fused backend was eligible, or ran math because
+    none was. ``ran`` unknown, or a device without known rules, gives None: never a guess.
+    """
+    if ran not in _FUSED and ran != "math":
+        return None
+    if inputs.device_type == "cpu":
+        expected, reason = _cpu(inputs)
+    elif inputs.device_type == "cuda":
+        expected, reason = _cuda(inputs)
+    else:
+        return None
+    if expected == "?":
+        return Verdict(False, ran, "") if ran != "math" else None
+    if ran != "math":
+        return Verdict(False, expected, _bounded(reason))
+    if expected and inputs.allowed is not None and expected not in inputs.allowed:
+        # Still slower than it had to be, but the cause is the program's own context.
+        reason = f"{expected} was eligible but excluded by an sdpa_kernel context"
+    elif expected:
+        reason = f"{expected} was eligible but the math kernel ran"
+    return Verdict(True, expected, _bounded(reason))
+
+
+def from_summary(summary: list[tuple[str, Any]]) -> Inputs | None:
+    """An SDPA call's :class:`Inputs` from its argument summary (strides are not recorded there).
+
+    The mask is read for its shape and dtype only; None when the summary is not an SDPA call.
+    """
+    qkv = find_qkv(summary)
+    if qkv is None:
+        return None
+    q, k, v = qkv
+    named = dict(summary)
+    mask: Any = named.get("attn_mask")
+    mask_shape = mask_dtype = None
+    if isinstance(mask, TensorMeta) or (hasattr(mask, "shape") and hasattr(mask, "dtype")):
+        mask_shape, mask_dtype = tuple(mask.shape), mask.dtype
+    dropout = named.get("dropout_p", 0.0)
+    return Inputs(getattr(q.device, "type", str(q.device)), (q.shape, k.shape, v.shape), q.dtype,
+                  mask_shape=mask_shape, mask_dtype=mask_dtype,
+                  dropout_p=float(dropout) if isinstance(dropout, (int, float)) else 0.0,
+                  is_causal=named.get("is_causal") is True,
+                  enable_gqa=named.get("enable_gqa") is True)
+
+
+def warn(site: str, verdict: Verdict) -> None:
+    """One WARNING per call site (rate-limited by ``_log``) in plain words."""
+    if not verdict.fallback:
+        return
+    site = site[:128]
+    if verdict.expected:
+        text = f"{site} ran the math kernel: {verdict.expected} was eligible"
+    else:
+        text = f"{site} ran the math kernel: no fused kernel was eligible because {verdict.reason}"
+    _log.warn_once(f"fallback:{site}", text)
+
+
+_FALLBACK, _EXPECTED, _REASON = (schema.BACKEND_FALLBACK.name, schema.BACKEND_EXPECTED.name,
+                                 schema.BACKEND_REASON.name)
+
+
+# Calls repeat their shapes: one verdict per distinct input, a bounded number of them.
+@functools.lru_cache(maxsize=256)
+def _cached(ran: str, inputs: Inputs) -> Verdict | None:
+    return assess(ran, inputs)
+
+
+def annotate(attrs: dict[str, Any], summary: list[tuple[str, Any]], site: str) -> None:
+    """Add the fallback attributes to an SDPA call's span ``attrs`` (backend known) and warn."""
+    ran = attrs.get(schema.BACKEND.name)
+    if not isinstance(ran, str) or not summary:
+        return
+    try:
+        inputs = from_summary(summary)
+        verdict = _cached(ran, inputs) if inputs is not None else None
+    except Exception as exc:  # noqa: BLE001 - never break the span over a verdict
+        _log.internal_error("fallback", exc)
+        return
+    if verdict is None:
+        return
+    attrs[_FALLBACK] = verdict.fallback
+    if verdict.fallback:
+        attrs[_EXPECTED] = verdict.expected
+        attrs[_REASON] = verdict.reason
+        warn(site, verdict)
