@@ -21,6 +21,7 @@ from .. import _log, _state
 from .. import _schema as schema
 from .._state import state
 from . import args as _args
+from . import batch as _batch
 from . import compile as _compile
 from . import decision as _decision
 from . import device as _device
@@ -154,6 +155,7 @@ def _open(site: CallSite, tier: int, rate: float, args: tuple[Any, ...], kwargs:
     cap = Capture()
     cap.capture_id = next_id()
     cap.parent_id = current.get()
+    cap.rows = _batch.rows_var.get()  # the one read of batch() rows, on the sampled path only
     cap.site = site
     cap.name = site.name
     cap.sample_rate = rate
