@@ -196,6 +196,8 @@ def annotate(attrs: dict[str, Any], summary: list[tuple[str, Any]], site: str) -
         return
     attrs[_FALLBACK] = verdict.fallback
     if verdict.fallback:
-        attrs[_EXPECTED] = verdict.expected
+        # no fused kernel eligible: the math kernel was the only one, and "none" says so (an
+        # empty string reads as a value left blank)
+        attrs[_EXPECTED] = verdict.expected or "none"
         attrs[_REASON] = verdict.reason
         warn(site, verdict)
