@@ -210,5 +210,7 @@ OVERHEAD_RATIO = Metric(PREFIX + "overhead.ratio", "1",
                         "attnscope's calling-thread cost / wall time of the calls it wraps")
 ROOFLINE_FRACTION_METRIC = Metric(PREFIX + "attention.roofline_fraction", "1",
                                   "Sampled calls' achieved share of their roofline's roof")
+BACKEND_FALLBACKS = Metric(PREFIX + "attention.backend_fallbacks", "{call}",
+                           "Profiled SDPA calls that ran the math kernel as a fallback")
 
 METRICS: tuple[Metric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Metric))

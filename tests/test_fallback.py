@@ -165,3 +165,26 @@ def test_profiled_sdpa_with_dropout_is_named_a_fallback_on_its_span(
     assert "attnscope.backend.reason" not in fused
     warned = [r.getMessage() for r in caplog.records if "ran the math kernel" in r.getMessage()]
     assert len(warned) == 1 and "dropout" in warned[0]
+
+
+def test_fallbacks_are_counted_per_series() -> None:
+    from types import SimpleNamespace
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from attnscope.export import metrics as _metrics
+
+    reader = InMemoryMetricReader()
+    record = _metrics._instruments_for(MeterProvider(metric_readers=[reader])).record
+    base = {"attnscope.wall_ns": 1000, "attnscope.backend": "math"}
+    for fell in (True, True, False):
+        record(SimpleNamespace(name="sdpa", attrs={**base, "attnscope.backend.fallback": fell}))
+    record(SimpleNamespace(name="sdpa", attrs={"attnscope.wall_ns": 1000,
+                                               "attnscope.backend": "flash"}))  # no verdict
+    data = reader.get_metrics_data()
+    points = [p for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+              if m.name == "attnscope.attention.backend_fallbacks" for p in m.data.data_points]
+    (point,) = points
+    assert point.value == 2
+    assert dict(point.attributes)["attnscope.backend"] == "math"

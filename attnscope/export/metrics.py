@@ -49,6 +49,7 @@ MEMORY_BUCKETS_BYTES = tuple(float(4**k) for k in range(8, 19))  # 64 KiB .. 64 
 # bytes are a minimum only for the memory roof's side, and user-configured peaks may be low).
 FRACTION_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 _FRACTION = schema.ROOFLINE_FRACTION.name
+_FALLBACK = schema.BACKEND_FALLBACK.name
 # Low-cardinality labels only: the module class, not its path (one series per layer would
 # multiply every histogram by the depth of the model); spans carry the path.
 _DEVICE_NS, _WALL_NS, _TOKENS = schema.DEVICE_NS.name, schema.WALL_NS.name, schema.TOKENS.name
@@ -166,10 +167,16 @@ class _Instruments:
         # counter's add() costs the worker as much per span as the histogram record does.
         # Written by the worker thread only; the reader's callback takes a snapshot.
         self._token_totals: dict[tuple[tuple[str, str], ...], float] = {}
+        # fallbacks counted the same way, per series (a profiled call's verdict: rare, exact)
+        self._fallback_totals: dict[tuple[tuple[str, str], ...], int] = {}
         self._labels: dict[tuple[Any, ...], _Labels] = {}  # see _labels_of
         meter.create_observable_counter(
             schema.ATTENTION_TOKENS.name, callbacks=[self._observe_tokens],
             unit=schema.ATTENTION_TOKENS.unit, description=schema.ATTENTION_TOKENS.brief,
+        )
+        meter.create_observable_counter(
+            schema.BACKEND_FALLBACKS.name, callbacks=[self._observe_fallbacks],
+            unit=schema.BACKEND_FALLBACKS.unit, description=schema.BACKEND_FALLBACKS.brief,
         )
         self.memory_peak = meter.create_histogram(
             schema.MEMORY_PEAK.name, unit=schema.MEMORY_PEAK.unit,
@@ -198,6 +205,16 @@ class _Instruments:
         try:
             return [Observation(total, dict(key))
                     for key, total in list(self._token_totals.items())]
+        except Exception as exc:
+            _log.internal_error("metrics.observe", exc)
+            return []
+
+    def _observe_fallbacks(self, options: Any) -> Iterable[Any]:
+        from opentelemetry.metrics import Observation
+
+        try:
+            return [Observation(total, dict(key))
+                    for key, total in list(self._fallback_totals.items())]
         except Exception as exc:
             _log.internal_error("metrics.observe", exc)
             return []
@@ -235,6 +252,10 @@ class _Instruments:
             fraction = attrs.get(_FRACTION)
             if isinstance(fraction, float):  # only where the span has a roofline
                 self.roofline_fraction.record(fraction, labels)
+            if attrs.get(_FALLBACK) is True:
+                falls = self._fallback_totals
+                if series in falls or len(falls) < _MAX_TOKEN_SERIES:
+                    falls[series] = falls.get(series, 0) + 1
         except Exception as exc:
             _log.internal_error("metrics", exc)
 
