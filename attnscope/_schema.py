@@ -186,7 +186,7 @@ ROOFLINE_FRACTION = attribute("roofline.fraction", "float", "1",
 ROOFLINE_PEAK_TFLOPS = attribute("roofline.peak_tflops", "float", "TFLOP/s", "the peak used")
 ROOFLINE_PEAK_GBPS = attribute("roofline.peak_gbps", "float", "GB/s", "the bandwidth used")
 ROOFLINE_PEAK_SOURCE = attribute("roofline.peak_source", "string", "",
-                                 "where the peaks came from: configured")
+                                 "where the peaks came from: configured or table")
 
 ATTRIBUTES: tuple[Attribute, ...] = tuple(
     v for v in list(globals().values()) if isinstance(v, Attribute))

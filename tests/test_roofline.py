@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -188,3 +190,43 @@ def test_fraction_histogram_per_module_class_and_phase() -> None:
     assert point.count == 2 and point.sum == pytest.approx(0.75)
     assert dict(point.attributes) == {"attnscope.module_class": "LlamaAttention",
                                       "attnscope.phase": "decode"}
+
+
+@pytest.mark.parametrize(("name", "dtype", "precision", "tflops", "gbps"), [
+    ("NVIDIA H100 80GB HBM3", "bfloat16", "highest", 989.4, 3350.0),
+    ("NVIDIA H200", "float16", "highest", 989.4, 4800.0),
+    ("NVIDIA A100-SXM4-80GB", "float32", "highest", 19.5, 2039.0),
+    ("NVIDIA A100-SXM4-80GB", "float32", "high", 156.0, 2039.0),  # TF32 matmuls
+    ("NVIDIA A10G", "bfloat16", "highest", None, None),  # not in the table: no roofline
+])
+def test_a_cuda_call_takes_its_devices_peaks_from_the_table(
+        monkeypatch: pytest.MonkeyPatch, name: str, dtype: str, precision: str,
+        tflops: float | None, gbps: float | None) -> None:
+    _roofline = roofline
+    _roofline._table_peaks.cache_clear()
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: precision)
+    try:
+        attrs: dict[str, Any] = {"attnscope.flops": 10**9, "attnscope.bytes": 10**7,
+                                 "attnscope.wall_ns": 10**6, "attnscope.device": "cuda:0",
+                                 "attnscope.dtype": dtype}
+        _roofline.add_configured(attrs)
+    finally:
+        _roofline._table_peaks.cache_clear()
+    if tflops is None:
+        assert not any(k.startswith("attnscope.roofline.") for k in attrs)
+        return
+    assert attrs["attnscope.roofline.peak_source"] == "table"
+    assert attrs["attnscope.roofline.peak_tflops"] == tflops
+    assert attrs["attnscope.roofline.peak_gbps"] == gbps
+    # 1 TFLOP/s achieved at intensity 100 FLOP/B: the roof is min(peak, 100 × bandwidth)
+    roof = min(tflops * 1e12, 100 * gbps * 1e9)
+    assert attrs["attnscope.roofline.fraction"] == pytest.approx(1e12 / roof, rel=1e-3)
+
+
+def test_a_cpu_call_without_configured_peaks_gets_no_roofline() -> None:
+    attrs: dict[str, Any] = {"attnscope.flops": 10**9, "attnscope.bytes": 10**7,
+                             "attnscope.wall_ns": 10**6, "attnscope.device": "cpu",
+                             "attnscope.dtype": "float32"}
+    roofline.add_configured(attrs)
+    assert not any(k.startswith("attnscope.roofline.") for k in attrs)

@@ -1,8 +1,8 @@
 """Device peaks and where one call sits under them: the roofline of a call.
 
-Pure values and arithmetic on the worker (no torch import): a table of accelerators' dense peaks
-from the vendors' datasheets, matched from the name torch reports for a device, the peak that
-applies to a call's dtype, and a call's bound and fraction of its roof.
+Values and arithmetic on the worker (torch is read only for a CUDA device's name): a table of
+accelerators' dense peaks from the vendors' datasheets, matched from the name torch reports for a
+device, the peak that applies to a call's dtype, and a call's bound and fraction of its roof.
 
 A roofline has two roofs: memory, ``intensity × peak_bw``, and compute, ``peak_flops``. They meet
 at the ridge point ``peak_flops / peak_bw`` (FLOP/byte): a call below it is memory-bound, at or
@@ -13,6 +13,7 @@ no peak for gives None.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -24,6 +25,7 @@ __all__ = ["DevicePeaks", "Roofline", "add_configured", "add_to", "device_peaks_
            "dtype_peak_tflops", "evaluate"]
 
 _FLOPS, _BYTES, _EXACT = schema.FLOPS.name, schema.BYTES.name, schema.EXACT.name
+_DEVICE, _DTYPE = schema.DEVICE.name, schema.DTYPE.name
 # The time a call's FLOPs and bytes are divided by, best first: the attention core's own time in
 # a profile (FLOPs and bytes are the core's), then the call's device time, then its wall time.
 _TIMES = tuple((a.name, a.key) for a in (schema.CORE_NS, schema.DEVICE_NS, schema.WALL_NS))
@@ -174,6 +176,41 @@ def add_to(attrs: dict[str, Any], peaks: Mapping[str, float] | None, source: str
 
 def add_configured(attrs: dict[str, Any]) -> None:
     """:func:`add_to` under the ``device_peaks`` setting in force (read per span, on the worker);
-    without it nothing is added (the device table is not applied to spans yet)."""
+    without it, a CUDA call's device from the table (``peak_source=table``), at its dtype's peak.
+    On CPU, or a device or dtype the table does not hold, nothing is added."""
     cfg = state.config
-    add_to(attrs, cfg.device_peaks if cfg is not None else None, "configured")
+    configured = cfg.device_peaks if cfg is not None else None
+    if configured is not None:
+        add_to(attrs, configured, "configured")
+        return
+    device, dtype = attrs.get(_DEVICE), attrs.get(_DTYPE)
+    if not isinstance(device, str) or not device.startswith("cuda") or not isinstance(dtype, str):
+        return
+    peaks = _table_peaks(device)
+    if peaks is None:
+        return
+    tflops = dtype_peak_tflops(peaks, dtype, tf32=_tf32())
+    if tflops is not None:
+        add_to(attrs, {"tflops": tflops, "gbps": peaks.gbps}, "table")
+
+
+@functools.lru_cache(maxsize=16)
+def _table_peaks(device: str) -> DevicePeaks | None:
+    """The table's entry for a CUDA device (``cuda:1``), by the name torch reports: read once
+    per device, on the worker (the calling thread's call already initialised CUDA)."""
+    try:
+        import torch
+
+        return device_peaks_for(torch.cuda.get_device_name(torch.device(device)))
+    except Exception:  # noqa: BLE001 - no name, no peaks: never a guess
+        return None
+
+
+def _tf32() -> bool:
+    """float32 matmuls on tensor-float cores: torch's matmul precision below ``highest``."""
+    try:
+        import torch
+
+        return torch.get_float32_matmul_precision() != "highest"
+    except Exception:  # noqa: BLE001
+        return False
