@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .roofline import FallbackStats, RooflineStats, fallbacks_of, roofline_of
 from .traces import GroupKey, SpanRow, call_backends, group_key
 from .. import _schema as schema
 
@@ -84,6 +85,8 @@ class GroupStats:
     cost_per_1k_tokens: float | None
     # calls marked attnscope.exact=false, per attnscope.inexact_reason (empty: all exact)
     inexact: Mapping[str, int] = field(default_factory=dict)
+    roofline: RooflineStats | None = None  # :mod:`.roofline`: calls with a roofline
+    fallbacks: FallbackStats | None = None  # calls named a silent fallback
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +212,8 @@ def _stats(key: GroupKey, label: str, rows: Sequence[SpanRow], price_per_hour: f
         cost_per_1k_tokens=(price_per_hour / 3600 / tokens_per_s * 1e3
                             if price_per_hour is not None and tokens_per_s else None),
         inexact=dict(Counter(str(r.attributes.get(schema.INEXACT_REASON.name, "unknown"))
-                             for r in rows if r.attributes.get(schema.EXACT.name) is False)))
+                             for r in rows if r.attributes.get(schema.EXACT.name) is False)),
+        roofline=roofline_of(rows), fallbacks=fallbacks_of(rows))
 
 
 def sample_rate(row: SpanRow) -> float:

@@ -137,6 +137,14 @@ def _group_json(g: GroupStats) -> dict[str, Any]:
         "kernels": [{"name": n, "ns": ns, "share": share} for n, ns, share in g.kernels],
         "cost_per_1k_tokens_usd": g.cost_per_1k_tokens,
         "inexact_calls": dict(g.inexact),
+        "roofline": None if g.roofline is None else {
+            "calls": g.roofline.calls, "intensity_flop_per_byte": g.roofline.intensity,
+            "achieved_tflops": g.roofline.achieved_tflops, "roof_tflops": g.roofline.roof_tflops,
+            "fraction": g.roofline.fraction, "bound": g.roofline.bound,
+            "peak_source": g.roofline.peak_source},
+        "fallbacks": None if g.fallbacks is None else {
+            "calls": g.fallbacks.calls, "expected": g.fallbacks.expected,
+            "reason": g.fallbacks.reason},
     }
 
 
@@ -216,6 +224,15 @@ def render_terminal(summary: Summary, *, source: str, spans: int, top: int, out:
                       "profiled calls.", highlight=False)
     if summary.price_per_hour is not None:
         console.print(_cost_table(summary))
+    if any(g.roofline for g in summary.groups):
+        console.print(_roofline_table(summary))
+    for g in summary.groups:
+        if g.fallbacks is not None:
+            f = g.fallbacks
+            console.print(
+                f"Fallback: {g.label} ({g.phase or MISSING}): {f.calls} call(s) ran the math kernel"
+                + (f", {f.expected} was eligible" if f.expected and f.expected != "none" else "")
+                + (f" — {f.reason}" if f.reason else ""), highlight=False, markup=False)
     if context is not None:
         _end_to_end(console, context.e2e)
     _kernels_and_slowest(console, summary, top)
@@ -328,6 +345,20 @@ def _cost_table(summary: Summary) -> Table:
     for g in _rows(summary):
         cost = g.cost_per_1k_tokens
         _add(t, summary, g, [si(g.tokens_per_s), MISSING if cost is None else f"{cost:.3g}"])
+    return t
+
+
+def _roofline_table(summary: Summary) -> Table:
+    """Where each row's calls stand on the roofline (medians of the calls that have one)."""
+    t = _table("Roofline per attention layer (medians of the calls with peaks known)",
+               ("layer", "phase", "FLOP/B", "achieved", "roof", "fraction", "bound"))
+    for g in _rows(summary):
+        r = g.roofline
+        if r is None:
+            _add(t, summary, g, [MISSING] * 5)
+            continue
+        _add(t, summary, g, [f"{r.intensity:.3g}", si(r.achieved_tflops * 1e12, "FLOP/s"),
+                             si(r.roof_tflops * 1e12, "FLOP/s"), f"{r.fraction:.1%}", r.bound])
     return t
 
 

@@ -1,0 +1,95 @@
+"""Per-layer roofline and fallback figures of a trace, from the attributes the worker wrote.
+
+A call's roofline (``attnscope.roofline.*``: peaks configured, or a CUDA device attnscope knows)
+and its fallback verdict (``attnscope.backend.fallback``) are span attributes; this module only
+collects them per report row, never recomputes a call's figure from others:
+
+- ``calls``: calls of the row with a roofline; ``intensity``, ``achieved_tflops``, ``fraction``:
+  medians of their ``arithmetic_intensity``, ``roofline.achieved_tflops``, ``roofline.fraction``;
+  ``roof_tflops``: the median of each call's roof, ``min(peak_tflops, intensity × peak_gbps)``;
+  ``bound``: the bound most of them had (ties: ``memory``); ``peak_source``: theirs, joined.
+- ``fallbacks``: calls with ``attnscope.backend.fallback = true``; ``expected``, ``reason``: the
+  most frequent among them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import median
+
+from .traces import SpanRow
+from .. import _schema as schema
+
+__all__ = ["RooflineStats", "FallbackStats", "roofline_of", "fallbacks_of"]
+
+_FRACTION, _ACHIEVED = schema.ROOFLINE_FRACTION.name, schema.ROOFLINE_ACHIEVED_TFLOPS.name
+_INTENSITY, _BOUND = schema.ARITHMETIC_INTENSITY.name, schema.ROOFLINE_BOUND.name
+_PEAK_T, _PEAK_G = schema.ROOFLINE_PEAK_TFLOPS.name, schema.ROOFLINE_PEAK_GBPS.name
+_SOURCE = schema.ROOFLINE_PEAK_SOURCE.name
+_FALLBACK, _EXPECTED, _REASON = (schema.BACKEND_FALLBACK.name, schema.BACKEND_EXPECTED.name,
+                                 schema.BACKEND_REASON.name)
+
+
+@dataclass(frozen=True, slots=True)
+class RooflineStats:
+    """A row's calls under their roofs (see the module doc)."""
+
+    calls: int
+    intensity: float
+    achieved_tflops: float
+    roof_tflops: float
+    fraction: float
+    bound: str
+    peak_source: str
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackStats:
+    """A row's calls named a fallback (see the module doc)."""
+
+    calls: int
+    expected: str | None
+    reason: str | None
+
+
+def _num(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else None
+
+
+def roofline_of(rows: Sequence[SpanRow]) -> RooflineStats | None:
+    """The row's roofline, or None when no call of it has one."""
+    found = []
+    for r in rows:
+        a = r.attributes
+        fraction, achieved, intensity = (_num(a.get(_FRACTION)), _num(a.get(_ACHIEVED)),
+                                         _num(a.get(_INTENSITY)))
+        peak_t, peak_g = _num(a.get(_PEAK_T)), _num(a.get(_PEAK_G))
+        if fraction is None or achieved is None or intensity is None or peak_t is None \
+                or peak_g is None:
+            continue
+        roof = min(peak_t, intensity * peak_g / 1e3)  # GB/s × FLOP/B = GFLOP/s
+        found.append((intensity, achieved, roof, fraction, str(a.get(_BOUND, "")),
+                      str(a.get(_SOURCE, ""))))
+    if not found:
+        return None
+    bounds = Counter(f[4] for f in found)
+    bound = max(sorted(bounds), key=lambda b: (bounds[b], b == "memory"))
+    return RooflineStats(
+        calls=len(found), intensity=median(f[0] for f in found),
+        achieved_tflops=median(f[1] for f in found), roof_tflops=median(f[2] for f in found),
+        fraction=median(f[3] for f in found), bound=bound,
+        peak_source=",".join(sorted({f[5] for f in found if f[5]})))
+
+
+def fallbacks_of(rows: Sequence[SpanRow]) -> FallbackStats | None:
+    """The row's fallbacks, or None when no call of it was named one."""
+    fell = [r.attributes for r in rows if r.attributes.get(_FALLBACK) is True]
+    if not fell:
+        return None
+    expected = Counter(str(a[_EXPECTED]) for a in fell if _EXPECTED in a)
+    reasons = Counter(str(a[_REASON]) for a in fell if _REASON in a)
+    return FallbackStats(len(fell), expected.most_common(1)[0][0] if expected else None,
+                         reasons.most_common(1)[0][0] if reasons else None)
