@@ -346,18 +346,32 @@ def test_real_runs_a_a_pairs_pass_and_2x_slowdown_pairs_fail(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """CI size of benchmarks/bench_diff_aa.py: 6 runs of the program and 3 with layer1 doing
     twice the work (run in alternation, two at a time); 3 A/A pairs of 3 runs a side out of the
-    6, and 2 slowdown pairs: the gate at 25% fails no A/A pair and both slowdown pairs."""
-    runs = program_runs(tmp_path, [1, 2, 1, 2, 1, 2, 1, 1, 1])
-    a, s = [runs[i] for i in (0, 2, 4, 6, 7, 8)], [runs[i] for i in (1, 3, 5)]
-    for left, right in ([0, 1, 2], [3, 4, 5]), ([0, 2, 4], [1, 3, 5]), ([0, 1, 3], [2, 4, 5]):
-        code, doc = _json(capsys, *(a[i] for i in left), "--vs", *(a[i] for i in right),
-                          "--fail-if-slower", "25")
-        assert code == 0, json.dumps(doc["groups"], indent=1)
-    for side in ([0, 1, 2], [3, 4, 5]):
-        code, doc = _json(capsys, *(a[i] for i in side), "--vs", *s, "--fail-if-slower", "25")
-        assert code == 1, json.dumps(doc["groups"], indent=1)
-        failed = {g["module"] for g in doc["groups"] if g["gate_failed"]}
-        assert failed == {"layer1"}
+    6, and 2 slowdown pairs: the gate at 25% fails no A/A pair and both slowdown pairs.
+
+    With 3 runs a side one outlier run (a run 35% slower than its two siblings, seen in about 1
+    in 10 sets on this 2-core machine) makes the slowdown's interval too wide to size it:
+    "inconclusive", which passes the gate, honestly. Such a set is measured once more; an A/A
+    pair that fails the gate, or a slowdown called "no change", fails at once."""
+    for attempt in range(2):
+        runs = program_runs(tmp_path / f"set-{attempt}", [1, 2, 1, 2, 1, 2, 1, 1, 1])
+        a, s = [runs[i] for i in (0, 2, 4, 6, 7, 8)], [runs[i] for i in (1, 3, 5)]
+        for left, right in ([0, 1, 2], [3, 4, 5]), ([0, 2, 4], [1, 3, 5]), ([0, 1, 3], [2, 4, 5]):
+            code, doc = _json(capsys, *(a[i] for i in left), "--vs", *(a[i] for i in right),
+                              "--fail-if-slower", "25")
+            assert code == 0, json.dumps(doc["groups"], indent=1)
+        unsure = False
+        for side in ([0, 1, 2], [3, 4, 5]):
+            code, doc = _json(capsys, *(a[i] for i in side), "--vs", *s, "--fail-if-slower", "25")
+            slow = next(g for g in doc["groups"] if g["module"] == "layer1")
+            p50 = next(m for m in slow["metrics"] if m["metric"] == "p50")
+            if code == 0 and p50["verdict"] == "inconclusive" and attempt == 0:
+                unsure = True
+                break
+            assert code == 1, json.dumps(doc["groups"], indent=1)
+            failed = {g["module"] for g in doc["groups"] if g["gate_failed"]}
+            assert failed == {"layer1"}
+        if not unsure:
+            return
 
 
 def test_the_html_page_carries_the_noise_floor_and_the_unjudged_gate(
