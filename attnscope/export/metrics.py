@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeGuard
 
 from opentelemetry import trace as otel_trace
@@ -200,24 +200,10 @@ class _Instruments:
             create(metric.name, callbacks=[callback], unit=metric.unit, description=metric.brief)
 
     def _observe_tokens(self, options: Any) -> Iterable[Any]:
-        from opentelemetry.metrics import Observation
-
-        try:
-            return [Observation(total, dict(key))
-                    for key, total in list(self._token_totals.items())]
-        except Exception as exc:
-            _log.internal_error("metrics.observe", exc)
-            return []
+        return _observations(self._token_totals)
 
     def _observe_fallbacks(self, options: Any) -> Iterable[Any]:
-        from opentelemetry.metrics import Observation
-
-        try:
-            return [Observation(total, dict(key))
-                    for key, total in list(self._fallback_totals.items())]
-        except Exception as exc:
-            _log.internal_error("metrics.observe", exc)
-            return []
+        return _observations(self._fallback_totals)
 
     def record(self, result: Any, span_context: Any = None) -> None:
         """Record one built span (a ``worker.spans.Result``): its name and attributes.
@@ -277,6 +263,17 @@ class _Instruments:
                 except (RuntimeError, StopIteration):
                     pass
         return found
+
+
+def _observations(totals: Mapping[tuple[tuple[str, str], ...], float]) -> list[Any]:
+    """A snapshot of per-series totals (written by the worker) as the reader's observations."""
+    from opentelemetry.metrics import Observation
+
+    try:
+        return [Observation(total, dict(key)) for key, total in list(totals.items())]
+    except Exception as exc:
+        _log.internal_error("metrics.observe", exc)
+        return []
 
 
 _Labels = tuple[dict[str, str], tuple[tuple[str, str], ...]]

@@ -224,9 +224,9 @@ def _gpt_neo_kind(module: Any, config: Any) -> Any:
     return "global" if bool(bias[0, 0, window, 0]) else "local"  # once, when instrumenting
 
 
-def _config_window(module: Any) -> bool:
-    """The window :func:`_window` gives is the config's, the module declaring none of its own."""
-    return (_window(module) is not None and "sliding_window" not in vars(module)
+def _config_window(module: Any, window: int | None) -> bool:
+    """``window`` (:func:`_window`'s) is the config's, the module declaring none of its own."""
+    return (window is not None and "sliding_window" not in vars(module)
             and _gpt_neo_kind(module, getattr(module, "config", None)) not in ("local", "global"))
 
 
@@ -284,7 +284,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
     module_cross = getattr(module, "is_cross_attention", False) is True
     masked_where_true = type(module).__name__ in _MASKED_WHERE_TRUE
     # chunked (Llama 4), blocked local (LongT5), encoder layers: derive reads them with the facts
-    traits = layer_traits(module, bidirectional, _config_window(module))
+    traits = layer_traits(module, bidirectional, _config_window(module, window))
     extra = [(TRAITS_KEY, traits)] if traits is not None else []
     # an encoder layer's trait matters only with a cache: without one its facts stay alone (and
     # their derive kept per summary on the worker)
