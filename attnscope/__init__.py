@@ -11,6 +11,7 @@ from ._version import __version__
 if _TYPE_CHECKING:  # the names as the type checker sees them; at run time see __getattr__
     from ._api import configure, flush, sampling, shutdown, stats, step, trace
     from ._config import Config
+    from .capture.batch import batch
     from .capture.block import Span, span
     from .instrumentation.model import (
         instrument,
@@ -31,7 +32,7 @@ _MODEL = ".instrumentation.model"
 _HOMES = {
     "configure": "._api", "flush": "._api", "sampling": "._api", "shutdown": "._api",
     "stats": "._api", "step": "._api", "trace": "._api", "Config": "._config",
-    "Span": ".capture.block", "span": ".capture.block", "instrument": _MODEL,
+    "Span": ".capture.block", "span": ".capture.block", "batch": ".capture.batch", "instrument": _MODEL,
     "instrumented_modules": _MODEL, "register_attention": _MODEL, "uninstrument": _MODEL,
     "instrument_sdpa": ".instrumentation.sdpa", "uninstrument_sdpa": ".instrumentation.sdpa",
 }
@@ -40,6 +41,7 @@ __all__ = [
     "Config",
     "Span",
     "__version__",
+    "batch",
     "configure",
     "flush",
     "instrument",

@@ -90,6 +90,16 @@ INEXACT_REASON = attribute("inexact_reason", "string", "",
                            "why not: mask_not_kept, mask_unread, cache_unread, layer_narrows")
 INPUT_TOKENS = attribute("gen_ai.usage.input_tokens", "int", _TOKEN, "prompt tokens")
 OUTPUT_TOKENS = attribute("gen_ai.usage.output_tokens", "int", _TOKEN, "generated tokens")
+REQUEST_ATTENTION_DURATION = Metric(PREFIX + "request.attention.duration", "s",
+                                    "Estimated attention time per request of a batch() block "
+                                    "(all calls, scaled from the sampled ones)")
+# OpenTelemetry GenAI semantic conventions (docs/attributes.md#genai-semantic-conventions): the
+# operation on generate() spans, the model's name on model-level spans where its config has one
+OPERATION_NAME = attribute("gen_ai.operation.name", "string", "", "text_completion on generate()")
+REQUEST_MODEL = attribute("gen_ai.request.model", "string", "",
+                          "the model's name or path, as its config gives it")
+# gen_ai.operation.name of a generate() call: the convention's value for a text completion
+TEXT_COMPLETION = "text_completion"
 
 # ---- model instrumentation (a call site's own attributes)
 MODULE = attribute("module", "string", "", "module path")
@@ -144,7 +154,7 @@ KERNEL_INPUT_SHAPES = attribute("kernel.input_shapes", "string", "", "the op's i
 SLOW = attribute("slow", "bool", "", "beyond slow_call_quantile of the site's estimate")
 SLOW_QUANTILE = attribute("slow_quantile", "float", "1", "the quantile it was beyond")
 TRIGGER = attribute("trigger", "string", "", "why the call was profiled: on_demand, slow_call")
-LINK = attribute("link", "string", "", "on a span link: slow_call")
+LINK = attribute("link", "string", "", "on a span link: slow_call or batched_call")
 
 # ---- step spans (docs/live.md) and the resource
 STEP = attribute("step", "int", "", "the step number")
@@ -188,6 +198,45 @@ ROOFLINE_PEAK_GBPS = attribute("roofline.peak_gbps", "float", "GB/s", "the bandw
 ROOFLINE_PEAK_SOURCE = attribute("roofline.peak_source", "string", "",
                                  "where the peaks came from: configured or table")
 
+# ---- batch(rows=...): a call's padding, and the attnscope.request span of each request row
+PADDING_FRACTION = attribute("padding_fraction", "float", "1",
+                             "share of the call's FLOPs spent on padding (inside batch())")
+REQUEST_ID = attribute("request.id", "string", "", "the request id the application gave")
+REQUEST_BATCH = attribute("request.batch", "int", "", "the batch() block, unique in a process")
+REQUEST_BATCH_SIZE = attribute("request.batch_size", "int", "", "rows the block declared")
+REQUEST_ROW = attribute("request.row", "int", "", "the request's (first) row in the batch")
+REQUEST_SAMPLED_CALLS = attribute("request.sampled_calls", "int", "{call}",
+                                  "sampled attention calls split for this request")
+REQUEST_CALLS_UNAPPORTIONED = attribute("request.calls_unapportioned", "int", "{call}",
+                                        "sampled calls of the block not split by row")
+REQUEST_CALLS_LOST = attribute("request.calls_lost", "int", "{call}",
+                               "sampled calls of the block that never reached the worker")
+REQUEST_TOKENS = attribute("request.tokens", "int", _TOKEN,
+                           "real query tokens, summed over the sampled calls")
+REQUEST_FLOPS = attribute("request.flops", "int", "{FLOP}",
+                          "the row's share of the sampled calls' FLOPs: useful + padding")
+REQUEST_USEFUL_FLOPS = attribute("request.useful_flops", "int", "{FLOP}",
+                                 "real queries x the keys each attends to")
+REQUEST_PADDING_FLOPS = attribute("request.padding_flops", "int", "{FLOP}",
+                                  "what the padded shape spends on the row beyond that")
+REQUEST_KV_BYTES_READ = attribute("request.kv_bytes_read", "int", _BY,
+                                  "decode: the row's share of the K and V bytes read")
+REQUEST_ATTENTION_NS = attribute("request.attention_ns", "int", _NS,
+                                 "estimated: the row's share of the sampled calls' time")
+REQUEST_ALL_FLOPS = attribute("request.all_calls.flops", "int", "{FLOP}",
+                              "estimated: flops scaled to all calls (1 / sample rate)")
+REQUEST_ALL_ATTENTION_NS = attribute("request.all_calls.attention_ns", "int", _NS,
+                                     "estimated: attention_ns scaled to all calls")
+REQUEST_PREFILL_CALLS = attribute("request.prefill.calls", "int", "{call}", "prefill calls")
+REQUEST_PREFILL_FLOPS = attribute("request.prefill.flops", "int", "{FLOP}", "at prefill")
+REQUEST_PREFILL_NS = attribute("request.prefill.attention_ns", "int", _NS,
+                               "estimated, at prefill")
+REQUEST_DECODE_CALLS = attribute("request.decode.calls", "int", "{call}", "decode calls")
+REQUEST_DECODE_FLOPS = attribute("request.decode.flops", "int", "{FLOP}", "at decode")
+REQUEST_DECODE_NS = attribute("request.decode.attention_ns", "int", _NS, "estimated, at decode")
+REQUEST_EXACT = attribute("request.exact", "bool", "",
+                          "false: some call's FLOPs were not exact (an upper bound)")
+
 ATTRIBUTES: tuple[Attribute, ...] = tuple(
     v for v in list(globals().values()) if isinstance(v, Attribute))
 
@@ -212,5 +261,11 @@ ROOFLINE_FRACTION_METRIC = Metric(PREFIX + "attention.roofline_fraction", "1",
                                   "Sampled calls' achieved share of their roofline's roof")
 BACKEND_FALLBACKS = Metric(PREFIX + "attention.backend_fallbacks", "{call}",
                            "Profiled SDPA calls that ran the math kernel as a fallback")
+# OpenTelemetry GenAI semantic conventions' model server metrics, under their own names
+TIME_TO_FIRST_TOKEN = Metric(_GEN_AI + "server.time_to_first_token", "s",
+                             "Time to generate first token for successful responses")
+TIME_PER_OUTPUT_TOKEN = Metric(_GEN_AI + "server.time_per_output_token", "s",
+                               "Time per output token generated after the first token for "
+                               "successful responses")
 
 METRICS: tuple[Metric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Metric))

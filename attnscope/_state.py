@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .record.capture import Capture, ProfileSession
 
 __all__ = ["State", "ProfilerState", "Delivery", "state", "reset", "after_fork", "submit",
-           "COUNT_KEYS", "span_counts", "take_bytes", "give_bytes", "KEEP_TOTAL_BYTES"]
+           "end_block", "COUNT_KEYS", "span_counts", "take_bytes", "give_bytes", "KEEP_TOTAL_BYTES"]
 
 _FORK_WAIT_S = 5.0
 # Tensors all captures together may keep alive by reference (masks until the worker counts them).
@@ -218,6 +218,14 @@ def submit(cap: Capture) -> bool:
         if worker is None:  # the process is exiting
             return False
     return bool(worker.submit(cap))
+
+
+def end_block(block: Any) -> None:
+    """Tell the running worker a ``batch`` block ended (its request spans are due); with no
+    worker none of its calls is waiting either."""
+    worker = state.worker
+    if worker is not None:
+        worker.end_block(block)
 
 
 def span_counts() -> dict[str, int]:

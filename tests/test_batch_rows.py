@@ -24,7 +24,7 @@ def test_rows_are_span_contexts_ids_and_padding() -> None:
     with batch(rows=[span, "req-7", None, ctx]):
         rows = current_rows()
         assert rows == (span.get_span_context(), "req-7", None, span.get_span_context())
-        assert rows_for(4) == rows
+        assert rows_for(rows, 4) == rows
     assert current_rows() is None
 
 
@@ -70,9 +70,9 @@ def test_bad_rows_are_logged_and_the_block_runs_unapportioned(
 def test_row_count_mismatch_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="attnscope")
     with batch(rows=["a", "b"]):
-        assert rows_for(3) is None
-        assert rows_for(3) is None
-        assert rows_for(2) == ("a", "b")
+        assert rows_for(current_rows(), 3) is None
+        assert rows_for(current_rows(), 3) is None
+        assert rows_for(current_rows(), 2) == ("a", "b")
     assert sum("different number of rows" in r.getMessage() for r in caplog.records) == 1
 
 
@@ -92,7 +92,22 @@ def test_a_sampled_call_carries_the_rows_of_its_block(monkeypatch: pytest.Monkey
     def call() -> None:
         pass
 
+    monkeypatch.setattr(_state, "end_block", held.append)
     with batch(rows=["a", None]):
         call()
+        call()
     call()
-    assert [cap.rows for cap in held] == [("a", None), None]
+    block = held[0].rows
+    assert block.rows == ("a", None) and held[1].rows is block and held[3].rows is None
+    assert held[2] is block  # the block's end handed over: two calls in it were sampled
+    assert (block.sampled, block.lost) == (2, 0) and block.end_epoch_ns >= block.start_epoch_ns
+
+
+def test_a_block_with_no_sampled_call_hands_nothing_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnscope import _state
+
+    ended: list[Any] = []
+    monkeypatch.setattr(_state, "end_block", ended.append)
+    with batch(rows=["a"]):
+        pass
+    assert ended == []

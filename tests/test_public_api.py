@@ -12,7 +12,8 @@ import attnscope
 
 def test_all_is_the_public_surface() -> None:
     core = {
-        "Config", "Span", "__version__", "configure", "flush", "rank", "sampling", "shutdown",
+        "Config", "Span", "__version__", "batch", "configure", "flush", "rank", "sampling",
+        "shutdown",
         "span", "stats", "step", "trace", "world_size",
     }
     assert core <= set(attnscope.__all__)

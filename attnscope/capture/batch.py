@@ -1,13 +1,17 @@
 """``batch(rows=...)``: which request each batch row belongs to, for the calls inside the block.
 
-Only the declaration exists so far: the rows live in a context variable that each sampled call
-reads once onto its Capture (``Capture.rows``). The worker does not use them yet (issue 26, §2
-and §3 are not built), so this is not public.
+The block is a :class:`Block` in a context variable; each sampled call reads it once onto its
+Capture (``Capture.rows``) and counts itself in it as it is handed over. The worker splits each
+such call's figures by row into ``Block.acc`` (:mod:`attnscope.worker.apportion`); when the block
+ends the calling thread stamps its end and hands the block over (``_state.end_block``), and the
+worker emits one ``attnscope.request`` span per request row once every call counted has arrived.
+A block in which no call was sampled costs nothing at its end.
 """
 
 from __future__ import annotations
 
 import contextvars
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -15,8 +19,10 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 
 from .. import _log
+from .. import _state
+from ..record.block import Block, rows_for
 
-__all__ = ["Row", "batch", "current_rows", "rows_for"]
+__all__ = ["Row", "Block", "batch", "current_rows", "rows_for"]
 
 # One request's identity: the span context of its request span, or a plain request id. None is a
 # padding row. The span context (not the span) is kept: it is immutable and enough to parent to.
@@ -26,8 +32,8 @@ _MAX_ROWS = 65_536  # bounds what a block holds; a larger batch proceeds unappor
 _MAX_ID = 256  # request-id strings are attributes later: the attribute length bound
 
 # A context variable, like span()'s: each thread and each asyncio task sees its own block, and
-# nesting restores the outer rows on exit.
-rows_var: contextvars.ContextVar[tuple[Row, ...] | None] = contextvars.ContextVar(
+# nesting restores the outer block on exit.
+rows_var: contextvars.ContextVar[Block | None] = contextvars.ContextVar(
     "attnscope_batch_rows", default=None)
 
 
@@ -75,24 +81,22 @@ def batch(rows: Sequence[object]) -> Iterator[None]:
         _log.warn_once("batch-rows", "attnscope.batch: the rows could not be read; this block "
                        "is not apportioned", got=type(exc).__name__)
         declared = None
-    token = rows_var.set(declared)
+    block = Block(declared) if declared is not None else None
+    token = rows_var.set(block)
     try:
         yield
     finally:
         rows_var.reset(token)
+        if block is not None:
+            block.end_epoch_ns = time.time_ns()
+            if block.sampled:  # else nothing reached the worker: nothing to emit
+                try:
+                    _state.end_block(block)
+                except Exception as exc:  # never out of the user's block
+                    _log.internal_error("batch-end", exc)
 
 
 def current_rows() -> tuple[Row, ...] | None:
     """The rows of the innermost ``batch`` block on this thread or task, or None."""
-    return rows_var.get()
-
-
-def rows_for(batch_size: int) -> tuple[Row, ...] | None:
-    """The current rows when they match a call's batch size; a mismatch is logged once and None."""
-    rows = rows_var.get()
-    if rows is None or len(rows) == batch_size:
-        return rows
-    _log.warn_once("batch-size", "attnscope.batch: the block declares a different number of rows "
-                   "than the call's batch; the call is not apportioned",
-                   rows=len(rows), batch=batch_size)
-    return None
+    block = rows_var.get()
+    return None if block is None else block.rows

@@ -136,8 +136,13 @@ def leave(site: CallSite, active: Active, error: BaseException | None, result: A
             _device_counts(cap)
         starting = state.worker is None
         t_submit = _perf_ns() if starting else 0
+        block = cap.rows
+        if block is not None:
+            block.sampled += 1
         if not _state.submit(cap):
             _retain.release(cap)
+            if block is not None:
+                block.lost += 1
         budget = state.sampler.budget
         if budget.budget < 1.0:  # 1.0: no budget (add() would return at once)
             t_done = _perf_ns()

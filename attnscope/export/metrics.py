@@ -10,7 +10,11 @@ Instruments (see docs/exporting.md):
 - ``attnscope.spans.dropped`` (by ``reason``), ``attnscope.profiles.skipped`` and
   ``attnscope.internal_errors``: observable counters read from attnscope's own counts;
 - ``attnscope.sampling.effective_rate`` (by ``tier``) and ``attnscope.overhead.ratio``:
-  observable gauges.
+  observable gauges;
+- ``gen_ai.server.time_to_first_token`` and ``gen_ai.server.time_per_output_token`` histograms,
+  seconds, the GenAI semantic conventions' buckets: one point per ``generate()`` call whose first
+  forward was sampled (:class:`_FirstToken`), by ``gen_ai.operation.name`` and
+  ``gen_ai.request.model``.
 
 The first three carry ``attnscope.module_class`` (the span name where there is no module) /
 ``attnscope.backend`` / ``attnscope.device`` / ``attnscope.phase`` when the span has them.
@@ -24,8 +28,9 @@ from __future__ import annotations
 
 import inspect
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeGuard
+from typing import Any, NamedTuple, TypeGuard
 
 from opentelemetry import trace as otel_trace
 from opentelemetry.context import Context
@@ -38,7 +43,8 @@ from .._state import state
 from .._version import __version__
 from .destinations import meter_provider_for
 
-__all__ = ["DURATION_BUCKETS_S", "FRACTION_BUCKETS", "MEMORY_BUCKETS_BYTES", "recorder"]
+__all__ = ["DURATION_BUCKETS_S", "FRACTION_BUCKETS", "MEMORY_BUCKETS_BYTES", "TPOT_BUCKETS_S",
+           "TTFT_BUCKETS_S", "recorder"]
 
 DURATION_BUCKETS_S = (
     1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
@@ -48,6 +54,10 @@ MEMORY_BUCKETS_BYTES = tuple(float(4**k) for k in range(8, 19))  # 64 KiB .. 64 
 # A fraction of the roof: fine steps near the top, where tuning happens; >1 is possible (the
 # bytes are a minimum only for the memory roof's side, and user-configured peaks may be low).
 FRACTION_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+# The GenAI semantic conventions' advised boundaries (docs/attributes.md names the version).
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                  5.0, 7.5, 10.0)
+TPOT_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 _FRACTION = schema.ROOFLINE_FRACTION.name
 _FALLBACK = schema.BACKEND_FALLBACK.name
 # Low-cardinality labels only: the module class, not its path (one series per layer would
@@ -55,6 +65,11 @@ _FALLBACK = schema.BACKEND_FALLBACK.name
 _DEVICE_NS, _WALL_NS, _TOKENS = schema.DEVICE_NS.name, schema.WALL_NS.name, schema.TOKENS.name
 _SAMPLE_RATE, _PEAK_BYTES = schema.SAMPLE_RATE.name, schema.PEAK_BYTES.name
 _MODULE_CLASS = schema.MODULE_CLASS.name
+_OPERATION, _REQUEST_MODEL = schema.OPERATION_NAME.name, schema.REQUEST_MODEL.name
+_MODULE, _BATCH, _KV_CACHE_LEN = (schema.MODULE.name, schema.BATCH_SIZE.name,
+                                  schema.KV_CACHE_LEN.name)
+_OUTPUT_TOKENS = schema.OUTPUT_TOKENS.name
+TEXT_COMPLETION = schema.TEXT_COMPLETION
 _LABELS = tuple(a.name for a in (schema.MODULE_CLASS, schema.BACKEND, schema.DEVICE, schema.PHASE))
 
 
@@ -188,6 +203,12 @@ class _Instruments:
             description=schema.ROOFLINE_FRACTION_METRIC.brief,
             explicit_bucket_boundaries_advisory=list(FRACTION_BUCKETS),
         )
+        self.first_token = _FirstToken(meter)
+        self.request_duration = meter.create_histogram(
+            schema.REQUEST_ATTENTION_DURATION.name, unit=schema.REQUEST_ATTENTION_DURATION.unit,
+            description=schema.REQUEST_ATTENTION_DURATION.brief,
+            explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS_S),
+        )
         # The context argument (exemplars) exists from opentelemetry-api 1.28 on.
         self._with_context = _takes_context(self.duration.record)
         for create, metric, callback in (
@@ -198,6 +219,17 @@ class _Instruments:
             (meter.create_observable_gauge, schema.OVERHEAD_RATIO, _observe_overhead),
         ):
             create(metric.name, callbacks=[callback], unit=metric.unit, description=metric.brief)
+
+    def record_request(self, seconds: float, span_context: Any = None) -> None:
+        """One ``attnscope.request`` span's estimated attention time, with its exemplar."""
+        try:
+            if span_context is not None and self._with_context and span_context.trace_flags.sampled:
+                ctx = otel_trace.set_span_in_context(NonRecordingSpan(span_context), _EMPTY)
+                self.request_duration.record(seconds, context=ctx)
+            else:
+                self.request_duration.record(seconds)
+        except Exception as exc:
+            _log.internal_error("metrics", exc)
 
     def _observe_tokens(self, options: Any) -> Iterable[Any]:
         return _observations(self._token_totals)
@@ -242,6 +274,9 @@ class _Instruments:
                 falls = self._fallback_totals
                 if series in falls or len(falls) < _MAX_TOKEN_SERIES:
                     falls[series] = falls.get(series, 0) + 1
+            first_token = self.first_token
+            if first_token.open or attrs.get(_OPERATION) == TEXT_COMPLETION:
+                first_token.see(result, attrs, ctx)
         except Exception as exc:
             _log.internal_error("metrics", exc)
 
@@ -263,6 +298,93 @@ class _Instruments:
                 except (RuntimeError, StopIteration):
                     pass
         return found
+
+
+class _Generation(NamedTuple):
+    """A recorded ``generate()`` span, waiting for its first forward's span (built after it)."""
+
+    start_ns: int
+    end_ns: int
+    module: Any  # the model's attnscope.module: its forwards carry the same
+    single: bool  # one sequence: its output tokens are the tokens made one after another
+    output_tokens: Any
+    labels: dict[str, str]
+    ctx: Any
+
+
+class _FirstToken:
+    """``gen_ai.server.time_to_first_token`` and ``time_per_output_token``, measured from spans.
+
+    A ``generate()`` span is built before the spans nested in it, so it waits here (bounded) for
+    its model's first forward: the one that found the KV cache empty (``kv_cache_len`` 0), whose
+    logits give the first token. Time to first token = that forward's end (on CUDA, its start plus
+    its device time when that is later: the forward returns before its kernels finish) minus the
+    generate span's start; time per output token = the rest of the generate span over the output
+    tokens after the first, for one sequence only (a batch's rows end at different steps, which
+    one span's end cannot tell). A call whose first forward was not sampled, that failed, or that
+    ran without a cache records nothing: no figure is made up.
+    """
+
+    def __init__(self, meter: Any) -> None:
+        self.ttft = meter.create_histogram(
+            schema.TIME_TO_FIRST_TOKEN.name, unit=schema.TIME_TO_FIRST_TOKEN.unit,
+            description=schema.TIME_TO_FIRST_TOKEN.brief,
+            explicit_bucket_boundaries_advisory=list(TTFT_BUCKETS_S),
+        )
+        self.tpot = meter.create_histogram(
+            schema.TIME_PER_OUTPUT_TOKEN.name, unit=schema.TIME_PER_OUTPUT_TOKEN.unit,
+            description=schema.TIME_PER_OUTPUT_TOKEN.brief,
+            explicit_bucket_boundaries_advisory=list(TPOT_BUCKETS_S),
+        )
+        # capture id of a generate() span -> what its figures need (oldest dropped first)
+        self.open: OrderedDict[int, _Generation] = OrderedDict()
+
+    def see(self, result: Any, attrs: dict[str, Any], ctx: Any) -> None:
+        """A built span: a generate() call to wait on, or a forward nested in one."""
+        if attrs.get(_OPERATION) == TEXT_COMPLETION:
+            capture_id = getattr(result, "capture_id", None)
+            if capture_id is None or getattr(result, "error", None) is not None:
+                return  # the conventions' figures are of successful responses
+            labels = {_OPERATION: TEXT_COMPLETION}
+            model = attrs.get(_REQUEST_MODEL)
+            if isinstance(model, str) and model:
+                labels[_REQUEST_MODEL] = model
+            self.open[capture_id] = _Generation(
+                result.start_ns, result.end_ns, attrs.get(_MODULE), attrs.get(_BATCH) == 1,
+                attrs.get(_OUTPUT_TOKENS), labels, ctx)
+            if len(self.open) > _MAX_OPEN_GENERATIONS:
+                self.open.popitem(last=False)
+            return
+        parent = getattr(result, "parent_id", None)
+        if not isinstance(parent, int):
+            return
+        gen = self.open.get(parent)
+        if gen is None or attrs.get(_MODULE) != gen.module or attrs.get(_KV_CACHE_LEN) != 0:
+            return  # not this model's first forward (or not under a generate() call)
+        del self.open[parent]
+        if getattr(result, "error", None) is not None:
+            return
+        first = result.end_ns
+        device_ns = attrs.get(_DEVICE_NS)
+        if _positive_int(device_ns):
+            first = max(first, result.start_ns + device_ns)
+        if not gen.start_ns <= first <= gen.end_ns:
+            return  # clocks that do not nest: nothing to measure
+        self._record(self.ttft, (first - gen.start_ns) / 1e9, gen)
+        after = gen.output_tokens
+        if gen.single and attrs.get(_BATCH) == 1 and _count(after) and after >= 2:
+            self._record(self.tpot, (gen.end_ns - first) / 1e9 / (after - 1), gen)
+
+    @staticmethod
+    def _record(histogram: Any, value: float, gen: _Generation) -> None:
+        if gen.ctx is None:
+            histogram.record(value, gen.labels)
+        else:
+            histogram.record(value, gen.labels, context=gen.ctx)
+
+
+# generate() calls waiting for their first forward's span: it is built right after theirs
+_MAX_OPEN_GENERATIONS = 64
 
 
 def _observations(totals: Mapping[tuple[tuple[str, str], ...], float]) -> list[Any]:

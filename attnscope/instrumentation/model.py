@@ -105,7 +105,11 @@ def _instrument_root(model: torch.nn.Module, root_name: str, name_prefix: str | 
                      sample_rate: float | None) -> int:
     """``trace_model=True``: the model's forward and generate(); returns 1 if already done."""
     already = 0
-    attrs = {schema.MODULE.name: root_name, schema.MODULE_CLASS.name: type(model).__qualname__}
+    attrs: dict[str, Any] = {schema.MODULE.name: root_name,
+                             schema.MODULE_CLASS.name: type(model).__qualname__}
+    name = _request_model(model)
+    if name is not None:  # a site attribute: read once here, never per call
+        attrs[schema.REQUEST_MODEL.name] = name
     if is_instrumented(model):  # twice, or the root is itself an attention layer
         if not any(module is model for _, module in targets(model)):
             already = 1
@@ -119,6 +123,21 @@ def _instrument_root(model: torch.nn.Module, root_name: str, name_prefix: str | 
             name, layer_attrs = _naming(path, layer, name_prefix, root_name)
             wrap_forward(layer, name, layer_attrs, sample_rate, _no_facts)
     return already
+
+
+def _request_model(model: torch.nn.Module) -> str | None:
+    """``gen_ai.request.model``: the name or path the model was loaded from, as its config gives
+    it (transformers' ``name_or_path``, set by ``from_pretrained``); None when it gives none (a
+    model built from a config), never a name made up from the class."""
+    config = getattr(model, "config", None)
+    for attr in ("name_or_path", "_name_or_path"):
+        try:
+            value = getattr(config, attr, None)
+        except Exception:  # a config's own property that raises: no name
+            value = None
+        if type(value) is str and value.strip():
+            return value.strip()
+    return None
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:

@@ -127,11 +127,14 @@ def _through(attr: str) -> Callable[..., Any]:
 def wrap_generate(
     model: torch.nn.Module, name: str, attributes: dict[str, Any], sample_rate: float | None
 ) -> None:
-    """``generate()`` gets a span with gen_ai.usage.input_tokens / output_tokens.
+    """``generate()`` gets a span with gen_ai.operation.name and gen_ai.usage.input_tokens /
+    output_tokens (and the forward's gen_ai.request.model, in ``attributes`` when known).
 
     The core wrapper, with one step after the call (the site's ``on_result``): the returned ids
     are handed to the worker, which counts new tokens up to each row's first end-of-sequence.
+    The operation is a site attribute: no per-call work.
     """
+    attributes = {**attributes, schema.OPERATION_NAME.name: schema.TEXT_COMPLETION}
     site, names, fn = _site_for(model, "generate", name, attributes, sample_rate,
                                 f"attnscope.instrument:{name}")
     facts_for = hf.generate_facts(model, names)

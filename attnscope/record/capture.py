@@ -159,9 +159,9 @@ class Capture:
         self.kept_bytes = 0  # of tensors this capture keeps by reference (see capture.retain)
         self.step_no: int | None = None  # attnscope.step() in force when the call was sampled
         self.grant: Any = None  # capture.grants.Grant: why this call got the profile tier
-        # capture.batch rows in force (a tuple of SpanContext | str | None): kept by reference,
-        # not checked against the call's batch here, since the worker reads the shapes.
-        self.rows: tuple[Any, ...] | None = None
+        # the capture.batch.Block in force: its rows are checked against the call's batch by the
+        # worker, which reads the shapes
+        self.rows: Any = None
 
     @property
     def wall_ns(self) -> int:

@@ -20,7 +20,7 @@ from .._state import state
 from .._version import __version__
 from ..record.capture import Capture
 from ..export import metrics, pipeline
-from . import derive, emit
+from . import apportion, derive, emit
 from .derived import Derived, Measured
 from .profiles import session as profile
 from .shapecache import ShapeCache, summary_key
@@ -91,7 +91,23 @@ class Engine:
         found.trigger, found.slow_quantile = escalator.observe(
             cap, found.device_ns, cfg.slow_call_quantile,
             cfg.profile_rate > 0 and cfg.profile_max_per_minute > 0)
-        self.builder.add(result_of(cap, shape, found, children, self._site_attrs(cap.site)))
+        result = result_of(cap, shape, found, children, self._site_attrs(cap.site))
+        if cap.rows is not None:  # inside attnscope.batch(): the call's share of each row
+            try:
+                apportion.observe(cap, shape, found.device_ns if found.device_ns is not None
+                                  else cap.wall_ns, result.attrs)
+            except Exception as exc:  # the call's span goes out unsplit
+                _log.internal_error("apportion", exc)
+        self.builder.add(result)
+
+    def end_block(self, block: Any) -> None:
+        """An ended ``batch`` block whose calls have all arrived: its request spans."""
+        apportion.emit_block(self, block)
+
+    def record_request(self, seconds: float, parent: Any) -> None:
+        """One request's estimated attention time, in the request span's trace (exemplars)."""
+        if self.metrics is not None:
+            self.metrics.request(seconds, parent)
 
     def end_batch(self) -> None:
         """The worker has taken what had arrived: record the metrics of the spans it built."""
@@ -139,6 +155,14 @@ class MetricsBatch:
         held.append((result, span_context))
         if len(held) >= _METRICS_BATCH_MAX:
             self.drain()
+
+    def request(self, seconds: float, span_context: Any) -> None:
+        """A request's estimated attention time: recorded at once (one per request, not per
+        call)."""
+        instruments = getattr(self.record, "__self__", None)
+        record = getattr(instruments, "record_request", None)
+        if record is not None:
+            record(seconds, span_context)
 
     def drain(self) -> None:
         held = self.held

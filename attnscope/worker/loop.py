@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import _log
 from .._config import Config
@@ -43,6 +43,8 @@ _YIELD_EVERY_S = 0.002
 _GATHER_S = 0.1
 _HAND_BACK_S = 0.001
 _MAX_DROP_NOTICES = 65_536
+_MAX_ENDED_BLOCKS = 65_536  # batch() blocks waiting for their request spans
+_BLOCK_WAIT_S = 10.0  # an ended block whose calls have not all arrived is emitted after this
 
 
 class Worker:
@@ -69,6 +71,9 @@ class Worker:
         self.processed = 0
         self.dropped_queue = 0
         self.worker_errors = 0
+        # ended attnscope.batch() blocks, due their request spans (appended by calling threads)
+        self.ended_blocks: deque[Any] = deque()
+        self.blocks_dropped = 0
         self.resolver: Resolver[Capture] = Resolver(lambda cap: cap.timer)
         self.cuda = DeviceAccess()
         self.escalator = Escalator()  # slow calls, and the trigger file (docs/live.md)
@@ -133,6 +138,19 @@ class Worker:
             self._wake.set()
         return accepted
 
+    def end_block(self, block: Any) -> None:
+        """A ``batch`` block in which some call was sampled has ended (calling thread)."""
+        if len(self.ended_blocks) >= _MAX_ENDED_BLOCKS:
+            self.blocks_dropped += 1
+            _log.warn_once("batch-blocks", "attnscope.batch: too many ended blocks wait for the "
+                           "worker; their request spans are not emitted")
+            return
+        block.ended_at = time.monotonic()
+        self.ended_blocks.append(block)
+        if self._sleeping:
+            self._sleeping = False
+            self._wake.set()
+
     # -- worker thread ---------------------------------------------------------------------------
     def _run(self) -> None:
         # thread.start() returned to the calling thread only once this thread ran; left to run,
@@ -161,6 +179,7 @@ class Worker:
         finally:  # stopped: captures still waiting on device timers get their spans, then counts
             for cap, _ in self.resolver.drain():
                 self._finish(cap, True)
+            self._end_blocks(final=True)
             if self.engine is not None:
                 self.engine.builder.give_up()
                 self.engine.end_batch()
@@ -175,7 +194,8 @@ class Worker:
         self._sleeping = True
         try:
             if not self.queue and not self.dropped_ids and not self._stop.is_set():
-                waiting = self.engine is not None and self.engine.builder.pending()
+                waiting = bool(self.ended_blocks) or (
+                    self.engine is not None and bool(self.engine.builder.pending()))
                 self._wake.wait(_STASH_CHECK_S if waiting else None)
         finally:
             self._sleeping = False
@@ -222,12 +242,32 @@ class Worker:
             for cap, timed_out in self.resolver.poll():
                 worked = True
                 self._finish(cap, timed_out)
+        if self.ended_blocks:
+            # asked to flush with nothing left to arrive: every ended block is due now
+            self._end_blocks(final=self._hurry.is_set() and not self.queue
+                             and not len(self.resolver))
         if engine is not None:
             engine.builder.expire()
             engine.end_batch()
         with self._cond:
             self._cond.notify_all()
         return worked
+
+    def _end_blocks(self, final: bool = False) -> None:
+        """Request spans of the ended blocks whose calls have all arrived (or waited too long)."""
+        now = time.monotonic()
+        for _ in range(len(self.ended_blocks)):
+            block = self.ended_blocks.popleft()
+            if not (final or block.seen + block.lost >= block.sampled
+                    or now - block.ended_at > _BLOCK_WAIT_S):
+                self.ended_blocks.append(block)
+                continue
+            try:
+                if self.engine is not None:
+                    self.engine.end_block(block)
+            except Exception as exc:
+                _log.internal_error("batch-end", exc)
+            block.acc = None  # its records go with it
 
     def _finish(self, cap: Capture, timed_out: bool) -> None:
         try:
@@ -242,6 +282,8 @@ class Worker:
         finally:
             give_bytes(cap.kept_bytes)  # its tensors are let go with it
             self.processed += 1
+            if cap.rows is not None:
+                cap.rows.seen += 1
 
     def drop_counts(self) -> dict[str, int]:
         """Spans lost so far, by reason (read by the metrics callbacks)."""
@@ -280,7 +322,7 @@ class Worker:
         target, drops = self.submitted, self.dropped_queue
         with self._cond:
             while (self.processed + self.dropped_queue < target or len(self.resolver)
-                   or self.notices_applied + self.notices_skipped < drops
+                   or self.ended_blocks or self.notices_applied + self.notices_skipped < drops
                    or (self.engine is not None and self.engine.metrics_pending())):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self.thread.is_alive():

@@ -261,6 +261,11 @@ class SpanBuilder:
     def pending(self) -> int:
         return sum(len(v) for v in self._stash.values())
 
+    def context_of(self, capture_id: int) -> SpanContext | None:
+        """The span context a capture's span was emitted with, while it is remembered."""
+        fate = self._fate.get(capture_id)
+        return fate if isinstance(fate, SpanContext) else None
+
     def _build(self, item: Result, parent: SpanContext | None) -> None:
         target = parent if parent is not None else item.otel_parent
         in_step = target is None and (item.step_no is not None or self.steps is not None)

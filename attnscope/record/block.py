@@ -1,0 +1,54 @@
+"""One ``attnscope.batch`` block as both sides see it: its rows, times and the worker's record.
+
+The calling side (``capture.batch``) makes it and stamps its end; each sampled call of the block
+refers to it (``Capture.rows``); the worker splits the calls by row into ``acc``
+(``worker.apportion``) and emits the request spans once the block has ended.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+from opentelemetry import trace as otel_trace
+
+from .. import _log
+
+__all__ = ["Block", "rows_for"]
+
+_next_block = itertools.count(1).__next__  # atomic under the GIL
+
+
+class Block:
+    """One ``batch`` block: its rows, its times, and what its sampled calls left for the worker.
+
+    ``sampled`` and ``lost`` are written by the calling thread (a call handed over, a call the
+    full queue dropped), ``seen`` and ``acc`` by the worker only."""
+
+    __slots__ = ("rows", "block_id", "parent", "start_epoch_ns", "end_epoch_ns", "sampled",
+                 "lost", "seen", "acc", "ended_at")
+
+    def __init__(self, rows: tuple[Any, ...]) -> None:
+        self.rows = rows
+        self.block_id = _next_block()
+        # the application's span around the block: the parent of a plain request id's span
+        parent = otel_trace.get_current_span().get_span_context()
+        self.parent = parent if parent.is_valid else None
+        self.start_epoch_ns = time.time_ns()
+        self.end_epoch_ns: int | None = None
+        self.sampled = 0
+        self.lost = 0
+        self.seen = 0
+        self.acc: object = None
+        self.ended_at = 0.0  # monotonic time the worker was told of the end
+
+
+def rows_for(rows: tuple[Any, ...] | None, batch_size: int) -> tuple[Any, ...] | None:
+    """``rows`` when they match a call's batch size; a mismatch is logged once and None."""
+    if rows is None or len(rows) == batch_size:
+        return rows
+    _log.warn_once("batch-size", "attnscope.batch: the block declares a different number of rows "
+                   "than the call's batch; the call is not apportioned",
+                   rows=len(rows), batch=batch_size)
+    return None
