@@ -195,3 +195,17 @@ def test_encoder_slow_path_keeps_the_attention_spans() -> None:
     assert all("attnscope.fused" not in s.attributes for s in spans)
     attnscope.uninstrument(enc)
     assert attnscope.instrumented_modules(enc) == []
+
+
+def test_compressed_pairs_closed_form_matches_counting_each_query() -> None:
+    """DeepSeek V4's compressed layers: the query at position p sees (p + 1) // rate entries,
+    at most top-k; the closed form the worker uses against the sum query by query."""
+    from attnscope.worker.narrowed import compressed_pairs
+
+    for seen in range(12):
+        for sq in range(1, 10):
+            for rate in range(1, 6):
+                for topk in range(4):
+                    cap = topk or 1 << 30
+                    want = sum(min((p + 1) // rate, cap) for p in range(seen, seen + sq))
+                    assert compressed_pairs(seen, sq, rate, topk) == want

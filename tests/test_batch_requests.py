@@ -219,7 +219,7 @@ def test_the_request_histogram_gets_one_point_per_request_span(bare_env: None) -
               if m.name == "attnscope.request.attention.duration" for p in m.data.data_points]
     assert len(made) == 2 and sum(p.count for p in points) == 2
     assert sum(p.sum for p in points) == pytest.approx(
-        sum(s.attributes[REQ + "all_calls.attention_ns"] for s in made) / 1e9, rel=1e-6)
+        sum(s.attributes[REQ + "all_calls.attention_ns"] for s in made) / 1e9, abs=1e-8)
     meters.shutdown()
 
 
@@ -229,3 +229,47 @@ def test_nothing_sampled_in_a_block_emits_nothing() -> None:
         with attnscope.batch(rows=["a"]):
             model(input_ids=torch.tensor([[5, 6]]))
     assert spans == []
+
+
+def _cap_with(mask: torch.Tensor, rows: tuple[Any, ...], sq: int, past: int) -> Any:
+    from attnscope.record.block import Block
+    from attnscope.record.capture import ATTENTION_KEY, AttentionFacts, Capture
+
+    f = AttentionFacts(mask.shape[0], sq)
+    f.cached, f.past, f.mask = True, past, mask
+    f.heads, f.kv_heads, f.head_dim, f.causal = HEADS, 2, HEAD_DIM, True
+    cap = Capture()
+    cap.capture_id, cap.summary, cap.rows = 1, [(ATTENTION_KEY, f)], Block(rows)
+    return cap
+
+
+@pytest.mark.parametrize("sq, past", [(6, 0), (1, 6)])
+def test_a_device_masks_row_counts_travel_as_pinned_copies_and_split_the_same(
+        monkeypatch: pytest.MonkeyPatch, sq: int, past: int) -> None:
+    """CPU-testable core of the CUDA path: the calling thread enqueues the per-row counts of a
+    device mask (``reduce.row_numbers``) before the mask goes; the worker splits the call from
+    those copies exactly as it splits a host mask's."""
+    from attnscope.capture import hostread
+    from attnscope.worker import apportion, derive
+
+    keys = past + sq
+    pad = torch.ones(3, keys, dtype=torch.bool)
+    pad[0, :3], pad[1, :1] = False, False
+    causal = torch.ones(sq, keys, dtype=torch.bool).tril(keys - sq)
+    mask = (pad[:, None, None, :] & causal)  # (3, 1, sq, keys), as transformers builds it
+    rows = ("a", "b", None)
+    host = _cap_with(mask, rows, sq, past)
+    shape = derive.derive(host.summary).attributes()
+    expected = apportion.split_rows(host, shape, rows, 1000.0)
+    assert expected.reason is None and sum(expected.useful) > 0
+    monkeypatch.setattr(hostread, "_on_device", lambda v: isinstance(v, torch.Tensor))
+    monkeypatch.setattr(hostread, "enqueue_to_host", lambda t: t.clone())
+    device = _cap_with(mask, rows, sq, past)
+    assert hostread.to_host(device)
+    f = device.summary[0][1]
+    assert isinstance(f.mask, apportion.HostCopy) and f.row_counts.kind == "rows"
+    got = apportion.split_rows(device, shape, rows, 1000.0)
+    assert (got.reason, got.tokens, got.useful, got.padding) == (
+        None, expected.tokens, expected.useful, expected.padding)
+    assert apportion.split_rows(device, shape, rows, 1000.0, device_reads=False).reason \
+        == "mask_unread"

@@ -200,7 +200,7 @@ def test_a_layer_call_whose_cache_length_was_not_read_says_so() -> None:
 @pytest.mark.parametrize(("sq", "skv", "cap"), [(8, 8, 4), (1, 9, 4), (3, 9, 4), (5, 5, 8),
                                                 (6, 10, 1), (4, 4, 4)])
 def test_capped_pairs_match_a_brute_force_count(sq: int, skv: int, cap: int) -> None:
-    from attnscope.worker.derive import capped_pairs
+    from attnscope.worker.narrowed import capped_pairs
 
     past = skv - sq
     assert capped_pairs(sq, skv, cap, True) == sum(min(past + q + 1, cap) for q in range(sq))

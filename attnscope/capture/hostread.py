@@ -22,7 +22,8 @@ import torch
 
 from . import retain as _retain
 from ..record.capture import MASK_NAMES, AttentionFacts, Capture, HostCopy, ModelFacts, find_qkv
-from ..record.reduce import attend, enqueue_to_host, generated_numbers, mask_numbers, plan_mask
+from ..record.reduce import (attend, enqueue_to_host, generated_numbers, mask_numbers,
+                             plan_mask, row_numbers)
 
 __all__ = ["to_host"]
 
@@ -63,6 +64,13 @@ def _attention(cap: Capture, f: AttentionFacts) -> bool:
     if _on_device(f.mask):
         if f.seq_kv is None:  # self-attention: the mask is read (cross-attention counts b * sq)
             skv = (f.past if f.past is not None else 0) + f.seq_q
+            if cap.rows is not None and isinstance(skv, int) and f.heads:
+                # inside attnscope.batch(): the per-row counts too, before the mask goes
+                rows = row_numbers(f.mask, f.mask_ignores, f.batch, f.heads, f.seq_q, skv,
+                                   f.window)
+                if rows is not None:
+                    f.row_counts = HostCopy(enqueue_to_host(rows.reshape(-1)), "rows",
+                                            tuple(rows.shape))
             f.mask = _mask_copy(cap, f.mask, f.mask_ignores, f.batch, f.heads, f.seq_q, skv)
             copied = True
         else:

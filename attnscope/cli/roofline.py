@@ -8,6 +8,8 @@ collects them per report row, never recomputes a call's figure from others:
   medians of their ``arithmetic_intensity``, ``roofline.achieved_tflops``, ``roofline.fraction``;
   ``roof_tflops``: the median of each call's roof, ``min(peak_tflops, intensity × peak_gbps)``;
   ``bound``: the bound most of them had (ties: ``memory``); ``peak_source``: theirs, joined.
+- :func:`roofs_of`: the distinct peaks the calls were measured against (a trace can hold several:
+  dtypes with different compute peaks, several devices), one roof each for the HTML plot.
 - ``fallbacks``: calls with ``attnscope.backend.fallback = true``; ``expected``, ``reason``: the
   most frequent among them.
 """
@@ -22,7 +24,7 @@ from statistics import median
 from .traces import SpanRow
 from .. import _schema as schema
 
-__all__ = ["RooflineStats", "FallbackStats", "roofline_of", "fallbacks_of"]
+__all__ = ["RooflineStats", "FallbackStats", "Roof", "roofline_of", "roofs_of", "fallbacks_of"]
 
 _FRACTION, _ACHIEVED = schema.ROOFLINE_FRACTION.name, schema.ROOFLINE_ACHIEVED_TFLOPS.name
 _INTENSITY, _BOUND = schema.ARITHMETIC_INTENSITY.name, schema.ROOFLINE_BOUND.name
@@ -46,6 +48,25 @@ class RooflineStats:
 
 
 @dataclass(frozen=True, slots=True)
+class Roof:
+    """One pair of peaks some calls carried, and how many calls carried it."""
+
+    peak_tflops: float
+    peak_gbps: float
+    peak_source: str
+    calls: int
+
+    @property
+    def ridge(self) -> float:
+        """The intensity (FLOP/byte) where the memory roof meets the compute roof."""
+        return self.peak_tflops * 1e3 / self.peak_gbps
+
+    def at(self, intensity: float) -> float:
+        """The roof at ``intensity``, in TFLOP/s."""
+        return min(self.peak_tflops, intensity * self.peak_gbps / 1e3)  # GB/s × FLOP/B = GFLOP/s
+
+
+@dataclass(frozen=True, slots=True)
 class FallbackStats:
     """A row's calls named a fallback (see the module doc)."""
 
@@ -59,20 +80,27 @@ def _num(value: object) -> float | None:
         else None
 
 
+def _figures(row: SpanRow) -> tuple[float, float, float, float, Roof] | None:
+    """(intensity, achieved TFLOP/s, roof, fraction, peaks) of a call, None unless it has all."""
+    a = row.attributes
+    fraction, achieved, intensity = (_num(a.get(_FRACTION)), _num(a.get(_ACHIEVED)),
+                                     _num(a.get(_INTENSITY)))
+    peak_t, peak_g = _num(a.get(_PEAK_T)), _num(a.get(_PEAK_G))
+    if fraction is None or achieved is None or intensity is None or peak_t is None \
+            or peak_g is None or peak_t <= 0 or peak_g <= 0:
+        return None
+    peaks = Roof(peak_t, peak_g, str(a.get(_SOURCE, "")), 1)
+    return intensity, achieved, peaks.at(intensity), fraction, peaks
+
+
 def roofline_of(rows: Sequence[SpanRow]) -> RooflineStats | None:
     """The row's roofline, or None when no call of it has one."""
     found = []
     for r in rows:
-        a = r.attributes
-        fraction, achieved, intensity = (_num(a.get(_FRACTION)), _num(a.get(_ACHIEVED)),
-                                         _num(a.get(_INTENSITY)))
-        peak_t, peak_g = _num(a.get(_PEAK_T)), _num(a.get(_PEAK_G))
-        if fraction is None or achieved is None or intensity is None or peak_t is None \
-                or peak_g is None:
-            continue
-        roof = min(peak_t, intensity * peak_g / 1e3)  # GB/s × FLOP/B = GFLOP/s
-        found.append((intensity, achieved, roof, fraction, str(a.get(_BOUND, "")),
-                      str(a.get(_SOURCE, ""))))
+        figures = _figures(r)
+        if figures is not None:
+            found.append((*figures[:4], str(r.attributes.get(_BOUND, "")),
+                          figures[4].peak_source))
     if not found:
         return None
     bounds = Counter(f[4] for f in found)
@@ -82,6 +110,14 @@ def roofline_of(rows: Sequence[SpanRow]) -> RooflineStats | None:
         achieved_tflops=median(f[1] for f in found), roof_tflops=median(f[2] for f in found),
         fraction=median(f[3] for f in found), bound=bound,
         peak_source=",".join(sorted({f[5] for f in found if f[5]})))
+
+
+def roofs_of(rows: Sequence[SpanRow]) -> list[Roof]:
+    """The distinct peaks among the calls of ``rows`` with a roofline, most calls first."""
+    counts = Counter((f[4].peak_tflops, f[4].peak_gbps, f[4].peak_source)
+                     for f in map(_figures, rows) if f is not None)
+    return [Roof(t, g, source, n) for (t, g, source), n
+            in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
 
 
 def fallbacks_of(rows: Sequence[SpanRow]) -> FallbackStats | None:

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 __all__ = ["TRAITS_KEY", "LayerTraits", "attention_cores", "bidirectional_model", "blocked_band",
-           "chunk_size", "head_info", "layer_traits", "pos_int"]
+           "chunk_size", "compressed_keys", "head_info", "layer_traits", "pos_int"]
 
 # The summary entry, beside an instrumented layer's facts, of what its structure adds to them
 # (read once, when instrumenting): a layer with none of these traits has no such entry.
@@ -32,6 +32,10 @@ class LayerTraits(NamedTuple):
     # attention cores one call of the layer runs over the same queries and keys: differential
     # attention (DiffLlama) runs two, one per half of V (:func:`attention_cores`)
     cores: int = 1
+    # compressed KV entries appended to the window's keys (DeepSeek V4): (rate, top-k) of
+    # :func:`compressed_keys`, and the tokens its cache had seen before the call (set per call)
+    compressed: tuple[int, int] | None = None
+    seen: int | None = 0  # None: the cache does not say
 
 _K_PROJ = ("k_proj", "key", "k", "wk", "to_k", "k_lin", "key_proj")
 _HEADS = ("num_heads", "num_attention_heads", "n_heads", "n_head", "num_q_heads")
@@ -159,6 +163,21 @@ def attention_cores(module: Any) -> int:
     return 2 if differential else 1
 
 
+def compressed_keys(module: Any) -> tuple[int, int] | None:
+    """(rate, top-k) of a layer whose ``compressor`` child appends one compressed KV entry per
+    ``compress_rate`` tokens to the keys of its window (DeepSeek V4's compressed-sparse and
+    heavily-compressed layers). The query at position ``p`` sees the entries of the windows
+    closed by then, ``(p + 1) // rate``; a compressor with an ``indexer`` keeps at most its
+    ``index_topk`` of them per query (which ones depends on values, how many does not); top-k
+    0: every entry. Read once, when instrumenting."""
+    compressor = getattr(module, "_modules", {}).get("compressor")
+    rate = pos_int(getattr(compressor, "compress_rate", None))
+    if rate is None:
+        return None
+    indexer = getattr(compressor, "_modules", {}).get("indexer")
+    return rate, pos_int(getattr(indexer, "index_topk", None)) or 0
+
+
 def layer_traits(module: Any, bidirectional: bool = False,
                  config_window: bool = False) -> LayerTraits | None:
     """The module's :class:`LayerTraits`, or None when it has none (most layers).
@@ -166,5 +185,5 @@ def layer_traits(module: Any, bidirectional: bool = False,
     ``config_window``: its window is its config's only."""
     traits = LayerTraits(chunk_size(module), blocked_band(module),
                          bidirectional or getattr(module, "is_decoder", None) is False,
-                         config_window, attention_cores(module))
+                         config_window, attention_cores(module), compressed_keys(module))
     return traits if traits != LayerTraits() else None

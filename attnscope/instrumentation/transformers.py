@@ -41,6 +41,9 @@ _SEPARATE = (
 )
 _FUSED = ("c_attn", "query_key_value", "qkv_proj", "qkv", "Wqkv", "W_pack", "in_proj")
 _CACHE = ("cache", "past_key_values", "past_key_value", "layer_past")
+# A recurrent model that runs its layers several times per forward (HRM's H/L cycles, Dory's
+# loops) gives each pass a cache slot of its own: the layer's index plus this call's offset.
+_CACHE_OFFSET = ("cycle_offset", "cache_offset")
 _SOURCE = ("key_value_states", "encoder_hidden_states")
 _MASK = ("attention_mask", "mask")
 _LOCAL_MASK = "sliding_window_mask"
@@ -181,6 +184,21 @@ def _past_length(cache: Any, layer_idx: int | None, cross: bool = False) -> Any:
     return length if isinstance(length, int) else None
 
 
+def _tokens_seen(cache: Any, layer_idx: int | None) -> int | None:
+    """Tokens a layer's cache entry has taken in before the call (a sliding-window entry's
+    ``cumulative_length``, not the keys it still holds), or None where it does not say."""
+    layers = getattr(cache, "layers", None)
+    if not isinstance(layers, list) or layer_idx is None or layer_idx >= len(layers):
+        return None
+    layer = layers[layer_idx]
+    if not getattr(layer, "is_initialized", True):
+        return 0
+    seen = getattr(layer, "cumulative_length_int", None)  # static: the int mirror of its tensor
+    if seen is None:
+        seen = getattr(layer, "cumulative_length", None)
+    return seen if isinstance(seen, int) and not isinstance(seen, bool) else None
+
+
 def _sliding_held(layer: Any) -> int | None:
     """Keys a sliding-window cache layer holds for the next call (window - 1 once full), or None
     for other layers. Its ``get_seq_length()`` is every token seen, not what it keeps: the keys
@@ -257,6 +275,29 @@ def _two_sided_local(module: Any) -> bool:
     return isinstance(pair, tuple) and len(pair) == 2 and pair != (-1, -1)
 
 
+def _traits_of(module: Any, bidirectional: bool,
+               window: int | None) -> tuple[Any, bool, bool]:
+    """(the layer's traits or None, whether they matter only with a cache, whether it has
+    compressed keys: DeepSeek-V4). Chunked (Llama 4),
+    blocked local (LongT5), encoder layers: derive reads them with the facts. An encoder layer's
+    trait matters only with a cache: without one its facts stay alone (and their derive is kept
+    per summary on the worker)."""
+    traits = layer_traits(module, bidirectional, _config_window(module, window))
+    with_cache_only = (traits is not None and traits.chunk is None and traits.band is None
+                       and not traits.config_window and traits.cores == 1
+                       and traits.compressed is None)
+    return traits, with_cache_only, traits is not None and traits.compressed is not None
+
+
+def _cache_slot(layer_idx: int | None, call_idx: Any, offset: Any) -> int | None:
+    """The cache layer a call reads: the layer's own index, or the one given with the call
+    (Zamba2's shared attention), plus a per-call offset (HRM's recurrent passes)."""
+    idx = _call_index(call_idx) if call_idx is not None else layer_idx
+    if offset is not None and idx is not None:
+        idx += _call_index(offset) or 0
+    return idx
+
+
 def hidden_state_extractor(module: Any, names: tuple[str, ...],
                            bidirectional: bool = False) -> Extractor:
     """Extractor for an attention module whose forward takes hidden states (not q/k/v).
@@ -265,13 +306,15 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
     """
     if type(module).__module__ in _POOLED_QUERY:
         return _pooled_query_extractor(module, names)
-    heads, kv_heads, head_dim, head_dim_v = head_info(module)
+    dims = head_info(module)
     layer_idx = _layer_idx(module)
     # Zamba2's shared attention serves several layers: its own layer_idx is -1 and the layer's
     # index comes with each call
     index_per_call = layer_idx is None and "layer_idx" in names
+    offset_per_call = layer_idx is not None and any(n in names for n in _CACHE_OFFSET)
     time_first = type(module).__module__ in _TIME_FIRST
-    read = _reader(names, _argument_groups(module, names, time_first, index_per_call))
+    read = _reader(names, _argument_groups(module, names, time_first, index_per_call,
+                                           offset_per_call))
     # use_cache=True starts no cache in an encoder layer (transformers hands it to Pegasus',
     # M2M-100's ... encoder layers too); a cache object given is used whatever the flag says
     # (BertGeneration decodes with is_decoder=False layers)
@@ -283,30 +326,23 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
     window = _window(module)
     module_cross = getattr(module, "is_cross_attention", False) is True
     masked_where_true = type(module).__name__ in _MASKED_WHERE_TRUE
-    # chunked (Llama 4), blocked local (LongT5), encoder layers: derive reads them with the facts
-    traits = layer_traits(module, bidirectional, _config_window(module, window))
+    traits, with_cache_only, compressed = _traits_of(module, bidirectional, window)
     extra = [(TRAITS_KEY, traits)] if traits is not None else []
-    # an encoder layer's trait matters only with a cache: without one its facts stay alone (and
-    # their derive kept per summary on the worker)
-    with_cache_only = (traits is not None and traits.chunk is None and traits.band is None
-                       and not traits.config_window and traits.cores == 1)
 
     def extract(
         instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> list[tuple[str, Any]]:
         # every argument the facts may need, in one pass: reading one that is not needed is free
-        hidden, source, cache, use_cache, causal_mask, mask, call_idx = read(args, kwargs)
+        hidden, source, cache, use_cache, causal_mask, mask, call_idx, offset = read(args, kwargs)
         if not isinstance(hidden, torch.Tensor) or hidden.ndim < 2:
             return []
         facts = _facts_of(hidden.shape, time_first)
-        facts.heads = heads
-        facts.kv_heads = kv_heads
-        facts.head_dim = head_dim
-        facts.head_dim_v = head_dim_v
-        facts.dtype = hidden.dtype
-        facts.device = hidden.device
+        facts.heads, facts.kv_heads, facts.head_dim, facts.head_dim_v = dims
+        facts.dtype, facts.device = hidden.dtype, hidden.device
+        idx = layer_idx
         if cache is not None:
-            idx = _call_index(call_idx) if index_per_call else layer_idx
+            idx = _cache_slot(layer_idx, call_idx if index_per_call else None,
+                              offset if offset_per_call else None)
             facts.cached = True
             facts.past = _past_length(cache, idx, module_cross or source is not None)
         elif use_cache is True and takes_cache and not encoder:  # _starts_cache
@@ -329,6 +365,9 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
                 facts.causal_apart = True
             facts.mask_ignores = masked_where_true or time_first  # FSMT: True = padding
             facts.key_cap = key_cap
+            if compressed and traits is not None:  # its entries follow the tokens seen
+                seen = 0 if cache is None else _tokens_seen(cache, idx)
+                return [(ATTENTION_KEY, facts), (TRAITS_KEY, traits._replace(seen=seen))]
             if extra and (facts.cached or not with_cache_only):
                 return [(ATTENTION_KEY, facts), *extra]
         return [(ATTENTION_KEY, facts)]
@@ -401,12 +440,14 @@ def _model_facts(get: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mod
 
 
 def _argument_groups(module: Any, names: tuple[str, ...], time_first: bool,
-                     index_per_call: bool) -> tuple[tuple[str, ...], ...]:
+                     index_per_call: bool,
+                     offset_per_call: bool = False) -> tuple[tuple[str, ...], ...]:
     """What :func:`hidden_state_extractor` reads, in its order: hidden states, source, cache,
-    use_cache, causal mask, mask, layer index (an empty group: nothing to read)."""
+    use_cache, causal mask, mask, layer index, cache-slot offset (an empty group: nothing to
+    read)."""
     if time_first:  # FSMT: (query, key, key_padding_mask, layer_state, attn_mask), (T, B, C)
         return (("query",), ("key",) if module.encoder_decoder_attention else (),
-                ("layer_state",), (), ("attn_mask",), ("key_padding_mask",), ())
+                ("layer_state",), (), ("attn_mask",), ("key_padding_mask",), (), ())
     return (
         tuple(n for n in (*_HIDDEN, *names[1:2]) if n),
         _SOURCE,
@@ -415,6 +456,7 @@ def _argument_groups(module: Any, names: tuple[str, ...], time_first: bool,
         _CAUSAL_MASK,
         (_LOCAL_MASK, *_MASK) if _two_sided_local(module) else _MASK,
         ("layer_idx",) if index_per_call else (),
+        _CACHE_OFFSET if offset_per_call else (),
     )
 
 
@@ -425,7 +467,7 @@ def _facts_of(shape: Any, time_first: bool) -> AttentionFacts:
 
 
 def _call_index(value: Any) -> int | None:
-    """A layer index passed with the call (Zamba2), when it is one."""
+    """A layer index (Zamba2) or cache-slot offset (HRM) passed with the call, when it is one."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     return None

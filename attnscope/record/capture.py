@@ -270,7 +270,7 @@ class AttentionFacts:
 
     __slots__ = ("batch", "seq_q", "seq_kv", "past", "cached", "heads", "kv_heads", "head_dim",
                  "head_dim_v", "causal", "window", "dtype", "device", "mask", "mask_ignores",
-                 "causal_apart", "key_cap")
+                 "causal_apart", "key_cap", "row_counts")
 
     def __init__(self, batch: int, seq_q: int) -> None:
         self.batch = batch
@@ -294,6 +294,9 @@ class AttentionFacts:
         # the layer keeps at most this many keys per query of those its mask allows (Doge's
         # dynamic mask: top-k over the allowed keys once there are more than k)
         self.key_cap: int | None = None
+        # inside attnscope.batch(), a CUDA mask's per-row counts (reduce.row_numbers) as a
+        # HostCopy of kind "rows" (plan: their shape)
+        self.row_counts: Any = None
 
 
 class ModelFacts:

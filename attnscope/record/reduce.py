@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import torch
 
 __all__ = ["FIELDS", "MASKED_BELOW", "MaskPlan", "attend", "mask_numbers", "plan_mask",
-           "generated_numbers", "enqueue_to_host"]
+           "generated_numbers", "enqueue_to_host", "row_numbers"]
 
 # A float mask entry at or below this is "masked": covers -inf, finfo.min and the -10000 of
 # older models.
@@ -148,6 +148,44 @@ def _structure(seen: torch.Tensor, valid: torch.Tensor, col: torch.Tensor, sq: i
     above = (hidden & ~le).any()
     below = (hidden & ~ge).any()
     return [seen.sum(), visible.any(), (seen | ~valid).all(), vlo, vhi, inside, above, below]
+
+
+def row_numbers(m: torch.Tensor, ignores: bool, batch: int, heads: int, sq: int, skv: int,
+                window: int | None) -> torch.Tensor | None:
+    """Per mask row, as a (5, rows) int64 tensor on the mask's device: tokens and useful pairs
+    with a causal band (``window``: its width, or None) applied, the same with none, and the
+    shown pairs (-1: a 2-D mask, none shown). No value is read on the host: the calling thread
+    enqueues this for a CUDA mask (``capture.hostread``), the worker runs it on a host mask.
+    None for a mask of another layout."""
+    if (m.ndim not in (2, 3, 4) or m.shape[0] not in (1, batch) or m.shape[-1] < skv or sq < 1
+            or skv < sq):
+        return None
+    m = m.detach()[..., :skv]
+    if m.ndim == 2:  # (rows, keys) padding: 1 = real
+        seen = attend(m, ignores)[:, None, None, :].expand(m.shape[0], 1, sq, skv)
+        shown = torch.full((m.shape[0],), -1, dtype=torch.long, device=m.device)
+    else:
+        four = m if m.ndim == 4 else m.unsqueeze(1)
+        if four.shape[-2] != sq or four.shape[1] not in (1, heads):
+            return None
+        seen = attend(four, ignores)
+        shown = seen.sum((1, 2, 3), dtype=torch.long)
+    head_scale = heads if seen.shape[1] == 1 else 1
+    d = (torch.arange(skv, device=m.device).unsqueeze(0)
+         - torch.arange(sq, device=m.device).unsqueeze(1)) - (skv - sq)
+    band = d <= 0
+    if window:
+        band &= d > -window
+    out = []
+    for view in (seen & band, seen):
+        key_real = view.flatten(1, 2).any(1)  # (rows, keys): seen by some query of the row
+        real_q = key_real[:, skv - sq:]  # (rows, queries): the query's own key is real
+        out.append(real_q.sum(1, dtype=torch.long))
+        out.append((view & real_q[:, None, :, None]).sum((1, 2, 3), dtype=torch.long))
+    if seen.shape[1] == 1:
+        out[1], out[3] = out[1] * head_scale, out[3] * head_scale
+        shown = torch.where(shown >= 0, shown * head_scale, shown)
+    return torch.stack([*out, shown])
 
 
 def generated_numbers(ids: torch.Tensor, prompt_len: int, eos: tuple[int, ...]) -> torch.Tensor:

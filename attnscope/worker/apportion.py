@@ -31,11 +31,13 @@ from .. import _log
 from .. import _schema as schema
 from ..record.block import Block, rows_for
 from ..instrumentation.facts import TRAITS_KEY, LayerTraits
-from ..record.capture import ATTENTION_KEY, MASK_NAMES, AttentionFacts, Capture, find_qkv
-from ..record.reduce import attend
+from ..record.capture import (ATTENTION_KEY, MASK_NAMES, AttentionFacts, Capture, HostCopy,
+                              find_qkv)
+from ..record.reduce import row_numbers
 from .derived import sig4
 
-__all__ = ["RowCall", "observe", "emit_block", "split_rows", "mask_rows", "SPAN_NAME"]
+__all__ = ["RowCall", "observe", "emit_block", "split_rows", "mask_rows", "read_rows",
+           "SPAN_NAME"]
 
 SPAN_NAME = "attnscope.request"
 _MAX_CALLS = 65_536  # call records one block keeps; later calls are counted unapportioned
@@ -90,39 +92,27 @@ def mask_rows(mask: torch.Tensor, ignores: bool, batch: int, heads: int, sq: int
     None for a mask of another layout. Reads the mask's values: the worker's, CPU tensors only.
     """
     m = mask.detach()
-    if (m.is_cuda or m.is_meta or m.ndim not in (2, 3, 4) or m.shape[0] not in (1, batch)
-            or m.shape[-1] < skv or sq < 1 or skv < sq):
+    if m.is_cuda or m.is_meta:
         return None
-    m = m[..., :skv]
-    if m.ndim == 2:  # (rows, keys) padding: 1 = real
-        seen = attend(m, ignores)[:, None, None, :].expand(m.shape[0], 1, sq, skv)
-        shown_of: torch.Tensor | None = None
-    else:
-        four = m if m.ndim == 4 else m.unsqueeze(1)
-        if four.shape[-2] != sq or four.shape[1] not in (1, heads):
-            return None
-        seen = attend(four, ignores)
-        shown_of = seen
-    head_scale = heads if seen.shape[1] == 1 else 1
-    if causal:
-        d = (torch.arange(skv).unsqueeze(0) - torch.arange(sq).unsqueeze(1)) - (skv - sq)
-        band = d <= 0
-        if window:
-            band &= d > -window
-        seen = seen & band
-    key_real = seen.flatten(1, 2).any(1)  # (rows, keys): seen by some query of the row
-    real_q = key_real[:, skv - sq:]  # (rows, queries): the query's own key is real
-    useful = (seen & real_q[:, None, :, None]).sum((1, 2, 3)) * head_scale
-    tokens = real_q.sum(1)
-    shown = None if shown_of is None else shown_of.sum((1, 2, 3)) * head_scale
-    lists = [tokens.tolist(), useful.tolist(), None if shown is None else shown.tolist()]
-    if m.shape[0] == 1 and batch > 1:
-        lists = [None if x is None else x * batch for x in lists]
-    return lists[0], lists[1], lists[2]  # type: ignore[return-value]
+    numbers = row_numbers(m, ignores, batch, heads, sq, skv, window if causal else None)
+    return None if numbers is None else read_rows(numbers.tolist(), batch, causal)
 
 
-def _facts(cap: Capture) -> tuple[Any, bool, int, int, int, int | None] | None:
-    """(mask, its polarity, query heads, FLOPs per pair, cores, chunk) of an attention call."""
+def read_rows(numbers: list[list[int]], batch: int, causal: bool
+              ) -> tuple[list[int], list[int], list[int] | None]:
+    """:func:`row_numbers`' lists as (tokens, useful pairs, shown pairs) per row of ``batch``,
+    the causal or the plain reading."""
+    tokens, useful = (numbers[0], numbers[1]) if causal else (numbers[2], numbers[3])
+    shown: list[int] | None = numbers[4] if numbers[4][0] >= 0 else None
+    if len(tokens) == 1 and batch > 1:
+        tokens, useful = tokens * batch, useful * batch
+        shown = None if shown is None else shown * batch
+    return tokens, useful, shown
+
+
+def _facts(cap: Capture) -> tuple[Any, bool, int, int, int, int | None, Any] | None:
+    """(mask, its polarity, query heads, FLOPs per pair, cores, chunk, a CUDA mask's per-row
+    counts) of an attention call."""
     summary = dict(cap.summary)
     f = summary.get(ATTENTION_KEY)
     if isinstance(f, AttentionFacts):
@@ -134,19 +124,20 @@ def _facts(cap: Capture) -> tuple[Any, bool, int, int, int, int | None] | None:
         if isinstance(traits, LayerTraits) and traits.band is not None:
             return None  # blocked layouts (LongT5): no per-row reading of their masks
         per_pair = 2 * (f.head_dim + (f.head_dim_v or f.head_dim)) * cores
-        return f.mask, f.mask_ignores, f.heads, per_pair, cores, chunk
+        return f.mask, f.mask_ignores, f.heads, per_pair, cores, chunk, f.row_counts
     qkv = find_qkv(cap.summary)
     if qkv is None:
         return None
     q, _, v = qkv
     mask = next((summary[n] for n in MASK_NAMES if n in summary), None)
     ignores = "key_padding_mask" in summary and mask is summary["key_padding_mask"]
-    return mask, ignores, q.shape[1], 2 * (q.shape[3] + v.shape[3]), 1, None
+    return mask, ignores, q.shape[1], 2 * (q.shape[3] + v.shape[3]), 1, None, None
 
 
 def split_rows(cap: Capture, shape: dict[str, Any], rows: tuple[Any, ...],
-               time_ns: float | None) -> RowCall:
-    """The call's figures per row of ``rows`` (see the module docstring)."""
+               time_ns: float | None, device_reads: bool = True) -> RowCall:
+    """The call's figures per row of ``rows`` (see the module docstring). ``device_reads``:
+    the call's events passed, so its pinned copies can be read."""
     call = RowCall(cap.capture_id, cap.parent_id)
     flops, batch = shape.get(_FLOPS), shape.get(_BATCH)
     sq, skv = shape.get(_SQ), shape.get(_SKV)
@@ -158,20 +149,16 @@ def split_rows(cap: Capture, shape: dict[str, Any], rows: tuple[Any, ...],
     if rows_for(rows, batch) is None:
         call.reason = "rows_mismatch"
         return call
-    mask, ignores, heads, per_pair, _, chunk = facts
-    causal = shape.get(_CAUSAL) is True
+    mask, ignores, heads, per_pair, _, chunk, copied = facts
     if mask is None:
         tokens, useful, shown = [sq] * batch, None, None
-    elif isinstance(mask, torch.Tensor):
-        read = mask_rows(mask, ignores, batch, heads, sq, skv, causal, shape.get(_WINDOW))
-        if read is None:
-            call.reason = "mask_layout"
+    else:
+        read = _read(mask, copied, ignores, batch, heads, sq, skv, shape, device_reads)
+        if isinstance(read, str):
+            call.reason = read
             return call
         tokens, pairs, shown = read
         useful = [per_pair * p for p in pairs]
-    else:  # a device mask's counts, or one over the keeping budget: no per-row reading
-        call.reason = "mask_unread"
-        return call
     if shown is not None and per_pair * sum(shown) == flops:
         totals = [per_pair * s for s in shown]
     elif flops % batch == 0 and chunk is None:
@@ -204,6 +191,25 @@ def split_rows(cap: Capture, shape: dict[str, Any], rows: tuple[Any, ...],
     return call
 
 
+def _read(mask: Any, copied: Any, ignores: bool, batch: int, heads: int, sq: int, skv: int,
+          shape: dict[str, Any], device_reads: bool
+          ) -> tuple[list[int], list[int], list[int] | None] | str:
+    """A call's mask per row (:func:`mask_rows`, or the copies of a CUDA mask's counts), or
+    why there is no reading."""
+    causal = shape.get(_CAUSAL) is True
+    if isinstance(mask, torch.Tensor):
+        read = mask_rows(mask, ignores, batch, heads, sq, skv, causal, shape.get(_WINDOW))
+    elif isinstance(copied, HostCopy):
+        if not device_reads:  # the call's events timed out: the copies may not have landed
+            return "mask_unread"
+        flat = copied.read()
+        width = copied.plan[1]
+        read = read_rows([flat[i * width:(i + 1) * width] for i in range(5)], batch, causal)
+    else:  # a mask over the keeping budget, or a device mask's call-level counts only
+        return "mask_unread"
+    return "mask_layout" if read is None else read
+
+
 def _split(total: int, weights: list[int]) -> list[int]:
     """``total`` in integer parts proportional to ``weights`` that sum to it (largest remainder)."""
     whole = sum(weights)
@@ -216,7 +222,7 @@ def _split(total: int, weights: list[int]) -> list[int]:
 
 
 def observe(cap: Capture, shape: dict[str, Any], time_ns: float | None,
-            attrs: dict[str, Any]) -> None:
+            attrs: dict[str, Any], device_reads: bool = True) -> None:
     """Split one call of a ``batch`` block into its block's record; the call's own span
     (``attrs``) gains ``attnscope.padding_fraction`` when it was split."""
     block = cap.rows
@@ -229,7 +235,7 @@ def observe(cap: Capture, shape: dict[str, Any], time_ns: float | None,
     if len(acc.calls) >= _MAX_CALLS:
         acc.calls.append(RowCall(cap.capture_id, cap.parent_id, "over_bound"))
         return
-    call = split_rows(cap, shape, block.rows, time_ns)
+    call = split_rows(cap, shape, block.rows, time_ns, device_reads)
     acc.calls.append(call)
     flops = shape[_FLOPS]
     if call.reason is None and flops:

@@ -27,6 +27,7 @@ from ..record.capture import (
 )
 from ..instrumentation.facts import TRAITS_KEY, LayerTraits, head_info
 from ..record.reduce import generated_numbers
+from . import narrowed
 from .derived import ARGUMENTS, HIDDEN, LAYER, MODEL, Derived
 from .traffic import attention_traffic
 from .masks import (
@@ -315,10 +316,7 @@ def derive_attention(f: AttentionFacts, traits: LayerTraits | None = None) -> De
     keys_known = f.seq_kv is not None or past is not None or f.past is None
     skv = f.seq_kv if f.seq_kv is not None else (past or 0) + sq
     self_mask = f.seq_kv is None and not isinstance(f.mask, TensorMeta) and f.mask is not None
-    counts = (counts_of(f.mask, f.mask_ignores, b, f.heads, sq, skv if keys_known else None)
-              if self_mask else None)
-    reading, real = (None, None) if counts is None else read_counts(
-        counts, b, f.heads, sq, skv if keys_known else None)
+    counts, reading, real = _read_mask(f, traits, skv if keys_known else None, self_mask)
     causal, window, mask_pairs = _structure(f, reading,
                                             traits is not None and traits.bidirectional,
                                             traits is not None and traits.config_window, skv)
@@ -343,12 +341,14 @@ def derive_attention(f: AttentionFacts, traits: LayerTraits | None = None) -> De
         elif keys_known:
             out.flops = attention_flops(b, f.heads, sq, skv, f.head_dim, dv, causal, window)
         if f.key_cap is not None and keys_known and skv > f.key_cap:
-            _cap_keys(out, f, reading, real, causal, window, skv, dv)
+            narrowed.cap_keys(out, f, reading, real, causal, window, skv, dv)
     if band is not None and keys_known and _banded(out, f, band, skv):
         return out
     cores = traits.cores if traits is not None else 1
     if cores != 1 and out.flops is not None:
         out.flops *= cores  # one map per core, each over all the queries and keys
+    entries = (narrowed.add_compressed(out, f, traits.compressed, traits.seen, real)
+               if traits is not None and traits.compressed is not None and keys_known else 0)
     if not keys_known:
         out.inexact("cache_unread")
     elif chunk is not None and self_mask and _chunked(out, f, counts, real, chunk, skv, past):
@@ -357,8 +357,8 @@ def derive_attention(f: AttentionFacts, traits: LayerTraits | None = None) -> De
         _mark_mask(out, f.mask, counts, reading, f.heads)
     # several cores' least traffic is no one kernel's: not established, left out
     if (keys_known and f.heads and f.head_dim and out.exact is None and out.flops is not None
-            and cores == 1 and not (f.key_cap is not None and skv > f.key_cap) and (
-                f.mask is None or f.seq_kv is None)):
+            and cores == 1 and not entries and not (f.key_cap is not None and skv > f.key_cap)
+            and (f.mask is None or f.seq_kv is None)):
         _traffic(out, (b, f.heads, f.kv_heads or f.heads, sq, skv, f.head_dim,
                        f.head_dim_v or f.head_dim), None, causal, f.mask, f.mask_ignores, counts,
                  real, reading, chunk)
@@ -369,31 +369,6 @@ def derive_attention(f: AttentionFacts, traits: LayerTraits | None = None) -> De
     else:  # a mask that could not be read (timed out, a layout not understood): no count
         out.tokens = real
     return out
-
-
-def capped_pairs(sq: int, skv: int, cap: int, causal: bool) -> int:
-    """Pairs of one (batch, head) when each query keeps at most ``cap`` of the keys it may see
-    (queries aligned bottom-right: query ``q`` of a causal call sees ``skv - sq + q + 1`` keys)."""
-    if not causal:
-        return sq * min(skv, cap)
-    first, last = skv - sq + 1, skv  # keys seen by the first and the last query
-    below = max(0, min(last, cap) - first + 1)  # queries that see fewer than cap keys
-    low_end = first + below - 1
-    return (first + low_end) * below // 2 + (sq - below) * cap
-
-
-def _cap_keys(out: Derived, f: AttentionFacts, reading: MaskReading | None, real: int | None,
-              causal: bool, window: int | None, skv: int, dv: int) -> None:
-    """A layer that keeps at most ``f.key_cap`` keys per query (Doge): exact over a plain causal
-    or full mask with every query real; otherwise the FLOPs above are an upper bound."""
-    plain = (window is None and (f.mask is None or (
-        reading is not None and reading.window is None and real == f.batch * f.seq_q
-        and (reading.causal is None or reading.causal == causal))))
-    if not plain or not f.heads or not f.head_dim or f.key_cap is None:
-        out.inexact("layer_narrows")
-        return
-    pairs = f.batch * f.heads * capped_pairs(f.seq_q, skv, f.key_cap, causal)
-    out.flops = 2 * pairs * (f.head_dim + dv)
 
 
 def _banded(out: Derived, f: AttentionFacts, band: tuple[int, int], skv: int) -> bool:
@@ -463,6 +438,32 @@ def _mark_mask(out: Derived, mask: Any, counts: MaskCounts | None,
         out.inexact("mask_unread")  # nothing read of it (a layout with no plan)
     elif counts.plan.structure and heads and (reading is None or reading.pairs is None):
         out.inexact("mask_unread")
+
+
+def _read_mask(f: AttentionFacts, traits: LayerTraits | None, skv: int | None, self_mask: bool
+               ) -> tuple[MaskCounts | None, MaskReading | None, int | None]:
+    """A self-attention mask's counts, what they say, and its real query tokens (``skv``: None
+    when the keys are not known)."""
+    counts = counts_of(f.mask, f.mask_ignores, f.batch, f.heads, f.seq_q, skv) \
+        if self_mask else None
+    if counts is None:
+        return None, None, None
+    reading, real = read_counts(counts, f.batch, f.heads, f.seq_q, skv)
+    if reading is not None and skv is not None:
+        reading = _one_query(reading, f, traits is not None and traits.config_window, skv)
+    return counts, reading, real
+
+
+def _one_query(reading: MaskReading, f: AttentionFacts, config_window: bool,
+               skv: int) -> MaskReading:
+    """One query over a cache whose mask hides some keys: no later key exists, so the mask
+    cannot show causality, and the hidden keys are padding (no query sees them) unless a window
+    hides them, which this layer declares none of: the padded shape's pairs hold (every
+    left-padded decode step of a batched ``generate()``)."""
+    if (reading.causal is None and reading.pairs is None and f.seq_q == 1 and f.heads
+            and f.window is None and not config_window):
+        return reading._replace(pairs=f.batch * f.heads * skv)
+    return reading
 
 
 def _structure(f: AttentionFacts, reading: MaskReading | None, bidirectional: bool = False,

@@ -95,7 +95,7 @@ class Engine:
         if cap.rows is not None:  # inside attnscope.batch(): the call's share of each row
             try:
                 apportion.observe(cap, shape, found.device_ns if found.device_ns is not None
-                                  else cap.wall_ns, result.attrs)
+                                  else cap.wall_ns, result.attrs, not timed_out)
             except Exception as exc:  # the call's span goes out unsplit
                 _log.internal_error("apportion", exc)
         self.builder.add(result)

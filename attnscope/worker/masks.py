@@ -106,9 +106,6 @@ def read_counts(counts: MaskCounts, batch: int, heads: int | None, sq: int,
     lo = vlo if n["below"] else None
     causal = False if vhi > 0 else (True if hi is not None else None)
     if causal is None:  # no real query is kept from a later real key, nor shown one: unknown
-        if sq == 1:  # but one query has no later key: the band's pairs hold either way (a
-            # left-padded decode step, whose padding keys no query sees)
-            return MaskReading(None, None, batch * heads * band_pairs(sq, skv, lo, None)), tokens
         return MaskReading(None, None, None), tokens
     window = hi - lo + 1 if hi is not None and lo is not None else None
     return MaskReading(causal, window, batch * heads * band_pairs(sq, skv, lo, hi)), tokens

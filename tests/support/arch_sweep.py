@@ -75,6 +75,15 @@ FEATURES: dict[str, dict[str, Any]] = {
     "zamba2": {"layers_block_type": ["mamba", "hybrid"], "mamba_d_state": 4, "n_mamba_heads": 4,
                "mamba_ngroups": 1, "use_mamba_kernels": False, "num_mem_blocks": 1},
     "lfm2": {"layer_types": ["conv", "full_attention"]},
+    "xmod": {"default_language": "en_XX"},  # its adapters need a language to run
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
+    # compressed KV beside the window: a plain sliding layer, a compressed-sparse one (an entry
+    # per 2 tokens, its indexer keeping the top 2) and a heavily compressed one (an entry per 4)
+    "deepseek_v4": {"layer_types": ["sliding_attention", "compressed_sparse_attention",
+                                    "heavily_compressed_attention"],
+                    "compress_rates": {"compressed_sparse_attention": 2,
+                                       "heavily_compressed_attention": 4},
+                    "index_topk": 2, "index_n_heads": 2, "index_head_dim": 8},
 }
 
 
@@ -137,6 +146,11 @@ def tiny_overrides(cfg: Any) -> dict[str, Any]:
                     getattr(type(cfg), name, None), property):  # Falcon: derived head_dim
                 out[name] = value
     _layers(cfg, out)
+    for name, value in (("head_dim", HEAD_DIM), ("num_key_value_heads", KV_HEADS)):
+        # declared but left None for the model to derive, which some do not (HunYuan v1 and
+        # Ministral take head_dim as it is, Nemotron the kv heads)
+        if name in vars(cfg) and getattr(cfg, name) is None and name not in out:
+            out[name] = value
     if "qk_rope_head_dim" in out:  # MLA (DeepSeek): head_dim is the rotary part; no GQA
         out.update(head_dim=4, num_key_value_heads=HEADS, num_experts_per_tok=2, n_group=1,
                    topk_group=1)

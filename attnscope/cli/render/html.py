@@ -36,6 +36,7 @@ header p{margin:4px 0 0;color:#c6ccd8;font-size:13px}
 main{max-width:1180px;margin:0 auto;padding:16px 32px 48px}
 section{background:#fff;border:1px solid #e1e4ea;border-radius:8px;margin:18px 0;padding:14px 20px}
 section h2{font-size:17px;margin:2px 0 10px;font-weight:600}
+section h3{font-size:14px;margin:14px 0 4px;font-weight:600}
 p.note{color:#5b6475;font-size:13px;margin:6px 0}
 div.wide{overflow-x:auto}
 table{border-collapse:collapse;font-size:12.5px;margin:8px 0;width:100%}

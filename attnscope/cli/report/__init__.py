@@ -27,6 +27,7 @@ from ..runinfo import describe, run_info
 from ..summary import GroupStats, Quantiles, Summary, summarize, time_ns
 from ..traces import SpanRow, attention_calls, group_key, load_spans
 from ... import _schema as schema
+from ._requests import Requests, print_requests, requests_json, requests_of
 
 __all__ = ["Context", "register", "run_report", "to_json", "render_terminal"]
 
@@ -91,7 +92,7 @@ def run_report(trace: str | os.PathLike[str], *, html: str | None = None,
     rows = load_spans(trace)
     calls = attention_calls(rows)
     summary = summarize(calls, price_per_hour=price_per_hour, top=top, rows=rows)
-    context = Context(run_info(trace, rows), end_to_end(rows))
+    context = Context(run_info(trace, rows), end_to_end(rows), requests_of(rows))
     document = to_json(summary, source=os.fspath(trace), spans=len(rows), top=top,
                        context=context)
     if json_path == "-":
@@ -111,10 +112,12 @@ def run_report(trace: str | os.PathLike[str], *, html: str | None = None,
 
 @dataclass(frozen=True, slots=True)
 class Context:
-    """What the trace was a run of (:mod:`..runinfo`) and the end-to-end figures (:mod:`..e2e`)."""
+    """What the trace was a run of (:mod:`..runinfo`), the end-to-end figures (:mod:`..e2e`)
+    and the requests (:mod:`._requests`; None: no request spans)."""
 
     run: dict[str, Any]
     e2e: EndToEnd
+    requests: Requests | None = None
 
 
 # -- JSON -----------------------------------------------------------------------------------
@@ -176,7 +179,8 @@ def _e2e_json(e2e: EndToEnd) -> dict[str, Any]:
 def to_json(summary: Summary, *, source: str, spans: int, top: int,
             context: Context | None = None) -> dict[str, Any]:
     """The report's numbers as plain JSON values (keys documented in docs/cli.md)."""
-    extra = {} if context is None else {"run": context.run, "end_to_end": _e2e_json(context.e2e)}
+    extra = {} if context is None else {"run": context.run, "end_to_end": _e2e_json(context.e2e),
+                                        "requests": requests_json(context.requests, top)}
     return extra | {
         "source": source, "spans": spans, "attention_calls": summary.overall.calls,
         "services": summary.services, "sample_rates": summary.sample_rates,
@@ -235,6 +239,8 @@ def render_terminal(summary: Summary, *, source: str, spans: int, top: int, out:
                 + (f" — {f.reason}" if f.reason else ""), highlight=False, markup=False)
     if context is not None:
         _end_to_end(console, context.e2e)
+        if context.requests is not None:
+            print_requests(console, context.requests, top)
     _kernels_and_slowest(console, summary, top)
 
 

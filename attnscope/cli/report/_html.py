@@ -1,8 +1,9 @@
 """``attnscope report --html``: the report as one self-contained page with plots.
 
 Plots (matplotlib, inline SVG via :mod:`..render.html`): latency distribution per layer and
-phase, time per layer split by phase, the kernel/operator breakdown of the profiled calls, and the
-operator timeline of the slowest profiled call. Tables: the per-layer numbers and the slowest calls.
+phase, time per layer split by phase, the roofline (:mod:`._roofline_plot`), the
+kernel/operator breakdown of the profiled calls, and the operator timeline of the slowest
+profiled call. Tables: the per-layer numbers, the roofline's points and the slowest calls.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from ..render.html import PALETTE, escape, figure, page, svg, table
 from ..render.units import MISSING, duration, si, when
 from ..runinfo import describe
 from . import INEXACT_MARK, inexact_lines
+from ._requests import requests_html
+from ._roofline_plot import roofline_section
 from ..summary import GroupStats, Summary, latency_rows, operator_spans, time_ns, wall_ns
 from ..traces import SpanRow, attention_calls, group_key
 from ... import _schema as schema
@@ -38,9 +41,13 @@ def render_html(summary: Summary, rows: Sequence[SpanRow], *, source: str, top: 
         ("Per layer and phase", _numbers(summary, duration, si)),
         ("Latency distribution per layer", _latency_plot(summary, calls)),
         ("Time per layer: prefill vs decode", _time_plot(summary)),
+        ("Roofline per attention layer", roofline_section(summary, calls)),
         ("Kernels and operators of the profiled calls", _kernel_plot(summary, top, duration)),
         ("Timeline of one profiled call", _timeline(summary, rows, calls, duration)),
         *e2e,
+        *([] if context is None or context.requests is None else [
+            ("Requests: what attention cost each one (estimated)",
+             requests_html(context.requests, top))]),
         ("Slowest calls", _slowest(summary, duration)),
     ]
     rates = ", ".join(f"{r:g}" for r in summary.sample_rates)
