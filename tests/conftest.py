@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -130,3 +131,21 @@ def bare_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
             monkeypatch.delenv(var, raising=False)
     _api.reset_defaults()
     yield
+
+
+@pytest.fixture
+def reader() -> Any:
+    """An in-memory metric reader (the metrics tests')."""
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    return InMemoryMetricReader()
+
+
+@pytest.fixture
+def meter_provider(reader: Any) -> Iterator[Any]:
+    """A meter provider over ``reader``, shut down after the test."""
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    mp = MeterProvider(metric_readers=[reader])
+    yield mp
+    mp.shutdown()

@@ -4,7 +4,6 @@ checked against figures computed independently from the emitted spans."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -43,18 +42,6 @@ def _llama(name: str | None = NAME) -> Any:
     if name is not None:
         model.config._name_or_path = name  # what from_pretrained sets
     return model
-
-
-@pytest.fixture
-def reader() -> InMemoryMetricReader:
-    return InMemoryMetricReader()
-
-
-@pytest.fixture
-def meter_provider(reader: InMemoryMetricReader) -> Iterator[MeterProvider]:
-    mp = MeterProvider(metric_readers=[reader])
-    yield mp
-    mp.shutdown()
 
 
 def _points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -51,18 +50,6 @@ def _metrics_by_name(reader: InMemoryMetricReader) -> dict[str, Any]:
 
 def _points(metric: Any) -> list[Any]:
     return list(metric.data.data_points)
-
-
-@pytest.fixture
-def reader() -> InMemoryMetricReader:
-    return InMemoryMetricReader()
-
-
-@pytest.fixture
-def meter_provider(reader: InMemoryMetricReader) -> Iterator[MeterProvider]:
-    mp = MeterProvider(metric_readers=[reader])
-    yield mp
-    mp.shutdown()
 
 
 def test_duration_tokens_and_labels(

@@ -168,16 +168,18 @@ def _observe_overhead(options: Any) -> Iterable[Any]:
         return []
 
 
+def _histogram(meter: Any, metric: schema.Metric, buckets: Iterable[float]) -> Any:
+    """One of attnscope's histograms, named, united and described by the schema."""
+    return meter.create_histogram(metric.name, unit=metric.unit, description=metric.brief,
+                                  explicit_bucket_boundaries_advisory=list(buckets))
+
+
 class _Instruments:
     """The instruments on one meter provider; :meth:`record` runs on the worker per span."""
 
     def __init__(self, meter_provider: Any) -> None:
         meter = meter_provider.get_meter("attnscope", __version__)
-        self.duration = meter.create_histogram(
-            schema.ATTENTION_DURATION.name, unit=schema.ATTENTION_DURATION.unit,
-            description=schema.ATTENTION_DURATION.brief,
-            explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS_S),
-        )
+        self.duration = _histogram(meter, schema.ATTENTION_DURATION, DURATION_BUCKETS_S)
         # Token totals are summed here and read when metrics are collected: a synchronous
         # counter's add() costs the worker as much per span as the histogram record does.
         # Written by the worker thread only; the reader's callback takes a snapshot.
@@ -193,22 +195,12 @@ class _Instruments:
             schema.BACKEND_FALLBACKS.name, callbacks=[self._observe_fallbacks],
             unit=schema.BACKEND_FALLBACKS.unit, description=schema.BACKEND_FALLBACKS.brief,
         )
-        self.memory_peak = meter.create_histogram(
-            schema.MEMORY_PEAK.name, unit=schema.MEMORY_PEAK.unit,
-            description=schema.MEMORY_PEAK.brief,
-            explicit_bucket_boundaries_advisory=list(MEMORY_BUCKETS_BYTES),
-        )
-        self.roofline_fraction = meter.create_histogram(
-            schema.ROOFLINE_FRACTION_METRIC.name, unit=schema.ROOFLINE_FRACTION_METRIC.unit,
-            description=schema.ROOFLINE_FRACTION_METRIC.brief,
-            explicit_bucket_boundaries_advisory=list(FRACTION_BUCKETS),
-        )
+        self.memory_peak = _histogram(meter, schema.MEMORY_PEAK, MEMORY_BUCKETS_BYTES)
+        self.roofline_fraction = _histogram(meter, schema.ROOFLINE_FRACTION_METRIC,
+                                            FRACTION_BUCKETS)
         self.first_token = _FirstToken(meter)
-        self.request_duration = meter.create_histogram(
-            schema.REQUEST_ATTENTION_DURATION.name, unit=schema.REQUEST_ATTENTION_DURATION.unit,
-            description=schema.REQUEST_ATTENTION_DURATION.brief,
-            explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS_S),
-        )
+        self.request_duration = _histogram(meter, schema.REQUEST_ATTENTION_DURATION,
+                                           DURATION_BUCKETS_S)
         # The context argument (exemplars) exists from opentelemetry-api 1.28 on.
         self._with_context = _takes_context(self.duration.record)
         for create, metric, callback in (
@@ -326,16 +318,8 @@ class _FirstToken:
     """
 
     def __init__(self, meter: Any) -> None:
-        self.ttft = meter.create_histogram(
-            schema.TIME_TO_FIRST_TOKEN.name, unit=schema.TIME_TO_FIRST_TOKEN.unit,
-            description=schema.TIME_TO_FIRST_TOKEN.brief,
-            explicit_bucket_boundaries_advisory=list(TTFT_BUCKETS_S),
-        )
-        self.tpot = meter.create_histogram(
-            schema.TIME_PER_OUTPUT_TOKEN.name, unit=schema.TIME_PER_OUTPUT_TOKEN.unit,
-            description=schema.TIME_PER_OUTPUT_TOKEN.brief,
-            explicit_bucket_boundaries_advisory=list(TPOT_BUCKETS_S),
-        )
+        self.ttft = _histogram(meter, schema.TIME_TO_FIRST_TOKEN, TTFT_BUCKETS_S)
+        self.tpot = _histogram(meter, schema.TIME_PER_OUTPUT_TOKEN, TPOT_BUCKETS_S)
         # capture id of a generate() span -> what its figures need (oldest dropped first)
         self.open: OrderedDict[int, _Generation] = OrderedDict()
 
