@@ -196,7 +196,7 @@ ROOFLINE_FRACTION = attribute("roofline.fraction", "float", "1",
 ROOFLINE_PEAK_TFLOPS = attribute("roofline.peak_tflops", "float", "TFLOP/s", "the peak used")
 ROOFLINE_PEAK_GBPS = attribute("roofline.peak_gbps", "float", "GB/s", "the bandwidth used")
 ROOFLINE_PEAK_SOURCE = attribute("roofline.peak_source", "string", "",
-                                 "where the peaks came from: configured or table")
+                                 "where the peaks came from: configured, calibrated or table")
 
 # ---- batch(rows=...): a call's padding, and the attnscope.request span of each request row
 PADDING_FRACTION = attribute("padding_fraction", "float", "1",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +21,9 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # Tests never send to a collector unless they configure one themselves.
 os.environ.setdefault("ATTNSCOPE_EXPORTER", "none")
 os.environ.setdefault("ATTNSCOPE_METRICS", "false")
+# Peaks an `attnscope calibrate` saved in the developer's own cache would put a roofline on every
+# CPU span: the suite reads (and its calibrate tests write) a cache of its own.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="attnscope-test-cache-")
 
 _OURS = ("ATTNSCOPE_", "OTEL_")
 

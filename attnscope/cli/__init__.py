@@ -1,7 +1,7 @@
 """attnscope's command line: capture a program, then read what it captured.
 
 One package or module per command (``demo``, ``run``, ``report``, ``diff``, ``compare``,
-``trigger``), each with ``register(subparsers, formatter)``, which adds its parser and sets
+``trigger``, ``calibrate``), each with ``register(subparsers, formatter)``, which adds its parser and sets
 ``func`` to a function taking the parsed arguments and returning the exit code. They share
 ``render`` (units, console, writer, html) and ``traces`` (reading trace files). A command module
 is imported only when its command runs, and this package imports neither torch nor the library
@@ -29,6 +29,7 @@ _COMMANDS = {
     "diff": "compare two traces: what got faster or slower, beyond noise",
     "compare": "time the attention implementations of this machine on your shapes",
     "trigger": "profile the next sampled calls of a running process (no restart)",
+    "calibrate": "measure this machine's peaks for the roofline (matmul and copy), once",
 }
 
 # The [cli] extra (pyproject.toml): tables, plots, statistics. The command modules import them

@@ -14,15 +14,17 @@ no peak for gives None.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from .. import _calibration
 from .. import _schema as schema
 from .._state import state
 from .derived import sig4
 
 __all__ = ["DevicePeaks", "Roofline", "add_configured", "add_to", "device_peaks_for",
-           "dtype_peak_tflops", "evaluate"]
+           "dtype_peak_tflops", "evaluate", "reset_calibration"]
 
 _FLOPS, _BYTES, _EXACT = schema.FLOPS.name, schema.BYTES.name, schema.EXACT.name
 _DEVICE, _DTYPE = schema.DEVICE.name, schema.DTYPE.name
@@ -176,15 +178,22 @@ def add_to(attrs: dict[str, Any], peaks: Mapping[str, float] | None, source: str
 
 def add_configured(attrs: dict[str, Any]) -> None:
     """:func:`add_to` under the ``device_peaks`` setting in force (read per span, on the worker);
-    without it, a CUDA call's device from the table (``peak_source=table``), at its dtype's peak.
-    On CPU, or a device or dtype the table does not hold, nothing is added."""
+    without it, the peaks ``attnscope calibrate`` measured for the call's device and dtype
+    (``peak_source=calibrated``); else a CUDA call's device from the table (``table``), at its
+    dtype's peak. Otherwise nothing is added."""
     cfg = state.config
     configured = cfg.device_peaks if cfg is not None else None
     if configured is not None:
         add_to(attrs, configured, "configured")
         return
     device, dtype = attrs.get(_DEVICE), attrs.get(_DTYPE)
-    if not isinstance(device, str) or not device.startswith("cuda") or not isinstance(dtype, str):
+    if not isinstance(device, str) or not isinstance(dtype, str):
+        return
+    measured = _calibrated(device, dtype)
+    if measured is not None:
+        add_to(attrs, measured, "calibrated")
+        return
+    if not device.startswith("cuda"):
         return
     peaks = _table_peaks(device)
     if peaks is None:
@@ -192,6 +201,53 @@ def add_configured(attrs: dict[str, Any]) -> None:
     tflops = dtype_peak_tflops(peaks, dtype, tf32=_tf32())
     if tflops is not None:
         add_to(attrs, {"tflops": tflops, "gbps": peaks.gbps}, "table")
+
+
+class _Calibration:
+    """The calibration file's entries, read at most once per ``_RELOAD_S`` (a file written by
+    ``attnscope calibrate`` meanwhile is seen by then), and each call device's identity."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, Any] = {}
+        self.read_at = -_RELOAD_S
+        self.keys: dict[str, str | None] = {}
+
+
+_RELOAD_S = 5.0
+_calibration_state = _Calibration()
+
+
+def reset_calibration() -> None:
+    """Forget what was read (tests; a process that changed its thread count)."""
+    c = _calibration_state
+    c.entries, c.read_at, c.keys = {}, -_RELOAD_S, {}
+
+
+def _calibrated(device: str, dtype: str) -> dict[str, float] | None:
+    c = _calibration_state
+    now = time.monotonic()
+    if now - c.read_at >= _RELOAD_S:
+        c.entries, c.read_at = _calibration.load(), now
+    if not c.entries:
+        return None
+    if device not in c.keys:
+        c.keys[device] = _device_key(device)
+    key = c.keys[device]
+    return None if key is None else _calibration.peaks_for(key, dtype, c.entries)
+
+
+def _device_key(device: str) -> str | None:
+    """The calibration identity of a call's device (torch read on the worker)."""
+    try:
+        import torch
+
+        if device == "cpu":
+            return _calibration.cpu_key(torch.get_num_threads())
+        if device.startswith("cuda"):
+            return _calibration.cuda_key(torch.cuda.get_device_name(torch.device(device)))
+    except Exception:  # noqa: BLE001 - no identity, no calibrated peaks: never a guess
+        pass
+    return None
 
 
 @functools.lru_cache(maxsize=16)
