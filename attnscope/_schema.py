@@ -108,6 +108,9 @@ LAYER_INDEX = attribute("layer_index", "int", "", "the layer's index in its path
 FUSED = attribute("fused", "string", "", "attention+feed_forward: one fused kernel ran the layer")
 IMPLEMENTATION = attribute("implementation", "string", "",
                            "the attention implementation the module's config names (sdpa, eager)")
+IMPLEMENTATION_RAN = attribute("implementation.ran", "string", "",
+                               "profiled: the implementation the call's ops show ran (sdpa, "
+                               "eager, flex, flash_attn)")
 
 # ---- device time and memory
 DEVICE_NS = attribute("device_ns", "int", _NS, "GPU time between two CUDA events")

@@ -18,7 +18,8 @@ from .. import _log
 from .. import _schema as schema
 from ..record.capture import TensorMeta, find_qkv
 
-__all__ = ["Inputs", "Verdict", "annotate", "assess", "from_summary", "warn"]
+__all__ = ["Inputs", "Verdict", "annotate", "annotate_implementation", "assess", "from_summary",
+           "warn"]
 
 # Fastest first, as torch's own priority order on CUDA (sdp_utils.cpp); CPU has flash or math.
 _CUDA_ORDER = ("flash", "cudnn", "efficient")
@@ -201,3 +202,26 @@ def annotate(attrs: dict[str, Any], summary: list[tuple[str, Any]], site: str) -
         attrs[_EXPECTED] = verdict.expected or "none"
         attrs[_REASON] = verdict.reason
         warn(site, verdict)
+
+
+# transformers' attn_implementation names, as ran_implementation names them
+_CONFIGURED = {"sdpa": "sdpa", "eager": "eager", "flex_attention": "flex"}
+_SLOWER = {"eager"}  # what a fused implementation falls back to
+
+
+def annotate_implementation(attrs: dict[str, Any], site: str) -> None:
+    """A profiled layer whose config names one implementation but whose ops show another ran
+    (transformers before 5 ran ``eager`` for ``sdpa`` layers under ``output_attentions=True``):
+    one WARNING per site; when the one that ran is eager, a fallback with the configured one as
+    expected."""
+    configured = attrs.get(schema.IMPLEMENTATION.name)
+    ran = attrs.get(schema.IMPLEMENTATION_RAN.name)
+    want = _CONFIGURED.get(configured) if isinstance(configured, str) else None
+    if want is None or ran not in _CONFIGURED.values() or ran == want:
+        return
+    reason = _bounded(f"the model's config names attn_implementation={configured!r} but the "
+                      f"layer's ops show {ran} attention ran")
+    if ran in _SLOWER:
+        attrs[_FALLBACK], attrs[_EXPECTED], attrs[_REASON] = True, configured, reason
+    _log.warn_once(f"implementation:{site[:128]}", f"{site[:128]}: {reason}")
+

@@ -51,6 +51,7 @@ _PHASE = schema.PHASE.name
 _MODULE = schema.MODULE.name
 _PHASES = frozenset(("prefill", "decode"))
 _IMPLEMENTATION, _BACKEND = schema.IMPLEMENTATION.name, schema.BACKEND.name
+_IMPLEMENTATION_RAN = schema.IMPLEMENTATION_RAN.name
 _NUM_HEADS, _NUM_KV_HEADS = schema.NUM_HEADS.name, schema.NUM_KV_HEADS.name
 _KV_REPEATED_FROM, _PROFILED_BY = schema.KV_REPEATED_FROM.name, schema.PROFILED_BY.name
 _SUMMARY = schema.SUMMARY.name
@@ -108,6 +109,8 @@ def capture_attributes(cap: Capture, shape: dict[str, Any], found: Measured,
         impl = _implementation(cap.instance)
         if impl is not None:
             attrs[_IMPLEMENTATION] = impl
+            if _IMPLEMENTATION_RAN in attrs:  # profiled: did the configured one run?
+                fallback.annotate_implementation(attrs, str(attrs.get(_MODULE) or cap.name))
     if cap.extra:  # span() attributes, already under their final names
         for key, value in cap.extra.items():
             if value is not None:

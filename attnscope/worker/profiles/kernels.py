@@ -98,6 +98,24 @@ _MATMUL_OPS = frozenset(("aten::matmul", "aten::bmm", "aten::mm", "aten::baddbmm
                          "aten::einsum", "aten::addmm"))
 
 
+def ran_implementation(ops: Iterable[str]) -> str | None:
+    """Which attention implementation a profiled layer's own ops show it ran: ``sdpa`` (torch's
+    dispatcher op, whatever backend it chose), ``flex``, ``flash_attn`` (the package), ``eager``
+    (a softmax between matrix products, none of those), or None when the ops do not say."""
+    names = set(ops)
+    if any(n.startswith("aten::scaled_dot_product_attention") for n in names):
+        return "sdpa"
+    lowered = [n.lower() for n in names]
+    if any(needle in n for n in lowered for needle in _FLEX_NEEDLES) or any(
+            n.startswith("FlexAttention") for n in names):
+        return "flex"
+    if any(n.startswith(("flash_attn::", "flash_attn_3::")) for n in names):
+        return "flash_attn"
+    if names & _SOFTMAX_OPS and names & _MATMUL_OPS:
+        return "eager"
+    return None
+
+
 def detect_backend(ops: Iterable[str], kernels: Iterable[str] = ()) -> str:
     """The attention backend that ran: flash, efficient, cudnn, flex, math or unknown.
 
@@ -221,6 +239,9 @@ def analyze(
         schema.BACKEND.key: detect_backend((e.name for e in cpu_ops),
                                   (e.name for e in call_kernels(cpu_ops, device_ops))),
     }
+    ran = ran_implementation(e.name for e in cpu_ops)
+    if ran is not None:
+        attrs[schema.IMPLEMENTATION_RAN.key] = ran
     by_name: dict[str, int] = {}
     for ns, ev in work:
         by_name[ev.name] = by_name.get(ev.name, 0) + ns
