@@ -32,7 +32,8 @@ _MODEL = ".instrumentation.model"
 _HOMES = {
     "configure": "._api", "flush": "._api", "sampling": "._api", "shutdown": "._api",
     "stats": "._api", "step": "._api", "trace": "._api", "Config": "._config",
-    "Span": ".capture.block", "span": ".capture.block", "batch": ".capture.batch", "instrument": _MODEL,
+    "Span": ".capture.block", "span": ".capture.block", "batch": ".capture.batch",
+    "instrument": _MODEL,
     "instrumented_modules": _MODEL, "register_attention": _MODEL, "uninstrument": _MODEL,
     "instrument_sdpa": ".instrumentation.sdpa", "uninstrument_sdpa": ".instrumentation.sdpa",
 }

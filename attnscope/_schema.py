@@ -240,6 +240,17 @@ REQUEST_DECODE_NS = attribute("request.decode.attention_ns", "int", _NS, "estima
 REQUEST_EXACT = attribute("request.exact", "bool", "",
                           "false: some call's FLOPs were not exact (an upper bound)")
 
+# ---- a model forward: the step figures serving engines log, and its sampled layers' sums
+SUM_NQ2 = attribute("sum_nq2", "int", "",
+                    "Σ over batch rows of N_Q² (real query tokens of the row, squared)")
+SUM_NQ_NKV = attribute("sum_nq_nkv", "int", "",
+                       "Σ over batch rows of N_Q · N_KV (real keys of the row, cache included)")
+LAYERS_CALLS = attribute("layers.calls", "int", "{call}",
+                         "sampled attention calls of this forward that carry FLOPs")
+LAYERS_FLOPS = attribute("layers.flops", "int", "{FLOP}", "their attention FLOPs, summed")
+LAYERS_BYTES = attribute("layers.bytes", "int", _BY,
+                         "their least bytes, summed (only when every one has them)")
+
 ATTRIBUTES: tuple[Attribute, ...] = tuple(
     v for v in list(globals().values()) if isinstance(v, Attribute))
 

@@ -23,7 +23,7 @@ import torch
 from . import retain as _retain
 from ..record.capture import MASK_NAMES, AttentionFacts, Capture, HostCopy, ModelFacts, find_qkv
 from ..record.reduce import (attend, enqueue_to_host, generated_numbers, mask_numbers,
-                             plan_mask, row_numbers)
+                             plan_mask, row_numbers, row_sums)
 
 __all__ = ["to_host"]
 
@@ -86,6 +86,11 @@ def _model(cap: Capture, f: ModelFacts) -> bool:
     copied = False
     if _on_device(f.mask):
         skv = (f.past if f.past is not None else 0) + f.seq_q if f.cached else None
+        keys = skv if skv is not None else f.seq_q
+        if not f.generate and isinstance(keys, int):
+            sums = row_sums(f.mask, f.batch, f.seq_q, keys)
+            if sums is not None:
+                f.row_sums = HostCopy(enqueue_to_host(sums), "int")
         f.mask = _mask_copy(cap, f.mask, False, f.batch, None, f.seq_q, skv)
         copied = True
     if _on_device(f.past):

@@ -1,8 +1,8 @@
 """attnscope's command line: capture a program, then read what it captured.
 
 One package or module per command (``demo``, ``run``, ``report``, ``diff``, ``compare``,
-``trigger``, ``calibrate``), each with ``register(subparsers, formatter)``, which adds its parser and sets
-``func`` to a function taking the parsed arguments and returning the exit code. They share
+``trigger``, ``calibrate``), each with ``register(subparsers, formatter)``, which adds its parser
+and sets ``func`` to a function taking the parsed arguments and returning the exit code. They share
 ``render`` (units, console, writer, html) and ``traces`` (reading trace files). A command module
 is imported only when its command runs, and this package imports neither torch nor the library
 (``attnscope/__init__`` binds its names on first use): ``attnscope --help``, ``report``, ``diff``

@@ -303,7 +303,7 @@ class ModelFacts:
     """What a traced model forward or generate() call knew on the calling thread."""
 
     __slots__ = ("batch", "seq_q", "past", "cached", "mask", "generate", "output", "eos",
-                 "prompt_len")
+                 "prompt_len", "row_sums")
 
     def __init__(self, batch: int, seq_q: int) -> None:
         self.batch = batch
@@ -315,3 +315,5 @@ class ModelFacts:
         self.output: Any = None  # generate(): the returned ids, set after the call
         self.eos: tuple[int, ...] = ()
         self.prompt_len: int | None = None  # leading ids of the output that are not new tokens
+        # a CUDA padding mask's (Σ N_Q², Σ N_Q·N_KV), a HostCopy of two (reduce.row_sums)
+        self.row_sums: Any = None

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import torch
 
 __all__ = ["FIELDS", "MASKED_BELOW", "MaskPlan", "attend", "mask_numbers", "plan_mask",
-           "generated_numbers", "enqueue_to_host", "row_numbers"]
+           "generated_numbers", "enqueue_to_host", "row_numbers", "row_sums"]
 
 # A float mask entry at or below this is "masked": covers -inf, finfo.min and the -10000 of
 # older models.
@@ -186,6 +186,20 @@ def row_numbers(m: torch.Tensor, ignores: bool, batch: int, heads: int, sq: int,
         out[1], out[3] = out[1] * head_scale, out[3] * head_scale
         shown = torch.where(shown >= 0, shown * head_scale, shown)
     return torch.stack([*out, shown])
+
+
+def row_sums(mask: torch.Tensor, batch: int, sq: int, keys: int) -> torch.Tensor | None:
+    """(Σ rows N_Q², Σ rows N_Q · N_KV) of a model forward's 2-D padding mask ``(rows, ≥ keys)``
+    (1 = real), as an int64 pair on the mask's device: N_KV the row's real keys among the first
+    ``keys``, N_Q its real positions among the last ``sq`` of them. None for another layout."""
+    m = mask.detach()
+    if m.ndim != 2 or m.shape[0] not in (1, batch) or m.shape[-1] < keys or keys < sq:
+        return None
+    real = attend(m[:, :keys], False)
+    nkv = real.sum(1, dtype=torch.long)
+    nq = real[:, keys - sq:].sum(1, dtype=torch.long)
+    scale = batch if m.shape[0] == 1 else 1
+    return torch.stack([(nq * nq).sum(), (nq * nkv).sum()]) * scale
 
 
 def generated_numbers(ids: torch.Tensor, prompt_len: int, eos: tuple[int, ...]) -> torch.Tensor:

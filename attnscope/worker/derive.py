@@ -26,9 +26,10 @@ from ..record.capture import (
     find_qkv,
 )
 from ..instrumentation.facts import TRAITS_KEY, LayerTraits, head_info
-from ..record.reduce import generated_numbers
 from . import narrowed
-from .derived import ARGUMENTS, HIDDEN, LAYER, MODEL, Derived
+from .forward import as_int as _as_int
+from .forward import derive_model, host_readable
+from .derived import ARGUMENTS, HIDDEN, LAYER, Derived
 from .traffic import attention_traffic
 from .masks import (
     MaskCounts,
@@ -283,24 +284,6 @@ def _unread(value: Any, device_reads: bool) -> Any:
     return value
 
 
-def host_readable(t: torch.Tensor) -> bool:
-    """Whether the worker may read ``t``'s values: only host tensors. A device tensor's values
-    reach the worker as counts the call's stream copied to pinned memory (:class:`HostCopy`)."""
-    return not t.is_cuda
-
-
-def _as_int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, HostCopy) and value.kind == "int":
-        return value.read()[0]
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and host_readable(value):
-        return int(value.item())
-    return None
-
-
 def derive_attention(f: AttentionFacts, traits: LayerTraits | None = None) -> Derived:
     """Span attributes of one attention layer call (QK^T and PV only; projections excluded).
 
@@ -495,45 +478,6 @@ def _structure(f: AttentionFacts, reading: MaskReading | None, bidirectional: bo
             return causal, own, False
         return causal, reading.window, True
     return causal, own, own is None
-
-
-def derive_model(f: ModelFacts) -> Derived:
-    """Span attributes of a traced model forward (tokens, phase) or generate() call (usage)."""
-    past = _as_int(f.past)
-    keys_known = past is not None or f.past is None  # else a device cache length, not readable
-    skv = (past or 0) + f.seq_q if f.cached and keys_known else None
-    tokens: int | None = None
-    if not isinstance(f.mask, TensorMeta):  # else a mask over the keeping budget: padding unknown
-        counts = counts_of(f.mask, False, f.batch, None, f.seq_q, skv)
-        tokens = (f.batch * f.seq_q if f.mask is None else None if counts is None
-                  else read_counts(counts, f.batch, None, f.seq_q, skv)[1])
-    out = Derived(batch_size=f.batch, seq_len_q=f.seq_q, order=MODEL)
-    if f.generate:
-        out.input_tokens = tokens
-        prompt = f.seq_q if f.prompt_len is None else f.prompt_len
-        out.output_tokens = _generated_tokens(f.output, prompt, f.eos)
-        return out
-    out.tokens = tokens
-    phase = None
-    if f.cached and keys_known:
-        out.kv_cache_len = past or 0
-        out.seq_len_kv = (past or 0) + f.seq_q
-        phase = out.phase = "decode" if past and f.seq_q == 1 else "prefill"
-    if phase == "prefill" or not f.cached:
-        out.input_tokens = tokens
-    return out
-
-
-def _generated_tokens(ids: Any, prompt_len: int, eos: tuple[int, ...]) -> int | None:
-    """New tokens per row up to and including the first end-of-sequence token, summed (counted
-    here for host ids, on the call's stream for device ids: a :class:`HostCopy`)."""
-    if isinstance(ids, HostCopy):
-        return ids.read()[0] if ids.kind == "int" else None
-    if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.shape[1] < prompt_len:
-        return None
-    if not host_readable(ids):
-        return None
-    return int(generated_numbers(ids, prompt_len, eos)[0])
 
 
 def host_rss_bytes() -> int | None:

@@ -43,7 +43,7 @@ ARGUMENTS = ("batch_size", "num_heads", "num_kv_heads", "head_dim", "seq_len_q",
 HIDDEN = ("batch_size", "seq_len_q", "dtype", "device", "num_heads", "num_kv_heads", "head_dim",
           "tokens", "causal")
 MODEL = ("batch_size", "seq_len_q", "tokens", "kv_cache_len", "seq_len_kv", "phase",
-         "input_tokens", "output_tokens")
+         "input_tokens", "output_tokens", "sum_nq2", "sum_nq_nkv")
 
 _ATTRIBUTE = {
     "batch_size": schema.BATCH_SIZE, "seq_len_q": schema.SEQ_LEN_Q, "seq_len_kv": schema.SEQ_LEN_KV,
@@ -55,6 +55,7 @@ _ATTRIBUTE = {
     "exact": schema.EXACT, "inexact_reason": schema.INEXACT_REASON,
     "bytes_moved": schema.BYTES, "kv_bytes_read": schema.KV_BYTES_READ,
     "arithmetic_intensity": schema.ARITHMETIC_INTENSITY,
+    "sum_nq2": schema.SUM_NQ2, "sum_nq_nkv": schema.SUM_NQ_NKV,
 }
 _NAME_OF = {f: a.name for f, a in _ATTRIBUTE.items()}
 _FIELD_OF = {a.key: f for f, a in _ATTRIBUTE.items()}
@@ -84,6 +85,8 @@ class Derived:
     bytes_moved: int | None = None  # attnscope.bytes (worker/traffic.py)
     kv_bytes_read: int | None = None
     arithmetic_intensity: float | None = None
+    sum_nq2: int | None = None  # a model forward: Σ rows N_Q² (real queries per row)
+    sum_nq_nkv: int | None = None  # and Σ rows N_Q · N_KV
     # Set only when a figure could not be established (never "exact=True": a family handled
     # exactly carries neither); the reason is one of INEXACT_REASONS.
     exact: bool | None = None

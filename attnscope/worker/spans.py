@@ -52,6 +52,9 @@ _MODULE = schema.MODULE.name
 _PHASES = frozenset(("prefill", "decode"))
 _IMPLEMENTATION, _BACKEND = schema.IMPLEMENTATION.name, schema.BACKEND.name
 _IMPLEMENTATION_RAN = schema.IMPLEMENTATION_RAN.name
+_LAYERS_CALLS, _LAYERS_FLOPS, _LAYERS_BYTES = (schema.LAYERS_CALLS.name, schema.LAYERS_FLOPS.name,
+                                               schema.LAYERS_BYTES.name)
+_BYTES, _SEQ_Q = schema.BYTES.name, schema.SEQ_LEN_Q.name
 _NUM_HEADS, _NUM_KV_HEADS = schema.NUM_HEADS.name, schema.NUM_KV_HEADS.name
 _KV_REPEATED_FROM, _PROFILED_BY = schema.KV_REPEATED_FROM.name, schema.PROFILED_BY.name
 _SUMMARY = schema.SUMMARY.name
@@ -188,6 +191,26 @@ def _tell_nested(parent: dict[str, Any], nested: list[Result]) -> None:
                 attrs[_KV_REPEATED_FROM] = kv_heads
 
 
+def _layer_sums(parent: dict[str, Any], stash: dict[int, list[Result]], capture_id: int) -> None:
+    """A model forward's sampled attention calls, summed: its descendants with FLOPs, all still
+    waiting for it here (a call inside an attention call, SDPA in a layer, is the outer one's)."""
+    calls: list[dict[str, Any]] = []
+    todo = list(stash.get(capture_id, ()))
+    while todo and len(calls) < 100_000:
+        item = todo.pop()
+        if type(item.attrs.get(_FLOPS)) is int:
+            calls.append(item.attrs)
+        else:
+            todo.extend(stash.get(item.capture_id, ()))
+    if not calls:
+        return
+    parent[_LAYERS_CALLS] = len(calls)
+    parent[_LAYERS_FLOPS] = sum(a[_FLOPS] for a in calls)
+    moved = [a.get(_BYTES) for a in calls]
+    if all(type(b) is int for b in moved):
+        parent[_LAYERS_BYTES] = sum(moved)
+
+
 def result_of(cap: Capture, shape: dict[str, Any], found: Measured, children: list[ChildSpan],
               site_attrs: dict[str, Any] | None = None) -> Result:
     result = Result(cap, capture_attributes(cap, shape, found, site_attrs), children)
@@ -292,6 +315,8 @@ class SpanBuilder:
         nested = self._stash.get(item.capture_id)
         if nested:
             _tell_nested(item.attrs, nested)
+            if _SEQ_Q in item.attrs and _FLOPS not in item.attrs and _MODULE in item.attrs:
+                _layer_sums(item.attrs, self._stash, item.capture_id)  # a model forward
         try:
             item.attrs[_SUMMARY] = self._summaries.call(item.attrs, item.kept)
         except Exception as exc:  # the span goes out without it

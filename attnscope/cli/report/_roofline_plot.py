@@ -157,7 +157,8 @@ def _label_points(fig: Any, ax: Any,
         width, gap = 0.62 * _FONT * len(text), radius + 3  # clear of its own dot
         side = -1 if px + gap + width > right else 1
         x0 = px + gap if side > 0 else px - gap - width
-        def fits(shift: float, in_order: bool) -> bool:
+        def fits(shift: float, in_order: bool, x0: float = x0, py: float = py,
+                 width: float = width) -> bool:
             # 3 pt clear on each side: "1" and "3" side by side must not read as "13"
             box = (x0 - 3, py + shift - _STEP / 2, x0 + width + 3, py + shift + _STEP / 2)
             return bottom <= box[1] and box[3] <= top and not any(
