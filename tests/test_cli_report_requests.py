@@ -136,6 +136,7 @@ def _expected(t: _Trace) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]
         batches.append({"batch": batch, "rows": len(rows), "longest": longest["_name"],
                         "tokens": longest[P + "tokens"],
                         "share": longest[P + "all_calls.attention_ns"] / total,
+                        "useful": longest[P + "useful_flops"] / useful,
                         "padding": padding / (useful + padding)})
     return {k: dict(v) for k, v in per.items()}, batches
 
@@ -186,6 +187,9 @@ def test_every_request_figure_against_the_spans(
         {"median": statistics.median(shares), "max": max(shares)})
     assert b["padding_share"] == pytest.approx(
         {"median": statistics.median(paddings), "max": max(paddings)})
+    usefuls = [x["useful"] for x in batches if x["rows"] > 1]
+    assert b["longest_request_useful_share"] == pytest.approx(
+        {"median": statistics.median(usefuls), "max": max(usefuls)})
     each = {(x["service"], x["batch"]): x for x in b["each"]}
     assert each[("svc-a", 1)]["longest_request"] == "span app1"  # 3000 tokens
     assert each[("svc-a", 1)]["longest_request_share"] == pytest.approx(1600 / 2000)
@@ -204,10 +208,12 @@ def test_every_request_figure_against_the_spans(
         "5", "12", *(duration(v) for v in (np.percentile(times, 50), np.percentile(times, 95),
                                             times.max()))]
     title = "Batches: the longest request's share (est.), padding share"
-    assert _cells(text, title, "batches") == ["batches", "4", "5"]
+    assert _cells(text, title, "batches") == ["batches", "4", "4", "5"]
     assert _cells(text, title, "median") == [
-        "median", f"{statistics.median(shares):.1%}", f"{statistics.median(paddings):.1%}"]
-    assert _cells(text, title, "max") == ["max", f"{max(shares):.1%}", f"{max(paddings):.1%}"]
+        "median", f"{statistics.median(shares):.1%}", f"{statistics.median(usefuls):.1%}",
+        f"{statistics.median(paddings):.1%}"]
+    assert _cells(text, title, "max") == ["max", f"{max(shares):.1%}", f"{max(usefuls):.1%}",
+                                          f"{max(paddings):.1%}"]
     worst = max((x for x in batches if x["rows"] > 1), key=lambda x: x["share"])
     assert (f"Largest share: batch {worst['batch']} of svc-a, {worst['longest']} "
             f"({worst['tokens']:,} tokens, {worst['rows']} request rows)") in " ".join(

@@ -92,6 +92,9 @@ class BatchStats:
     longest_tokens: int
     longest_share: float | None
     padding_share: float | None
+    # the longest request's share of the batch's useful FLOPs: in a padded batch every row
+    # costs the kernel the same (its time share is 1 / rows); the real work is not shared so
+    longest_useful_share: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +178,8 @@ def _batch(service: str, batch: int, members: Sequence[tuple[SpanRow, str]],
         service, batch, len(members), max(_int(r.attributes, _BATCH_SIZE) for r, _ in members),
         total, requests[key].request, _int(longest.attributes, _TOKENS),
         _attention(longest.attributes) / total if total > 0 else None,
-        padding / (useful + padding) if useful + padding else None)
+        padding / (useful + padding) if useful + padding else None,
+        _int(longest.attributes, _USEFUL) / useful if useful else None)
 
 
 # -- output ---------------------------------------------------------------------------------
@@ -199,7 +203,7 @@ def _top_cells(s: RequestStats) -> list[str]:
 
 
 DISTRIBUTION_HEADERS = ("requests", "request spans", "p50", "p95", "max")
-BATCH_HEADERS = ("over batches", "longest's share", "padding share")
+BATCH_HEADERS = ("over batches", "longest's share", "longest's useful", "padding share")
 _LEFT = ("request", "over batches")  # the tables whose first column names the row
 
 
@@ -210,12 +214,16 @@ def _distribution(req: Requests) -> list[list[str]]:
 
 
 def _batches(req: Requests) -> list[list[str]]:
-    longest, padding = req.over_batches(_longest_share), req.over_batches(_padding_share)
-    counts = [str(sum(1 for b in req.batches if pick(b) is not None))
-              for pick in (_longest_share, _padding_share)]
+    picks = (_longest_share, _longest_useful, _padding_share)
+    pairs = [req.over_batches(pick) for pick in picks]
+    counts = [str(sum(1 for b in req.batches if pick(b) is not None)) for pick in picks]
     return [["batches", *counts]] + [
-        [which, *(MISSING if pair is None else f"{pair[i]:.1%}" for pair in (longest, padding))]
+        [which, *(MISSING if pair is None else f"{pair[i]:.1%}" for pair in pairs)]
         for i, which in ((0, "median"), (1, "max"))]
+
+
+def _longest_useful(b: BatchStats) -> float | None:
+    return b.longest_useful_share if b.rows > 1 else None
 
 
 def _longest_share(b: BatchStats) -> float | None:
@@ -234,7 +242,9 @@ def _lines(req: Requests) -> list[str]:
         worst = max(shared, key=lambda b: (b.longest_share or 0.0, -b.batch))
         lines.append(f"Longest request: a batch's row with the most tokens; its share of the "
                      "batch's estimated attention time, over the batches with 2 or more "
-                     "request rows. Padding share: of the batch's FLOPs (sampled calls). "
+                     "request rows (in a padded batch every row costs the kernel the same); "
+                     "its useful share: of the batch's useful FLOPs, the real work. Padding "
+                     "share: of the batch's FLOPs (sampled calls). "
                      "Largest share: batch "
                      f"{worst.batch} of {worst.service}, {worst.longest} ({worst.longest_tokens:,}"
                      f" tokens, {worst.rows} request rows).")
@@ -312,11 +322,13 @@ def requests_json(req: Requests | None, top: int) -> dict[str, Any] | None:
         "batches": {
             "count": len(req.batches),
             "longest_request_share": _pair(req.over_batches(_longest_share)),
+            "longest_request_useful_share": _pair(req.over_batches(_longest_useful)),
             "padding_share": _pair(req.over_batches(_padding_share)),
             "each": [{"service": b.service, "batch": b.batch, "request_rows": b.rows,
                       "batch_size": b.batch_size, "estimated_attention_ns": b.attention_ns,
                       "longest_request": b.longest, "longest_tokens": b.longest_tokens,
                       "longest_request_share": b.longest_share,
+                      "longest_request_useful_share": b.longest_useful_share,
                       "padding_share": b.padding_share} for b in req.batches]},
     }
 
