@@ -188,3 +188,40 @@ def test_fallbacks_are_counted_per_series() -> None:
     (point,) = points
     assert point.value == 2
     assert dict(point.attributes)["attnscope.backend"] == "math"
+
+
+def test_a_profiled_sdpa_call_records_strides_and_the_sdpa_kernel_context() -> None:
+    """The two inputs the CPU flash verdict hangs on, recorded for profiled calls only: a
+    forced-math call on a shape flash takes, and a transposed key (last-dimension stride != 1),
+    are named fallbacks on their spans; a timed call records neither."""
+    import attnscope
+    from attnscope.record.capture import SDPA_CONTEXT_KEY
+    from attnscope.testing import capture_spans
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(1, 2, 8, 16)
+    k_t = torch.randn(1, 2, 16, 8).transpose(-1, -2)  # (1, 2, 8, 16), last-dim stride 8
+    attnscope.instrument_sdpa()
+    try:
+        with capture_spans(profile_rate=1.0, profile_max_per_minute=1000.0) as spans, \
+                attnscope.sampling(profile=True):
+            with sdpa_kernel(SDPBackend.MATH):
+                F.scaled_dot_product_attention(q, q, q)
+            F.scaled_dot_product_attention(q, k_t, q)
+            F.scaled_dot_product_attention(q, q, q)
+        site = F.scaled_dot_product_attention.__attnscope_site__  # type: ignore[attr-defined]
+        assert site.on_profile is not None
+        ((key, (strides, allowed)),) = site.on_profile((q, k_t, q), {})
+        assert key == SDPA_CONTEXT_KEY and strides == (1, 8, 1) and "flash" in allowed
+    finally:
+        attnscope.uninstrument_sdpa()
+    calls = [dict(s.attributes or {}) for s in spans if s.name == "scaled_dot_product_attention"]
+    assert [a.get("attnscope.backend") for a in calls] == ["math", "math", "flash"]
+    forced, strided, fused = calls
+    assert forced["attnscope.backend.fallback"] is True
+    assert forced["attnscope.backend.expected"] == "flash"
+    assert "excluded by an sdpa_kernel context" in forced["attnscope.backend.reason"]
+    assert strided["attnscope.backend.fallback"] is True
+    assert strided["attnscope.backend.expected"] == "none"
+    assert "last-dimension stride 1, got [1, 8, 1]" in strided["attnscope.backend.reason"]
+    assert fused["attnscope.backend.fallback"] is False

@@ -67,7 +67,7 @@ class CallSite:
     __slots__ = (
         "countdown", "key", "name", "forced_rate", "attributes", "param_names", "kind",
         "rng", "gen", "calls", "errors", "disabled", "step_no", "extractor", "on_result",
-        "grant", "__weakref__",
+        "on_profile", "grant", "__weakref__",
     )
 
     def __init__(
@@ -100,6 +100,11 @@ class CallSite:
         # Optional (capture, result) -> None run on the calling thread after a call that
         # returned, before the capture is handed over (generate(): the returned ids).
         self.on_result: Callable[[Any, Any], None] | None = None
+        # Optional (args, kwargs) -> [(name, value)] run on the calling thread for a call that
+        # gets the profile tier only: facts a profiled call's verdicts need and a timed call
+        # should not pay for (an SDPA call's strides and the sdpa_kernel context in force).
+        self.on_profile: Callable[[tuple[Any, ...], dict[str, Any]],
+                                  list[tuple[str, Any]]] | None = None
         # A profile-tier grant the worker armed this site with (capture.grants); read only on
         # the sampled path.
         self.grant: Any = None

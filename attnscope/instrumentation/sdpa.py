@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import warnings
 
+from typing import Any
+
+import torch
 import torch.nn.functional as F
 
 from .. import _log
@@ -16,6 +19,7 @@ from .. import _schema as schema
 from .._state import state
 from ..capture import wrapper
 from ..capture.compile import register_when_dynamo_loads
+from ..record.capture import SDPA_CONTEXT_KEY
 
 __all__ = ["instrument_sdpa", "uninstrument_sdpa"]
 
@@ -46,11 +50,27 @@ def instrument_sdpa(sample_rate: float | None = None) -> None:
             param_names=_PARAMS,
             key="attnscope.sdpa",
         )
+        site.on_profile = _sdpa_context
         traced = wrapper.wrap(fn, site, compile_check=False)
         traced.__attnscope_site__ = site  # type: ignore[attr-defined]
         state.sdpa_original = fn
         F.scaled_dot_product_attention = traced
     register_when_dynamo_loads()
+
+
+def _sdpa_context(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A profiled SDPA call's last-dimension strides and the backends the program allows
+    (``sdpa_kernel`` sets torch's global flags for its block): what its fallback verdict needs
+    and its argument summary lacks (``worker.fallback``)."""
+    tensors = [*args[:3], *(kwargs[n] for n in ("query", "key", "value") if n in kwargs)][:3]
+    if len(tensors) < 3 or not all(isinstance(t, torch.Tensor) for t in tensors):
+        return []
+    strides = tuple(t.stride(-1) if t.dim() else 1 for t in tensors)
+    b: Any = torch.backends.cuda  # (its flag readers are untyped)
+    allowed = tuple(name for name, on in (
+        ("flash", b.flash_sdp_enabled()), ("efficient", b.mem_efficient_sdp_enabled()),
+        ("math", b.math_sdp_enabled()), ("cudnn", b.cudnn_sdp_enabled())) if on)
+    return [(SDPA_CONTEXT_KEY, (strides, allowed))]
 
 
 def uninstrument_sdpa() -> None:

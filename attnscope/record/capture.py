@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 __all__ = [
     "Capture", "TensorMeta", "AttentionFacts", "ModelFacts", "DeviceMemory", "ProfileSession",
     "next_id", "PROFILE_MARKER", "TIER_NONE", "TIER_TIMING", "TIER_PROFILE", "TIER_NAMES",
-    "ATTENTION_KEY", "MODEL_KEY", "MASK_NAMES", "MAX_NAME", "MAX_EXTRA", "MAX_ERROR_TEXT",
-    "ErrorInfo", "error_info", "HostCopy", "find_qkv",
+    "ATTENTION_KEY", "MODEL_KEY", "SDPA_CONTEXT_KEY", "MASK_NAMES", "MAX_NAME", "MAX_EXTRA",
+    "MAX_ERROR_TEXT", "ErrorInfo", "error_info", "HostCopy", "find_qkv",
 ]
 
 TIER_NONE = 0
@@ -37,6 +37,8 @@ _MAX_FRAMES = 64
 # Summary keys under which instrument() extractors put their facts.
 ATTENTION_KEY = "\x00attention"
 MODEL_KEY = "\x00model"
+# A profiled SDPA call's ((q, k, v last-dimension strides), (backends allowed)): worker.fallback
+SDPA_CONTEXT_KEY = "\x00sdpa_context"
 
 # itertools.count is atomic under the GIL: ids are unique across threads without a lock.
 next_id = itertools.count(1).__next__

@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import _log
 from .. import _schema as schema
-from ..record.capture import TensorMeta, find_qkv
+from ..record.capture import SDPA_CONTEXT_KEY, TensorMeta, find_qkv
 
 __all__ = ["Inputs", "Verdict", "annotate", "annotate_implementation", "assess", "from_summary",
            "warn"]
@@ -139,7 +139,8 @@ def assess(ran: str, inputs: Inputs) -> Verdict | None:
 
 
 def from_summary(summary: list[tuple[str, Any]]) -> Inputs | None:
-    """An SDPA call's :class:`Inputs` from its argument summary (strides are not recorded there).
+    """An SDPA call's :class:`Inputs` from its argument summary (strides and the backends allowed
+    only for a profiled call of ``instrument_sdpa()``, which records them).
 
     The mask is read for its shape and dtype only; None when the summary is not an SDPA call.
     """
@@ -153,11 +154,16 @@ def from_summary(summary: list[tuple[str, Any]]) -> Inputs | None:
     if isinstance(mask, TensorMeta) or (hasattr(mask, "shape") and hasattr(mask, "dtype")):
         mask_shape, mask_dtype = tuple(mask.shape), mask.dtype
     dropout = named.get("dropout_p", 0.0)
+    strides: tuple[int, int, int] | None = None
+    allowed: frozenset[str] | None = None
+    context = named.get(SDPA_CONTEXT_KEY)  # a profiled call of instrument_sdpa()
+    if isinstance(context, tuple) and len(context) == 2 and len(context[0]) == 3:
+        strides, allowed = (context[0][0], context[0][1], context[0][2]), frozenset(context[1])
     return Inputs(getattr(q.device, "type", str(q.device)), (q.shape, k.shape, v.shape), q.dtype,
-                  mask_shape=mask_shape, mask_dtype=mask_dtype,
+                  last_dim_strides=strides, mask_shape=mask_shape, mask_dtype=mask_dtype,
                   dropout_p=float(dropout) if isinstance(dropout, (int, float)) else 0.0,
                   is_causal=named.get("is_causal") is True,
-                  enable_gqa=named.get("enable_gqa") is True)
+                  enable_gqa=named.get("enable_gqa") is True, allowed=allowed)
 
 
 def warn(site: str, verdict: Verdict) -> None:
