@@ -93,3 +93,27 @@ def test_a_device_masks_step_sums_travel_as_a_pinned_copy(monkeypatch: pytest.Mo
     assert isinstance(f.mask, HostCopy) and isinstance(f.row_sums, HostCopy)
     device = derive.derive_model(f)
     assert (device.sum_nq2, device.sum_nq_nkv) == (host.sum_nq2, host.sum_nq_nkv)
+
+
+def test_a_steps_rank_span_sums_its_forwards_and_their_layers() -> None:
+    from attnscope.worker.steps import rank_name
+
+    model = _model()
+    with capture_spans() as spans, torch.no_grad():
+        for n, length in ((1, 3), (2, 5), (3, 2)):  # step 3 closes step 2 (docs/live.md)
+            with attnscope.step(n):
+                model(input_ids=torch.arange(1, length + 1).repeat(2, 1))
+    ranks = sorted((s for s in spans if s.name == rank_name(0)
+                    and s.attributes["attnscope.step"] < 3),
+                   key=lambda s: s.attributes["attnscope.step"])
+    assert [s.attributes["attnscope.step"] for s in ranks] == [1, 2]
+    for rank, length in zip(ranks, (3, 5), strict=True):
+        inside = [s for s in spans if s.context.trace_id == rank.context.trace_id]
+        layers = [s for s in inside if "attnscope.flops" in s.attributes]
+        (fwd,) = [s for s in inside if "attnscope.sum_nq2" in s.attributes
+                  and "attnscope.module" in s.attributes]
+        a = rank.attributes
+        assert a["attnscope.layers.calls"] == len(layers) == 2
+        assert a["attnscope.layers.flops"] == sum(s.attributes["attnscope.flops"] for s in layers)
+        assert a["attnscope.sum_nq2"] == fwd.attributes["attnscope.sum_nq2"] == 2 * length ** 2
+        assert a["attnscope.sum_nq_nkv"] == 2 * length * length

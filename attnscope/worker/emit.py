@@ -98,8 +98,9 @@ class OpenSpan:
         self.context = context
         self._close = close
 
-    def close(self, start_ns: int, end_ns: int) -> None:
-        self._close(start_ns, end_ns)
+    def close(self, start_ns: int, end_ns: int, attrs: dict[str, Any] | None = None) -> None:
+        """End the span; ``attrs``: attributes known only now, added to those it opened with."""
+        self._close(start_ns, end_ns, attrs or {})
 
 
 class SdkEmitter(Emitter):
@@ -130,7 +131,9 @@ class SdkEmitter(Emitter):
         span = self.tracer.start_span(span_name(name), context=_parent_context(parent),
                                       kind=_INTERNAL, attributes=attrs, start_time=start_ns)
 
-        def close(start: int, end_ns: int) -> None:
+        def close(start: int, end_ns: int, more: dict[str, Any]) -> None:
+            if more:
+                span.set_attributes(more)
             span.end(end_time=end_ns)
 
         return OpenSpan(span.get_span_context(), close)
@@ -214,9 +217,9 @@ class DirectEmitter(Emitter):
         it is closed, with the times given then."""
         name = span_name(name)
 
-        def close(start: int, end_ns: int) -> None:
+        def close(start: int, end_ns: int, more: dict[str, Any]) -> None:
             if ctx.trace_flags.sampled:
-                self._end(ctx, name, parent, attrs, start, end_ns)
+                self._end(ctx, name, parent, {**attrs, **more} if more else attrs, start, end_ns)
 
         return OpenSpan(ctx, close)
 

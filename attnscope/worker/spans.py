@@ -293,6 +293,12 @@ class SpanBuilder:
         return fate if isinstance(fate, SpanContext) else None
 
     def _build(self, item: Result, parent: SpanContext | None) -> None:
+        # before the step's sums read them: what the calls waiting for this one say of it
+        nested = self._stash.get(item.capture_id)
+        if nested:
+            _tell_nested(item.attrs, nested)
+            if _SEQ_Q in item.attrs and _FLOPS not in item.attrs and _MODULE in item.attrs:
+                _layer_sums(item.attrs, self._stash, item.capture_id)  # a model forward
         target = parent if parent is not None else item.otel_parent
         in_step = target is None and (item.step_no is not None or self.steps is not None)
         if in_step:
@@ -312,11 +318,6 @@ class SpanBuilder:
         emit = self.emitter.emit
         if self._rank is not None:
             item.attrs[_RANK] = self._rank
-        nested = self._stash.get(item.capture_id)
-        if nested:
-            _tell_nested(item.attrs, nested)
-            if _SEQ_Q in item.attrs and _FLOPS not in item.attrs and _MODULE in item.attrs:
-                _layer_sums(item.attrs, self._stash, item.capture_id)  # a model forward
         try:
             item.attrs[_SUMMARY] = self._summaries.call(item.attrs, item.kept)
         except Exception as exc:  # the span goes out without it
@@ -339,7 +340,7 @@ class SpanBuilder:
         steps = self.steps
         if steps is None:
             steps = self.steps = StepTraces(self.emitter, configured_run_id)
-        return steps.parent_for(item.step_no, item.start_ns, item.end_ns)
+        return steps.parent_for(item.step_no, item.start_ns, item.end_ns, item.attrs)
 
     def _children(self, item: Result, sc: SpanContext) -> None:
         """Kernel/op spans, each under its parent op (parents come first). Ops that ran inside a

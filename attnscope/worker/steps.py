@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 from opentelemetry.trace import SpanContext
 
@@ -71,8 +72,60 @@ def configured_run_id() -> str | None:
     return _dist.run_id(cfg.run_id if cfg is not None else None)
 
 
+_FLOPS, _BYTES, _SEQ_Q = schema.FLOPS.name, schema.BYTES.name, schema.SEQ_LEN_Q.name
+_CALLS, _LFLOPS, _LBYTES = (schema.LAYERS_CALLS.name, schema.LAYERS_FLOPS.name,
+                            schema.LAYERS_BYTES.name)
+_NQ2, _NQ_NKV = schema.SUM_NQ2.name, schema.SUM_NQ_NKV.name
+
+
+class _Sums:
+    """A step's sampled attention calls and its forwards' step figures, summed; a figure some
+    call or forward lacked is left out (``bytes_ok``, ``nq_ok``)."""
+
+    __slots__ = ("calls", "flops", "bytes", "bytes_ok", "nq2", "nq_nkv", "nq_ok", "forwards")
+
+    def __init__(self) -> None:
+        self.calls = self.flops = self.bytes = self.nq2 = self.nq_nkv = self.forwards = 0
+        self.bytes_ok = self.nq_ok = True
+
+    def add(self, attrs: dict[str, Any]) -> None:
+        """One top-level call of the step: an attention call, or a model forward with its own."""
+        if type(attrs.get(_FLOPS)) is int:
+            self.calls += 1
+            self.flops += attrs[_FLOPS]
+            moved = attrs.get(_BYTES)
+            self.bytes_ok = self.bytes_ok and type(moved) is int
+            self.bytes += moved if type(moved) is int else 0
+            return
+        if _SEQ_Q not in attrs:
+            return
+        self.forwards += 1
+        if type(attrs.get(_CALLS)) is int:
+            self.calls += attrs[_CALLS]
+            self.flops += attrs[_LFLOPS]
+            moved = attrs.get(_LBYTES)
+            self.bytes_ok = self.bytes_ok and type(moved) is int
+            self.bytes += moved if type(moved) is int else 0
+        nq2, nq_nkv = attrs.get(_NQ2), attrs.get(_NQ_NKV)
+        if type(nq2) is int and type(nq_nkv) is int:
+            self.nq2 += nq2
+            self.nq_nkv += nq_nkv
+        else:
+            self.nq_ok = False
+
+    def attributes(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.calls:
+            out[_CALLS], out[_LFLOPS] = self.calls, self.flops
+            if self.bytes_ok:
+                out[_LBYTES] = self.bytes
+        if self.forwards and self.nq_ok:
+            out[_NQ2], out[_NQ_NKV] = self.nq2, self.nq_nkv
+        return out
+
+
 class _Step:
-    __slots__ = ("end_ns", "parent", "rank_span", "root", "start_ns", "step_no")
+    __slots__ = ("end_ns", "parent", "rank_span", "root", "start_ns", "step_no", "sums")
 
     def __init__(self, step_no: int, root: OpenSpan | None, rank_span: OpenSpan | None,
                  parent: SpanContext, start_ns: int, end_ns: int) -> None:
@@ -82,6 +135,7 @@ class _Step:
         self.parent = parent  # what the step's top-level calls hang under
         self.start_ns = start_ns
         self.end_ns = end_ns
+        self.sums = _Sums()
 
 
 class StepTraces:
@@ -93,9 +147,11 @@ class StepTraces:
         self._open: _Step | None = None
         self._closed: OrderedDict[int, SpanContext] = OrderedDict()
 
-    def parent_for(self, step_no: int | None, start_ns: int, end_ns: int) -> SpanContext | None:
+    def parent_for(self, step_no: int | None, start_ns: int, end_ns: int,
+                   attrs: dict[str, Any] | None = None) -> SpanContext | None:
         """The span a top-level call of ``step_no`` goes under (None: no step, its own trace).
-        A call of another step (or none) closes the open one first."""
+        A call of another step (or none) closes the open one first. ``attrs``: the call's, summed
+        into the open step's rank span (a late call of a closed step is not)."""
         step = self._open
         if step is not None and step.step_no != step_no:
             self.close()
@@ -109,6 +165,8 @@ class StepTraces:
             step = self._open = self._start(step_no, start_ns, end_ns)
         step.start_ns = min(step.start_ns, start_ns)
         step.end_ns = max(step.end_ns, end_ns)
+        if attrs is not None:
+            step.sums.add(attrs)
         return step.parent
 
     def close(self) -> None:
@@ -119,9 +177,10 @@ class StepTraces:
         self._closed[step.step_no] = step.parent
         if len(self._closed) > _KEEP_CLOSED:
             self._closed.popitem(last=False)
-        for span in (step.rank_span, step.root):  # children first, as a span processor expects
-            if span is not None:
-                span.close(step.start_ns, step.end_ns)
+        if step.rank_span is not None:  # children first, as a span processor expects
+            step.rank_span.close(step.start_ns, step.end_ns, step.sums.attributes())
+        if step.root is not None:
+            step.root.close(step.start_ns, step.end_ns)
 
     def _start(self, step_no: int, start_ns: int, end_ns: int) -> _Step:
         run_id = self._run_id()
