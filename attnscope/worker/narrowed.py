@@ -74,4 +74,9 @@ def add_compressed(out: Derived, f: AttentionFacts, compressed: tuple[int, int],
         out.flops += 2 * pairs * (f.head_dim + (f.head_dim_v or f.head_dim))
     if real is not None and real < f.batch * f.seq_q:
         out.inexact("layer_narrows")
+    elif f.batch > 1 and f.mask is not None and f.seq_q == 1:
+        # A decode step of a batch: a row that was left-padded sees entries by its own shifted
+        # positions (generate() passes them), which attnscope does not read, and its padding may
+        # have left the window the mask shows: not established, so marked, never guessed.
+        out.inexact("layer_narrows")
     return entries
