@@ -303,3 +303,33 @@ def test_warmup_is_exact_while_another_thread_holds_a_forced_block() -> None:
             t.join(10)
     assert counts == [0] * warmup + [1]
     assert len(spans) == 1
+
+
+def test_a_child_behind_thousands_of_spans_still_finds_its_parent_dropped() -> None:
+    """Catches a drop notice forgotten before the child it settles reaches the builder: the
+    notice is applied when the worker wakes, the child may sit behind a long queue, and the
+    built spans in between (more than the builder keeps of them) pushed the notice out, so the
+    child waited 10 minutes for its parent (stats()["pending"] > 0 after a flush that said
+    True; seen in tests/reliability/test_concurrency.py under load)."""
+    from types import SimpleNamespace
+
+    from attnscope.record.capture import Capture
+    from attnscope.worker.emit import Emitter
+    from attnscope.worker.spans import Result, SpanBuilder
+
+    class Counting(Emitter):
+        def emit(self, *args: object, **kwargs: object) -> None:
+            return None
+
+    def result(capture_id: int, parent_id: int | None) -> Result:
+        cap = Capture()
+        cap.capture_id, cap.parent_id, cap.name = capture_id, parent_id, "c"
+        cap.site = SimpleNamespace(attributes={})
+        return Result(cap, {}, [])
+
+    builder = SpanBuilder(Counting(), 10**9)
+    builder.parent_dropped(1)  # the parent's notice, applied first
+    for i in range(10, 10_010):  # the spans queued between them
+        builder.add(result(i, None))
+    builder.add(result(2, 1))  # the child, at last
+    assert builder.pending() == 0 and builder.stats.orphaned == 1

@@ -32,6 +32,10 @@ __all__ = ["SpanBuilder", "Result", "result_of", "capture_attributes", "site_att
 
 # Built span contexts kept so late children (other threads) still find their parent.
 _BUILT_KEEP = 4096
+# Captures dropped on a full queue, remembered apart from the built ones: a child can reach the
+# builder long after its parent's drop notice (behind a queue of up to queue_size captures), by
+# when thousands of built spans would have pushed the notice out of the built ones' bound.
+_LOST_KEEP = 65_536
 # Children wait at most this long for a parent that never arrives (dropped, or a very long call).
 STASH_MAX_AGE_S = 600.0
 
@@ -235,6 +239,7 @@ class SpanBuilder:
         # capture id -> its SpanContext, _CUT or _LOST (bounded, oldest forgotten first)
         self._fate: OrderedDict[int, Any] = OrderedDict()
         self._stash: dict[int, list[Result]] = {}
+        self._lost: OrderedDict[int, None] = OrderedDict()  # dropped captures (see _LOST_KEEP)
         self._per_trace: OrderedDict[int, int] = OrderedDict()
         self.steps: StepTraces | None = None  # made by the first call under attnscope.step()
         self._summaries = Summaries()  # the attnscope.summary texts kept per shape
@@ -252,6 +257,8 @@ class SpanBuilder:
             self._build(item, None)
             return
         fate = self._fate.get(parent_id)
+        if fate is None and parent_id in self._lost:
+            fate = _LOST  # its notice came long before it would have
         if fate is None:
             self._stash.setdefault(parent_id, []).append(item)
         elif fate is _CUT:
@@ -264,6 +271,9 @@ class SpanBuilder:
 
     def parent_dropped(self, capture_id: int) -> None:
         """A capture will never arrive (dropped on a full queue): its children go up a level."""
+        self._lost[capture_id] = None
+        if len(self._lost) > _LOST_KEEP:
+            self._lost.popitem(last=False)
         self._settle(capture_id, _LOST)
 
     def expire(self, max_age_s: float = STASH_MAX_AGE_S, max_items: int = 8192) -> None:
