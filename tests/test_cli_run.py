@@ -324,6 +324,54 @@ def test_multiprocessing_children_write_their_spans(tmp_path: Path, method: str,
     assert "spans written" in stderr or "trace files written" in stderr
 
 
+OTHER_THREAD_APP = """
+    import multiprocessing as mp
+    import signal
+    import sys
+    import threading
+    import torch
+    import torch.nn.functional as F
+
+    def child(ready):
+        q = torch.randn(1, 2, 4, 8)
+        for _ in range(10):
+            F.scaled_dot_product_attention(q, q, q)
+        parked = threading.Thread(target=threading.Event().wait, daemon=True)
+        parked.start()
+        blocked = mp.get_context("fork").Lock()
+        blocked.acquire()
+        ready.set()
+        # a process-directed SIGTERM the kernel hands to another thread, while the main one
+        # waits in sem_wait as a Pool worker waits for its next task
+        threading.Timer(0.3, signal.pthread_kill, (parked.ident, signal.SIGTERM)).start()
+        blocked.acquire()
+
+    if __name__ == "__main__":
+        context = mp.get_context(sys.argv[1])
+        ready = context.Event()
+        process = context.Process(target=child, args=(ready,))
+        process.start()
+        ready.wait(60)
+        process.join(60)
+        print(process.exitcode)
+        if process.exitcode is None:
+            process.kill()
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_sigterm_another_thread_took_still_ends_the_child_with_its_spans(
+        tmp_path: Path, method: str) -> None:
+    """The handler runs only on the main thread: the child lived on (the program hung)."""
+    app = _write(tmp_path, "app.py", OTHER_THREAD_APP)
+    result = _run(tmp_path, sys.executable, str(app), method)
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout == b"%d\n" % -signal.SIGTERM  # ended as SIGTERM would have
+    files = sorted((tmp_path / "out").glob("traces.pid*.jaeger.json"))
+    assert len(files) == 1
+    assert _jaeger_names(files[0]) == {"scaled_dot_product_attention": 10}
+
+
 def test_process_tag() -> None:
     env = {ENV_PARENT: "10"}
     assert process_tag(env, pid=11, parent_pid=10) == ""
