@@ -403,3 +403,61 @@ def test_funnel_attention_is_traced_with_its_pooled_query() -> None:
         assert "attnscope.exact" not in a and "attnscope.exact" not in p
         # queries that are the keys: the padding excluded; a pooled query: every one
         assert p["attnscope.tokens"] == (int(padded.sum()) if sq == skv else b * sq)
+
+
+# ---- a window the config names: the implementation decides whether a missing mask hides it ---
+
+
+def _moshi(impl: str) -> Any:
+    return sweep.build("moshi", "MoshiForCausalLM", impl=impl)
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_moshi_config_window_is_not_applied_under_either_implementation(impl: str) -> None:
+    """Moshi's config names a window (4 here, 8 tokens) its attention never applies: eager
+    masks it in full causal, and sdpa gets no mask at all (transformers skips a causal mask only
+    where no window can bind), which read as the config's window: FLOPs 6,656 for 9,216."""
+    model = _moshi(impl)
+    assert model.config.sliding_window == 4 and model.config._attn_implementation == impl
+    ids = torch.randint(3, 60, (2, 8), generator=torch.Generator().manual_seed(1))
+    with sweep.quiet(), torch.no_grad():
+        weights = model(input_ids=ids, output_attentions=True).attentions if impl == "eager" \
+            else None
+    calls = _calls(model, lambda: model(input_ids=ids))
+    assert calls
+    b, s, h = 2, 8, model.config.num_attention_heads
+    dims = 2 * model.config.head_dim  # Dqk + Dv
+    full = 2 * b * h * (s * (s + 1) // 2) * dims  # every key at or before each query
+    if weights is not None:  # the model's own: a full causal band, no window
+        assert int((weights[0] != 0).sum()) * 2 * dims == full
+    for a in calls:
+        assert "attnscope.sliding_window" not in a
+        assert a["attnscope.flops"] == full
+        assert a["attnscope.causal"] is True
+
+
+# ---- cross-attention handed a padding mask ---------------------------------------------------
+
+
+def test_cross_attention_bytes_are_left_out_where_a_mask_hides_source_keys() -> None:
+    """BART's cross-attention reads the encoder keys its padding mask leaves visible, and the
+    mask itself; attnscope keeps no cross-attention mask, so it counted every key and no mask
+    (6,656 bytes where eager reads a float mask of 320 more and hides 2 keys' K and V)."""
+    model = sweep.build("bart", "BartForConditionalGeneration")
+    plain = sweep.inputs_for("seq2seq", model, padded=False)
+    padded = sweep.inputs_for("seq2seq", model, padded=True)
+    unmasked = {k: v for k, v in plain.items() if k != "attention_mask"}
+
+    def cross(inputs: dict[str, Any]) -> list[dict[str, Any]]:
+        return [a for a in _calls(model, lambda: model(**inputs))
+                if "encoder_attn" in a["attnscope.module"]]
+
+    (q_len, k_len) = plain["decoder_input_ids"].shape[1], plain["input_ids"].shape[1]
+    h, d = model.config.decoder_attention_heads, model.config.d_model // \
+        model.config.decoder_attention_heads
+    # Q and O of every query, K and V of every key, fp32: no mask, nothing hidden
+    least = 4 * 2 * h * d * (2 * q_len + 2 * k_len)
+    assert [a["attnscope.bytes"] for a in cross(unmasked)] == [least] * 2
+    for a in cross(padded):
+        assert "attnscope.bytes" not in a and "attnscope.arithmetic_intensity" not in a
+        assert a["attnscope.tokens"] == 2 * q_len  # the queries are the decoder's

@@ -12,7 +12,9 @@ the phase and the cache length the step's weights show.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import pytest
@@ -302,7 +304,118 @@ def generate_problems(case: Case) -> list[str]:
         attnscope.uninstrument(p.model)
 
 
-CHECKS = {"forward": forward_problems, "generate": generate_problems}
+# What may differ between two implementations of one call: its times, the implementation's name,
+# and the bytes of the mask each is handed (sdpa gets none, or a bool one, where eager gets floats)
+_PER_RUN = frozenset(("wall_ns", "tflops", "tokens_per_s", "summary", "memory.host_rss_bytes",
+                      "implementation", "bytes", "arithmetic_intensity"))
+
+
+def _mask_bytes(mask: Any, skv: Any) -> int:
+    """What reading ``mask`` costs, as stored, cut to the call's keys (0: none)."""
+    if not isinstance(mask, torch.Tensor):
+        return 0
+    keys = min(mask.shape[-1], skv) if isinstance(skv, int) else mask.shape[-1]
+    return keys * mask[..., 0].numel() * mask.element_size()
+
+
+def _mask_of(module: Any, args: Any, kwargs: Any) -> Any:
+    """The mask argument of a call (``attention_mask``; T5's ``mask``), by the signature."""
+    try:
+        named = inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments
+    except TypeError:
+        named = kwargs
+    return next((named[k] for k in ("attention_mask", "mask") if named.get(k) is not None), None)
+
+
+def _masks_seen(model: Any, names: set[str]) -> tuple[dict[str, list[Any]], Any]:
+    """The ``attention_mask`` each named module is called with, per module in call order."""
+    seen: dict[str, list[Any]] = {n: [] for n in names}
+    modules = dict(model.named_modules())
+    hooks = [modules[n].register_forward_pre_hook(
+        lambda m, args, kwargs, n=n: seen[n].append(_mask_of(m, args, kwargs)),
+        with_kwargs=True) for n in names if n in modules]
+    return seen, lambda: [h.remove() for h in hooks]
+
+
+def _runs(case: Case, p: Prepared, model: Any) -> list[tuple[str, Any]]:
+    """The calls of the forward and generate checks on ``model``, by label."""
+    out = [(f"padded={padded}", functools.partial(
+        lambda inputs: model(**inputs), sweep.inputs_for(case.kind, model, padded)))
+        for padded in ((False, True) if _masked_groups(case.kind) else (False,))]
+    if p.steps is not None:
+        out.append(("generate", lambda: _generate(model, p.plain["input_ids"][:1])))
+    return out
+
+
+def _run(model: Any, call: Any, names: set[str]) -> tuple[list[dict[str, Any]],
+                                                          dict[str, Iterator[Any]]]:
+    """The call's attention spans, and each module's masks in call order."""
+    seen, remove = _masks_seen(model, names)
+    try:
+        return _instrumented_run(model, call), {n: iter(v) for n, v in seen.items()}
+    finally:
+        remove()
+
+
+def _same_call(a: dict[str, Any], b: dict[str, Any], mask_a: Any, mask_b: Any,
+               where: str) -> list[str]:
+    """One call's spans under eager (``a``) and sdpa (``b``): the same figures, and bytes that
+    differ by the masks they were handed only."""
+    problems = [f"{where} {a['module']}: {k} eager {a.get(k)} != sdpa {b.get(k)}"
+                for k in sorted((set(a) | set(b)) - _PER_RUN) if a.get(k) != b.get(k)]
+    if ("bytes" in a) != ("bytes" in b):
+        problems.append(f"{where}: bytes eager {a.get('bytes')} / sdpa {b.get('bytes')}")
+    elif "bytes" in a:
+        skv = a.get("seq_len_kv")
+        if a["bytes"] - _mask_bytes(mask_a, skv) != b["bytes"] - _mask_bytes(mask_b, skv):
+            problems.append(f"{where}: bytes eager {a['bytes']} / sdpa {b['bytes']} differ by "
+                            f"more than their masks")
+    return problems
+
+
+def _sdpa_twin(case: Case, p: Prepared) -> Any:
+    """The family's model with the same weights under sdpa: a fresh build where a built model
+    cannot switch (Falcon, BLOOM: attention of their own, not transformers' interface)."""
+    try:
+        twin = sweep.build(case.model_type, case.class_name, impl="sdpa", **dict(case.features))
+    except (ValueError, ImportError) as err:  # the family has no sdpa
+        pytest.skip(f"{case.name}: no sdpa: {str(err)[:120]}")
+    if twin.config._attn_implementation != "sdpa":
+        pytest.skip(f"{case.name}: no sdpa: built as {twin.config._attn_implementation}")
+    twin.load_state_dict(p.model.state_dict())
+    return twin
+
+
+def sdpa_problems(case: Case) -> list[str]:
+    """The forward and generate checks' calls run again under sdpa, weights and inputs alike:
+    every figure as eager's (which the other checks hold to the weights), span for span."""
+    p = _instrumented(case)
+    twin = _sdpa_twin(case, p)
+    names = {c.module for c in p.ref.calls}
+    for model in (p.model, twin):
+        attnscope.instrument(model)
+    problems: list[str] = []
+    try:
+        for (label, call), (_, twin_call) in zip(_runs(case, p, p.model), _runs(case, p, twin),
+                                                 strict=True):
+            eager, masks_e = _run(p.model, call, names)
+            sdpa, masks_s = _run(twin, twin_call, names)
+            if [a["module"] for a in eager] != [a["module"] for a in sdpa]:
+                problems.append(f"sdpa {label}: calls {len(sdpa)} != eager's {len(eager)}")
+                continue
+            if {a.get("implementation") for a in sdpa} - {"sdpa", None}:
+                problems.append(f"sdpa {label}: implementation not sdpa")
+            for i, (a, b) in enumerate(zip(eager, sdpa, strict=True)):
+                problems += _same_call(a, b, next(masks_e.get(a["module"], iter(())), None),
+                                       next(masks_s.get(b["module"], iter(())), None),
+                                       f"sdpa {label}[{i}]")
+    finally:
+        for model in (p.model, twin):
+            attnscope.uninstrument(model)
+    return problems
+
+
+CHECKS = {"forward": forward_problems, "generate": generate_problems, "sdpa": sdpa_problems}
 
 
 class Result(NamedTuple):
@@ -341,11 +454,15 @@ def _checked(case: Case, check: str) -> list[str]:
     return found.problems
 
 
+def _checks_of(case: Case) -> tuple[str, ...]:
+    return ("forward", "generate", "sdpa") if case.kind == "causal" else ("forward", "sdpa")
+
+
 def params(cases: list[Case], known: dict[tuple[str, str], str]) -> list[Any]:
     """(case, check) pairs, a family's checks side by side (they share one built model)."""
     out = []
     for c in cases:
-        for check in ("forward", "generate") if c.kind == "causal" else ("forward",):
+        for check in _checks_of(c):
             reason = known.get((c.name, check))
             marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
             out.append(pytest.param(c, check, id=f"{c.name}-{check}", marks=marks))
@@ -452,13 +569,13 @@ NOT_EXACT: dict[str, str] = {
 
 
 def _outcome(case: Case) -> str:
-    checks = [result(case, c) for c in (("forward", "generate") if case.kind == "causal"
-                                         else ("forward",))]
+    checks = [result(case, c) for c in _checks_of(case)]
+    sdpa = checks.pop()  # None: the family has no sdpa
     if any(r.problems is None for r in checks):
         return "unbuildable"
     if not sum(r.spans for r in checks):
         return "not instrumented"
-    if any(r.problems for r in checks):
+    if any(r.problems for r in checks) or sdpa.problems:
         return "wrong"
     reasons = sorted(set().union(*(r.marked for r in checks)))
     return f"marked: {', '.join(reasons)}" if reasons else "exact"

@@ -205,3 +205,26 @@ def test_capped_pairs_match_a_brute_force_count(sq: int, skv: int, cap: int) -> 
     past = skv - sq
     assert capped_pairs(sq, skv, cap, True) == sum(min(past + q + 1, cap) for q in range(sq))
     assert capped_pairs(sq, skv, cap, False) == sq * min(skv, cap)
+
+
+@pytest.mark.parametrize(("impl", "window"), [
+    ("sdpa", None), ("eager", None), ("flash_attention_2", 4), (None, 4)])
+def test_a_config_window_without_a_mask_holds_where_the_kernel_applies_it(
+        impl: str | None, window: int | None) -> None:
+    """A layer whose window is its config's, given no mask: transformers' sdpa skips the mask
+    only where no window can bind, so over 8 keys a window of 4 was not applied; a flash kernel
+    takes no mask and applies the window itself; an unknown implementation keeps the window."""
+    from types import SimpleNamespace
+
+    from attnscope.instrumentation.facts import TRAITS_KEY, LayerTraits
+    from attnscope.record.capture import ATTENTION_KEY, AttentionFacts
+
+    facts = AttentionFacts(2, 8)
+    facts.heads, facts.kv_heads, facts.head_dim, facts.causal, facts.window = 4, 4, 8, True, 4
+    instance = SimpleNamespace(config=SimpleNamespace(_attn_implementation=impl))
+    out = derive([(ATTENTION_KEY, facts), (TRAITS_KEY, LayerTraits(config_window=True))],
+                 instance)
+    assert out.sliding_window == window
+    i, j = torch.arange(8).unsqueeze(1), torch.arange(8).unsqueeze(0)
+    seen = (j <= i) & ((j > i - window) if window else True)  # a causal band of the window
+    assert out.flops == 2 * 2 * 4 * int(seen.sum()) * (8 + 8)

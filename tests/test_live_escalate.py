@@ -74,7 +74,16 @@ def test_profiles_concentrate_on_the_slow_pattern() -> None:
     share = len(slow_profiled) / len(profiled)
     assert share >= 5 * (1 / 50), (len(slow_profiled), len(profiled))
     escalated = [s for s in profiled if s.attributes.get("attnscope.trigger") == "slow_call"]
-    assert escalated and all(_is_slow_pattern(s) for s in escalated)
+    assert escalated
+    by_id = {s.context.span_id: s for s in spans}
+    for span in escalated:
+        (link,) = span.links
+        cause = by_id[link.context.span_id]
+        assert cause.attributes.get("attnscope.slow") is True
+        # the slow pattern's next call, or the call after a fast one that the machine's load held
+        # past the site's p99 (about 50 ms: rightly slow; CI under two CPU burners, 1 run)
+        assert _is_slow_pattern(span) or _is_slow_pattern(cause), span.attributes
+    assert sum(map(_is_slow_pattern, escalated)) > len(escalated) / 2
     stats = attnscope.stats()
     assert stats["slow_granted"] == len(escalated) and stats["slow_calls"] >= len(escalated)
 

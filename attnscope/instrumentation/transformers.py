@@ -322,8 +322,8 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
     # use_cache alone starts a cache only for a layer whose forward takes one (GPT-2's
     # layer_past); LayoutLM's and ESM's layers get it in **kwargs and keep none
     takes_cache = any(name in names for name in _CACHE)
-    key_cap = pos_int(vars(module).get("keep_window_size"))  # Doge's dynamic mask
-    window = _window(module)
+    # key_cap: Doge's dynamic mask
+    key_cap, window = pos_int(vars(module).get("keep_window_size")), _window(module)
     module_cross = getattr(module, "is_cross_attention", False) is True
     masked_where_true = type(module).__name__ in _MASKED_WHERE_TRUE
     traits, with_cache_only, compressed = _traits_of(module, bidirectional, window)
@@ -349,6 +349,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
             facts.cached, facts.past = True, 0
         if isinstance(source, torch.Tensor) and source.ndim >= 2:
             facts.seq_kv = source.shape[0] if time_first else source.shape[-2]
+            facts.keys_masked = mask is not None
         elif module_cross:
             facts.seq_kv = None  # cross-attention with cached source keys: length unknown here
             return []

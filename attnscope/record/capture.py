@@ -272,7 +272,7 @@ class AttentionFacts:
 
     __slots__ = ("batch", "seq_q", "seq_kv", "past", "cached", "heads", "kv_heads", "head_dim",
                  "head_dim_v", "causal", "window", "dtype", "device", "mask", "mask_ignores",
-                 "causal_apart", "key_cap", "row_counts")
+                 "causal_apart", "key_cap", "row_counts", "keys_masked")
 
     def __init__(self, batch: int, seq_q: int) -> None:
         self.batch = batch
@@ -299,6 +299,9 @@ class AttentionFacts:
         # inside attnscope.batch(), a CUDA mask's per-row counts (reduce.row_numbers) as a
         # HostCopy of kind "rows" (plan: their shape)
         self.row_counts: Any = None
+        # cross-attention handed a mask (not kept): the source keys it hides are not read, so
+        # the call's least bytes are not known
+        self.keys_masked = False
 
 
 class ModelFacts:

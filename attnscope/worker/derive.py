@@ -97,6 +97,10 @@ def count_tokens(mask: torch.Tensor, batch: int, sq: int, ignores: bool = False)
 # ---- derive on the worker ----------------------------------------------------------------------
 
 
+# transformers' implementations that take the mask the model builds (flash ones take none)
+_MASK_TAKERS = frozenset(("eager", "sdpa"))
+
+
 def _find(summary: Mapping[str, Any], names: Sequence[str]) -> Any:
     for name in names:
         if name in summary:
@@ -117,7 +121,8 @@ def derive(summary_list: Sequence[tuple[str, Any]], instance: Any = None,
     facts = summary.get(ATTENTION_KEY)
     if isinstance(facts, AttentionFacts):
         traits = summary.get(TRAITS_KEY)
-        return derive_attention(facts, traits if isinstance(traits, LayerTraits) else None)
+        return derive_attention(facts, traits if isinstance(traits, LayerTraits) else None,
+                                _builds_masks(instance))
     model = summary.get(MODEL_KEY)
     if isinstance(model, ModelFacts):
         return derive_model(model)
@@ -284,13 +289,26 @@ def _unread(value: Any, device_reads: bool) -> Any:
     return value
 
 
-def derive_attention(f: AttentionFacts, traits: LayerTraits | None = None) -> Derived:
+def _builds_masks(instance: Any) -> bool:
+    """The layer's model hands it the mask it builds (transformers' ``eager``/``sdpa``), so no
+    mask means none was needed: sdpa's causal skip, taken only where a window cannot bind. Flash
+    kernels take no mask and apply the window they are passed themselves."""
+    try:
+        impl = getattr(getattr(instance, "config", None), "_attn_implementation", None)
+    except Exception:  # noqa: BLE001  (a config property that raises: not known)
+        return False
+    return type(impl) is str and impl in _MASK_TAKERS
+
+
+def derive_attention(f: AttentionFacts, traits: LayerTraits | None = None,
+                     builds_masks: bool = False) -> Derived:
     """Span attributes of one attention layer call (QK^T and PV only; projections excluded).
 
     Causality, the window and the visible pairs come from the mask the layer received when it
     has a query axis (see :mod:`.masks`); the module's attributes only when there is none.
     ``traits``: what the layer's structure adds (chunked attention: :func:`_chunked`; blocks
     of its own: :func:`_banded`; an encoder layer: not causal on a one-query step).
+    ``builds_masks``: :func:`_builds_masks` of the layer.
     """
     chunk, band = (traits.chunk, traits.band) if traits is not None else (None, None)
     b, sq = f.batch, f.seq_q
@@ -300,9 +318,7 @@ def derive_attention(f: AttentionFacts, traits: LayerTraits | None = None) -> De
     skv = f.seq_kv if f.seq_kv is not None else (past or 0) + sq
     self_mask = f.seq_kv is None and not isinstance(f.mask, TensorMeta) and f.mask is not None
     counts, reading, real = _read_mask(f, traits, skv if keys_known else None, self_mask)
-    causal, window, mask_pairs = _structure(f, reading,
-                                            traits is not None and traits.bidirectional,
-                                            traits is not None and traits.config_window, skv)
+    causal, window, mask_pairs = _structure(f, reading, traits, skv, builds_masks)
     out = Derived(batch_size=b, seq_len_q=sq, causal=causal, order=LAYER)
     if keys_known:
         out.seq_len_kv = skv
@@ -341,7 +357,7 @@ def derive_attention(f: AttentionFacts, traits: LayerTraits | None = None) -> De
     # several cores' least traffic is no one kernel's: not established, left out
     if (keys_known and f.heads and f.head_dim and out.exact is None and out.flops is not None
             and cores == 1 and not entries and not (f.key_cap is not None and skv > f.key_cap)
-            and (f.mask is None or f.seq_kv is None)):
+            and (f.mask is None or f.seq_kv is None) and not f.keys_masked):
         _traffic(out, (b, f.heads, f.kv_heads or f.heads, sq, skv, f.head_dim,
                        f.head_dim_v or f.head_dim), None, causal, f.mask, f.mask_ignores, counts,
                  real, reading, chunk)
@@ -449,17 +465,20 @@ def _one_query(reading: MaskReading, f: AttentionFacts, config_window: bool,
     return reading
 
 
-def _structure(f: AttentionFacts, reading: MaskReading | None, bidirectional: bool = False,
-               config_window: bool = False, skv: int = 0) -> tuple[bool, int | None, bool]:
+def _structure(f: AttentionFacts, reading: MaskReading | None, traits: LayerTraits | None,
+               skv: int, builds_masks: bool) -> tuple[bool, int | None, bool]:
     """(causal, window, the mask's pairs hold): what the mask shows, else the module's attributes.
 
     A causal layer that declares a narrower window than its mask shows applies it itself (GPT-Neo's
     local layers: a plain causal mask, the window in the module's own buffer): the window is the
     module's then, and the mask's pair count does not hold. A window from the config only
     (``config_window``) is applied by the mask the model builds: a causal mask over more keys
-    than the window that shows none says the layer does not apply it."""
+    than the window that shows none says the layer does not apply it; so does no mask at all
+    from a model that builds them (``builds_masks``: Moshi's config window under sdpa)."""
     if f.causal_apart:  # the mask holds padding only: the layer applies causality on its own
         return f.causal, f.window if f.causal else None, False
+    bidirectional = traits is not None and traits.bidirectional
+    config_window = traits is not None and traits.config_window
     causal = f.causal if reading is None or reading.causal is None else reading.causal
     if not causal and not bidirectional and (reading is None or reading.causal is None) \
             and f.cached and f.seq_kv is None and f.seq_q == 1:
@@ -472,6 +491,8 @@ def _structure(f: AttentionFacts, reading: MaskReading | None, bidirectional: bo
     own = f.window if causal and f.window else None
     if (own is not None and config_window and reading is not None and reading.causal is True
             and reading.window is None and reading.pairs is not None and skv > own):
+        return causal, None, True
+    if own is not None and config_window and builds_masks and f.mask is None and skv > own:
         return causal, None, True
     if reading is not None and reading.window is not None:
         if own is not None and own < reading.window:

@@ -176,11 +176,12 @@ def quiet() -> Iterator[None]:
         yield
 
 
-def build(model_type: str, class_name: str, **extra: Any) -> Any:
-    """An eager tiny model of ``class_name`` for ``model_type``, in eval mode, seeded."""
+def build(model_type: str, class_name: str, impl: str = "eager", **extra: Any) -> Any:
+    """A tiny model of ``class_name`` for ``model_type``, in eval mode, seeded; eager attention
+    unless ``impl`` says otherwise."""
     config_cls = transformers.CONFIG_MAPPING[model_type]
     with quiet():
-        keywords = {**tiny_overrides(config_cls()), "attn_implementation": "eager",
+        keywords = {**tiny_overrides(config_cls()), "attn_implementation": impl,
                     **FEATURES.get(model_type, {}), **extra}
         kinds = keywords.get("layer_types")
         if kinds is None:
@@ -191,7 +192,7 @@ def build(model_type: str, class_name: str, **extra: Any) -> Any:
         cls = getattr(transformers, class_name)
         torch.manual_seed(0)
         model = cls(cfg).eval()
-        model.set_attn_implementation("eager")
+        model.set_attn_implementation(impl)
     return model
 
 
