@@ -207,6 +207,22 @@ def test_capped_pairs_match_a_brute_force_count(sq: int, skv: int, cap: int) -> 
     assert capped_pairs(sq, skv, cap, False) == sq * min(skv, cap)
 
 
+def test_block_capped_pairs_match_the_indexers_own_selection() -> None:
+    """Qwen4-exp's indexer, per query over ``v`` visible keys: the top ``min(topk, v // r)``
+    whole blocks of ``r`` and the ``v % r`` keys past them (transformers' loop, counted)."""
+    from attnscope.worker.narrowed import capped_pairs
+
+    for r, topk, skv in itertools.product((1, 2, 3, 4), (1, 2, 3), range(1, 23)):
+        def kept(v: int, r: int = r, topk: int = topk) -> int:
+            blocks = v // r
+            return min(topk, blocks) * r + (v - blocks * r)
+        for sq in range(1, skv + 1):
+            past = skv - sq
+            assert capped_pairs(sq, skv, topk * r, True, r) == sum(
+                kept(past + q + 1) for q in range(sq)), (r, topk, sq, skv)
+        assert capped_pairs(skv, skv, topk * r, False, r) == skv * kept(skv)
+
+
 @pytest.mark.parametrize(("impl", "window"), [
     ("sdpa", None), ("eager", None), ("flash_attention_2", 4), (None, 4)])
 def test_a_config_window_without_a_mask_holds_where_the_kernel_applies_it(

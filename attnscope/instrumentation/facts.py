@@ -10,7 +10,8 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 __all__ = ["TRAITS_KEY", "LayerTraits", "attention_cores", "bidirectional_model", "blocked_band",
-           "chunk_size", "compressed_keys", "head_info", "layer_traits", "pos_int"]
+           "chunk_size", "compressed_keys", "head_info", "key_selection", "layer_traits",
+           "pos_int"]
 
 # The summary entry, beside an instrumented layer's facts, of what its structure adds to them
 # (read once, when instrumenting): a layer with none of these traits has no such entry.
@@ -176,6 +177,23 @@ def compressed_keys(module: Any) -> tuple[int, int] | None:
         return None
     indexer = getattr(compressor, "_modules", {}).get("indexer")
     return rate, pos_int(getattr(indexer, "index_topk", None)) or 0
+
+
+def key_selection(module: Any) -> tuple[int | None, int]:
+    """(keys kept per query at most, the block they are kept in) of a layer that keeps some of
+    the keys its mask allows by their values: Doge's dynamic mask keeps its top
+    ``keep_window_size``; Qwen4-exp's indexer the top ``block_topk`` blocks of ``compress_ratio``
+    visible keys, and the ones past the last whole block. How many does not depend on values.
+    (None, 1): a layer that keeps every key its mask allows. Read once, when instrumenting."""
+    cap = pos_int(vars(module).get("keep_window_size"))
+    if cap is not None:
+        return cap, 1
+    indexer = getattr(module, "_modules", {}).get("indexer")
+    blocks = pos_int(getattr(indexer, "block_topk", None))
+    block = pos_int(getattr(indexer, "compress_ratio", None))
+    if blocks is None or block is None or pos_int(getattr(indexer, "token_budget", None)) is None:
+        return None, 1
+    return blocks * block, block
 
 
 def layer_traits(module: Any, bidirectional: bool = False,

@@ -18,7 +18,7 @@ import torch
 
 from ..record.capture import ATTENTION_KEY, MODEL_KEY, AttentionFacts, ModelFacts
 from . import Extractor
-from .facts import TRAITS_KEY, head_info, layer_traits, pos_int
+from .facts import TRAITS_KEY, head_info, key_selection, layer_traits, pos_int
 
 __all__ = [
     "generate_facts",
@@ -322,8 +322,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
     # use_cache alone starts a cache only for a layer whose forward takes one (GPT-2's
     # layer_past); LayoutLM's and ESM's layers get it in **kwargs and keep none
     takes_cache = any(name in names for name in _CACHE)
-    # key_cap: Doge's dynamic mask
-    key_cap, window = pos_int(vars(module).get("keep_window_size")), _window(module)
+    (key_cap, key_block), window = key_selection(module), _window(module)
     module_cross = getattr(module, "is_cross_attention", False) is True
     masked_where_true = type(module).__name__ in _MASKED_WHERE_TRUE
     traits, with_cache_only, compressed = _traits_of(module, bidirectional, window)
@@ -365,7 +364,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
             elif causal_mask is not None:
                 facts.causal_apart = True
             facts.mask_ignores = masked_where_true or time_first  # FSMT: True = padding
-            facts.key_cap = key_cap
+            facts.key_cap, facts.key_block = key_cap, key_block
             if compressed and traits is not None:  # its entries follow the tokens seen
                 seen = 0 if cache is None else _tokens_seen(cache, idx)
                 return [(ATTENTION_KEY, facts), (TRAITS_KEY, traits._replace(seen=seen))]

@@ -272,7 +272,7 @@ class AttentionFacts:
 
     __slots__ = ("batch", "seq_q", "seq_kv", "past", "cached", "heads", "kv_heads", "head_dim",
                  "head_dim_v", "causal", "window", "dtype", "device", "mask", "mask_ignores",
-                 "causal_apart", "key_cap", "row_counts", "keys_masked")
+                 "causal_apart", "key_cap", "key_block", "row_counts", "keys_masked")
 
     def __init__(self, batch: int, seq_q: int) -> None:
         self.batch = batch
@@ -296,6 +296,9 @@ class AttentionFacts:
         # the layer keeps at most this many keys per query of those its mask allows (Doge's
         # dynamic mask: top-k over the allowed keys once there are more than k)
         self.key_cap: int | None = None
+        # ... in whole blocks of this many keys, the keys past its last whole block kept too
+        # (Qwen4-exp's indexer: the top blocks of a token budget)
+        self.key_block = 1
         # inside attnscope.batch(), a CUDA mask's per-row counts (reduce.row_numbers) as a
         # HostCopy of kind "rows" (plan: their shape)
         self.row_counts: Any = None

@@ -339,7 +339,7 @@ def derive_attention(f: AttentionFacts, traits: LayerTraits | None = None,
             out.flops = 2 * reading.pairs * (f.head_dim + dv)
         elif keys_known:
             out.flops = attention_flops(b, f.heads, sq, skv, f.head_dim, dv, causal, window)
-        if f.key_cap is not None and keys_known and skv > f.key_cap:
+        if keys_known and narrowed.narrows(f, skv):
             narrowed.cap_keys(out, f, reading, real, causal, window, skv, dv)
     if band is not None and keys_known and _banded(out, f, band, skv):
         return out
@@ -356,7 +356,7 @@ def derive_attention(f: AttentionFacts, traits: LayerTraits | None = None,
         _mark_mask(out, f.mask, counts, reading, f.heads)
     # several cores' least traffic is no one kernel's: not established, left out
     if (keys_known and f.heads and f.head_dim and out.exact is None and out.flops is not None
-            and cores == 1 and not entries and not (f.key_cap is not None and skv > f.key_cap)
+            and cores == 1 and not entries and not narrowed.narrows(f, skv)
             and (f.mask is None or f.seq_kv is None) and not f.keys_masked):
         _traffic(out, (b, f.heads, f.kv_heads or f.heads, sq, skv, f.head_dim,
                        f.head_dim_v or f.head_dim), None, causal, f.mask, f.mask_ignores, counts,

@@ -8,12 +8,40 @@ from ..record.capture import AttentionFacts
 from .derived import Derived
 from .masks import MaskReading
 
-__all__ = ["capped_pairs", "cap_keys", "compressed_pairs", "add_compressed"]
+__all__ = ["capped_pairs", "cap_keys", "compressed_pairs", "add_compressed", "narrows"]
 
 
-def capped_pairs(sq: int, skv: int, cap: int, causal: bool) -> int:
-    """Pairs of one (batch, head) when each query keeps at most ``cap`` of the keys it may see
-    (queries aligned bottom-right: query ``q`` of a causal call sees ``skv - sq + q + 1`` keys)."""
+def narrows(f: AttentionFacts, skv: int) -> bool:
+    """Some query of the call may see more keys than the layer keeps (``f.key_cap`` set)."""
+    return f.key_cap is not None and skv >= f.key_cap + f.key_block
+
+
+def _kept(v: int, cap: int, block: int) -> int:
+    """Keys kept of ``v`` visible: all while their whole blocks fit in ``cap``, else ``cap`` and
+    the ones past the last whole block."""
+    return v if v // block * block <= cap else cap + v % block
+
+
+def _kept_upto(n: int, cap: int, block: int) -> int:
+    """``sum(_kept(v) for v in range(n + 1))``, in closed form."""
+    fits = min(n, cap + block - 1)  # v up to here keep every key
+    total = fits * (fits + 1) // 2
+    if n <= fits:
+        return total
+    def mods(m: int) -> int:  # sum of v % block for v = 0 .. m - 1
+        q, r = divmod(m, block)
+        return q * block * (block - 1) // 2 + r * (r - 1) // 2
+    return total + (n - fits) * cap + mods(n + 1) - mods(fits + 1)
+
+
+def capped_pairs(sq: int, skv: int, cap: int, causal: bool, block: int = 1) -> int:
+    """Pairs of one (batch, head) when each query keeps at most ``cap`` of the keys it may see,
+    in blocks of ``block`` (:func:`_kept`; queries aligned bottom-right: query ``q`` of a causal
+    call sees ``skv - sq + q + 1`` keys)."""
+    if block > 1:
+        if not causal:
+            return sq * _kept(skv, cap, block)
+        return _kept_upto(skv, cap, block) - _kept_upto(skv - sq, cap, block)
     if not causal:
         return sq * min(skv, cap)
     first, last = skv - sq + 1, skv  # keys seen by the first and the last query
@@ -24,15 +52,16 @@ def capped_pairs(sq: int, skv: int, cap: int, causal: bool) -> int:
 
 def cap_keys(out: Derived, f: AttentionFacts, reading: MaskReading | None, real: int | None,
               causal: bool, window: int | None, skv: int, dv: int) -> None:
-    """A layer that keeps at most ``f.key_cap`` keys per query (Doge): exact over a plain causal
-    or full mask with every query real; otherwise the FLOPs above are an upper bound."""
+    """A layer that keeps at most ``f.key_cap`` keys per query (Doge, Qwen4-exp): exact over a
+    plain causal or full mask with every query real; otherwise the FLOPs above are an upper
+    bound."""
     plain = (window is None and (f.mask is None or (
         reading is not None and reading.window is None and real == f.batch * f.seq_q
         and (reading.causal is None or reading.causal == causal))))
     if not plain or not f.heads or not f.head_dim or f.key_cap is None:
         out.inexact("layer_narrows")
         return
-    pairs = f.batch * f.heads * capped_pairs(f.seq_q, skv, f.key_cap, causal)
+    pairs = f.batch * f.heads * capped_pairs(f.seq_q, skv, f.key_cap, causal, f.key_block)
     out.flops = 2 * pairs * (f.head_dim + dv)
 
 

@@ -47,6 +47,8 @@ _SET: dict[tuple[str, ...], int] = {
     ("image_size",): 32,
     ("patch_size",): 8,
     ("num_mel_bins",): 16,
+    ("vocab_size_per_layer_input",): VOCAB,  # Gemma 4's per-layer token embeddings
+    ("hidden_size_per_layer_input",): 8,
     ("max_source_positions",): 16,
 }
 _LAYERS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers",
@@ -76,6 +78,10 @@ FEATURES: dict[str, dict[str, Any]] = {
                "mamba_ngroups": 1, "use_mamba_kernels": False, "num_mem_blocks": 1},
     "lfm2": {"layer_types": ["conv", "full_attention"]},
     "xmod": {"default_language": "en_XX"},  # its adapters need a language to run
+    # indexed attention: per query, the top 2 of its visible keys' blocks of 2 (a budget of 4
+    # tokens) and the keys past its last whole block
+    "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 8,
+                       "indexer_budget": 4, "indexer_compress_ratio": 2},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
     # compressed KV beside the window: a plain sliding layer, a compressed-sparse one (an entry
     # per 2 tokens, its indexer keeping the top 2) and a heavily compressed one (an entry per 4)
@@ -140,6 +146,12 @@ def _layers(cfg: Any, out: dict[str, Any]) -> None:
 def tiny_overrides(cfg: Any) -> dict[str, Any]:
     """Constructor keywords that shrink ``cfg`` (sub-configs as dicts, shrunk the same way)."""
     out: dict[str, Any] = {}
+    per_layer = cfg.to_dict().get("per_layer_config")
+    if per_layer is not None:  # Gemma 4: reading a per-layer size globally raises
+        cfg.allow_global_per_layer_attribute_access = True
+        # the second layer's heads twice as wide (the first's 8), as its full-attention layers
+        out["per_layer_config"] = {"01": {"head_dim": 2 * HEAD_DIM}} if any(
+            "head_dim" in v for v in per_layer.values()) else {}
     for names, value in _SET.items():
         for name in names:
             if _int(getattr(cfg, name, None)) and not isinstance(
@@ -179,17 +191,21 @@ def quiet() -> Iterator[None]:
 def build(model_type: str, class_name: str, impl: str = "eager", **extra: Any) -> Any:
     """A tiny model of ``class_name`` for ``model_type``, in eval mode, seeded; eager attention
     unless ``impl`` says otherwise."""
+    cls = getattr(transformers, class_name)
     config_cls = transformers.CONFIG_MAPPING[model_type]
+    own = getattr(cls, "config_class", None)
+    if isinstance(own, type) and issubclass(own, transformers.PretrainedConfig):
+        config_cls = own  # a multimodal type mapped to its text model (Qwen 3.5, Llama 4)
+    features = FEATURES.get(model_type, FEATURES.get(getattr(config_cls, "model_type", ""), {}))
     with quiet():
         keywords = {**tiny_overrides(config_cls()), "attn_implementation": impl,
-                    **FEATURES.get(model_type, {}), **extra}
+                    **features, **extra}
         kinds = keywords.get("layer_types")
         if kinds is None:
             keywords.pop("layer_types", None)
         elif isinstance(kinds, list) and "num_hidden_layers" in keywords:
             keywords["num_hidden_layers"] = len(kinds)  # a feature's own layer kinds
         cfg = config_cls(**keywords)
-        cls = getattr(transformers, class_name)
         torch.manual_seed(0)
         model = cls(cfg).eval()
         model.set_attn_implementation(impl)
