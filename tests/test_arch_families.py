@@ -461,3 +461,34 @@ def test_cross_attention_bytes_are_left_out_where_a_mask_hides_source_keys() -> 
     for a in cross(padded):
         assert "attnscope.bytes" not in a and "attnscope.arithmetic_intensity" not in a
         assert a["attnscope.tokens"] == 2 * q_len  # the queries are the decoder's
+
+
+# ---- KV sharing: Gemma 3n's last layers attend keys other layers stored ---------------------
+
+
+def test_gemma3n_kv_shared_layers_read_the_stored_keys_or_say_they_could_not() -> None:
+    """A KV-shared layer never writes its own cache slot: read there, every decode step was a
+    prefill of one key (seq_len_kv 1 for 4, phase prefill). It attends the keys the last layer of
+    its kind stored this call; where a call does not pass them, its cache length is unknown."""
+    import inspect
+
+    from attnscope.instrumentation.transformers import hidden_state_extractor
+    from attnscope.worker.derive import derive
+
+    model = sweep.build("gemma3n_text", "Gemma3nForCausalLM")
+    shared = [layer.self_attn for layer in model.model.layers
+              if layer.self_attn.is_kv_shared_layer]
+    assert len(shared) == 2  # one sliding, one full: the sweep's config
+    calls = _calls(model, lambda: _generate(model))
+    steps = [a for a in calls if a["attnscope.module"] == "model.layers.3.self_attn"]
+    # the full layer: 8 prompt keys, then one more per step (its store layer's cache)
+    assert [(a["attnscope.seq_len_kv"], a["attnscope.kv_cache_len"], a["attnscope.phase"])
+            for a in steps] == [(8, 0, "prefill"), (9, 8, "decode"), (10, 9, "decode")]
+    layer = shared[1]
+    extract = hidden_state_extractor(layer, tuple(inspect.signature(type(layer).forward)
+                                                  .parameters))
+    cache = transformers.DynamicCache(config=model.config)
+    summary = extract(layer, (), {"hidden_states": torch.zeros(2, 1, 32), "cache": cache,
+                                  "attention_mask": None})
+    out = derive(summary, layer)
+    assert out.exact is False and out.inexact_reason == "cache_unread"

@@ -12,6 +12,8 @@ a reference to the attention mask. Head counts and head size are read once, when
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -223,6 +225,31 @@ def _layer_idx(module: Any) -> int | None:
     return None
 
 
+def _kv_shared(module: Any, extract: Extractor) -> Extractor:
+    """``extract`` for a KV-shared layer (Gemma 3n: ``is_kv_shared_layer``), which attends the
+    keys the last layer of its kind stored this call (``shared_kv_states[layer_type]``), never
+    its own cache slot: the keys before this call's tokens are the cache length."""
+    kind = vars(module).get("layer_type")
+    if vars(module).get("is_kv_shared_layer") is not True or kind is None:
+        return extract
+
+    def shared(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        out = extract(instance, args, kwargs)
+        states = kwargs.get("shared_kv_states")
+        # transformers' KVSharingDict is a UserDict (no dict: FSDP2 leaves it alone)
+        keys = states.get(kind) if isinstance(states, Mapping) else None
+        if out and isinstance(out[0][1], AttentionFacts):
+            facts = out[0][1]
+            key = keys[0] if isinstance(keys, (tuple, list)) and keys else None
+            if isinstance(key, torch.Tensor) and key.ndim == 4 and facts.cached:
+                facts.past = key.shape[-2] - facts.seq_q
+            elif facts.cached:  # its own slot is not what it attends: unknown (cache_unread)
+                facts.past = "not read"
+        return out
+
+    return shared
+
+
 def _gpt_neo_kind(module: Any, config: Any) -> Any:
     """GPT-Neo's "local"/"global": on the layer (transformers 5), else in the config's
     ``attention_layers`` at its ``layer_id`` (4.48 to 4.57 checked), else (4.44: no ``layer_id``)
@@ -313,8 +340,8 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
     index_per_call = layer_idx is None and "layer_idx" in names
     offset_per_call = layer_idx is not None and any(n in names for n in _CACHE_OFFSET)
     time_first = type(module).__module__ in _TIME_FIRST
-    read = _reader(names, _argument_groups(module, names, time_first, index_per_call,
-                                           offset_per_call))
+    read = _mask_of_mapping(module, _reader(names, _argument_groups(
+        module, names, time_first, index_per_call, offset_per_call)))
     # use_cache=True starts no cache in an encoder layer (transformers hands it to Pegasus',
     # M2M-100's ... encoder layers too); a cache object given is used whatever the flag says
     # (BertGeneration decodes with is_decoder=False layers)
@@ -372,7 +399,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
                 return [(ATTENTION_KEY, facts), *extra]
         return [(ATTENTION_KEY, facts)]
 
-    return extract
+    return _kv_shared(module, extract)
 
 
 def _pooled_query_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
@@ -437,6 +464,26 @@ def _model_facts(get: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mod
     elif _starts_cache(get, args, kwargs):
         facts.cached, facts.past = True, 0
     return facts
+
+
+def _mask_of_mapping(module: Any, read: Any) -> Any:
+    """``read`` for a layer handed its masks as a mapping (Zaya: ``{"causal": ..., "conv": ...}``,
+    its forward's ``attention_mask: dict``): the attention's mask is the causal one. Others'
+    ``read`` unchanged, at no cost per call."""
+    try:
+        hint = inspect.signature(type(module).forward).parameters["attention_mask"].annotation
+    except (KeyError, TypeError, ValueError):  # no such parameter, or no signature
+        return read
+    if "dict" not in str(hint):
+        return read
+
+    def mapped(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        found: list[Any] = read(args, kwargs)
+        if isinstance(found[5], Mapping):  # _argument_groups: the mask is sixth
+            found[5] = found[5].get("causal")
+        return found
+
+    return mapped
 
 
 def _argument_groups(module: Any, names: tuple[str, ...], time_first: bool,

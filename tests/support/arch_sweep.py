@@ -78,6 +78,20 @@ FEATURES: dict[str, dict[str, Any]] = {
                "mamba_ngroups": 1, "use_mamba_kernels": False, "num_mem_blocks": 1},
     "lfm2": {"layer_types": ["conv", "full_attention"]},
     "xmod": {"default_language": "en_XX"},  # its adapters need a language to run
+    # KV sharing: the last two layers (one of each kind) read the cache of the first two
+    "gemma3n_text": {"layer_types": ["sliding_attention", "full_attention"] * 2,
+                     "num_kv_shared_layers": 2, "intermediate_size": [FFN] * 4,
+                     "activation_sparsity_pattern": [0.0] * 4, "laurel_rank": 4,
+                     "altup_num_inputs": 2},
+    # its default config names no rotary parameters for its layer kind
+    "cohere_compass_text": {"rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    # Griffin: a recurrent (RG-LRU) block beside local attention; its kinds come from block_types
+    "recurrent_gemma": {"layer_types": None, "block_types": ["recurrent", "attention"],
+                        "lru_width": 32},
+    "zaya": {"num_experts_per_tok": 1},  # its router takes one expert only
+    # MLA beside a sliding layer whose heads are as wide as MLA's query heads (nope + rope)
+    **dict.fromkeys(("dots3_note", "dots3_note_text"), {"head_dim": 12}),
     # indexed attention: per query, the top 2 of its visible keys' blocks of 2 (a budget of 4
     # tokens) and the keys past its last whole block
     "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 8,
@@ -176,7 +190,10 @@ def tiny_overrides(cfg: Any) -> dict[str, Any]:
     for key in getattr(type(cfg), "sub_configs", {}):
         sub = getattr(cfg, key, None)
         if isinstance(sub, transformers.PretrainedConfig):
-            out[key] = {**sub.to_dict(), **tiny_overrides(sub)}
+            features = FEATURES.get(getattr(sub, "model_type", ""), {})
+            out[key] = {**sub.to_dict(), **tiny_overrides(sub), **features}
+            if isinstance(features.get("layer_types"), list):  # a feature's own layer kinds
+                out[key]["num_hidden_layers"] = len(features["layer_types"])
     return out
 
 
