@@ -15,9 +15,10 @@ scaled to all calls by 1 / the call's sample rate (``all_calls.*``: estimates to
 
 A call is left unsplit (counted in ``calls_unapportioned``) when its rows are not the block's,
 its mask is on a device or not kept (per-row counts are read on the worker, from a host mask
-only, today), or its FLOPs are not a per-row sum this module can reproduce (a chunked layer
-over left padding): never a guessed split. A call nested in another attention call of the same
-block (an SDPA call inside an instrumented layer) is left to the outer one, counted once.
+only, today; cross-attention over padded keys keeps none), or its FLOPs are not a per-row sum
+this module can reproduce (a chunked layer over left padding): never a guessed split. A call
+nested in another attention call of the same block (an SDPA call inside an instrumented layer)
+is left to the outer one, counted once.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ _SQ, _SKV, _CAUSAL = schema.SEQ_LEN_Q.name, schema.SEQ_LEN_KV.name, schema.CAUSA
 _WINDOW, _KV_READ, _EXACT = (schema.SLIDING_WINDOW.name, schema.KV_BYTES_READ.name,
                              schema.EXACT.name)
 _LINK = schema.LINK.name
+_NOT_KEPT = object()  # a call whose keys a mask hid that the call's facts do not keep
 _PREFILL = (schema.REQUEST_PREFILL_CALLS.name, schema.REQUEST_PREFILL_FLOPS.name,
             schema.REQUEST_PREFILL_NS.name)
 _DECODE = (schema.REQUEST_DECODE_CALLS.name, schema.REQUEST_DECODE_FLOPS.name,
@@ -124,7 +126,10 @@ def _facts(cap: Capture) -> tuple[Any, bool, int, int, int, int | None, Any] | N
         if isinstance(traits, LayerTraits) and traits.band is not None:
             return None  # blocked layouts (LongT5): no per-row reading of their masks
         per_pair = 2 * (f.head_dim + (f.head_dim_v or f.head_dim)) * cores
-        return f.mask, f.mask_ignores, f.heads, per_pair, cores, chunk, f.row_counts
+        # cross-attention over masked keys keeps no mask (keys_masked): its padding is unknown,
+        # and calling all of it useful would be a guess (``_read``: "mask_unread")
+        mask = _NOT_KEPT if f.mask is None and f.keys_masked else f.mask
+        return mask, f.mask_ignores, f.heads, per_pair, cores, chunk, f.row_counts
     qkv = find_qkv(cap.summary)
     if qkv is None:
         return None
