@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import _log
 from .. import _schema as schema
+from .._state import state
 from ..record.capture import SDPA_CONTEXT_KEY, TensorMeta, find_qkv
 
 __all__ = ["Inputs", "Verdict", "annotate", "annotate_implementation", "assess", "from_summary",
@@ -166,20 +167,75 @@ def from_summary(summary: list[tuple[str, Any]]) -> Inputs | None:
                   enable_gqa=named.get("enable_gqa") is True, allowed=allowed)
 
 
+class _Warned:
+    """The once-per-site keys handed to ``_log`` so far, at most ``limit`` of them: ``_log`` keeps
+    a rate-limit entry per key for the process's life, so a program whose sites never stop
+    changing (a model built per request) must not hand it new keys for ever. Forgotten with
+    ``_log``'s own memory (``attnscope._state.reset`` gives it a new dict). Worker thread only."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.keys: set[str] = set()
+        self.owner: object = None
+
+    def admit(self, key: str) -> bool:
+        """Whether ``key`` may be logged: known already, or room for one more."""
+        if self.owner is not state.last_logged:
+            self.owner, self.keys = state.last_logged, set()
+        if key in self.keys:
+            return True
+        if len(self.keys) >= self.limit:
+            return False
+        self.keys.add(key)
+        return True
+
+
+# Distinct sites (and fallbacks) warned about; past this many, one WARNING says the rest are
+# named on their spans only.
+_WARN_SITES = 256
+_warned = _Warned(_WARN_SITES)
+
+
+def _warn_site(key: str, text: str) -> None:
+    if _warned.admit(key):
+        _log.warn_once(key, text)
+    else:
+        _log.warn_once("fallback-sites-full", f"attnscope: more than {_warned.limit} call sites "
+                       "fell back to a slower attention kernel; the others are not logged (their "
+                       "spans still say so: attnscope.backend.fallback)")
+
+
 def warn(site: str, verdict: Verdict) -> None:
-    """One WARNING per call site (rate-limited by ``_log``) in plain words."""
+    """One WARNING per call site and fallback (rate-limited by ``_log``) in plain words.
+
+    The key is the site and the verdict: a site is one traced function or layer, so the SDPA
+    calls of every source line that calls ``F.scaled_dot_product_attention`` (one site under
+    ``instrument_sdpa()``) share it, and each different fallback among them gets its own line.
+    """
     if not verdict.fallback:
         return
-    site = site[:128]
+    site = site[:160]
     if verdict.expected:
-        text = f"{site} ran the math kernel: {verdict.expected} was eligible"
+        text = f"{site} ran the math kernel: {verdict.reason or verdict.expected + ' was eligible'}"
     else:
         text = f"{site} ran the math kernel: no fused kernel was eligible because {verdict.reason}"
-    _log.warn_once(f"fallback:{site}", text)
+    _warn_site(f"fallback:{site}\x00{verdict.expected}\x00{verdict.reason}", text)
+
+
+def _site_label(attrs: dict[str, Any], site: str) -> str:
+    """What a WARNING calls the call site: the layer's module path; else the span's name and,
+    when it differs, the traced function's qualified name (two functions traced under one name
+    are two sites)."""
+    if attrs.get(_MODULE):
+        return site
+    qualname = attrs.get(_FUNCTION)
+    return f"{site} ({qualname[:96]})" if isinstance(qualname, str) and qualname \
+        and qualname != site else site
 
 
 _FALLBACK, _EXPECTED, _REASON = (schema.BACKEND_FALLBACK.name, schema.BACKEND_EXPECTED.name,
                                  schema.BACKEND_REASON.name)
+_MODULE, _FUNCTION = schema.MODULE.name, schema.CODE_FUNCTION_NAME.name
 
 
 # Calls repeat their shapes: one verdict per distinct input, a bounded number of them.
@@ -207,7 +263,7 @@ def annotate(attrs: dict[str, Any], summary: list[tuple[str, Any]], site: str) -
         # empty string reads as a value left blank)
         attrs[_EXPECTED] = verdict.expected or "none"
         attrs[_REASON] = verdict.reason
-        warn(site, verdict)
+        warn(_site_label(attrs, site), verdict)
 
 
 # transformers' attn_implementation names, as ran_implementation names them
@@ -229,5 +285,5 @@ def annotate_implementation(attrs: dict[str, Any], site: str) -> None:
                       f"layer's ops show {ran} attention ran")
     if ran in _SLOWER:
         attrs[_FALLBACK], attrs[_EXPECTED], attrs[_REASON] = True, configured, reason
-    _log.warn_once(f"implementation:{site[:128]}", f"{site[:128]}: {reason}")
+    _warn_site(f"implementation:{site[:160]}", f"{site[:160]}: {reason}")
 

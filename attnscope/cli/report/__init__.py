@@ -12,6 +12,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from ..runinfo import describe, run_info
 from ..summary import GroupStats, Quantiles, Summary, summarize, time_ns
 from ..traces import SpanRow, attention_calls, group_key, load_spans
 from ... import _schema as schema
+from ._fallbacks import fallback_lines
 from ._requests import Requests, print_requests, requests_json, requests_of
 
 __all__ = ["Context", "register", "run_report", "to_json", "render_terminal"]
@@ -99,7 +101,7 @@ def run_report(trace: str | os.PathLike[str], *, html: str | None = None,
         print(json.dumps(document, indent=2), file=out)
     else:
         render_terminal(summary, source=os.fspath(trace), spans=len(rows), top=top, out=out,
-                        context=context)
+                        context=context, calls=calls)
     if json_path and json_path != "-":
         write_text(json_path, json.dumps(document, indent=2) + "\n", "--json")
     if html:
@@ -201,8 +203,10 @@ WHICH_CALLS = ("Sampled calls: counts, tokens, FLOPs, mem peak · timed: latency
 
 
 def render_terminal(summary: Summary, *, source: str, spans: int, top: int, out: Any,
-                    context: Context | None = None) -> None:
-    """The report as rich tables on ``out`` (100 columns when not a terminal)."""
+                    context: Context | None = None,
+                    calls: Sequence[SpanRow] | None = None) -> None:
+    """The report as rich tables on ``out`` (100 columns when not a terminal); ``calls``: the
+    summarised call spans, for the fallback counts per reason (:mod:`._fallbacks`)."""
     console = make_console(out, width=100)
     rates = ", ".join(f"{r:g}" for r in summary.sample_rates)
     o = summary.overall
@@ -230,13 +234,8 @@ def render_terminal(summary: Summary, *, source: str, spans: int, top: int, out:
         console.print(_cost_table(summary))
     if any(g.roofline for g in summary.groups):
         console.print(_roofline_table(summary))
-    for g in summary.groups:
-        if g.fallbacks is not None:
-            f = g.fallbacks
-            console.print(
-                f"Fallback: {g.label} ({g.phase or MISSING}): {f.calls} call(s) ran the math kernel"
-                + (f", {f.expected} was eligible" if f.expected and f.expected != "none" else "")
-                + (f" — {f.reason}" if f.reason else ""), highlight=False, markup=False)
+    for line in fallback_lines(summary, calls):
+        console.print(line, highlight=False, markup=False)
     if context is not None:
         _end_to_end(console, context.e2e)
         if context.requests is not None:

@@ -18,6 +18,7 @@ from ..render.html import PALETTE, escape, figure, page, svg, table
 from ..render.units import MISSING, duration, si, when
 from ..runinfo import describe
 from . import INEXACT_MARK, inexact_lines
+from ._fallbacks import fallback_lines
 from ._requests import requests_html
 from ._roofline_plot import roofline_section
 from ..summary import GroupStats, Summary, latency_rows, operator_spans, time_ns, wall_ns
@@ -42,6 +43,7 @@ def render_html(summary: Summary, rows: Sequence[SpanRow], *, source: str, top: 
         ("Latency distribution per layer", _latency_plot(summary, calls)),
         ("Time per layer: prefill vs decode", _time_plot(summary)),
         ("Roofline per attention layer", roofline_section(summary, calls)),
+        *_fallbacks(summary, calls),
         ("Kernels and operators of the profiled calls", _kernel_plot(summary, top, duration)),
         ("Timeline of one profiled call", _timeline(summary, rows, calls, duration)),
         *e2e,
@@ -88,6 +90,20 @@ def _end_to_end(e2e: Any) -> str:
             "time, weighted by 1/sample rate. Timed: with no profiled span in them (the call, a "
             "forward or a layer: the profiler slows them), unless all have one.</p>")
     return note + "".join(parts)
+
+
+def _fallbacks(summary: Summary, calls: Sequence[SpanRow]) -> list[tuple[str, str]]:
+    """The terminal's ``Fallback:`` lines (:mod:`._fallbacks`), as a section when there are any."""
+    lines = fallback_lines(summary, calls)
+    if not lines:
+        return []
+    note = ("<p class=\"note\">Calls that ran SDPA's math kernel while a fused one was "
+            "eligible, or because none was (<code>attnscope.backend.fallback</code>), per layer "
+            "and phase and per reason (<code>attnscope.backend.expected</code>, "
+            "<code>attnscope.backend.reason</code>).</p>")
+    body = "\n".join(escape(line) for line in lines)
+    return [("Silent fallbacks",
+             f"{note}<pre class=\"fallbacks\" style=\"white-space: pre-wrap\">{body}</pre>")]
 
 
 def _label(g: GroupStats) -> str:
