@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _log
 from .._state import state
 from ..record.capture import PROFILE_MARKER, ProfileSession
+from . import inner_sdpa
 
 if TYPE_CHECKING:
     from .._config import Config
@@ -122,6 +123,10 @@ def stop(session: ProfileSession) -> None:
 
 def _release(disable: bool) -> None:
     p = state.profiler
+    try:
+        inner_sdpa.disarm()  # a profiled layer's SDPA recorder (capture.inner_sdpa)
+    except Exception as exc:  # noqa: BLE001  (the lock is released whatever happens)
+        _log.internal_error("inner-sdpa", exc)
     if disable:
         try:
             if p.torch is not None and p.torch._C._autograd._profiler_enabled():

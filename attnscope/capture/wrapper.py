@@ -196,14 +196,14 @@ def _open(site: CallSite, tier: int, rate: float, args: tuple[Any, ...], kwargs:
     if cuda:  # after the grant is settled: events only for a call that is captured
         cap.timer = _event_timer(device)
     if tier == TIER_PROFILE:
-        if site.on_profile is not None:
+        cap.profile = _profiler.start(device)
+        if cap.profile is None:
+            tier = TIER_TIMING
+        elif site.on_profile is not None:  # once the session is open: its release undoes it
             try:
                 summary.extend(site.on_profile(args, kwargs))
             except Exception as exc:  # the profile goes on without those facts
                 _site_error(site, "extract", exc)
-        cap.profile = _profiler.start(device)
-        if cap.profile is None:
-            tier = TIER_TIMING
     cap.tier = tier
     try:
         if cap.timer is not None:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .. import _schema as schema
-from ..capture import retain, wrapper
+from ..capture import inner_sdpa, retain, wrapper
 from ..capture.args import param_names
 from ..capture.compile import hide_from_dynamo
 from ..capture.sampling import CallSite
@@ -47,6 +47,7 @@ def wrap_forward(
     key = f"attnscope.instrument:{name}:{attributes[schema.MODULE_CLASS.name]}"
     site, names, fn = _site_for(module, "forward", name, attributes, sample_rate, key)
     site.extractor = make_extractor(names)
+    site.on_profile = inner_sdpa.arm  # the SDPA call inside, for its fallback verdict
     install(module, "forward", fn, site)
 
 

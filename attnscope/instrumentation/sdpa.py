@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import warnings
 
-from typing import Any
-
-import torch
 import torch.nn.functional as F
 
 from .. import _log
@@ -19,11 +16,10 @@ from .. import _schema as schema
 from .._state import state
 from ..capture import wrapper
 from ..capture.compile import register_when_dynamo_loads
-from ..record.capture import SDPA_CONTEXT_KEY
+from ..capture.inner_sdpa import PARAMS as _PARAMS
+from ..capture.inner_sdpa import context as _sdpa_context
 
 __all__ = ["instrument_sdpa", "uninstrument_sdpa"]
-
-_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
 def instrument_sdpa(sample_rate: float | None = None) -> None:
@@ -56,21 +52,6 @@ def instrument_sdpa(sample_rate: float | None = None) -> None:
         state.sdpa_original = fn
         F.scaled_dot_product_attention = traced
     register_when_dynamo_loads()
-
-
-def _sdpa_context(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
-    """A profiled SDPA call's last-dimension strides and the backends the program allows
-    (``sdpa_kernel`` sets torch's global flags for its block): what its fallback verdict needs
-    and its argument summary lacks (``worker.fallback``)."""
-    tensors = [*args[:3], *(kwargs[n] for n in ("query", "key", "value") if n in kwargs)][:3]
-    if len(tensors) < 3 or not all(isinstance(t, torch.Tensor) for t in tensors):
-        return []
-    strides = tuple(t.stride(-1) if t.dim() else 1 for t in tensors)
-    b: Any = torch.backends.cuda  # (its flag readers are untyped)
-    allowed = tuple(name for name, on in (
-        ("flash", b.flash_sdp_enabled()), ("efficient", b.mem_efficient_sdp_enabled()),
-        ("math", b.math_sdp_enabled()), ("cudnn", b.cudnn_sdp_enabled())) if on)
-    return [(SDPA_CONTEXT_KEY, (strides, allowed))]
 
 
 def uninstrument_sdpa() -> None:

@@ -17,7 +17,8 @@ from typing import Any, NamedTuple
 __all__ = [
     "Capture", "TensorMeta", "AttentionFacts", "ModelFacts", "DeviceMemory", "ProfileSession",
     "next_id", "PROFILE_MARKER", "TIER_NONE", "TIER_TIMING", "TIER_PROFILE", "TIER_NAMES",
-    "ATTENTION_KEY", "MODEL_KEY", "SDPA_CONTEXT_KEY", "MASK_NAMES", "MAX_NAME", "MAX_EXTRA",
+    "ATTENTION_KEY", "MODEL_KEY", "SDPA_CONTEXT_KEY",
+    "INNER_SDPA_KEY", "MASK_NAMES", "MAX_NAME", "MAX_EXTRA",
     "MAX_ERROR_TEXT", "ErrorInfo", "error_info", "HostCopy", "find_qkv",
 ]
 
@@ -39,6 +40,8 @@ ATTENTION_KEY = "\x00attention"
 MODEL_KEY = "\x00model"
 # A profiled SDPA call's ((q, k, v last-dimension strides), (backends allowed)): worker.fallback
 SDPA_CONTEXT_KEY = "\x00sdpa_context"
+# a profiled instrumented layer's SDPA call: its summary (capture.inner_sdpa), filled in the call
+INNER_SDPA_KEY = "\x00inner_sdpa"
 
 # itertools.count is atomic under the GIL: ids are unique across threads without a lock.
 next_id = itertools.count(1).__next__

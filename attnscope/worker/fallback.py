@@ -17,7 +17,7 @@ from typing import Any
 from .. import _log
 from .. import _schema as schema
 from .._state import state
-from ..record.capture import SDPA_CONTEXT_KEY, TensorMeta, find_qkv
+from ..record.capture import INNER_SDPA_KEY, SDPA_CONTEXT_KEY, TensorMeta, find_qkv
 
 __all__ = ["Inputs", "Verdict", "annotate", "annotate_implementation", "assess", "from_summary",
            "warn"]
@@ -145,11 +145,14 @@ def from_summary(summary: list[tuple[str, Any]]) -> Inputs | None:
 
     The mask is read for its shape and dtype only; None when the summary is not an SDPA call.
     """
+    named = dict(summary)
+    inner = named.get(INNER_SDPA_KEY)  # a profiled instrumented layer's SDPA call
+    if isinstance(inner, list) and inner:
+        return from_summary(inner)
     qkv = find_qkv(summary)
     if qkv is None:
         return None
     q, k, v = qkv
-    named = dict(summary)
     mask: Any = named.get("attn_mask")
     mask_shape = mask_dtype = None
     if isinstance(mask, TensorMeta) or (hasattr(mask, "shape") and hasattr(mask, "dtype")):
