@@ -173,7 +173,7 @@ def _print_reports(trace_path: str, jaeger_json: str | None, html: str | None,
         source = f"attention.{label}" + (f" in {jaeger_json}" if jaeger_json else "")
         print("", file=out)
         render_terminal(summarize(mine, top=_TOP, rows=rows), source=source, spans=len(rows),
-                        top=_TOP, out=out)
+                        top=_TOP, out=out, calls=mine)
     if html:
         from ..report._html import render_html  # matplotlib: only for the page
 
