@@ -196,8 +196,9 @@ def roofline_section(summary: Summary, calls: Sequence[SpanRow]) -> str:
         return ("<p class=\"note\">No call in this trace carries device peaks "
                 "(<code>attnscope.roofline.peak_tflops</code> / <code>peak_gbps</code>), so "
                 "there is no roofline: set <code>device_peaks</code> (or "
-                "<code>ATTNSCOPE_PEAK_TFLOPS</code> and <code>ATTNSCOPE_PEAK_GBPS</code>), or "
-                "run on a CUDA device attnscope knows by name.</p>")
+                "<code>ATTNSCOPE_PEAK_TFLOPS</code> and <code>ATTNSCOPE_PEAK_GBPS</code>), "
+                "measure this machine's with <code>attnscope calibrate</code>, or run on a CUDA "
+                "device attnscope knows by name.</p>")
     sources = ", ".join(sorted({r.peak_source or "unknown" for r in roofs}))
     note = (f"<p class=\"note\">One point per layer and phase (per backend where a layer ran "
             "several): the median arithmetic intensity and the median achieved TFLOP/s of its "
