@@ -121,8 +121,9 @@ def derive(summary_list: Sequence[tuple[str, Any]], instance: Any = None,
     facts = summary.get(ATTENTION_KEY)
     if isinstance(facts, AttentionFacts):
         traits = summary.get(TRAITS_KEY)
-        return derive_attention(facts, traits if isinstance(traits, LayerTraits) else None,
-                                _builds_masks(instance))
+        traits = traits if isinstance(traits, LayerTraits) else None
+        return derive_attention(facts, traits, traits is not None and traits.config_window
+                                and _builds_masks(instance))
     model = summary.get(MODEL_KEY)
     if isinstance(model, ModelFacts):
         return derive_model(model)
@@ -489,10 +490,9 @@ def _structure(f: AttentionFacts, reading: MaskReading | None, traits: LayerTrai
         # is_decoder=True), bidirectional on its multi-token calls too.
         causal = True
     own = f.window if causal and f.window else None
-    if (own is not None and config_window and reading is not None and reading.causal is True
-            and reading.window is None and reading.pairs is not None and skv > own):
-        return causal, None, True
-    if own is not None and config_window and builds_masks and f.mask is None and skv > own:
+    if own is not None and config_window and skv > own and (
+            (reading is not None and reading.causal is True and reading.window is None
+             and reading.pairs is not None) or (builds_masks and f.mask is None)):
         return causal, None, True
     if reading is not None and reading.window is not None:
         if own is not None and own < reading.window:

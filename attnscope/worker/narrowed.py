@@ -38,16 +38,9 @@ def capped_pairs(sq: int, skv: int, cap: int, causal: bool, block: int = 1) -> i
     """Pairs of one (batch, head) when each query keeps at most ``cap`` of the keys it may see,
     in blocks of ``block`` (:func:`_kept`; queries aligned bottom-right: query ``q`` of a causal
     call sees ``skv - sq + q + 1`` keys)."""
-    if block > 1:
-        if not causal:
-            return sq * _kept(skv, cap, block)
-        return _kept_upto(skv, cap, block) - _kept_upto(skv - sq, cap, block)
     if not causal:
-        return sq * min(skv, cap)
-    first, last = skv - sq + 1, skv  # keys seen by the first and the last query
-    below = max(0, min(last, cap) - first + 1)  # queries that see fewer than cap keys
-    low_end = first + below - 1
-    return (first + low_end) * below // 2 + (sq - below) * cap
+        return sq * _kept(skv, cap, block)
+    return _kept_upto(skv, cap, block) - _kept_upto(skv - sq, cap, block)
 
 
 def cap_keys(out: Derived, f: AttentionFacts, reading: MaskReading | None, real: int | None,
