@@ -14,6 +14,7 @@ import atexit
 import dataclasses
 import enum
 import inspect
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -248,26 +249,44 @@ def step(n: int | None) -> _Step:
 # ---- lifecycle ---------------------------------------------------------------------------------
 
 
+# The longest wait handed on: "wait" for any purpose, and well inside the limit of every timer it
+# reaches (a thread join, a lock, the SDK's events: threading.TIMEOUT_MAX, 49 days on Windows),
+# so that math.inf or 1e12 means "wait" instead of an OverflowError that loses the trace file.
+_LONGEST_WAIT_S = min(1e9, threading.TIMEOUT_MAX / 2)
+
+
+def _bounded(timeout_s: Any) -> Any:
+    """``timeout_s`` capped at :data:`_LONGEST_WAIT_S` (infinity included), else as given."""
+    try:
+        if timeout_s > _LONGEST_WAIT_S:  # an int too large for a float compares exactly too
+            return _LONGEST_WAIT_S
+    except Exception:  # not a number: the worker's own handling (logged, False)
+        pass
+    return timeout_s
+
+
 def flush(timeout_s: float = 5.0) -> bool:
-    """Export everything captured so far; False if ``timeout_s`` ran out first. Never raises."""
+    """Export everything captured so far; False if ``timeout_s`` ran out first (``math.inf``:
+    wait as long as it takes). Never raises."""
     if state.worker is None and not state.retiring:  # nothing captured, or all exported
         if _nothing_sampled.nothing_sampled():
             # a file exporter's file exists after flush()
             _nothing_sampled.write_empty_file(current())
         return True
     try:
-        return loop.flush(timeout_s)
+        return loop.flush(_bounded(timeout_s))
     except Exception as exc:
         _log.internal_error("flush", exc)
         return False
 
 
 def shutdown(timeout_s: float = 5.0) -> bool:
-    """Flush and stop the worker (also done at exit); a later traced call starts a new one."""
+    """Flush and stop the worker (also done at exit); a later traced call starts a new one.
+    ``timeout_s`` as for :func:`flush`."""
     if state.worker is None:
         return True
     try:
-        return loop.shutdown(timeout_s)
+        return loop.shutdown(_bounded(timeout_s))
     except Exception as exc:
         _log.internal_error("shutdown", exc)
         return False
