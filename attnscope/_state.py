@@ -66,6 +66,7 @@ class ProfilerState:
         self.warm_cpu = False
         self.warm_cuda = False
         self.broken: dict[bool, str] = {}  # on_cuda -> why kineto refused at warm-up
+        self.kineto_ran = False  # attnscope started a kineto session (capture.fork_exit)
 
     def reset_counts(self) -> None:
         self.counts: dict[str, int] = {"profiled": 0,

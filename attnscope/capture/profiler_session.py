@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _log
 from .._state import state
 from ..record.capture import PROFILE_MARKER, ProfileSession
-from . import inner_sdpa
+from . import fork_exit, inner_sdpa  # noqa: F401  (fork_exit: a forked child exits without kineto)
 
 if TYPE_CHECKING:
     from .._config import Config
@@ -259,6 +259,7 @@ def warm_up(cuda: bool | None = None) -> bool:
             return False
         p.owner = threading.get_ident()
         config, activities = p.configs[bool(cuda)]
+        p.kineto_ran = True
         p.entry_points["prepare"](config, activities)
         p.entry_points["enable"](config, activities)
         handle = p.torch.ops.profiler._record_function_enter_new(PROFILE_MARKER, None)
