@@ -1,5 +1,5 @@
-"""Issue 35 §8 and §21: any timeout works (infinity means wait), and the API's wrong-type answers
-are clear ``TypeError``s."""
+"""Issue 35 §8 and §21: any timeout works (infinity means wait); uninstrument() and
+instrumented_modules() refuse a non-module with a clear ``TypeError`` as instrument() does."""
 
 from __future__ import annotations
 
@@ -68,3 +68,25 @@ def test_an_ordinary_timeout_is_passed_on_unchanged(monkeypatch: pytest.MonkeyPa
     attnscope.flush(timeout_s=math.inf)
     assert seen[:3] == [0, 2.5, 30] and math.isnan(seen[3])  # type: ignore[arg-type]
     assert isinstance(seen[4], float) and 1e8 < seen[4] < 1e10
+
+
+# -- §21: uninstrument() / instrumented_modules() on something that is not a module ----------------
+
+NOT_MODULES = (None, 3, "model", object(), [torch.nn.Linear(2, 2)], torch.nn.Linear)
+
+
+@pytest.mark.parametrize("entry", ("instrument", "uninstrument", "instrumented_modules"))
+@pytest.mark.parametrize("value", NOT_MODULES, ids=lambda v: type(v).__name__)
+def test_entry_points_refuse_a_non_module_with_a_type_error(entry: str, value: object) -> None:
+    with pytest.raises(TypeError, match=rf"^attnscope\.{entry} expects an nn\.Module, got "
+                                        rf"{type(value).__name__}$"):
+        getattr(attnscope, entry)(value)
+    assert attnscope.stats()["internal_errors"] == 0
+
+
+def test_uninstrument_and_instrumented_modules_still_take_a_module() -> None:
+    model = torch.nn.Sequential(torch.nn.MultiheadAttention(8, 2, batch_first=True))
+    attnscope.instrument(model)
+    assert attnscope.instrumented_modules(model) == ["0"]
+    assert attnscope.uninstrument(model) is model
+    assert attnscope.instrumented_modules(model) == []

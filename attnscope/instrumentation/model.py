@@ -189,8 +189,7 @@ def instrument(
     one per decoder layer (the ``nn.ModuleList`` entry holding an attention layer).
     Instrumenting twice keeps one wrapper per module and warns once.
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"attnscope.instrument expects an nn.Module, got {type(model).__name__}")
+    _check_module(model, "instrument")
     inner = _unwrap_compiled(model)
     if inner is not model:  # torch.compile'd already: instrument the module it wraps
         instrument(inner, include, exclude, name_prefix, trace_model=trace_model,
@@ -216,6 +215,11 @@ def instrument(
     return model
 
 
+def _check_module(model: Any, where: str) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"attnscope.{where} expects an nn.Module, got {type(model).__name__}")
+
+
 def _unwrap_compiled(model: torch.nn.Module) -> torch.nn.Module:
     if type(model).__name__ != "OptimizedModule":
         return model
@@ -224,7 +228,9 @@ def _unwrap_compiled(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def uninstrument(model: M) -> M:
-    """Remove what :func:`instrument` added: forwards, hooks and state dict are as before."""
+    """Remove what :func:`instrument` added: forwards, hooks and state dict are as before.
+    ``TypeError`` for anything but an ``nn.Module``."""
+    _check_module(model, "uninstrument")
     for module in model.modules():
         try:
             restore(module, "forward")
@@ -235,6 +241,8 @@ def uninstrument(model: M) -> M:
 
 
 def instrumented_modules(model: torch.nn.Module) -> list[str]:
-    """Paths of the modules that carry an attnscope wrapper (compiled: as spans name them)."""
+    """Paths of the modules that carry an attnscope wrapper (compiled: as spans name them).
+    ``TypeError`` for anything but an ``nn.Module``."""
+    _check_module(model, "instrumented_modules")
     root = _unwrap_compiled(model)
     return [path for path, module in root.named_modules() if is_instrumented(module)]
