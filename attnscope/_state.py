@@ -36,8 +36,8 @@ KEEP_TOTAL_BYTES = 64 << 20
 
 # The span counts of attnscope.stats(), over every worker of the process (docs/sampling.md).
 COUNT_KEYS = ("captured", "emitted", "dropped_queue_full", "dropped_trace_cap", "orphaned",
-              "pending", "worker_errors", "exported", "export_failed", "export_dropped",
-              "export_in_flight")
+              "pending", "worker_errors", "spans_to_export", "exported", "export_failed",
+              "export_dropped", "export_in_flight")
 
 # "nested": attnscope's own session was running on this thread (a traced call inside a profiled
 # one), not the user's profiler
@@ -92,9 +92,12 @@ class Delivery:
     """
 
     __slots__ = ("export_failed", "export_queue_full", "exported", "in_flight", "lock",
-                 "no_pipeline", "written_paths")
+                 "no_pipeline", "to_export", "written_paths")
 
     def __init__(self) -> None:
+        # spans the worker handed to the pipeline (worker.emit, under ``lock``): each ends in
+        # exactly one of the counts below
+        self.to_export = 0
         self.exported = 0  # spans the exporter delivered (a file exporter: once in the file)
         self.export_failed = 0  # spans the exporter reported as failed, or lost before the file
         self.export_queue_full = 0  # spans the batch processor dropped: its queue was full, or
@@ -238,7 +241,9 @@ def span_counts() -> dict[str, int]:
     for worker in workers:
         for key, value in worker.counts().items():
             totals[key] = totals.get(key, 0) + value
-    return {k: totals.get(k, 0) for k in COUNT_KEYS} | state.delivery.counts()
+    delivery = state.delivery
+    return ({k: totals.get(k, 0) for k in COUNT_KEYS} | delivery.counts()
+            | {"spans_to_export": delivery.to_export})
 
 
 def take_bytes(n: int) -> bool:

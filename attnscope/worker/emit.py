@@ -15,6 +15,12 @@ worker's time per span. So:
 
 Both take the span name through :func:`span_name`: always a ``str`` of at most 128 characters. One
 span an exporter cannot encode (a name that is not a string) would fail its whole batch.
+
+Every span handed to attnscope's own export pipeline is counted here, as it is handed
+(``Delivery.to_export``, ``stats()["spans_to_export"]``): call spans, kernel and operator child
+spans, step and request spans alike. The pipeline counts the same spans as they end
+(``exported``, ``export_failed``, ``export_dropped``, ``export_in_flight``), so the two sides agree
+span for span (docs/sampling.md); ``emitted`` counts call spans only (one per capture).
 """
 
 from __future__ import annotations
@@ -103,11 +109,21 @@ class OpenSpan:
         self._close(start_ns, end_ns, attrs or {})
 
 
-class SdkEmitter(Emitter):
-    """Through ``tracer.start_span``: the application's provider, its sampler and processors."""
+def _count_handed(delivery: Any) -> None:
+    """One span handed to attnscope's own pipeline (its processor counts the same span)."""
+    with delivery.lock:  # retiring and new workers may emit at once
+        delivery.to_export += 1
 
-    def __init__(self, tracer: Any) -> None:
+
+class SdkEmitter(Emitter):
+    """Through ``tracer.start_span``: the application's provider, its sampler and processors.
+
+    ``delivery``: given when the provider is attnscope's own, with its counting processor (its
+    sampled spans are counted as handed to it)."""
+
+    def __init__(self, tracer: Any, delivery: Any = None) -> None:
         self.tracer = tracer
+        self.delivery = delivery
 
     def emit(self, name: str, parent: SpanContext | None, attrs: dict[str, Any], start_ns: int,
              end_ns: int, links: Sequence[Link] | None = None,
@@ -118,8 +134,10 @@ class SdkEmitter(Emitter):
         if error is not None:
             span.add_event("exception", _exception_attributes(error), timestamp=end_ns)
             span.set_status(error_status(error))
-        span.end(end_time=end_ns)
         sc: SpanContext = span.get_span_context()
+        if self.delivery is not None and span.is_recording() and sc.trace_flags.sampled:
+            _count_handed(self.delivery)
+        span.end(end_time=end_ns)
         return sc
 
     def open_span(self, ctx: SpanContext, name: str, parent: SpanContext | None,
@@ -134,13 +152,17 @@ class SdkEmitter(Emitter):
         def close(start: int, end_ns: int, more: dict[str, Any]) -> None:
             if more:
                 span.set_attributes(more)
+            if self.delivery is not None and span.is_recording() \
+                    and span.get_span_context().trace_flags.sampled:
+                _count_handed(self.delivery)
             span.end(end_time=end_ns)
 
         return OpenSpan(span.get_span_context(), close)
 
 
 class NowhereEmitter(Emitter):
-    """No pipeline could be built: each span is counted as lost (``stats()["export_dropped"]``)."""
+    """No pipeline could be built: each span is counted as handed on and lost
+    (``stats()["export_dropped"]``)."""
 
     def __init__(self, delivery: Any) -> None:
         self.delivery = delivery
@@ -148,14 +170,18 @@ class NowhereEmitter(Emitter):
     def emit(self, name: str, parent: SpanContext | None, attrs: dict[str, Any], start_ns: int,
              end_ns: int, links: Sequence[Link] | None = None,
              error: ErrorInfo | None = None) -> SpanContext | None:
-        self.delivery.no_pipeline += 1
+        with self.delivery.lock:
+            self.delivery.to_export += 1
+            self.delivery.no_pipeline += 1
         return None
 
 
 class DirectEmitter(Emitter):
     """Finished ``ReadableSpan``s straight to the processor of a provider attnscope owns."""
 
-    def __init__(self, provider: Any, processor: Any, scope_name: str, version: str) -> None:
+    def __init__(self, provider: Any, processor: Any, scope_name: str, version: str,
+                 delivery: Any) -> None:
+        self.delivery = delivery
         self.sampler = provider.sampler
         self.ids = provider.id_generator
         self.resource = provider.resource
@@ -196,6 +222,8 @@ class DirectEmitter(Emitter):
         if error is not None:
             events = (_exception_event(error, end_ns),)
             status = error_status(error)
+        if sc.trace_flags.sampled:  # the batch processor takes (and counts) sampled spans only
+            _count_handed(self.delivery)
         self.processor.on_end(ReadableSpan(
             name=name, context=sc, parent=parent, resource=self.resource, attributes=attrs,
             events=events, links=links, kind=_INTERNAL, status=status, start_time=start_ns,
@@ -274,7 +302,7 @@ def for_pipeline(pipeline: Any, scope_name: str, version: str) -> Emitter:
     """The direct path for a provider attnscope owns and exports from, else the SDK's."""
     processor = getattr(pipeline, "processor", None)
     provider = pipeline.provider
-    if pipeline.owned and processor is not None and all(
-            hasattr(provider, a) for a in ("sampler", "id_generator", "resource")):
-        return DirectEmitter(provider, processor, scope_name, version)
-    return SdkEmitter(pipeline.tracer)
+    counted = pipeline.owned and processor is not None  # attnscope's counting processor
+    if counted and all(hasattr(provider, a) for a in ("sampler", "id_generator", "resource")):
+        return DirectEmitter(provider, processor, scope_name, version, pipeline.delivery)
+    return SdkEmitter(pipeline.tracer, pipeline.delivery if counted else None)
