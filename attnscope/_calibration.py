@@ -14,8 +14,9 @@ import json
 import os
 import pathlib
 import platform
-import tempfile
 from typing import Any
+
+from . import _safe_files
 
 __all__ = ["path", "cpu_key", "cuda_key", "load", "save", "peaks_for"]
 
@@ -62,7 +63,8 @@ def load(file: pathlib.Path | None = None) -> dict[str, Any]:
 def save(key: str, dtype: str, entry: dict[str, Any],
          file: pathlib.Path | None = None) -> pathlib.Path:
     """Store one measurement (``gbps``, ``tflops`` and what was timed) for ``key`` at ``dtype``,
-    keeping the others; written whole to a temporary file, then renamed over the old one."""
+    keeping the others; written whole to a new file, then renamed over the old one (never
+    through a link: :mod:`attnscope._safe_files`)."""
     target = file or path()
     entries = load(target)
     device = entries.setdefault(key, {})
@@ -72,10 +74,8 @@ def save(key: str, dtype: str, entry: dict[str, Any],
     device.setdefault("matmul", {})[dtype] = entry["matmul"]
     device["measured_at"] = entry["measured_at"]
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".peaks.", suffix=".json")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump({"version": _VERSION, "entries": entries}, f, indent=1, sort_keys=True)
-    os.replace(tmp, target)
+    _safe_files.write_text(target, json.dumps({"version": _VERSION, "entries": entries},
+                                              indent=1, sort_keys=True))
     return target
 
 

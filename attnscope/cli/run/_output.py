@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ... import _safe_files
+
 __all__ = ["ENV_DIR", "ENV_PARENT", "ENV_SERVICE", "JAEGER", "OTLP", "RunExporter",
            "clear_previous", "count_spans", "is_trace_file", "process_tag", "written"]
 
@@ -112,7 +114,8 @@ def write_run_info(directory: Path, *, command: list[str], argv: list[str],
                    exit_code: int) -> None:
     """``run.json``: what ``attnscope run`` ran and how (read back by ``report`` and ``diff``),
     beside the trace files; none when the run wrote none. A write that fails is one line on
-    stderr: the traces are still there."""
+    stderr: the traces are still there. Written whole and never through a link (a link planted
+    at the name is refused)."""
     if not written(directory):
         return
     import platform
@@ -133,7 +136,7 @@ def write_run_info(directory: Path, *, command: list[str], argv: list[str],
         "settings": {name: environ.get(var) for name, var in _SETTING_VARS.items()},
     }
     try:
-        (directory / RUN_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+        _safe_files.write_text(directory / RUN_INFO, json.dumps(info, indent=2) + "\n")
     except OSError as exc:
         print(f"attnscope run: cannot write {directory / RUN_INFO} "
               f"({exc.strerror or type(exc).__name__})", file=sys.stderr)
@@ -151,12 +154,13 @@ def is_trace_file(name: str) -> bool:
 
 def clear_previous(directory: Path) -> list[Path]:
     """Remove the trace files (and their lock files) and ``run.json`` an earlier run left in
-    ``directory`` (OTLP lines would be appended to them); returns what was removed. Other files
-    are left alone."""
+    ``directory`` (OTLP lines would be appended to them); returns what was removed. A link at
+    one of those names is removed too (the link, never what it points to: attnscope would refuse
+    to write through it). Other files are left alone."""
     removed = []
     for path in sorted(directory.iterdir()):
         # (PATH.lock: left by a process killed before its exporter shut down)
-        if is_run_file(path.name) and path.is_file() and not path.is_symlink():
+        if is_run_file(path.name) and (path.is_symlink() or path.is_file()):
             path.unlink()
             removed.append(path)
     return removed
@@ -164,7 +168,8 @@ def clear_previous(directory: Path) -> list[Path]:
 
 def written(directory: Path) -> list[Path]:
     """The trace files in ``directory``: the plain names first, then the others by name."""
-    found = [p for p in directory.iterdir() if _OURS.match(p.name) and p.is_file()]
+    found = [p for p in directory.iterdir()
+             if _OURS.match(p.name) and p.is_file() and not p.is_symlink()]
     return sorted(found, key=lambda p: (p.name not in (JAEGER, OTLP), p.name))
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import tempfile
 from typing import TYPE_CHECKING, Any
 
-from ... import _log
+from ... import _log, _safe_files
 from ... import _schema as schema
 from ...record.capture import PROFILE_MARKER, Capture
 from ..readable import top_list
@@ -53,7 +55,12 @@ def finish(cap: Capture, cfg: Config,
         attrs[schema.CORE_TFLOPS.key] = flops / core / 1e3  # FLOP/ns = 1e9 FLOP/s; TFLOP/s = /1e3
     if cfg.profile_dir:
         try:
-            attrs[schema.PROFILE_PATH.key] = _save(result, cfg.profile_dir, cap)
+            saved = _save(result, cfg.profile_dir, cap)
+            if saved is not None:
+                attrs[schema.PROFILE_PATH.key] = saved
+        except _safe_files.UnsafePath as exc:  # a link at the name: not written through
+            _log.warn_once("profile-link", "attnscope: a profile was not saved: "
+                           f"{exc.strerror}", path=exc.filename)
         except Exception as exc:
             _log.internal_error("profile-save", exc)
     return attrs, report.children
@@ -64,25 +71,34 @@ def finish(cap: Capture, cfg: Config,
 _VALUE_ARGS = ("Concrete Inputs",)
 
 
-def _save(result: Any, directory: str, cap: Capture) -> str:
+def _save(result: Any, directory: str, cap: Capture) -> str | None:
+    """The saved trace's path; None when ``directory`` is one others can write in (said once).
+
+    The names are predictable (site, pid, capture id), so nothing is ever opened under them:
+    torch writes its trace into a private directory (``mkdtemp``: 0700, a name nobody could
+    have planted), and the cleaned trace is renamed onto its name, a link there refused."""
     os.makedirs(directory, exist_ok=True)
+    problem = _safe_files.directory_problem(directory)
+    if problem is not None:
+        _log.warn_once("profile-dir-unsafe", f"attnscope: profile_dir is {problem}: "
+                       "profiles are not saved there (another user could plant links at their "
+                       "names); choose a directory of your own", profile_dir=directory)
+        return None
     name = _UNSAFE.sub("_", cap.name)[:64] or "call"
     path = os.path.abspath(
         os.path.join(directory, f"{name}-{os.getpid()}-{cap.capture_id}.pt.trace.json"))
-    partial = path + ".partial"
+    private = tempfile.mkdtemp(prefix=".attnscope-profile-", dir=directory)
     try:
-        result.save(partial)
-        with open(partial, encoding="utf-8") as f:
+        raw = os.path.join(private, "trace.json")
+        result.save(raw)
+        with open(raw, encoding="utf-8") as f:
             trace = json.load(f)
         for event in trace.get("traceEvents", ()):
             args = event.get("args") if isinstance(event, dict) else None
             if isinstance(args, dict):
                 for key in _VALUE_ARGS:
                     args.pop(key, None)
-        with open(partial, "w", encoding="utf-8") as f:
-            json.dump(trace, f)
-        os.replace(partial, path)
+        _safe_files.write_text(path, json.dumps(trace))
     finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
+        shutil.rmtree(private, ignore_errors=True)
     return path
