@@ -74,7 +74,8 @@ def _missing_extra(exc: ModuleNotFoundError) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns its exit code. Bad input, or a missing [cli] extra: one line on
-    stderr and exit 2."""
+    stderr and exit 2. On the command line (``argv`` None), ``attnscope run`` whose program was
+    killed by signal N ends by N instead (``cli/_ending.py``); called with ``argv``, 128 + N."""
     given = sys.argv[1:] if argv is None else argv
     # only the command's own module; no command (--help, --version, a typo): the list alone
     command = next((a for a in given if not a.startswith("-")), None)
@@ -97,4 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"attnscope {args.command}: interrupted", file=sys.stderr)
         return 130
+    signum = getattr(args, "end_by_signal", None)
+    if argv is None and isinstance(signum, int):
+        from ._ending import end_by_signal
+
+        end_by_signal(signum)
     return code

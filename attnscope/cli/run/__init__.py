@@ -6,8 +6,9 @@ program) and whose environment carries the settings (``ATTNSCOPE_*``, the output
 Its stdin, stdout and stderr are the CLI's own, untouched; SIGTERM and SIGHUP are passed on, and
 SIGINT too unless the terminal already sent it to the program (Ctrl-C reaches the whole
 foreground process group). When it has exited, the report goes to **stderr** (the program's
-stdout stays the program's alone, for pipelines), and the CLI exits with the program's code
-(killed by signal N: 128 + N, as a shell reports it).
+stdout stays the program's alone, for pipelines), and the CLI ends as the program did: with its
+exit code, or, killed by signal N, by the same signal (a shell loop stops at a Ctrl-C, a
+supervisor sees the signal; :func:`attnscope.cli.main` called from Python returns 128 + N instead).
 """
 
 from __future__ import annotations
@@ -21,14 +22,17 @@ import signal
 import subprocess
 import sys
 import time
+import dataclasses
 from pathlib import Path
 from typing import Any
 
+from ... import _safe_files
 from ..._config import check_rate, from_env
 from . import _output as output
+from . import _status
 from .._errors import CLIError
 
-__all__ = ["register", "run"]
+__all__ = ["Ended", "register", "run"]
 
 _BOOTSTRAP = str(Path(__file__).with_name("_bootstrap"))
 _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?(\.exe)?$")
@@ -79,6 +83,17 @@ def _runs(text: str) -> int:
 
 class _IntDefault(int):
     """:class:`_RunDefault` for a count."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Ended:
+    """How the program ended."""
+
+    code: int  # its exit code as a shell reports it (killed by signal N: 128 + N)
+    interrupted: bool  # a SIGINT reached attnscope meanwhile (a Ctrl-C)
+    signal: int | None = None  # the signal that killed it
+    # what its processes reported at exit (cli/run/_status.py)
+    reports: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def register(sub: Any, formatter: Any) -> None:
@@ -149,11 +164,13 @@ def run(args: argparse.Namespace) -> int:
     env = _environment(args, out, service)
     output.clear_previous(out)
     started = time.time_ns()
-    code, _ = _run_child(argv, env)
+    ended = _run_child(argv, env)
     output.write_run_info(out, command=command, argv=argv, environ=env, started_ns=started,
-                          ended_ns=time.time_ns(), exit_code=code)
-    _report(out, full=not args.no_report)
-    return code
+                          ended_ns=time.time_ns(), exit_code=ended.code)
+    _report(out, ended, full=not args.no_report)
+    if ended.signal is not None:
+        args.end_by_signal = ended.signal  # main() ends this process by it, after the report
+    return ended.code
 
 
 def _program(command: list[str]) -> tuple[list[str], str]:
@@ -196,12 +213,15 @@ def _python_target(args: list[str]) -> tuple[str, str] | None:
 
 
 def _output_dir(text: str) -> Path:
+    """The directory, made if missing; CLIError when it cannot be written or another user could
+    plant links or replace files in it (their directory, or one every user can write in)."""
     out = Path(text).expanduser().resolve()
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".attnscope-write-test.{os.getpid()}"
-        probe.touch()
-        probe.unlink()
+        _safe_files.check_writable(out)
+    except _safe_files.UnsafePath as exc:
+        raise CLIError(f"--out {text}: {out} is {exc.strerror}; attnscope writes only where no "
+                       "other user can plant links (choose a directory of your own)") from None
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise CLIError(f"--out {text}: cannot write there ({reason})") from None
@@ -240,14 +260,16 @@ def _in_foreground() -> bool:
     return False
 
 
-def _run_child(argv: list[str], env: dict[str, str]) -> tuple[int, bool]:
-    """The program's exit code (killed by signal N: 128 + N), and whether a SIGINT reached
-    attnscope meanwhile (a Ctrl-C: ``run --repeat`` stops there)."""
+def _run_child(argv: list[str], env: dict[str, str]) -> Ended:
+    """Run the program to its end (a Ctrl-C: ``run --repeat`` stops there)."""
     interrupted = []
+    channel = _status.Channel()
     try:
-        child = subprocess.Popen(argv, env=env)
+        child = subprocess.Popen(argv, env={**env, **channel.env}, pass_fds=(channel.write_fd,))
     except OSError as exc:
+        channel.reports()
         raise CLIError(f"{argv[0]}: cannot start it ({exc.strerror or exc})") from None
+    channel.started()
 
     def forward(signum: int, frame: Any) -> None:
         if signum == signal.SIGINT:
@@ -267,16 +289,16 @@ def _run_child(argv: list[str], env: dict[str, str]) -> tuple[int, bool]:
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
-    return (128 - code if code < 0 else code), bool(interrupted)
+    return Ended(128 - code if code < 0 else code, bool(interrupted),
+                 -code if code < 0 else None, channel.reports())
 
 
-def _report(out: Path, *, full: bool) -> None:
+def _report(out: Path, ended: Ended, *, full: bool) -> None:
     """What was written, then the report (on stderr); never changes the exit code."""
     err = sys.stderr
     files = output.written(out)
     if not files:
-        print(f"attnscope run: no spans captured, nothing written to {out} (no attention "
-              "call was sampled, or no process of the program imported torch)", file=err)
+        print(f"attnscope run: {nothing_written(out, ended)}", file=err)
         return
     main_jaeger = out / output.JAEGER
     spans = output.count_spans(main_jaeger) if main_jaeger.is_file() else None
@@ -305,3 +327,34 @@ def _full_report(out: Path, files: list[Path]) -> None:
         return
     if code == 0 and html.is_file():
         print(f"attnscope run: HTML report: {html}", file=sys.stderr)
+
+
+# what became of sampled calls' spans, as a run's processes report it (docs/sampling.md's counts)
+_FATES = (("exported", "spans exported"), ("export_failed", "failed to export"),
+          ("export_dropped", "dropped by the export queue"), ("export_in_flight", "in flight"),
+          ("dropped_queue_full", "captures dropped (queue full)"),
+          ("worker_errors", "lost to worker errors"))
+
+
+def nothing_written(out: Path, ended: Ended) -> str:
+    """Why a run left no trace file in ``out``, from what the program's processes reported."""
+    total = {k: sum(int(r[k]) for r in ended.reports if isinstance(r.get(k), int))
+             for k in _status.COUNTS}
+    if ended.signal is not None:
+        try:
+            name = signal.Signals(ended.signal).name
+        except ValueError:
+            name = f"signal {ended.signal}"
+        return (f"no spans written to {out}: the program was killed by {name}, which ends a "
+                "process before attnscope's exit flush: whatever it sampled was lost (Ctrl-C, "
+                "or a handler of the program's that exits, keeps the spans)")
+    if total["sampled"]:
+        lost = ", ".join(f"{total[k]} {what}" for k, what in _FATES if total[k])
+        return (f"no spans written to {out}: {total['sampled']} attention calls were sampled, "
+                f"but no trace file was written ({lost or 'none exported'}; attnscope's "
+                "warnings above say why)")
+    if ended.reports:
+        return (f"no spans captured, nothing written to {out} (no attention call was sampled "
+                f"in the {len(ended.reports)} process(es) of the program that imported torch)")
+    return (f"no spans captured, nothing written to {out} (no process of the program imported "
+            "torch, or none that did exited normally)")

@@ -202,6 +202,9 @@ def start(environ: dict[str, str] | None = None) -> Session | None:
     directory = env.get(ENV_DIR, "").strip()
     if not directory:
         return None
+    from . import _status
+
+    _status.register(env)  # before configure(): its exit hook runs after attnscope's flush
     settings: dict[str, Any] = {"exporter": RunExporter(directory, env)}
     service = env.get(ENV_SERVICE, "").strip()
     if service and not env.get("OTEL_SERVICE_NAME", "").strip():

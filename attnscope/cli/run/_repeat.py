@@ -101,10 +101,13 @@ def _one_run(args: argparse.Namespace, cmd: _Command, directory: Path, name: str
     directory.mkdir(parents=True, exist_ok=True)
     env = _environment(args, directory, cmd.service)
     start, started = time.monotonic(), time.time_ns()
-    code, interrupted = _run_child(cmd.argv, env)
+    ended = _run_child(cmd.argv, env)
+    code, interrupted = ended.code, ended.interrupted
     took = units.duration((time.monotonic() - start) * 1e9)
     output.write_run_info(directory, command=cmd.command, argv=cmd.argv, environ=env,
                           started_ns=started, ended_ns=time.time_ns(), exit_code=code)
+    if ended.signal is not None:
+        args.end_by_signal = ended.signal  # main() ends this process by it, after the report
     if interrupted or code != 0:
         return _failed(directory, name, code, interrupted=interrupted, took=took)
     print(f"attnscope run: {name}: {_captured(directory)} in {_shown(directory)} ({took})",
@@ -181,7 +184,7 @@ def _clear_previous(out: Path) -> None:
 def _ours(path: Path) -> bool:
     if path.name == _REPORT:
         return path.is_file()
-    return path.is_file() and output.is_run_file(path.name)
+    return (path.is_symlink() or path.is_file()) and output.is_run_file(path.name)
 
 
 def _remove_run(directory: Path) -> None:
