@@ -265,7 +265,7 @@ def _run_child(argv: list[str], env: dict[str, str]) -> Ended:
     interrupted = []
     channel = _status.Channel()
     try:
-        child = subprocess.Popen(argv, env={**env, **channel.env}, pass_fds=(channel.write_fd,))
+        child = subprocess.Popen(argv, env={**env, **channel.env}, pass_fds=channel.pass_fds)
     except OSError as exc:
         channel.reports()
         raise CLIError(f"{argv[0]}: cannot start it ({exc.strerror or exc})") from None

@@ -13,9 +13,9 @@ itself needs several runs. This writes N of them, one process each, with the sam
 A run that fails (the program's exit code is not 0, or it was killed) or a Ctrl-C stops the
 repeat: that run's trace files are removed (a repeat directory holds only runs that finished,
 so a ``diff`` of it compares like with like), the runs before it are kept, and the exit code
-is the program's (130 for a Ctrl-C). No report is printed: one run's report at the end would be
-read as the result of all of them, which is the mistake runs are here to avoid; the last lines
-say what to type next.
+is the program's (130 for a Ctrl-C; killed by signal N, the CLI ends by N). No report is
+printed: one run's report at the end would be read as the result of all of them, which is the
+mistake runs are here to avoid; the last lines say what to type next.
 """
 
 from __future__ import annotations

@@ -32,21 +32,32 @@ _MAX_READ = 1 << 20  # a million bytes of lines: ~5,000 processes' reports
 
 
 class Channel:
-    """The CLI's end: the pipe, the variable and fd to give the program, and its reports."""
+    """The CLI's end: the pipe, the variable and fd to give the program (``pass_fds``), and its
+    reports. Not POSIX (no ``pass_fds``): no pipe, no reports."""
 
     def __init__(self) -> None:
+        self.env: dict[str, str] = {}
+        self.pass_fds: tuple[int, ...] = ()
+        self.read_fd = self.write_fd = -1
+        if os.name != "posix":
+            return
         self.read_fd, self.write_fd = os.pipe()
         os.set_blocking(self.read_fd, False)
         os.set_blocking(self.write_fd, False)  # (the open file description the program shares)
         self.env = {ENV_STATUS: f"{self.write_fd}:{os.fstat(self.write_fd).st_ino}"}
+        self.pass_fds = (self.write_fd,)
 
     def started(self) -> None:
         """The program has its copy: the CLI's own write end is closed."""
-        with contextlib.suppress(OSError):
-            os.close(self.write_fd)
+        if self.write_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.write_fd)
+            self.write_fd = -1
 
     def reports(self) -> list[dict[str, Any]]:
         """Every whole line the program's processes wrote, parsed; closes the pipe."""
+        if self.read_fd < 0:
+            return []
         chunks, size = [], 0
         try:
             while size < _MAX_READ:
@@ -63,6 +74,7 @@ class Channel:
             self.started()
             with contextlib.suppress(OSError):
                 os.close(self.read_fd)
+            self.read_fd = -1
         out = []
         for line in b"".join(chunks).splitlines():
             with contextlib.suppress(ValueError):
