@@ -61,7 +61,11 @@ def test_an_ordinary_timeout_is_passed_on_unchanged(monkeypatch: pytest.MonkeyPa
 
     seen: list[object] = []
     real = loop.flush
-    monkeypatch.setattr(loop, "flush", lambda t: seen.append(t) or real(t))
+    def recorded(timeout_s: float) -> bool:
+        seen.append(timeout_s)
+        return real(timeout_s)
+
+    monkeypatch.setattr(loop, "flush", recorded)
     _traced_to(tmp_path / "t.json", "jaeger-json")
     for timeout_s in (0, 2.5, 30, math.nan):
         attnscope.flush(timeout_s=timeout_s)

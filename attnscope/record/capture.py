@@ -10,8 +10,10 @@ profiler session. The worker drops the Capture once it has built the span.
 
 from __future__ import annotations
 
+import enum
 import itertools
 import traceback
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 __all__ = [
@@ -19,7 +21,8 @@ __all__ = [
     "next_id", "PROFILE_MARKER", "TIER_NONE", "TIER_TIMING", "TIER_PROFILE", "TIER_NAMES",
     "ATTENTION_KEY", "MODEL_KEY", "SDPA_CONTEXT_KEY",
     "INNER_SDPA_KEY", "MASK_NAMES", "MAX_NAME", "MAX_EXTRA",
-    "MAX_ERROR_TEXT", "ErrorInfo", "error_info", "HostCopy", "find_qkv",
+    "MAX_ERROR_TEXT", "MAX_VALUE", "MAX_ITEMS", "ErrorInfo", "error_info", "HostCopy",
+    "find_qkv", "attribute_value",
 ]
 
 TIER_NONE = 0
@@ -33,6 +36,8 @@ MASK_NAMES = frozenset({"attention_mask", "attn_mask", "mask", "key_padding_mask
 # Bounds of what a capture keeps of user-given text (docs/attributes.md, "Bounds").
 MAX_NAME = 128  # span names, attribute names
 MAX_EXTRA = 64  # attributes given to one span() block
+MAX_VALUE = 256  # an attribute's string value
+MAX_ITEMS = 64  # an attribute's list value
 MAX_ERROR_TEXT = 4096  # an exception's message, and its stack trace (the innermost part)
 _MAX_FRAMES = 64
 # Summary keys under which instrument() extractors put their facts.
@@ -328,3 +333,135 @@ class ModelFacts:
         self.prompt_len: int | None = None  # leading ids of the output that are not new tokens
         # a CUDA padding mask's (Σ N_Q², Σ N_Q·N_KV), a HostCopy of two (reduce.row_sums)
         self.row_sums: Any = None
+
+
+# ---- user-given attribute values -----------------------------------------------------------------
+
+_PLAIN = (str, bool, int, float)
+_MAX_INSIDE = 16  # items of a container described inside another value
+_MAX_DEPTH = 2  # containers inside containers described; deeper: their type name
+# types whose own str() is a library's, never the application's: read as text
+_TEXT_TYPES = frozenset({("torch", "dtype"), ("torch", "device"), ("pathlib", "PosixPath"),
+                         ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
+                         ("pathlib", "PureWindowsPath")})
+_ARRAY_MODULES = frozenset({"torch", "numpy"})
+
+
+def attribute_value(value: Any) -> Any:
+    """A user-given attribute value as a span carries it, never its contents' values and never
+    its own ``__str__``/``__repr__`` (which may read a CUDA tensor, or raise):
+
+    - ``str``, ``bool``, ``int``, ``float``: the value (a string cut to ``MAX_VALUE``), ``None``
+      as it is (no attribute);
+    - a ``list``/``tuple`` of those: a list of one type (at most ``MAX_ITEMS``; mixed types as
+      texts); other items as described below;
+    - a tensor or array (its type has a ``shape`` and a ``dtype``): ``Tensor(shape=(1, 3),
+      dtype=int64)``, ``Tensor(shape=(1, 3), dtype=int64, device=cuda:0)`` off the CPU;
+    - a mapping (a ``dict``, transformers' ``BatchEncoding``): its keys and their described
+      values, ``{input_ids: Tensor(...), attention_mask: Tensor(...)}``, at most ``MAX_VALUE``
+      characters; a sequence inside it as its type and length, ``list[12]``;
+    - anything else: its type name, ``<Config>`` (an enum member: ``Color.RED``).
+
+    Cheap (no value is read, at most ``_MAX_INSIDE`` items of a container are looked at) and
+    safe on either thread. Raises only what the value's own code raised while read (a ``shape``
+    property, a mapping's ``items()``): the caller leaves that attribute out.
+    """
+    kind = type(value)
+    if kind in _PLAIN or value is None:
+        return value[:MAX_VALUE] if kind is str else value
+    if isinstance(value, (list, tuple)):
+        items = [_scalar(v) for v in itertools.islice(_base_iter(value), MAX_ITEMS)]
+        described = [v if type(v) in _PLAIN else _described(v, 1) for v in items]
+        if all(type(v) is str for v in described):
+            return [v[:MAX_VALUE] for v in described]
+        if all(type(v) is bool for v in described) or all(
+                type(v) is int or type(v) is float for v in described):
+            return described
+        return [v[:MAX_VALUE] if type(v) is str else str(v) for v in described]  # plain: builtin
+    scalar = _scalar(value)
+    if scalar is not value:
+        return scalar
+    return _described(value, 0)[:MAX_VALUE]
+
+
+def _scalar(value: Any) -> Any:
+    """A subclass of ``str``/``int``/``float`` (an ``IntEnum``, a ``StrEnum``) as the plain value,
+    without its own methods; anything else as it is."""
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int) and not isinstance(value, enum.Enum):
+        return int.__index__(value)
+    if isinstance(value, float) and not isinstance(value, enum.Enum):
+        return float.__float__(value)
+    if isinstance(value, str) and not isinstance(value, enum.Enum):
+        return str.__str__(value)[:MAX_VALUE]
+    return value
+
+
+def _base_iter(value: list[Any] | tuple[Any, ...]) -> Any:
+    """The items of a list or tuple without a subclass's own ``__iter__``."""
+    return list.__iter__(value) if isinstance(value, list) else tuple.__iter__(value)
+
+
+def _described(value: Any, depth: int) -> str:
+    """``value`` as text, without its values (see :func:`attribute_value`)."""
+    kind = type(value)
+    if kind in _PLAIN or value is None:
+        return repr(value)[:MAX_NAME] if kind is str else str(value)
+    module = getattr(kind, "__module__", "") or ""
+    name = getattr(kind, "__qualname__", "") or "object"
+    if (module.partition(".")[0], kind.__name__) in _TEXT_TYPES:
+        return str(value)[:MAX_NAME]
+    if isinstance(value, enum.Enum):
+        return f"{name}.{value._name_}"[:MAX_NAME]
+    if getattr(kind, "shape", None) is not None and getattr(kind, "dtype", None) is not None:
+        return _array(value, kind)
+    if isinstance(value, (list, tuple)):
+        return f"{kind.__name__}[{len(value)}]"
+    if isinstance(value, Mapping):
+        if depth >= _MAX_DEPTH:
+            return f"<{name}>"
+        return _mapping(value, depth)
+    return f"<{name}>"
+
+
+def _array(value: Any, kind: type) -> str:
+    """``Tensor(shape=(1, 3), dtype=int64, device=cuda:0)``: metadata only, no value read (no
+    device synchronisation)."""
+    try:
+        shape: Any = tuple(value.shape)
+        if not all(type(n) is int for n in shape):
+            shape = None
+    except Exception:  # a nested (jagged) tensor: no single shape
+        shape = None
+    parts = [] if shape is None else [f"shape={shape}"]
+    dtype = value.dtype
+    if type(dtype).__module__.partition(".")[0] in _ARRAY_MODULES or type(dtype) is str:
+        parts.append("dtype=" + str(dtype).removeprefix("torch."))
+    if getattr(kind, "device", None) is not None:
+        device = value.device
+        if type(device).__module__.partition(".")[0] == "torch" or type(device) is str:
+            text = str(device)
+            if text != "cpu":  # as torch's own repr: the device is named when it is not the CPU
+                parts.append(f"device={text}")
+    return f"{kind.__name__}({', '.join(parts)})"
+
+
+def _mapping(value: Mapping[Any, Any], depth: int) -> str:
+    """``{key: described value, ...}``: at most ``_MAX_INSIDE`` items and ``MAX_VALUE``
+    characters; a key that is not a plain value as its type name."""
+    items = dict.items(value) if type(value) is dict else value.items()
+    parts: list[str] = []
+    size = 2
+    for key, item in itertools.islice(items, _MAX_INSIDE + 1):
+        if len(parts) == _MAX_INSIDE or size > MAX_VALUE:
+            parts.append("...")
+            break
+        key_text = (str.__str__(key) if isinstance(key, str) else
+                    str(_scalar(key)) if isinstance(key, (bool, int, float)) or key is None
+                    else f"<{type(key).__qualname__}>")
+        part = f"{key_text[:MAX_NAME]}: {_described(_scalar(item), depth + 1)}"
+        parts.append(part)
+        size += len(part) + 2
+    return "{" + ", ".join(parts) + "}"
+

@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 from math import floor, isfinite, log10
 from typing import Any
 
+from .. import _log
 from .. import _schema as schema
+from ..record.capture import attribute_value
 from .emit import MAX_STRING
 
 __all__ = ["Derived", "Measured", "LAYER", "ARGUMENTS", "HIDDEN", "MODEL", "INEXACT_REASONS",
-           "clean", "sig4"]
+           "clean", "clean_attributes", "sig4"]
 
 # Why a call's figures are not exact (attnscope.inexact_reason; docs/attributes.md):
 # mask_not_kept: its mask was over the keeping budget: FLOPs count every pair the layer's own
@@ -180,18 +182,27 @@ def sig4(x: float) -> float:
 
 
 def clean(value: Any) -> Any:
-    """An attribute value as a span carries it: strings cut, sequences of one type, bounded."""
-    if isinstance(value, (bool, int, float)):
+    """An attribute value as a span carries it: strings cut, sequences of one type, bounded; any
+    other object described without its values and without running its own ``__str__``
+    (:func:`attnscope.record.capture.attribute_value`). Raises what a user value's own code
+    raised while read: :func:`clean_attributes` leaves that one value out."""
+    kind = type(value)
+    if kind is bool or kind is int or kind is float:
         return value
-    if isinstance(value, str):
+    if kind is str:
         return value[:MAX_STRING]
-    if isinstance(value, (list, tuple)):
-        items = list(value)[:64]
-        if all(isinstance(v, str) for v in items):
-            return [v[:MAX_STRING] for v in items]
-        if all(isinstance(v, bool) for v in items) or all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in items
-        ):
-            return items
-        return [str(v)[:MAX_STRING] for v in items]
-    return str(value)[:MAX_STRING]
+    return attribute_value(value)
+
+
+def clean_attributes(attributes: Any, into: dict[str, Any] | None = None) -> dict[str, Any]:
+    """User attributes (name to value) :func:`clean`ed into ``into`` (a new dict if None): a None
+    value is no attribute, and a value that cannot be read is left out (an internal error, stage
+    ``attributes``), never the span."""
+    out: dict[str, Any] = {} if into is None else into
+    for key, value in attributes.items():
+        if value is not None:
+            try:
+                out[key] = clean(value)
+            except Exception as exc:
+                _log.internal_error("attributes", exc)
+    return out

@@ -43,12 +43,12 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 
-from ..record.capture import MAX_NAME, ErrorInfo
+from ..record.capture import MAX_NAME, MAX_VALUE, ErrorInfo
 
 __all__ = ["Emitter", "SdkEmitter", "DirectEmitter", "NowhereEmitter", "OpenSpan",
            "for_pipeline", "error_status", "span_name"]
 
-MAX_STRING = 256  # attribute string values and status descriptions
+MAX_STRING = MAX_VALUE  # attribute string values and status descriptions
 _INTERNAL = SpanKind.INTERNAL
 _EMPTY = Context()
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)

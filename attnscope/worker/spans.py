@@ -19,7 +19,7 @@ from opentelemetry.trace import INVALID_SPAN_CONTEXT, Link, SpanContext
 from .. import _dist, _log
 from .. import _schema as schema
 from ..record.capture import TIER_NAMES, Capture
-from .derived import Measured, clean, sig4
+from .derived import Measured, clean_attributes, sig4
 from .emit import Emitter, span_name
 from .profiles.optree import ChildSpan, hand_down
 from .readable import Summaries, op_summary
@@ -42,7 +42,7 @@ STASH_MAX_AGE_S = 600.0
 
 def site_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
     """A call site's own attributes (names as given), cleaned once per site, not per span."""
-    return {key: clean(value) for key, value in attributes.items()}
+    return clean_attributes(attributes)
 
 
 # attribute names read or written per span, built once
@@ -119,9 +119,7 @@ def capture_attributes(cap: Capture, shape: dict[str, Any], found: Measured,
             if _IMPLEMENTATION_RAN in attrs:  # profiled: did the configured one run?
                 fallback.annotate_implementation(attrs, str(attrs.get(_MODULE) or cap.name))
     if cap.extra:  # span() attributes, already under their final names
-        for key, value in cap.extra.items():
-            if value is not None:
-                attrs[key] = clean(value)
+        clean_attributes(cap.extra, attrs)
     wall = cap.wall_ns
     attrs[_WALL_NS] = wall
     device_ns = found.device_ns
