@@ -27,11 +27,11 @@ import os
 import secrets
 import stat
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import ModuleType
 
 __all__ = ["Claim", "check_target", "claim", "describe", "ensure_safe", "open_append",
-           "read_regular", "rotate", "same_file", "write_all", "write_atomically"]
+           "read_regular", "rotate", "same_file", "same_path", "write_all", "write_atomically"]
 
 # (key, message, **fields), as attnscope._log.warn_once.
 Warn = Callable[..., None]
@@ -174,6 +174,26 @@ def same_file(fd: int, path: str) -> bool:
     """Whether ``path`` still names the file ``fd`` has open (False once it was removed,
     renamed away or replaced, or its directory was)."""
     return _same_file(fd, path)
+
+
+def same_path(path: str, others: Iterable[str]) -> bool:
+    """Whether ``path`` names the same file as one of ``others``, compared by
+    ``(st_dev, st_ino)``: one file has many spellings (a linked directory, ``..``, a bind
+    mount). False for a path that does not exist."""
+    try:
+        named = os.stat(path)
+    except OSError:
+        return False
+    for other in others:
+        if other == path:
+            return True
+        try:
+            seen = os.stat(other)
+        except OSError:
+            continue
+        if (seen.st_dev, seen.st_ino) == (named.st_dev, named.st_ino):
+            return True
+    return False
 
 
 def ensure_regular(fd: int, path: str) -> None:

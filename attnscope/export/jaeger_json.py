@@ -110,7 +110,8 @@ class JaegerJSONFileExporter(SpanExporter):
         # Last: the one-writer lock, held until shutdown() (or garbage collection).
         self._claim = files.claim(requested, warn_once)
         self._path = self._claim.path
-        if self._path in state.delivery.written_paths:
+        # by (st_dev, st_ino): the same file reached through another spelling is the same file
+        if files.same_path(self._path, list(state.delivery.written_paths)):
             self._keep_existing()
 
     def attnscope_bind_delivery(self, report: Callable[[int, int], None]) -> None:
