@@ -12,20 +12,24 @@ import os
 import platform
 import socket
 import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
-from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from .. import _dist, _log
 from .. import _schema as schema
-from .._config import EXPORTER_NAMES, Config
+from .._config import EXPORTER_NAMES, Config, validate
 from .._state import state
 from .._version import __version__
-from .otel_env import exporter_kwargs, reader_kwargs
+from . import otlp_status
+from .otel_env import check_headers, exporter_kwargs, invalid_endpoint, reader_kwargs
 
-__all__ = ["command_args", "make_exporter", "meter_provider_for", "otlp_protocol", "resource",
-           "resource_attributes", "traces_exporter_from_env"]
+__all__ = ["NowhereExporter", "command_args", "make_exporter", "meter_provider_for",
+           "otlp_protocol", "resource", "resource_attributes", "traces_exporter_from_env",
+           "unusable_env_exporter"]
 
 _DEFAULT_SERVICE = Config.service_name
 _OTLP_NAMES = ("otlp", "otlp-grpc", "otlp-http")
@@ -125,18 +129,45 @@ def resource(cfg: Config) -> Resource:
     else ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``, else "attnscope".
     """
     attrs = resource_attributes(cfg)
-    try:
-        env_attrs = dict(OTELResourceDetector().detect().attributes)
-    except Exception as exc:
-        _log.internal_error("resource", exc)
-        env_attrs = {}
-    attrs.update(env_attrs)
-    if cfg.service_name != _DEFAULT_SERVICE or not env_attrs.get("service.name"):
-        attrs["service.name"] = cfg.service_name
-    return Resource.create(attrs)
+    _check_resource_attributes()
+    with otlp_status.sdk_quiet():  # the SDK's line per malformed entry, per detection
+        try:
+            env_attrs = dict(OTELResourceDetector().detect().attributes)
+        except Exception as exc:
+            _log.internal_error("resource", exc)
+            env_attrs = {}
+        attrs.update(env_attrs)
+        if cfg.service_name != _DEFAULT_SERVICE or not env_attrs.get("service.name"):
+            attrs["service.name"] = cfg.service_name
+        return Resource.create(attrs)
+
+
+def _check_resource_attributes() -> None:
+    """One line for the entries of ``OTEL_RESOURCE_ATTRIBUTES`` the SDK drops (no ``=``, or an
+    empty key), in place of its own lines."""
+    raw = os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    bad = [item.strip() for item in raw.split(",") if item.strip()
+           and (not item.partition("=")[1] or not item.partition("=")[0].strip())]
+    if bad:
+        _log.warn_once("otel-env-OTEL_RESOURCE_ATTRIBUTES", "attnscope: OTEL_RESOURCE_ATTRIBUTES "
+                       "has malformed entries (expected key=value,...); they are left out",
+                       variable="OTEL_RESOURCE_ATTRIBUTES", ignored=len(bad),
+                       first=bad[0][:64])
 
 
 # ---- exporters -----------------------------------------------------------------------------------
+
+
+class _Stderr:
+    """``sys.stderr`` as it is when written to (a program or a test may replace it later)."""
+
+    def write(self, text: str) -> int:
+        stream = sys.stderr
+        return stream.write(text) if stream is not None else len(text)  # pythonw: no stderr
+
+    def flush(self) -> None:
+        if sys.stderr is not None:
+            sys.stderr.flush()
 
 
 def otlp_protocol(signal: str = "TRACES") -> str:
@@ -163,7 +194,8 @@ def make_exporter(name: str) -> SpanExporter | None:
     if name == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-        return ConsoleSpanExporter()
+        # stderr, not the SDK's stdout: the program's stdout is its own (`... | jq .`)
+        return ConsoleSpanExporter(out=cast(Any, _Stderr()))
     if name.startswith("jaeger-json:"):
         from .jaeger_json import JaegerJSONFileExporter
 
@@ -172,19 +204,72 @@ def make_exporter(name: str) -> SpanExporter | None:
         from .otlp_json import OTLPJSONFileExporter
 
         return OTLPJSONFileExporter(name.split(":", 1)[1])
-    if name == "otlp-http" or (name == "otlp" and otlp_protocol() == "http/protobuf"):
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-            OTLPSpanExporter as HTTPExporter,
-        )
+    http = name == "otlp-http" or (name == "otlp" and otlp_protocol() == "http/protobuf")
+    if not http and name not in ("otlp", "otlp-grpc"):
+        raise ValueError(f"attnscope: unknown exporter {name!r}")
+    bad = invalid_endpoint("TRACES", grpc=not http)
+    if bad is not None:
+        return NowhereExporter(f"{bad[0]}={bad[1][:64]!r} is not a URL")
+    check_headers("TRACES")
+    with otlp_status.sdk_quiet():  # the SDK's line per malformed header: check_headers said it
+        if http:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+                OTLPSpanExporter as HTTPExporter,
+            )
 
-        return HTTPExporter(**exporter_kwargs("TRACES", grpc=False))
-    if name in ("otlp", "otlp-grpc"):
+            return HTTPExporter(**exporter_kwargs("TRACES", grpc=False), **_session("TRACES"))
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
             OTLPSpanExporter as GRPCExporter,
         )
 
         return GRPCExporter(**exporter_kwargs("TRACES", grpc=True))
-    raise ValueError(f"attnscope: unknown exporter {name!r}")
+
+
+def _session(signal: str) -> dict[str, Any]:
+    """``session=`` for an OTLP/HTTP exporter: attnscope's bounded one, unless a credential
+    provider (``OTEL_PYTHON_EXPORTER_OTLP_HTTP_[{signal}_]CREDENTIAL_PROVIDER``) makes the
+    session: the exporter loads that one itself."""
+    prefix = "OTEL_PYTHON_EXPORTER_OTLP_HTTP_"
+    if os.environ.get(f"{prefix}CREDENTIAL_PROVIDER") or os.environ.get(
+            f"{prefix}{signal}_CREDENTIAL_PROVIDER"):
+        return {}
+    from .bounded_http import BoundedSession
+
+    return {"session": BoundedSession()}
+
+
+class NowhereExporter(SpanExporter):
+    """In place of a destination that cannot be used (an explicit one, invalid): spans go nowhere
+    else, each export fails (counted in ``stats()["export_failed"]``), and one WARNING says why."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        _log.warn_once("export-nowhere", f"attnscope: {reason}; spans are exported nowhere "
+                       "(counted in attnscope.stats()['export_failed'])", reason=reason)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
+
+
+def unusable_env_exporter() -> NowhereExporter | None:
+    """A :class:`NowhereExporter` when ``ATTNSCOPE_EXPORTER`` is set but cannot be used (an
+    invalid name, a file in a directory that does not exist, ...), else None. The configuration
+    skipped the value: without this the spans would go to the default OTLP endpoint."""
+    raw = os.environ.get("ATTNSCOPE_EXPORTER", "").strip()
+    if not raw:
+        return None
+    try:
+        validate(Config(exporter=raw))
+    except ValueError as exc:
+        return NowhereExporter(f"ATTNSCOPE_EXPORTER={raw[:200]!r} cannot be used "
+                               f"({str(exc).removeprefix('attnscope: ')[:300]})")
+    return None
 
 
 def traces_exporter_from_env() -> str:
@@ -240,12 +325,15 @@ def _reader(name: str, traces_via: str | None) -> Any:
     if name == "otlp":
         from .otlp_status import MetricExportGuard
 
-        return PeriodicExportingMetricReader(MetricExportGuard(_otlp_metric_exporter(traces_via)),
-                                             **reader_kwargs())
+        exporter = _otlp_metric_exporter(traces_via)
+        if exporter is None:
+            return None
+        return PeriodicExportingMetricReader(MetricExportGuard(exporter), **reader_kwargs())
     if name == "console":
         from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
 
-        return PeriodicExportingMetricReader(ConsoleMetricExporter(), **reader_kwargs())
+        return PeriodicExportingMetricReader(ConsoleMetricExporter(out=cast(Any, _Stderr())),
+                                             **reader_kwargs())
     if name == "prometheus":
         return _prometheus_reader()
     _log.warn_once("metrics-exporter", "attnscope: unsupported OTEL_METRICS_EXPORTER entry; "
@@ -254,19 +342,28 @@ def _reader(name: str, traces_via: str | None) -> Any:
 
 
 def _otlp_metric_exporter(traces_via: str | None) -> Any:
+    """The OTLP metric exporter; None when its endpoint is not a URL (said once)."""
     http = traces_via == "otlp-http" or (traces_via != "otlp-grpc"
                                          and otlp_protocol("METRICS") == "http/protobuf")
-    if http:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
-            OTLPMetricExporter as HTTPMetricExporter,
+    bad = invalid_endpoint("METRICS", grpc=not http)
+    if bad is not None:
+        _log.warn_once("export-nowhere-metrics", f"attnscope: {bad[0]}={bad[1][:64]!r} is not a "
+                       "URL; metrics are exported nowhere", variable=bad[0])
+        return None
+    check_headers("METRICS")
+    with otlp_status.sdk_quiet():
+        if http:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+                OTLPMetricExporter as HTTPMetricExporter,
+            )
+
+            return HTTPMetricExporter(**exporter_kwargs("METRICS", grpc=False),
+                                      **_session("METRICS"))
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+            OTLPMetricExporter as GRPCMetricExporter,
         )
 
-        return HTTPMetricExporter(**exporter_kwargs("METRICS", grpc=False))
-    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-        OTLPMetricExporter as GRPCMetricExporter,
-    )
-
-    return GRPCMetricExporter(**exporter_kwargs("METRICS", grpc=True))
+        return GRPCMetricExporter(**exporter_kwargs("METRICS", grpc=True))
 
 
 def _prometheus_reader() -> Any:

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 from .. import _log
 
 __all__ = ["MetricExportGuard", "endpoint_of", "exporting", "install_log_filter", "listening",
-           "report_unreachable"]
+           "report_unreachable", "sdk_quiet"]
 
 # Records logged while this is set come from an exporter attnscope created; the list collects
 # their (message, args) so a caller can read the status code the exporter saw.
@@ -76,7 +76,49 @@ def _configured(name: str) -> bool:
 
 
 def _library_filter(f: Any) -> bool:
-    return isinstance(f, _OwnExportFilter) or type(f).__module__.startswith("opentelemetry")
+    return isinstance(f, (_OwnExportFilter, _QuietFilter)) or type(f).__module__.startswith(
+        "opentelemetry")
+
+
+# ---- the SDK's lines about malformed variables, while attnscope builds its pipeline ------------
+
+# The SDK logs a line per malformed entry of OTEL_EXPORTER_OTLP_HEADERS each time an exporter is
+# made, and per malformed entry of OTEL_RESOURCE_ATTRIBUTES each time a resource is (twice for
+# one Resource.create, once in a thread of its own): attnscope says it once instead
+# (export.otel_env.check_headers, destinations.resource).
+_QUIET_LOGGERS = ("opentelemetry.util.re", "opentelemetry.sdk.resources",
+                  "opentelemetry.attributes")
+_quiet_lock = threading.Lock()
+_quiet_depth = 0
+
+
+class _QuietFilter(logging.Filter):
+    """Drops the records of :data:`_QUIET_LOGGERS` while :func:`sdk_quiet` is active, unless the
+    application configured that logger (as :class:`_OwnExportFilter`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return _quiet_depth == 0 or _configured(record.name)
+
+
+@contextmanager
+def sdk_quiet() -> Iterator[None]:
+    """Keep the SDK's lines about malformed variables off the console while the body runs (in
+    any thread: ``Resource.create`` detects in a pool thread)."""
+    global _quiet_depth
+    try:
+        for name in _QUIET_LOGGERS:
+            logger = logging.getLogger(name)
+            if not any(isinstance(f, _QuietFilter) for f in logger.filters):
+                logger.addFilter(_QuietFilter())
+    except Exception as exc:
+        _log.internal_error("export.log-filter", exc)
+    with _quiet_lock:
+        _quiet_depth += 1
+    try:
+        yield
+    finally:
+        with _quiet_lock:
+            _quiet_depth -= 1
 
 
 def install_log_filter() -> None:

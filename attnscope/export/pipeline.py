@@ -24,10 +24,17 @@ from .._config import EXPORTER_PREFIXES, Config
 from .._state import Delivery, state
 from .._version import __version__
 from . import otlp_status
-from .destinations import make_exporter, meter_provider_for, resource, traces_exporter_from_env
-from .otel_env import batch_kwargs
+from .destinations import (
+    NowhereExporter,
+    make_exporter,
+    meter_provider_for,
+    resource,
+    traces_exporter_from_env,
+    unusable_env_exporter,
+)
+from .otel_env import batch_kwargs, span_limits
 
-__all__ = ["Pipeline", "build"]
+__all__ = ["Pipeline", "build", "destination_of", "report_undelivered"]
 
 INSTRUMENTATION_NAME = "attnscope"
 _LOCAL = (*EXPORTER_PREFIXES, "console", "none")  # exporters that wait on no network
@@ -231,6 +238,7 @@ class Pipeline:
         self.delivery: Delivery = state.delivery  # process-wide: counts outlive pipelines
         # spans leave through a file, the console or nowhere: exporting waits on no network
         self.local = False
+        self.destination = "the application's tracer provider"  # where spans go, in words
         self._flush_lock = threading.Lock()
         self._flushing: threading.Thread | None = None
 
@@ -307,20 +315,69 @@ def _flush_metrics(meter_provider: Any, timeout_ms: int) -> bool:
     return ok
 
 
+def destination_of(exporter: Any, name: str | None) -> str:
+    """Where ``exporter`` sends spans, for a line about them: a URL, a file, or a name."""
+    if exporter is None:
+        return "nowhere (exporter 'none')" if name == "none" else \
+            "the application's tracer provider"
+    if isinstance(exporter, NowhereExporter):
+        return "nowhere"
+    endpoint = otlp_status.endpoint_of(exporter)
+    if endpoint is not None:
+        return endpoint
+    path = getattr(exporter, "path", None)
+    if isinstance(path, str):
+        return path
+    if name == "console":
+        return "the console (stderr)"
+    return f"the exporter {type(exporter).__name__}"
+
+
+def report_undelivered(pipeline: Pipeline | None) -> None:
+    """At exit, after the last flush: one WARNING when spans of this process were not delivered
+    (still being sent when exit stopped waiting, failed, or dropped), with how many and where.
+    Without it a program that exits while its collector hangs, resets or answers 429/503 loses
+    every span without a line. Never raises."""
+    try:
+        delivery = state.delivery
+        with delivery.lock:
+            in_flight, failed = delivery.in_flight, delivery.export_failed
+            dropped = delivery.export_queue_full + delivery.no_pipeline
+            exported = delivery.exported
+        lost = in_flight + failed + dropped
+        if lost <= 0:
+            return
+        where = pipeline.destination if pipeline is not None else "no exporter"
+        _log.warn_once(
+            "exit-undelivered",
+            f"attnscope: at exit, {lost} of {lost + exported} spans were not delivered to "
+            f"{where}: {in_flight} still being sent when exit stopped waiting, {failed} failed, "
+            f"{dropped} dropped (attnscope.stats() has the counts)",
+            destination=where, in_flight=in_flight, failed=failed, dropped=dropped,
+            exported=exported)
+    except Exception as exc:
+        _log.internal_error("exit.report", exc)
+
+
 def build(cfg: Config) -> Pipeline:
     """Resolve the configured destinations (see the module docstring for the order)."""
     traces_via: str | None = None  # the exporter name when attnscope owns the provider
     res: Resource | None = None
     span_exporter: Any = None
+    explicit: Any = cfg.exporter
+    if explicit is None and cfg.tracer_provider is None:
+        # ATTNSCOPE_EXPORTER set but unusable (the configuration skipped it): nowhere, not the
+        # default OTLP endpoint the user did not ask for
+        explicit = unusable_env_exporter()
     if cfg.tracer_provider is not None:
         provider: Any = cfg.tracer_provider
         owned = False
-    elif cfg.exporter is not None or not isinstance(otel_trace.get_tracer_provider(),
-                                                    TracerProvider):
-        setting = cfg.exporter if cfg.exporter is not None else traces_exporter_from_env()
+    elif explicit is not None or not isinstance(otel_trace.get_tracer_provider(),
+                                                TracerProvider):
+        setting = explicit if explicit is not None else traces_exporter_from_env()
         traces_via = setting if isinstance(setting, str) else None
         res = resource(cfg)
-        provider = TracerProvider(resource=res, shutdown_on_exit=False)
+        provider = TracerProvider(resource=res, shutdown_on_exit=False, span_limits=span_limits())
         span_exporter = make_exporter(setting) if isinstance(setting, str) else setting
         owned = True
     else:
@@ -339,7 +396,9 @@ def build(cfg: Config) -> Pipeline:
     # a file exporter given as an object (attnscope's own, or `attnscope run`'s pair) waits on
     # no network either: exit lets it finish instead of cutting it at the network limit
     pipeline.local = (traces_via is not None and traces_via.startswith(_LOCAL)) or (
-        getattr(span_exporter, "attnscope_writes_files", False) is True)
+        getattr(span_exporter, "attnscope_writes_files", False) is True) or isinstance(
+        span_exporter, NowhereExporter)
+    pipeline.destination = destination_of(span_exporter, traces_via)
     if owned and span_exporter is not None or meter_owned:
         otlp_status.install_log_filter()  # after the exporters' modules are loaded
     if owned and span_exporter is not None:

@@ -69,5 +69,9 @@ def _at_exit(shutdown: Callable[..., bool]) -> None:
         local = worker is not None and worker.engine is not None and worker.engine.pipeline.local
         shutdown(timeout_s=max(0.0, _EXIT_TIMEOUT_S - state.exit_wait_s),
                  export_s=None if local else _EXIT_EXPORT_S)
+        if worker is not None and worker.engine is not None:  # spans lost at exit: one line
+            from ..export.pipeline import report_undelivered
+
+            report_undelivered(worker.engine.pipeline)
     except BaseException:  # a second Ctrl-C included: exit goes on
         pass
