@@ -98,6 +98,17 @@ def test_directories_other_users_can_write_in_are_refused(tmp_path: Path) -> Non
         _safe_files.directory_problem(_victim(tmp_path))
 
 
+def test_safe_files_all_is_what_it_defines(tmp_path: Path) -> None:
+    import types
+
+    defined = {name for name, value in vars(_safe_files).items()
+               if not name.startswith("_") and not isinstance(value, types.ModuleType)
+               and getattr(value, "__module__", None) == _safe_files.__name__}
+    assert sorted(_safe_files.__all__) == sorted(defined)
+    _safe_files.check_writable(tmp_path)  # the probe leaves nothing behind
+    assert os.listdir(tmp_path) == []
+
+
 def test_cli_options_refuse_a_link(tmp_path: Path) -> None:
     victim = _victim(tmp_path)
     link = tmp_path / "r.json"
@@ -278,3 +289,20 @@ def test_status_lines_are_written_only_to_the_clis_own_pipe(tmp_path: Path) -> N
     _status.at_exit({_status.ENV_STATUS: f"{fd}:1"})  # another inode: not ours, nothing written
     (report,) = channel.reports()
     assert report["pid"] == os.getpid() and set(_status.COUNTS) <= set(report)
+
+
+# ---- §11 (the CLI's side): the program's stdout stays its own --------------------------------
+
+
+def test_console_exporters_left_in_the_shell_keep_the_programs_stdout_clean(
+        tmp_path: Path) -> None:
+    """``attnscope run -- python app.py | jq .`` (docs/cli.md), with OTEL_*_EXPORTER=console
+    left in the environment: their output goes to stderr, the pipe gets the program's JSON."""
+    app = _app(tmp_path, SDPA_APP.replace('print("ready", flush=True)', 'print(\'{"ok": 1}\')'))
+    done = _cli(tmp_path, "--out", "out", "--profile-rate", "0", "--", "python", app,
+                OTEL_METRICS_EXPORTER="console", OTEL_TRACES_EXPORTER="console",
+                OTEL_LOGS_EXPORTER="console", ATTNSCOPE_METRICS="true")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == '{"ok": 1}\n'
+    assert json.loads(done.stdout) == {"ok": 1}
+    assert "30 spans written" in done.stderr
