@@ -181,6 +181,22 @@ def test_plain_values_stay_values_and_everything_is_bounded() -> None:
     assert attribute_value({_Holder(): 1}) == "{<_Holder>: 1}"
 
 
+class _Shaped:
+    """Looks like an array, but reading its shape raises."""
+
+    dtype = "float32"
+
+    @property
+    def shape(self) -> Any:
+        raise RuntimeError("broken shape")
+
+
+def test_a_value_whose_own_code_raises_is_not_described_as_something_else() -> None:
+    for value in (_Shaped(), {"x": _Shaped()}, _Unreadable()):
+        with pytest.raises(RuntimeError):
+            attribute_value(value)
+
+
 # -- §13: a value that cannot be read loses that attribute only ----------------------------------
 
 def test_an_attribute_whose_str_raises_keeps_its_span() -> None:

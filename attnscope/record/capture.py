@@ -432,8 +432,10 @@ def _array(value: Any, kind: type) -> str:
         shape: Any = tuple(value.shape)
         if not all(type(n) is int for n in shape):
             shape = None
-    except Exception:  # a nested (jagged) tensor: no single shape
-        shape = None
+    except Exception:
+        if not any(c.__module__.partition(".")[0] in _ARRAY_MODULES for c in kind.__mro__):
+            raise  # the application's own shape property: that value is left out
+        shape = None  # a nested (strided) tensor: no single shape
     parts = [] if shape is None else [f"shape={shape}"]
     dtype = value.dtype
     if type(dtype).__module__.partition(".")[0] in _ARRAY_MODULES or type(dtype) is str:
