@@ -12,8 +12,10 @@ same, so that the user hears of it (:class:`UnsafePath`).
 A directory attnscope fills with names of its own choosing (``attnscope run --out``,
 ``profile_dir``) must also be one nobody else can write in: owned by the user (or root), and
 not writable by every user unless it is sticky as ``/tmp`` is (there, others cannot replace or
-remove what the user created). A directory group-writable is accepted: a user's own group on
-many systems (umask 002), and writes are link-safe whatever the directory.
+remove what the user created). The directories above it must not be writable by every user
+either, unless sticky and the user's or root's (``/tmp/theirs/mine``: the owner of ``theirs``
+could swap ``mine`` for a link after the check). A directory group-writable is accepted: a
+user's own group on many systems (umask 002), and writes are link-safe whatever the directory.
 """
 
 from __future__ import annotations
@@ -47,10 +49,19 @@ def directory_problem(directory: str | os.PathLike[str]) -> str | None:
     geteuid = getattr(os, "geteuid", None)
     if geteuid is None:  # no POSIX owners (Windows): the rename rule alone
         return None
-    if st.st_uid not in (geteuid(), 0):
+    trusted = (geteuid(), 0)
+    if st.st_uid not in trusted:
         return f"owned by another user (uid {st.st_uid})"
     if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
         return f"writable by every user (mode {stat.S_IMODE(st.st_mode):o})"
+    real = os.path.realpath(directory)
+    parent = os.path.dirname(real)
+    while parent != real:  # up to the root, whose parent is itself
+        up = os.stat(parent)
+        if up.st_mode & stat.S_IWOTH and not (up.st_mode & stat.S_ISVTX
+                                              and up.st_uid in trusted):
+            return f"inside {parent}, which every user can write in"
+        real, parent = parent, os.path.dirname(parent)
     return None
 
 

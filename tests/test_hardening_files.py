@@ -91,6 +91,13 @@ def test_directories_other_users_can_write_in_are_refused(tmp_path: Path) -> Non
     assert _safe_files.directory_problem(shared) is None
     shared.chmod(0o775)  # a group of the user's (umask 002 systems): accepted
     assert _safe_files.directory_problem(shared) is None
+    mine = shared / "mine"
+    mine.mkdir()
+    shared.chmod(0o777)  # ours, inside a directory anyone could swap it out of: refused
+    assert f"inside {shared}, which every user can write in" == \
+        _safe_files.directory_problem(mine)
+    shared.chmod(0o1777)
+    assert _safe_files.directory_problem(mine) is None
     if os.geteuid() == 0:
         os.chown(shared, 65534, 65534)  # another user's, as the attacker's 0777 dir in /tmp
         assert "owned by another user" in str(_safe_files.directory_problem(shared))
