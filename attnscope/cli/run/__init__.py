@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import re
 import shutil
@@ -22,7 +23,6 @@ import signal
 import subprocess
 import sys
 import time
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -298,7 +298,7 @@ def _report(out: Path, ended: Ended, *, full: bool) -> None:
     err = sys.stderr
     files = output.written(out)
     if not files:
-        print(f"attnscope run: {nothing_written(out, ended)}", file=err)
+        print(f"attnscope run: {_nothing_written(out, ended)}", file=err)
         return
     main_jaeger = out / output.JAEGER
     spans = output.count_spans(main_jaeger) if main_jaeger.is_file() else None
@@ -336,7 +336,7 @@ _FATES = (("exported", "spans exported"), ("export_failed", "failed to export"),
           ("worker_errors", "lost to worker errors"))
 
 
-def nothing_written(out: Path, ended: Ended) -> str:
+def _nothing_written(out: Path, ended: Ended) -> str:
     """Why a run left no trace file in ``out``, from what the program's processes reported."""
     total = {k: sum(int(r[k]) for r in ended.reports if isinstance(r.get(k), int))
              for k in _status.COUNTS}
