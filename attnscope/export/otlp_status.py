@@ -88,37 +88,44 @@ def _library_filter(f: Any) -> bool:
 # (export.otel_env.check_headers, destinations.resource).
 _QUIET_LOGGERS = ("opentelemetry.util.re", "opentelemetry.sdk.resources",
                   "opentelemetry.attributes")
-_quiet_lock = threading.Lock()
-_quiet_depth = 0
 
 
 class _QuietFilter(logging.Filter):
-    """Drops the records of :data:`_QUIET_LOGGERS` while :func:`sdk_quiet` is active, unless the
-    application configured that logger (as :class:`_OwnExportFilter`)."""
+    """Drops the records of its logger (one of :data:`_QUIET_LOGGERS`) while a :func:`sdk_quiet`
+    block runs, unless the application configured that logger (as :class:`_OwnExportFilter`).
+    The blocks running are tokens in ``active``: a set's add and discard are atomic, so no lock
+    (and nothing a fork could inherit held)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.active: set[object] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return _quiet_depth == 0 or _configured(record.name)
+        return not self.active or _configured(record.name)
 
 
 @contextmanager
 def sdk_quiet() -> Iterator[None]:
     """Keep the SDK's lines about malformed variables off the console while the body runs (in
-    any thread: ``Resource.create`` detects in a pool thread)."""
-    global _quiet_depth
+    any thread: ``Resource.create`` detects in a pool thread of its own)."""
+    token = object()
+    filters: list[_QuietFilter] = []
     try:
         for name in _QUIET_LOGGERS:
             logger = logging.getLogger(name)
-            if not any(isinstance(f, _QuietFilter) for f in logger.filters):
-                logger.addFilter(_QuietFilter())
+            found = next((f for f in logger.filters if isinstance(f, _QuietFilter)), None)
+            if found is None:
+                found = _QuietFilter()
+                logger.addFilter(found)
+            found.active.add(token)
+            filters.append(found)
     except Exception as exc:
         _log.internal_error("export.log-filter", exc)
-    with _quiet_lock:
-        _quiet_depth += 1
     try:
         yield
     finally:
-        with _quiet_lock:
-            _quiet_depth -= 1
+        for f in filters:
+            f.active.discard(token)
 
 
 def install_log_filter() -> None:
