@@ -170,6 +170,9 @@ class State:
         self.spare_thread: Any = None
         self.fork_held = False
         self.atexit_registered = False
+        # worker.loop.shutdown, kept by worker.at_exit.register: a forked child's os._exit
+        # exports through it (worker/at_exit.py)
+        self.exit_flush: Callable[..., bool] | None = None
         self.exiting = False  # the exit flush has begun: no new worker (it could not export)
         self.exit_wait_s = 0.0  # what exit already spent waiting for the worker's pipeline
         self.delivery = Delivery()  # export outcomes, counted by attnscope's own pipelines

@@ -7,13 +7,15 @@ first worker (this module does not import the loop).
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import time
 from collections.abc import Callable
+from typing import NoReturn
 
 from .._state import state
 
-__all__ = ["register"]
+__all__ = ["register", "exit_exporting"]
 
 # Exit waits for attnscope at most _EXIT_TIMEOUT_S in all (building the pipeline if not built yet,
 # turning captures into spans, writing a file exporter's file: local work) and, of that, at most
@@ -36,6 +38,8 @@ def register(shutdown: Callable[..., bool]) -> None:
     (:func:`_at_exit`): spans of non-daemon threads running after the main thread are exported.
     """
     import concurrent.futures.thread  # noqa: F401  (registers its exit hook now, before ours)
+
+    state.exit_flush = shutdown  # for a forked child's os._exit (exit_exporting)
 
     register = getattr(threading, "_register_atexit", None)
     if register is not None:
@@ -75,3 +79,44 @@ def _at_exit(shutdown: Callable[..., bool]) -> None:
             report_undelivered(worker.engine.pipeline)
     except BaseException:  # a second Ctrl-C included: exit goes on
         pass
+
+
+# A forked child's os._exit: exported first. -------------------------------------------------------
+
+
+def exit_exporting() -> None:
+    """In a forked child (``os.register_at_fork``): ``os._exit`` exports what the child captured
+    before it ends the process, within the exit flush's bound (``_EXIT_TIMEOUT_S``, of it at
+    most ``_EXIT_EXPORT_S`` on a collector). Never raises.
+
+    ``os._exit`` runs no ``atexit`` handler, and forked children end with it: ``multiprocessing``'s
+    ``fork`` children once their target returns, pre-forking servers' workers, daemonising code.
+    Their spans were lost in no count (the counts die with the process: 60 of 100 in issue 35
+    §18). The program called ``os._exit`` to skip the interpreter's clean-up, so nothing else of
+    it runs: a child that captured nothing (no worker) exits at once, as it would without
+    attnscope, and one that did waits for its own spans only. What the child still could not
+    deliver (a collector that is down) gets the exit's line on stderr; counts cannot outlive it.
+    """
+    try:
+        real = os._exit
+        if getattr(real, "_attnscope", False):  # a child of a child: already in place
+            return
+
+        def _exit(status: int) -> NoReturn:
+            """``os._exit``, after attnscope exported this process's spans (bounded)."""
+            try:
+                shutdown = state.exit_flush
+                if shutdown is not None and state.worker is not None and not state.exiting:
+                    _at_exit(shutdown)
+            except BaseException:  # noqa: BLE001  (the process ends whatever happened)
+                pass
+            real(status)
+
+        _exit._attnscope = True  # type: ignore[attr-defined]
+        os._exit = _exit
+    except Exception:  # noqa: BLE001  (a child must start whatever happens here)
+        pass
+
+
+if hasattr(os, "register_at_fork"):  # after _state's handler: the child's state is fresh
+    os.register_at_fork(after_in_child=exit_exporting)
