@@ -96,8 +96,15 @@ def invalid_endpoint(signal: str, grpc: bool) -> tuple[str, str] | None:
     return None
 
 
-# W3C baggage-like "name=value" (the SDK's liberal form: any name without "=", "," or spaces)
-_HEADER = re.compile(r"[^\s=,]+\s*=.*", re.DOTALL)
+# "name=value" as the SDK's liberal parser accepts it (its own pattern when it has one)
+_HEADER = re.compile(r"[ \t]*[\x21\x23-\x27\x2a\x2b\x2d\x2e\x30-\x39\x41-\x5a\x5e-\x7a\x7c\x7e]+"
+                     r"[ \t]*=[ \t]*[\x20\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*[ \t]*")
+
+
+def _header_pattern() -> re.Pattern[str]:
+    found = getattr(importlib.import_module("opentelemetry.util.re"), "_LIBERAL_HEADER_PATTERN",
+                    None)
+    return found if isinstance(found, re.Pattern) else _HEADER
 
 
 def check_headers(signal: str) -> None:
@@ -107,8 +114,9 @@ def check_headers(signal: str) -> None:
     found = _setting(signal, "HEADERS")
     if found is None:
         return
-    bad = sum(1 for entry in found[1].split(",") if entry.strip()
-              and not _HEADER.fullmatch(entry.strip()))
+    pattern = _header_pattern()
+    bad = sum(1 for entry in re.split(r"[ \t]*,[ \t]*", found[1]) if entry
+              and not pattern.fullmatch(entry.strip()))
     if bad:
         _log.warn_once(f"otel-env-{found[0]}", f"attnscope: {found[0]} has malformed entries "
                        "(expected name=value,...); they are not sent", variable=found[0],
