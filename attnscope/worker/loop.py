@@ -60,6 +60,7 @@ class Worker:
         self.engine: Engine | None = None
         self.max_queue = cfg.queue_size
         self.queue: deque[Capture] = deque()
+        self.batch: deque[Capture] = deque()  # what the worker took from the queue, in hand
         # ids of dropped captures, for their children waiting in the builder; past the bound a
         # notice would be lost (a child waiting for good), so the waiting children give up instead
         self.dropped_ids: deque[int] = deque()
@@ -70,6 +71,7 @@ class Worker:
         self.submitted = 0
         self.processed = 0
         self.dropped_queue = 0
+        self._drops_told = 0  # dropped_queue when the worker last said so (_tell_drops)
         self.worker_errors = 0
         # ended attnscope.batch() blocks, due their request spans (appended by calling threads)
         self.ended_blocks: deque[Any] = deque()
@@ -113,17 +115,19 @@ class Worker:
         with self._submit_lock:  # exact counts: stats promise emitted + dropped == captured
             stopped = self._stop.is_set()
             if not stopped:
-                self.submitted += 1
-                accepted = len(self.queue) < self.max_queue
+                accepted = len(self.queue) + len(self.batch) < self.max_queue
                 if accepted:
-                    self.queue.append(cap)
+                    self._put(cap)
                 else:
-                    self.dropped_queue += 1
                     if len(self.dropped_ids) < _MAX_DROP_NOTICES:
                         self.dropped_ids.append(cap.capture_id)
                     else:  # its children are given up on wholesale: as good as applied
                         self.notices_lost = True
                         self.notices_skipped += 1
+                    # both counts in one statement that calls nothing: a Ctrl-C either comes
+                    # before (the capture never counted) or after (counted dropped); a notice
+                    # without its drop only sends children up a level, as the lost parent would
+                    self.submitted, self.dropped_queue = self.submitted + 1, self.dropped_queue + 1
         if stopped:
             # Taken for this worker just before it was replaced (configure(), shutdown()): the
             # next worker builds it, and its children already there find their parent.
@@ -137,6 +141,24 @@ class Worker:
             self._sleeping = False
             self._wake.set()
         return accepted
+
+    def _put(self, cap: Capture) -> None:
+        """Queue ``cap`` and count it, both or neither (the submit lock held).
+
+        A ``KeyboardInterrupt`` from a signal handler can come between any two lines (and after
+        any call): one that cut in here left a capture counted and never queued (waited for by
+        every flush, pending for ever) or queued and never counted. The worker takes captures
+        the queue as a whole under the same lock, so its last item says whether the append
+        happened.
+        """
+        queue = self.queue
+        before = self.submitted
+        try:
+            self.submitted = before + 1
+            queue.append(cap)
+        except BaseException:
+            self.submitted = before + 1 if queue and queue[-1] is cap else before
+            raise
 
     def end_block(self, block: Any) -> None:
         """A ``batch`` block in which some call was sampled has ended (calling thread)."""
@@ -213,6 +235,8 @@ class Worker:
             if trigger is not None:
                 state.grants.set_trigger(*trigger)
         engine = self.engine
+        if self.dropped_queue != self._drops_told:
+            self._tell_drops()
         while self.dropped_ids:
             notice = self.dropped_ids.popleft()
             if engine is not None:
@@ -221,10 +245,16 @@ class Worker:
         if self.notices_lost:
             self.notices_lost = False
             if engine is not None:
-                engine.builder.give_up()
+                engine.builder.give_up(final=False)  # parents opened early may still come
         yielded = time.perf_counter()
-        while self.queue:
-            cap = self.queue.popleft()
+        if self.queue:
+            # taken whole, under the submit lock (see _put), once a pass rather than per capture:
+            # a lock taken per capture convoys with a calling thread that submits in a loop
+            with self._submit_lock:
+                self.batch, self.queue = self.queue, deque()
+        batch = self.batch
+        while batch:
+            cap = batch.popleft()
             worked = True
             if cap.timer is not None:
                 self.cuda.prepare(cap.timer.device)  # before this thread's first CUDA call
@@ -252,6 +282,15 @@ class Worker:
         with self._cond:
             self._cond.notify_all()
         return worked
+
+    def _tell_drops(self) -> None:
+        """One line (at most a minute apart) while the capture queue overflows, as for the
+        export queue's; said here, not by the calling thread that dropped the capture."""
+        self._drops_told = dropped = self.dropped_queue
+        _log.warn_once("capture-queue-full", "attnscope: the capture queue is full; sampled calls "
+                       "are dropped (counted in attnscope.stats()['dropped_queue_full']). The "
+                       "worker falls behind the sampled calls: lower sample_rate, or raise "
+                       "queue_size", dropped=dropped, queue_size=self.max_queue)
 
     def _end_blocks(self, final: bool = False) -> None:
         """Request spans of the ended blocks whose calls have all arrived (or waited too long)."""
@@ -302,10 +341,14 @@ class Worker:
         engine = self.engine
         with self._submit_lock:  # the two a submit changes together, read together
             captured, dropped = self.submitted, self.dropped_queue
-        emitted = trace_cap = orphaned = building = 0
+        # queued, waiting on a device timer, or being built (taken from the queue, not yet
+        # counted processed): what a reader on another thread would otherwise find nowhere
+        unfinished = max(0, captured - dropped - self.processed)
+        emitted = trace_cap = orphaned = building = errors = 0
         if engine is not None:
             b = engine.builder.stats
-            emitted, trace_cap, orphaned = b.emitted, b.dropped_trace_cap, b.orphaned
+            emitted, trace_cap, orphaned, errors = (b.emitted, b.dropped_trace_cap, b.orphaned,
+                                                    b.errors)
             building = engine.builder.pending()
         return {
             "captured": captured,
@@ -313,8 +356,8 @@ class Worker:
             "dropped_queue_full": dropped,
             "dropped_trace_cap": trace_cap,
             "orphaned": orphaned,
-            "pending": len(self.queue) + len(self.resolver) + building,
-            "worker_errors": self.worker_errors,
+            "pending": unfinished + building,
+            "worker_errors": self.worker_errors + errors,
         }
 
     def wait_idle(self, deadline: float) -> bool:

@@ -20,7 +20,7 @@ from .. import _dist, _log
 from .. import _schema as schema
 from ..record.capture import TIER_NAMES, Capture
 from .derived import Measured, clean_attributes, sig4
-from .emit import Emitter, span_name
+from .emit import DirectEmitter, Emitter, span_name
 from .profiles.optree import ChildSpan, hand_down
 from .readable import Summaries, op_summary
 from . import fallback
@@ -31,13 +31,22 @@ __all__ = ["SpanBuilder", "Result", "result_of", "capture_attributes", "site_att
            "BuildStats"]
 
 # Built span contexts kept so late children (other threads) still find their parent.
-_BUILT_KEEP = 4096
+BUILT_KEEP = 4096
 # Captures dropped on a full queue, remembered apart from the built ones: a child can reach the
 # builder long after its parent's drop notice (behind a queue of up to queue_size captures), by
 # when thousands of built spans would have pushed the notice out of the built ones' bound.
 _LOST_KEEP = 65_536
-# Children wait at most this long for a parent that never arrives (dropped, or a very long call).
+# Children wait at most this long for a parent that never arrives (dropped, or a very long call),
+# with an emitter that cannot choose span ids (the application's provider): then they go up a level.
 STASH_MAX_AGE_S = 600.0
+# Children waiting for their parents, in all, before the parents with most of them are released.
+STASH_MAX_ITEMS = 8192
+# With attnscope's own provider a parent is opened instead (its ids reserved, its children emitted
+# under them at once, the parent with those ids when it ends) once its first child has waited this
+# long: a long-lived call (an epoch, a served request loop) shows its children while it runs.
+OPEN_AFTER_S = 60.0
+# Parents opened and not arrived yet; past it the oldest is given up (its children so far orphaned).
+_OPEN_KEEP = 4096
 
 
 def site_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
@@ -141,8 +150,17 @@ class BuildStats:
         self.emitted = 0
         self.dropped_trace_cap = 0
         self.orphaned = 0
+        self.errors = 0  # waiting children whose span could not be built (each logged)
 
 
+class _Opened:
+    """A parent whose span's ids were reserved before it arrived (see ``OPEN_AFTER_S``)."""
+
+    __slots__ = ("context", "emitted")
+
+    def __init__(self, context: SpanContext) -> None:
+        self.context = context
+        self.emitted = 0  # children emitted under it: orphans if it never arrives
 
 
 class Result:
@@ -226,7 +244,14 @@ _LOST = "lost"  # the capture never reached the worker (queue full): children go
 
 
 class SpanBuilder:
-    """Builds spans parents-first with at most ``max_spans_per_trace`` per trace."""
+    """Builds spans parents-first with at most ``max_spans_per_trace`` per trace.
+
+    Every result handed to :meth:`add` ends in exactly one place: emitted (``stats.emitted``, of
+    them ``stats.orphaned`` without their parent's span), cut by the per-trace cap
+    (``stats.dropped_trace_cap``), failed (``stats.errors``), or waiting for its parent
+    (:meth:`pending`) — waiting until built, even while the builder works through a released
+    parent's children, so a count read from another thread meanwhile misses none.
+    """
 
     def __init__(self, emitter: Emitter, max_spans_per_trace: int,
                  on_span: Callable[[Result, SpanContext], None] | None = None) -> None:
@@ -237,6 +262,11 @@ class SpanBuilder:
         # capture id -> its SpanContext, _CUT or _LOST (bounded, oldest forgotten first)
         self._fate: OrderedDict[int, Any] = OrderedDict()
         self._stash: dict[int, list[Result]] = {}
+        self._waiting = 0  # results in the stash, or taken out of it and not built yet
+        # parents opened before they arrived (OPEN_AFTER_S): only an emitter that lets attnscope
+        # choose a span's ids can emit the parent later under the ids its children went out with
+        self._opened: OrderedDict[int, _Opened] = OrderedDict()
+        self._reserves = isinstance(emitter, DirectEmitter)
         self._lost: OrderedDict[int, None] = OrderedDict()  # dropped captures (see _LOST_KEEP)
         self._per_trace: OrderedDict[int, int] = OrderedDict()
         self.steps: StepTraces | None = None  # made by the first call under attnscope.step()
@@ -255,15 +285,26 @@ class SpanBuilder:
             self._build(item, None)
             return
         fate = self._fate.get(parent_id)
-        if fate is None and parent_id in self._lost:
-            fate = _LOST  # its notice came long before it would have
         if fate is None:
-            self._stash.setdefault(parent_id, []).append(item)
-        elif fate is _CUT:
+            opened = self._opened.get(parent_id) if self._opened else None
+            if opened is not None:  # a long-lived parent, still running: under its ids
+                if self._build(item, opened.context):
+                    opened.emitted += 1
+                return
+            if parent_id not in self._lost:
+                self._stash.setdefault(parent_id, []).append(item)
+                self._waiting += 1
+                return
+            fate = _LOST  # its notice came long before it would have
+        self._decide(item, fate)
+
+    def _decide(self, item: Result, fate: Any) -> None:
+        """Build (or cut) a child whose parent's fate is known."""
+        if fate is _CUT:
             self._cut(item)
         elif fate is _LOST:
-            self.stats.orphaned += 1
-            self._build(item, None)
+            if self._build(item, None):
+                self.stats.orphaned += 1
         else:
             self._build(item, fate)
 
@@ -272,35 +313,93 @@ class SpanBuilder:
         self._lost[capture_id] = None
         if len(self._lost) > _LOST_KEEP:
             self._lost.popitem(last=False)
+        opened = self._opened.pop(capture_id, None)
+        if opened is not None:  # its children so far went out under ids it will never have
+            self.stats.orphaned += opened.emitted
         self._settle(capture_id, _LOST)
 
-    def expire(self, max_age_s: float = STASH_MAX_AGE_S, max_items: int = 8192) -> None:
-        """Give up on overdue parents: their children are built under the app's span."""
+    def expire(self, max_age_s: float | None = None, max_items: int | None = None) -> None:
+        """Release the parents waited on too long (``OPEN_AFTER_S``, or ``STASH_MAX_AGE_S``
+        when they cannot be opened), then, while over ``STASH_MAX_ITEMS`` children wait, those
+        with the most: opened, or given up on (their children go up a level)."""
+        if not self._stash:
+            return
+        reserve = self._reserves
+        if max_age_s is None:
+            max_age_s = OPEN_AFTER_S if reserve else STASH_MAX_AGE_S
+        if max_items is None:
+            max_items = STASH_MAX_ITEMS
         now = time.monotonic()
-        total = self.pending()
-        for parent_id in list(self._stash):
-            items = self._stash.get(parent_id, [])
-            if total > max_items or any(now - it.added > max_age_s for it in items):
-                total -= len(items)
-                self._settle(parent_id, _LOST)
+        # the oldest child of each parent is its first: children are only ever appended
+        overdue = [p for p, items in self._stash.items() if now - items[0].added > max_age_s]
+        for parent_id in overdue:
+            self._give_way(parent_id, reserve)
+        if self._waiting > max_items:
+            stash = self._stash
+            for parent_id in sorted(stash, key=lambda p: len(stash[p]), reverse=True):
+                if self._waiting <= max_items:
+                    break
+                self._give_way(parent_id, reserve)
 
-    def give_up(self) -> None:
+    def _give_way(self, parent_id: int, reserve: bool) -> None:
+        waiting = self._stash.get(parent_id)
+        if not waiting:
+            return
+        opened = None
+        if reserve:
+            try:
+                opened = self._open(waiting[0])
+            except Exception as exc:  # the provider's own sampler raised: they go up a level
+                _log.internal_error("worker", exc)
+        if opened is None:
+            self._settle(parent_id, _LOST)
+            return
+        del self._stash[parent_id]
+        self._opened[parent_id] = opened
+        if len(self._opened) > _OPEN_KEEP:
+            self.stats.orphaned += self._opened.popitem(last=False)[1].emitted
+        self._release(waiting, opened)
+
+    def _open(self, first: Result) -> _Opened:
+        """Reserve a parent's span context: in the trace of its first waiting child's
+        application span (where the parent most likely is; a trace that span's sampler left
+        unrecorded is not one), else in a new trace. Its place in that trace is taken now."""
+        emitter = self.emitter
+        ids = emitter.ids if isinstance(emitter, DirectEmitter) else None
+        guess = first.otel_parent
+        if guess is None or not guess.is_valid or not guess.trace_flags.sampled:
+            guess = None
+        if ids is None:  # only attnscope's own provider is opened (see _reserves)
+            raise RuntimeError("this emitter cannot choose span ids")
+        trace_id = guess.trace_id if guess is not None else ids.generate_trace_id()
+        context = emitter.context_with(trace_id, ids.generate_span_id(), "", guess)
+        self._over_cap(trace_id)
+        return _Opened(context)
+
+    def give_up(self, final: bool = True) -> None:
         """Children still waiting for a parent are built under the app's span: the worker is
-        stopping (their parent may go to the next one) or lost track of dropped parents."""
+        stopping (their parent may go to the next one) or lost track of dropped parents.
+        ``final``: stopping, so parents opened and never arrived leave their children orphaned."""
         for parent_id in list(self._stash):
             self._settle(parent_id, _LOST)
+        if final:
+            for opened in self._opened.values():
+                self.stats.orphaned += opened.emitted
+            self._opened.clear()
         if self.steps is not None:
             self.steps.close()
 
     def pending(self) -> int:
-        return sum(len(v) for v in self._stash.values())
+        return self._waiting
 
     def context_of(self, capture_id: int) -> SpanContext | None:
         """The span context a capture's span was emitted with, while it is remembered."""
         fate = self._fate.get(capture_id)
         return fate if isinstance(fate, SpanContext) else None
 
-    def _build(self, item: Result, parent: SpanContext | None) -> None:
+    def _build(self, item: Result, parent: SpanContext | None) -> bool:
+        """Emit ``item`` under ``parent`` (None: its application span, or its step's); False
+        when the per-trace cap cut it instead."""
         # before the step's sums read them: what the calls waiting for this one say of it
         nested = self._stash.get(item.capture_id)
         if nested:
@@ -320,20 +419,24 @@ class SpanBuilder:
         slow = self._fate.get(item.link_id) if item.link_id is not None else None
         if isinstance(slow, SpanContext) and slow.is_valid:
             links = [*(links or ()), Link(slow, {_LINK: "slow_call"})]
-        if target is not None and self._over_cap(target.trace_id):
+        opened = self._opened.pop(item.capture_id, None) if self._opened else None
+        if opened is None and target is not None and self._over_cap(target.trace_id):
             self._cut(item)
-            return
-        emit = self.emitter.emit
+            return False
         if self._rank is not None:
             item.attrs[_RANK] = self._rank
         try:
             item.attrs[_SUMMARY] = self._summaries.call(item.attrs, item.kept)
         except Exception as exc:  # the span goes out without it
             _log.internal_error("summary", exc)
-        sc = emit(item.name, target, item.attrs, item.start_ns, item.end_ns, links, item.error)
+        if opened is not None:
+            sc: SpanContext | None = self._emit_opened(item, opened.context, target, links)
+        else:
+            sc = self.emitter.emit(item.name, target, item.attrs, item.start_ns, item.end_ns,
+                                   links, item.error)
         if sc is None:
             sc = INVALID_SPAN_CONTEXT
-        elif target is None:
+        elif target is None and opened is None:
             self._over_cap(sc.trace_id)  # a new trace: count its root
         if item.children and sc.is_valid and sc.trace_flags.sampled:
             self._children(item, sc)
@@ -341,6 +444,21 @@ class SpanBuilder:
         if self._on_span is not None:
             self._on_span(item, sc)
         self._settle(item.capture_id, sc)
+        return True
+
+    def _emit_opened(self, item: Result, context: SpanContext, target: SpanContext | None,
+                     links: list[Link] | None) -> SpanContext:
+        """An opened parent, at last, with the ids its children went out under. One whose own
+        parent is in another trace than the one reserved is that trace's root, linked to it."""
+        parent = target
+        if target is not None and target.trace_id != context.trace_id:
+            links = [*(links or ()), Link(target)]
+            parent = None
+        emitter = self.emitter
+        if context.trace_flags.sampled and isinstance(emitter, DirectEmitter):
+            emitter._end(context, item.name, parent, item.attrs, item.start_ns, item.end_ns,
+                         links or (), item.error)
+        return context
 
     def _step_parent(self, item: Result) -> SpanContext | None:
         """A top-level call outside any application span: under its step's rank span
@@ -374,10 +492,29 @@ class SpanBuilder:
 
     def _settle(self, capture_id: int, fate: Any) -> None:
         self._fate[capture_id] = fate
-        if len(self._fate) > _BUILT_KEEP:
+        if len(self._fate) > BUILT_KEEP:
             self._fate.popitem(last=False)
-        for child in self._stash.pop(capture_id, ()):
-            self._place(child)
+        waiting = self._stash.pop(capture_id, None)
+        if waiting:
+            self._release(waiting, fate)
+
+    def _release(self, waiting: list[Result], fate: Any) -> None:
+        """Build children taken out of the stash with their parent's fate as given, not looked
+        up again: building thousands of them pushes the parent out of the fates kept (they were
+        stashed again, and lost). Each still counts as waiting until it is built; one that fails
+        is counted (``stats.errors``) and the rest are built."""
+        for child in waiting:
+            try:
+                if type(fate) is _Opened:
+                    if self._build(child, fate.context):
+                        fate.emitted += 1
+                else:
+                    self._decide(child, fate)
+            except Exception as exc:
+                self.stats.errors += 1
+                _log.internal_error("worker", exc)
+            finally:
+                self._waiting -= 1
 
     def _over_cap(self, trace_id: int) -> bool:
         count = self._per_trace.get(trace_id, 0)
