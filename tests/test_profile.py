@@ -15,7 +15,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import attnscope
 from attnscope._state import state
 from attnscope.capture import profiler_session as _profile
-from attnscope.record.capture import PROFILE_MARKER
+from attnscope.record.capture import PROFILE_MARKER, Capture
 from attnscope.testing import capture_spans
 from attnscope.worker.profiles import kernels as _kernels
 from attnscope.worker.profiles.kernels import RawEvent
@@ -300,7 +300,8 @@ def test_cuda_refusal_at_warm_up_leaves_cpu_profiling_on(monkeypatch: pytest.Mon
     monkeypatch.setitem(state.profiler.broken, True, "RuntimeError('no CUPTI')")
     monkeypatch.setattr(state.profiler, "warm_cuda", True)
     before = _skips()
-    assert _profile.start(torch.device("cuda", 0)) is None
+    cap = Capture()
+    assert _profile.start(cap, torch.device("cuda", 0)) is False and cap.profile is None
     assert _delta(before, _skips()) == {"skipped_error": 1}
     with capture_spans(**PROFILE) as spans:
         sdpa(Q, Q, Q)

@@ -9,7 +9,7 @@ from .. import _log
 from .. import _schema as schema
 from .._config import shown
 from .._state import state
-from .args import add_attributes, check_attributes
+from .args import add_attributes, attribute_value, check_attributes
 from ..record.capture import MAX_NAME
 from .sampling import CallSite
 from .wrapper import Active, enter, leave
@@ -66,28 +66,36 @@ class Span:
             site.countdown -= 1
             if site.countdown > 0:
                 return self
-        active = enter(site, (), {}, self._sample, self._extra)
-        if active is not None:
-            active[0].name = self._name  # the overflow site is shared by many names
-            self._active = active
-        return self
+        try:  # a Ctrl-C on any line here: the with statement will not call __exit__
+            self._active = enter(site, (), {}, self._sample, self._extra)
+            if self._active is not None:
+                self._active[0].name = self._name  # the overflow site is shared by many names
+            return self
+        except BaseException as exc:
+            self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        active, self._active = self._active, None
-        if active is not None:
-            leave(self._site, active, exc)
+        try:  # a Ctrl-C on any line below still leaves the block (with calls this once)
+            if self._active is not None:
+                leave(self._site, self._active, exc)
+        finally:
+            if self._active is not None:  # a no-op, unless a Ctrl-C landed before leave's start
+                leave(self._site, self._active, exc)
+                self._active = None
         return None
 
 
-def span(name: str, *, tokens: int | None = None, sample: bool | None = None,
+def span(name: str, *, tokens: Any = None, sample: bool | None = None,
          attributes: dict[str, Any] | None = None) -> Span:
     """A traced block: ``with attnscope.span("decode-step", tokens=128): ...``.
 
     ``name`` must be a non-empty ``str`` (``TypeError`` otherwise); spans carry at most its first
     128 characters. ``sample=True`` always captures the block, ``False`` never; None follows the
-    configured rate. ``tokens`` is recorded as ``attnscope.tokens`` (and drives
-    ``attnscope.tokens_per_s``); ``attributes`` (a dict: ``TypeError`` otherwise) under the names
+    configured rate. ``tokens`` is recorded as ``attnscope.tokens`` (an int drives
+    ``attnscope.tokens_per_s``; another value is described as ``attributes`` values are);
+    ``attributes`` (a dict: ``TypeError`` otherwise) under the names
     given (at most 64).
     """
     if not isinstance(name, str) or not name:
@@ -96,6 +104,9 @@ def span(name: str, *, tokens: int | None = None, sample: bool | None = None,
     if attributes is not None:
         check_attributes(attributes, "attnscope.span")
         add_attributes(extra, attributes)
-    if tokens is not None:
-        extra[schema.TOKENS.name] = tokens
+    if tokens is not None:  # any value attributes= takes: described now, never kept
+        try:
+            extra[schema.TOKENS.name] = attribute_value(tokens)
+        except Exception as exc:  # its own code raised while read: left out
+            _log.internal_error("attributes", exc)
     return Span(name[:MAX_NAME], sample, extra)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _log
 from .._state import state
-from ..record.capture import PROFILE_MARKER, ProfileSession
+from ..record.capture import PROFILE_MARKER, Capture, ProfileSession
 from . import fork_exit, inner_sdpa  # noqa: F401  (fork_exit: a forked child exits without kineto)
 
 if TYPE_CHECKING:
@@ -51,32 +51,34 @@ _USER_WAIT_MAX_S = 300.0
 
 # ---- calling thread --------------------------------------------------------------------------
 
-def start(device: Any) -> ProfileSession | None:
-    """Start a profiler session for one call, or return None to fall back to timing."""
+def start(cap: Capture, device: Any) -> bool:
+    """Start a profiler session for one call, as ``cap.profile``; False: time the call instead."""
     p = state.profiler
     on_cuda = getattr(device, "type", None) == "cuda"
     if on_cuda in p.broken:
         _skip("error")
-        return None
+        return False
     if not (p.warm_cuda if on_cuda else p.warm_cpu):
         _skip("warming")
         warm_up_async(cuda=on_cuda)
-        return None
+        return False
     if p.foreign or _user_profiler_active():
         _skip(_whose_profiler(p))
-        return None
+        return False
     if on_cuda and _sync_debug_on():
         _skip("sync_debug")  # stopping CUPTI needs a stream sync, which the user asked to flag
-        return None
-    if not p.session_lock.acquire(blocking=False):
-        _skip("busy")
-        return None
-    if p.foreign:  # a user's profiler claimed it between the check and the lock
-        p.session_lock.release()
-        _skip("user_profiler")
-        return None
-    session = ProfileSession(device, on_cuda)
-    try:
+        return False
+    held = started = False
+    try:  # the lock is taken inside: a Ctrl-C on any line leaves it held only by a session
+        held = p.session_lock.acquire(blocking=False)
+        if not held:
+            _skip("busy")
+            return False
+        if p.foreign:  # a user's profiler claimed it between the check and the lock
+            _skip("user_profiler")
+            return False
+        # stored before anything starts: whoever gives the capture up stops what runs
+        cap.profile = session = ProfileSession(device, on_cuda)
         config, activities = p.configs[on_cuda]
         p.owner = threading.get_ident()
         p.active = session
@@ -84,13 +86,15 @@ def start(device: Any) -> ProfileSession | None:
         p.entry_points["enable"](config, activities)
         session.marker = p.torch.ops.profiler._record_function_enter_new(
             PROFILE_MARKER, None)
-    except BaseException as exc:  # Ctrl-C included: never leave the lock held or kineto on
-        _release(disable=True)
-        if not isinstance(exc, Exception):
-            raise
+        started = True  # from here on the capture's leave() stops it
+        return True
+    except Exception as exc:
         _skip("error", exc)
-        return None
-    return session
+        return False
+    finally:  # Ctrl-C included: never leave the lock held or kineto on without a session
+        if held and not started:
+            cap.profile = None
+            _release(disable=True)
 
 
 def stop(session: ProfileSession) -> None:
@@ -98,30 +102,37 @@ def stop(session: ProfileSession) -> None:
     if session.aborted or state.profiler.active is not session:
         return
     p = state.profiler
-    stopped = False
     try:
-        if session.marker is not None:
-            p.torch.ops.profiler._record_function_exit._RecordFunction(session.marker)
-            session.marker = None
-        if session.on_cuda:
-            # Kernels still queued when CUPTI stops are never reported: wait for this stream's
-            # work, as torch.profiler waits for the device. The one host wait attnscope makes,
-            # on profile-tier calls only (profile_max_per_minute); the timing tier never waits.
-            p.torch.cuda.current_stream(session.device).synchronize()
-        session.result = p.entry_points["disable"]()
-        stopped = True
+        if session.result is None:  # else a Ctrl-C landed after the disable: only release
+            if session.marker is not None:
+                p.torch.ops.profiler._record_function_exit._RecordFunction(session.marker)
+                session.marker = None
+            if session.on_cuda:
+                # Kernels still queued when CUPTI stops are never reported: wait for this
+                # stream's work, as torch.profiler waits for the device. The one host wait
+                # attnscope makes, on profile-tier calls only (profile_max_per_minute); the
+                # timing tier never waits.
+                p.torch.cuda.current_stream(session.device).synchronize()
+            session.result = p.entry_points["disable"]()
+            with p.lock:
+                p.counts["profiled"] += 1
     except Exception as exc:
         _log.internal_error("profile-stop", exc)
     finally:  # Ctrl-C included: the lock is released and kineto stopped on every path
-        if not stopped:
-            session.result = None
-        _release(disable=not stopped)
-    if stopped:
-        with p.lock:
-            p.counts["profiled"] += 1
+        _release(disable=session.result is None)
 
 
 def _release(disable: bool) -> None:
+    p = state.profiler
+    try:  # nothing nested: a nested try's first line is outside this one's finally
+        _teardown(disable)
+    finally:
+        # one statement: a Ctrl-C lands before it (the capture's stop() runs again) or after
+        # it, never between its parts
+        p.owner, p.active, _ = None, None, p.session_lock.release()  # type: ignore[func-returns-value]
+
+
+def _teardown(disable: bool) -> None:
     p = state.profiler
     try:
         inner_sdpa.disarm()  # a profiled layer's SDPA recorder (capture.inner_sdpa)
@@ -133,9 +144,6 @@ def _release(disable: bool) -> None:
                 p.entry_points["disable"]()
         except Exception:
             pass
-    p.owner = None
-    p.active = None
-    p.session_lock.release()
 
 
 def _user_profiler_active() -> bool:

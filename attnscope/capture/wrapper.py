@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -84,9 +85,11 @@ def enter(site: CallSite, args: tuple[Any, ...], kwargs: dict[str, Any],
           forced: bool | None = None, extra: dict[str, Any] | None = None) -> Active | None:
     """Decide and, when sampled, open a capture and make it current. None: call through.
 
-    Never raises: an internal error is counted against the site and the call goes through.
+    Never raises but a Ctrl-C landing in it, which it lets through with nothing left open: an
+    internal error is counted against the site and the call goes through.
     """
     t_enter = _perf_ns()
+    cap = None
     try:
         if state.dynamo_loaded and _compile.is_compiling():
             site.countdown = 1  # decide again on the next eager call
@@ -96,53 +99,43 @@ def enter(site: CallSite, args: tuple[Any, ...], kwargs: dict[str, Any],
         tier, rate, grant = _decision.decide(state.sampler, state.grants, site, forced)
         if tier == TIER_NONE and grant is None:
             return None
-        cap = _open(site, tier, rate, args, kwargs, extra, grant)
-        if cap is None:
+        cap = Capture()
+        if not _open(cap, site, tier, rate, args, kwargs, extra, grant):
             return None
-        try:
-            token = current.set(cap.capture_id)
-        except BaseException:
-            _abandon(cap)
-            raise
-        return cap, token, t_enter
+        return cap, current.set(cap.capture_id), t_enter
     except Exception as exc:
+        if cap is not None:
+            _abandon(cap)
         _site_error(site, "capture", exc)
         return None
+    except BaseException:  # Ctrl-C in attnscope's own code: the call never ran
+        if cap is not None:
+            _abandon(cap)
+        raise
 
 
 def leave(site: CallSite, active: Active, error: BaseException | None, result: Any = None) -> None:
-    """Close the capture right after the user's call and hand it to the worker. Never raises."""
+    """Close the capture right after the user's call and hand it to the worker.
+
+    Never raises but a Ctrl-C landing in it, which it lets through once no session is open, the
+    capture is no longer current and it is handed over. Runs once per capture: a second call
+    returns at once, so callers call it again in a ``finally``, for a Ctrl-C that landed before
+    its first line.
+    """
     cap, token, t_enter = active
-    try:
-        current.reset(token)
-    except Exception as exc:  # token from another context (e.g. a generator resumed elsewhere)
-        _log.internal_error("context", exc)
-    try:
+    if cap.end_perf_ns:  # left already
+        return
+    try:  # no try nested in this one: a nested try's first line is outside its handlers
         cap.end_perf_ns = _perf_ns()
-        if cap.timer is not None:
-            cap.timer.record_end()
-        if cap.profile is not None:
-            _profiler.stop(cap.profile)
-        if cap.memory is not None:
-            _device.memory_after(cap.memory)
-        if error is not None:
-            cap.error = error_info(error)
-        if error is None and site.on_result is not None:
-            try:
-                site.on_result(cap, result)
-            except Exception as exc:  # the span still goes out, without what the hook adds
-                _log.internal_error("on-result", exc)
-        if cap.timer is not None:
-            _device_counts(cap)
+        _reset_current(token)
+        _end(site, cap, error, result)
         starting = state.worker is None
         t_submit = _perf_ns() if starting else 0
         block = cap.rows
         if block is not None:
             block.sampled += 1
         if not _state.submit(cap):
-            _retain.release(cap)
-            if block is not None:
-                block.lost += 1
+            _lost(cap)
         budget = state.sampler.budget
         if budget.budget < 1.0:  # 1.0: no budget (add() would return at once)
             t_done = _perf_ns()
@@ -151,13 +144,75 @@ def leave(site: CallSite, active: Active, error: BaseException | None, result: A
                 own -= t_done - t_submit
             budget.add(own, cap.end_perf_ns - cap.start_perf_ns, cap.sample_rate or 1.0)
     except Exception as exc:
-        _retain.release(cap)
+        if not cap.counted:
+            _retain.release(cap)
         _site_error(site, "capture-end", exc)
+    except BaseException:  # Ctrl-C in attnscope's own code: close what is open, let it through
+        _unwind(cap, token)
+        raise
 
 
-def _open(site: CallSite, tier: int, rate: float, args: tuple[Any, ...], kwargs: dict[str, Any],
-          extra: dict[str, Any] | None, grant: Any = None) -> Capture | None:
-    cap = Capture()
+def _reset_current(token: contextvars.Token[int | None]) -> None:
+    try:
+        current.reset(token)
+    except Exception as exc:  # token from another context (a generator resumed elsewhere)
+        _log.internal_error("context", exc)
+
+
+def _end(site: CallSite, cap: Capture, error: BaseException | None, result: Any) -> None:
+    """The call's end: clocks, profiler session, memory, error, the site's result hook."""
+    if cap.timer is not None:
+        cap.timer.record_end()
+    if cap.profile is not None:
+        _profiler.stop(cap.profile)
+    if cap.memory is not None:
+        _device.memory_after(cap.memory)
+    if error is not None:
+        cap.error = error_info(error)
+    if error is None and site.on_result is not None:
+        try:
+            site.on_result(cap, result)
+        except Exception as exc:  # the span still goes out, without what the hook adds
+            _log.internal_error("on-result", exc)
+    if cap.timer is not None:
+        _device_counts(cap)
+
+
+def _lost(cap: Capture) -> None:
+    """A capture the worker did not take: its tensors go back, its block counts it lost."""
+    _retain.release(cap)
+    if cap.rows is not None:
+        cap.rows.lost += 1
+
+
+def _unwind(cap: Capture, token: contextvars.Token[int | None]) -> None:
+    """After a Ctrl-C inside :func:`leave`: the capture stops being current, its session ends,
+    and it is handed over unless a worker counted it already (children handed over wait for
+    it)."""
+    if not cap.end_perf_ns:
+        cap.end_perf_ns = _perf_ns()
+    try:
+        if current.get() == cap.capture_id:
+            current.reset(token)
+    except Exception:  # noqa: BLE001  (reset already, in this context or another)
+        pass
+    try:
+        if cap.profile is not None:
+            _profiler.stop(cap.profile)  # a no-op unless it runs
+    finally:
+        if not cap.counted:
+            try:
+                if not _state.submit(cap):
+                    _lost(cap)
+            except Exception as exc:
+                _retain.release(cap)
+                _log.internal_error("capture-end", exc)
+
+
+def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any, ...],
+          kwargs: dict[str, Any], extra: dict[str, Any] | None, grant: Any = None) -> bool:
+    """Fill ``cap`` for a sampled call and start its clocks; False: call through uncaptured.
+    Whatever it opened, :func:`_abandon` closes (the caller's, on any exception)."""
     cap.capture_id = next_id()
     cap.parent_id = current.get()
     cap.rows = _batch.rows_var.get()  # the one read of batch() rows, on the sampled path only
@@ -180,7 +235,7 @@ def _open(site: CallSite, tier: int, rate: float, args: tuple[Any, ...], kwargs:
         # The tensor's device's stream, where the events go: during CUDA-graph capture events,
         # allocator queries and any device read would be recorded into the graph.
         if _device.stream_capturing(device):
-            return None
+            return False
         cap.memory = _device.memory_before(device, sampler.reset_peak)
     if extractor is not None:  # after the capture check: it may read a device tensor
         try:
@@ -192,12 +247,11 @@ def _open(site: CallSite, tier: int, rate: float, args: tuple[Any, ...], kwargs:
     if grant is not None:
         tier, cap.grant = _grants.settle(state.grants, sampler, site, grant, summary, tier)
         if tier == TIER_NONE:  # an armed call outside the slow call's bucket: call through
-            return None  # no CUDA event was taken for it
+            return False  # no CUDA event was taken for it
     if cuda:  # after the grant is settled: events only for a call that is captured
         cap.timer = _event_timer(device)
     if tier == TIER_PROFILE:
-        cap.profile = _profiler.start(device)
-        if cap.profile is None:
+        if not _profiler.start(cap, device):
             tier = TIER_TIMING
         elif site.on_profile is not None:  # once the session is open: its release undoes it
             try:
@@ -205,27 +259,23 @@ def _open(site: CallSite, tier: int, rate: float, args: tuple[Any, ...], kwargs:
             except Exception as exc:  # the profile goes on without those facts
                 _site_error(site, "extract", exc)
     cap.tier = tier
-    try:
-        if cap.timer is not None:
-            cap.timer.record_start()
-        _retain.keep_summary(cap)  # last: a capture given up before this holds no budget
-        # Both clocks back to back: the span ends at start_epoch + wall, and a gap between the
-        # two reads would end it early (a profiled call's last operators fell outside its span).
-        cap.start_epoch_ns = time.time_ns()
-        cap.start_perf_ns = _perf_ns()
-    except BaseException:  # Ctrl-C included: see _abandon
-        _abandon(cap)
-        raise
-    return cap
+    if cap.timer is not None:
+        cap.timer.record_start()
+    _retain.keep_summary(cap)  # last: a capture given up before this holds no budget
+    # Both clocks back to back: the span ends at start_epoch + wall, and a gap between the
+    # two reads would end it early (a profiled call's last operators fell outside its span).
+    cap.start_epoch_ns = time.time_ns()
+    cap.start_perf_ns = _perf_ns()
+    return True
 
 
 def _abandon(cap: Capture) -> None:
     """A capture given up between its start and the user's call (an exception, a Ctrl-C landing
     in attnscope's own code): a profiler session left open would hold the profiler lock and
-    keep kineto on for good, and kept tensors their budget."""
+    keep kineto on for good, and kept tensors their budget. Runs before the capture is current."""
     try:
         if cap.profile is not None:
-            _profiler.stop(cap.profile)
+            _profiler.stop(cap.profile)  # a no-op unless it runs
     finally:
         _retain.release(cap)
 
@@ -268,31 +318,47 @@ def _site_error(site: CallSite, stage: str, exc: Exception) -> None:
 
 def _sampled(site: CallSite, fn: Callable[..., Any], args: tuple[Any, ...],
              kwargs: dict[str, Any]) -> Any:
-    active = enter(site, args, kwargs)
-    if active is None:
-        return fn(*args, **kwargs)
+    active = None
+    # One flat try (a nested try's first line is outside the outer one's handlers): from
+    # enter() on, a Ctrl-C on any line still reaches leave(), in the finally at the latest.
     try:
+        active = enter(site, args, kwargs)
+        if active is None:
+            return fn(*args, **kwargs)
         result = fn(*args, **kwargs)
     except BaseException as exc:
-        leave(site, active, exc)
+        if active is not None:
+            leave(site, active, exc)
         raise
-    leave(site, active, None, result)
-    return result
+    else:
+        leave(site, active, None, result)
+        return result
+    finally:
+        if active is not None:  # a no-op, unless a Ctrl-C landed before leave's first line
+            leave(site, active, sys.exc_info()[1])
 
 
 async def _sampled_async(site: CallSite, fn: Callable[..., Any], args: tuple[Any, ...],
                          kwargs: dict[str, Any]) -> Any:
     # _sampled, awaiting: Python cannot share one body between a function and a coroutine.
-    active = enter(site, args, kwargs)
-    if active is None:
-        return await fn(*args, **kwargs)
+    active = None
+    # One flat try (a nested try's first line is outside the outer one's handlers): from
+    # enter() on, a Ctrl-C on any line still reaches leave(), in the finally at the latest.
     try:
+        active = enter(site, args, kwargs)
+        if active is None:
+            return await fn(*args, **kwargs)
         result = await fn(*args, **kwargs)
     except BaseException as exc:
-        leave(site, active, exc)
+        if active is not None:
+            leave(site, active, exc)
         raise
-    leave(site, active, None, result)
-    return result
+    else:
+        leave(site, active, None, result)
+        return result
+    finally:
+        if active is not None:  # a no-op, unless a Ctrl-C landed before leave's first line
+            leave(site, active, sys.exc_info()[1])
 
 
 def wrap(fn: F, site: CallSite, compile_check: bool | None = None) -> F:

@@ -146,6 +146,7 @@ class Capture:
         "step_no",
         "grant",
         "rows",
+        "counted",
     )
 
     def __init__(self) -> None:
@@ -172,6 +173,9 @@ class Capture:
         # the capture.batch.Block in force: its rows are checked against the call's batch by the
         # worker, which reads the shapes
         self.rows: Any = None
+        # a worker counted it (queued or dropped): set under the submit lock, read by a leave()
+        # that a Ctrl-C cut short, so that it hands the capture over once and only once
+        self.counted = False
 
     @property
     def wall_ns(self) -> int:

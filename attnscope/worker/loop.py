@@ -127,7 +127,8 @@ class Worker:
                     # both counts in one statement that calls nothing: a Ctrl-C either comes
                     # before (the capture never counted) or after (counted dropped); a notice
                     # without its drop only sends children up a level, as the lost parent would
-                    self.submitted, self.dropped_queue = self.submitted + 1, self.dropped_queue + 1
+                    self.submitted, self.dropped_queue, cap.counted = (
+                        self.submitted + 1, self.dropped_queue + 1, True)
         if stopped:
             # Taken for this worker just before it was replaced (configure(), shutdown()): the
             # next worker builds it, and its children already there find their parent.
@@ -156,8 +157,10 @@ class Worker:
         try:
             self.submitted = before + 1
             queue.append(cap)
+            cap.counted = True
         except BaseException:
-            self.submitted = before + 1 if queue and queue[-1] is cap else before
+            cap.counted = bool(queue) and queue[-1] is cap
+            self.submitted = before + 1 if cap.counted else before
             raise
 
     def end_block(self, block: Any) -> None:
