@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .. import _log
-from ..record.capture import MASK_NAMES, MAX_EXTRA, MAX_NAME, TensorMeta
+from ..record.capture import MASK_NAMES, MAX_EXTRA, MAX_NAME, TensorMeta, attribute_value
 
 __all__ = ["summarize", "tensor_device", "param_names", "attribute_value", "add_attributes",
            "check_attributes"]
@@ -69,25 +69,6 @@ def param_names(fn: Callable[..., Any], self_first: bool = False,
     if self_first and (bound or names[:1] != ("self",)):
         return ("self", *names)
     return names
-
-
-def attribute_value(value: Any) -> Any:
-    """A user-given attribute value as attnscope keeps it: a tensor or array (anything with a
-    shape and a dtype) as a description of both, never its values, nor a reference to it."""
-    if isinstance(value, (str, bool, int, float)) or value is None:
-        return value
-    if isinstance(value, (list, tuple)):
-        return [attribute_value(v) for v in value[:64]]
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-        try:
-            shape = tuple(int(n) for n in value.shape)
-        except Exception:  # nested / jagged tensors: no single shape
-            shape = None
-        kind = type(value).__name__
-        dtype = str(value.dtype).removeprefix("torch.")
-        return (f"{kind}(shape={shape}, dtype={dtype})" if shape is not None
-                else f"{kind}(dtype={dtype})")
-    return value
 
 
 def check_attributes(attributes: Any, where: str) -> None:
