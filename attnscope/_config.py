@@ -260,7 +260,8 @@ def from_env(environ: Mapping[str, str] | None = None, *, strict: bool = True,
              warn: Warn | None = None) -> Config:
     """Defaults overlaid with the environment.
 
-    ``strict=False`` skips bad values, telling ``warn``.
+    ``strict=False`` skips bad values, telling ``warn``; all but an unusable
+    ``ATTNSCOPE_EXPORTER``, which the export pipeline replaces by "nowhere" and reports itself.
     """
     env = os.environ if environ is None else environ
     values: dict[str, Any] = {}
@@ -310,7 +311,10 @@ def from_env(environ: Mapping[str, str] | None = None, *, strict: bool = True,
                 raise ValueError(
                     f"attnscope: environment variable {var}={value!r} is invalid for {field}"
                 ) from None
-            if warn is not None:
+            # An unusable ATTNSCOPE_EXPORTER is not ignored: the export pipeline sends spans
+            # nowhere in its place and says so in one line (export/destinations.py); "ignoring"
+            # here would be a second line, and untrue.
+            if warn is not None and field != "exporter":
                 warn("env:" + field, "attnscope: ignoring invalid environment value",
                      {"setting": field, "value": value})
     return cfg
