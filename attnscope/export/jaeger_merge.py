@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .. import _schema as schema
+from .._safe_files import write_text
 
 __all__ = ["merge_jaeger_json", "merged_document"]
 
@@ -77,14 +78,8 @@ def _add_trace(traces: dict[str, dict[str, Any]], trace: dict[str, Any]) -> None
 
 def merge_jaeger_json(out: str | os.PathLike[str], paths: Iterable[str | os.PathLike[str]]) -> int:
     """Write the traces of the Jaeger JSON files ``paths`` to ``out`` as one document (for the
-    Jaeger UI's "JSON File" upload); returns the number of traces. ``out`` is replaced whole."""
+    Jaeger UI's "JSON File" upload); returns the number of traces. ``out`` is replaced whole,
+    never written through a link (:class:`~attnscope._safe_files.UnsafePath` when one is there)."""
     document = merged_document(list(paths))
-    tmp = f"{os.fspath(out)}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(document, f, separators=(",", ":"))
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_text(out, json.dumps(document, separators=(",", ":")))
     return len(document["data"])
