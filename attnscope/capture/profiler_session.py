@@ -69,6 +69,7 @@ def start(cap: Capture, device: Any) -> bool:
         _skip("sync_debug")  # stopping CUPTI needs a stream sync, which the user asked to flag
         return False
     held = started = False
+    prepared = False  # kineto prepared and not yet enabled (a Ctrl-C between the two)
     try:  # the lock is taken inside: a Ctrl-C on any line leaves it held only by a session
         held = p.session_lock.acquire(blocking=False)
         if not held:
@@ -82,8 +83,9 @@ def start(cap: Capture, device: Any) -> bool:
         config, activities = p.configs[on_cuda]
         p.owner = threading.get_ident()
         p.active = session
-        p.entry_points["prepare"](config, activities)
-        p.entry_points["enable"](config, activities)
+        # each flag set in the statement that makes it true: no line falls between the two
+        prepared = p.entry_points["prepare"](config, activities) is None
+        prepared = p.entry_points["enable"](config, activities) is not None
         session.marker = p.torch.ops.profiler._record_function_enter_new(
             PROFILE_MARKER, None)
         started = True  # from here on the capture's leave() stops it
@@ -94,7 +96,7 @@ def start(cap: Capture, device: Any) -> bool:
     finally:  # Ctrl-C included: never leave the lock held or kineto on without a session
         if held and not started:
             cap.profile = None
-            _release(disable=True)
+            _release(disable=True, prepared=prepared)
 
 
 def stop(session: ProfileSession) -> None:
@@ -122,17 +124,17 @@ def stop(session: ProfileSession) -> None:
         _release(disable=session.result is None)
 
 
-def _release(disable: bool) -> None:
+def _release(disable: bool, prepared: bool = False) -> None:
     p = state.profiler
     try:  # nothing nested: a nested try's first line is outside this one's finally
-        _teardown(disable)
+        _teardown(disable, prepared)
     finally:
         # one statement: a Ctrl-C lands before it (the capture's stop() runs again) or after
         # it, never between its parts
         p.owner, p.active, _ = None, None, p.session_lock.release()  # type: ignore[func-returns-value]
 
 
-def _teardown(disable: bool) -> None:
+def _teardown(disable: bool, prepared: bool = False) -> None:
     p = state.profiler
     try:
         inner_sdpa.disarm()  # a profiled layer's SDPA recorder (capture.inner_sdpa)
@@ -140,6 +142,9 @@ def _teardown(disable: bool) -> None:
         _log.internal_error("inner-sdpa", exc)
     if disable:
         try:
+            if prepared:  # a prepared session left alone makes the next prepare print a warning
+                config, activities = p.configs[bool(p.active and p.active.on_cuda)]
+                p.entry_points["enable"](config, activities)
             if p.torch is not None and p.torch._C._autograd._profiler_enabled():
                 p.entry_points["disable"]()
         except Exception:
