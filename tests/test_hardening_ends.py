@@ -122,3 +122,19 @@ def test_from_env_leaves_an_unusable_exporter_to_the_export_side() -> None:
     assert warned == ["env:ATTNSCOPE_SAMPLE_RATE"]  # other invalid values are still said
     with pytest.raises(ValueError, match="ATTNSCOPE_EXPORTER"):
         _config.from_env({"ATTNSCOPE_EXPORTER": "no-such-exporter"}, strict=True)
+
+
+# ---- docs/architecture.md's module table -------------------------------------------------------
+
+
+def test_the_module_table_names_real_modules_and_issue_35s_new_ones() -> None:
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    rows = [line for line in (root / "docs" / "architecture.md").read_text().splitlines()
+            if line.startswith("| `")]
+    named = {name for row in rows for name in re.findall(r"`([^`]+\.py)`", row.split("|")[1])}
+    package = root / "attnscope"
+    assert [n for n in sorted(named) if not (package / n).is_file()] == []
+    new = {"_safe_files.py", "capture/fork_exit.py", "cli/_ending.py", "cli/run/_status.py"}
+    assert new <= named, new - named
