@@ -11,6 +11,7 @@ the span's start.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -354,15 +355,6 @@ def _op_attributes(ops: Sequence[Any], device: Sequence[tuple[RawEvent, int, int
     return out
 
 
-_KINDS = {
-    "cpu_op": KIND_CPU_OP,
-    "kernel": KIND_CUDA_KERNEL,
-    "gpu_memcpy": KIND_MEMCPY,
-    "gpu_memset": KIND_MEMSET,
-}
-_RUNTIME = frozenset(("cuda_runtime", "cuda_driver"))
-
-
 def parameter_owners(module: Any) -> dict[int, frozenset[str]]:
     """Storage address → paths of the submodules of ``module`` whose own parameters live there.
 
@@ -431,8 +423,10 @@ def _input_storages(result: Any) -> dict[int, tuple[int, ...]]:
 def from_kineto(result: Any, marker: str, *, inputs: bool = True) -> list[RawEvent]:
     """torch's kineto events as plain records (profiler clock, nanoseconds).
 
-    ``inputs``: also the storage addresses of each CPU op's tensor inputs (for
-    :func:`analyze`'s ``module`` labels); none when torch's event tree cannot say.
+    Each event is read only through methods every accepted torch offers (:func:`_event_kind`),
+    never the private ``activity_type()`` (torch 2.11 has none). ``inputs``: also the
+    storage addresses of each CPU op's tensor inputs (for :func:`analyze`'s ``module`` labels);
+    none when torch's event tree cannot say.
     """
     out: list[RawEvent] = []
     storages: dict[int, tuple[int, ...]] = {}
@@ -441,47 +435,128 @@ def from_kineto(result: Any, marker: str, *, inputs: bool = True) -> list[RawEve
             storages = _input_storages(result)
         except Exception:  # an older or different profiler result: no labels, same spans
             storages = {}
+    annotations: set[str] = set()
     for ev in result.events():
+        has = _methods(ev)
         name = ev.name()
-        activity = ev.activity_type()
         device = _device_name(ev)
         if name == "[memory]":
             out.append(RawEvent(name, KIND_MEMORY, device, ev.start_ns(),
                                          ev.start_ns(), int(ev.nbytes())))
             continue
-        if activity == "user_annotation" and name == marker:
-            kind = KIND_MARKER
-        elif activity in _RUNTIME and name in opstats.SYNC_RUNTIME:
-            kind = KIND_RUNTIME
-        else:
-            kind = _KINDS.get(activity, KIND_OTHER)
+        kind = _event_kind(ev, name, device == "cpu", has)
+        if kind == _ANNOTATION:
+            annotations.add(name)
+            kind = KIND_MARKER if name == marker and device == "cpu" else KIND_OTHER
         if kind == KIND_OTHER:
             continue
         shapes = ""
         thread = 0
         if kind == KIND_CPU_OP:
-            try:
-                # one compact string: Jaeger draws a JSON-looking list as a tree many lines tall
-                shapes = " ".join("[" + ",".join(map(str, s)) + "]"
-                                  for s in ev.shapes() if s)[:256]
-            except Exception:
-                shapes = ""
-            try:
-                thread = int(ev.start_thread_id())
-            except Exception:  # one thread then: the profiler records the calling thread only
-                thread = 0
-        op_id = _op_id(ev, kind)
+            if has.shapes:
+                try:
+                    # one compact string: Jaeger draws a JSON-looking list as a tree many lines
+                    # tall
+                    shapes = " ".join("[" + ",".join(map(str, s)) + "]"
+                                      for s in ev.shapes() if s)[:256]
+                except Exception:
+                    shapes = ""
+            if has.start_thread_id:
+                try:
+                    thread = int(ev.start_thread_id())
+                except Exception:  # one thread then: the profiler records the calling thread only
+                    thread = 0
+        op_id = _op_id(ev, kind, has)
         out.append(RawEvent(name, kind, device, ev.start_ns(), ev.end_ns(), 0, shapes,
                             op_id, thread, storages.get(op_id, ()) if op_id else ()))
-    return out
+    # A record_function range's copy on the GPU timeline (kineto's gpu_user_annotation) has a
+    # device type and the range's name; not every torch flags it as a user annotation.
+    return [e for e in out if not (e.kind in DEVICE_KINDS and e.name in annotations)]
 
 
-def _op_id(ev: Any, kind: str) -> int:
+# kineto's own kinds are not read (``activity_type()`` is private, and torch 2.11 has none): each
+# event's kind is told from what every accepted torch offers.
+_ANNOTATION = "annotation"  # a record_function range: the marker, else dropped
+# Methods read only where the event class has them: is_python_function is not in torch 2.11,
+# is_user_annotation not in every accepted torch (scope stands in); made-up events lack others.
+_OPTIONAL = ("is_user_annotation", "scope", "is_python_function", "correlation_id",
+             "linked_correlation_id", "start_thread_id", "shapes")
+_USER_SCOPE = 7  # at::RecordScope::USER_SCOPE: record_function's ranges
+# CUDA runtime and driver calls (cudaLaunchKernel, cuLaunchKernelEx, cudaDeviceSynchronize) and
+# HIP's: torch's ops are named aten::*, namespace::op or a class name, never so.
+_RUNTIME_NAME = re.compile(r"(?:cuda|cu|hip)[A-Z]")
+# CUPTI's synchronisation records (recorded only when asked for): device-side, not kernels.
+_DEVICE_SYNCS = frozenset(("Stream Sync", "Event Sync", "Context Sync", "Stream Wait Event",
+                           "Unknown Sync"))
+
+
+class _Methods(NamedTuple):
+    """Which of :data:`_OPTIONAL` the profiler's event class has, in that order."""
+
+    is_user_annotation: bool
+    scope: bool
+    is_python_function: bool
+    correlation_id: bool
+    linked_correlation_id: bool
+    start_thread_id: bool
+    shapes: bool
+
+
+# Per event class, looked up on its first event: one class per process (torch's), a few in tests.
+_FOUND: dict[type, _Methods] = {}
+
+
+def _methods(ev: Any) -> _Methods:
+    cls = type(ev)
+    found = _FOUND.get(cls)
+    if found is None:
+        if len(_FOUND) >= 16:  # bound: only made-up event classes come and go
+            _FOUND.clear()
+        # on the instance, not the class: a wrapper that forwards attributes answers there only
+        found = _FOUND[cls] = _Methods(*(callable(getattr(ev, m, None)) for m in _OPTIONAL))
+    return found
+
+
+def _event_kind(ev: Any, name: str, on_cpu: bool, has: _Methods) -> str:
+    """What one profiler event is, from its device type, user-annotation flag (or record scope),
+    correlation links and name; the same kinds that kineto's activity type gives.
+
+    - a record_function range (on the CPU, or its copy on a device's timeline) → annotation;
+    - on a device: ``Memcpy …`` / ``Memset …`` activities, CUPTI's sync records (dropped), else a
+      kernel;
+    - on the CPU: a runtime/driver call (by name: a sync → :data:`KIND_RUNTIME`, else dropped);
+      a Python function, one of torch's instant events (``[OutOfMemory]``), an event without a
+      correlation id (kineto's overhead records) or one linked to an op (another runtime's call)
+      is not an op (dropped); the rest are torch's ops.
+    """
+    if (has.is_user_annotation and ev.is_user_annotation()) or (
+            has.scope and on_cpu and ev.scope() == _USER_SCOPE):
+        return _ANNOTATION
+    if not on_cpu:
+        if name.startswith("Memcpy"):
+            return KIND_MEMCPY
+        if name.startswith("Memset"):
+            return KIND_MEMSET
+        return KIND_OTHER if name in _DEVICE_SYNCS else KIND_CUDA_KERNEL
+    if _RUNTIME_NAME.match(name):
+        return KIND_RUNTIME if name in opstats.SYNC_RUNTIME else KIND_OTHER
+    if name.startswith("[") or (has.is_python_function and ev.is_python_function()):
+        return KIND_OTHER
+    # torch gives every op a correlation id and links none (it links runtime calls and device
+    # activities to the op that launched them)
+    if has.correlation_id and not ev.correlation_id():
+        return KIND_OTHER
+    if has.linked_correlation_id and ev.linked_correlation_id():
+        return KIND_OTHER
+    return KIND_CPU_OP
+
+
+def _op_id(ev: Any, kind: str, has: _Methods) -> int:
     """A CPU op's correlation id; for a GPU activity, the id of the CPU op that launched it."""
     try:
-        if kind == KIND_CPU_OP:
+        if kind == KIND_CPU_OP and has.correlation_id:
             return int(ev.correlation_id())
-        if kind in DEVICE_KINDS:
+        if kind in DEVICE_KINDS and has.linked_correlation_id:
             return int(ev.linked_correlation_id())
     except Exception:  # an event type without correlation: no link, not a failed parse
         pass
