@@ -292,7 +292,7 @@ class ViewResult:
         return self._result.experimental_event_tree()
 
 
-def _profiled_results() -> tuple[list[Any], list[Any]]:
+def _profiled_results(device: str = "cpu") -> tuple[list[Any], list[Any]]:
     """Kineto results and spans of profiled calls: SDPA, eager attention with a value read back
     and a nonzero, under the user's own record_function."""
     assert _profile.warm_up()
@@ -315,7 +315,7 @@ def _profiled_results() -> tuple[list[Any], list[Any]]:
     def fused(q: torch.Tensor) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, q, q, is_causal=True)
 
-    q = torch.randn(1, 2, 16, 8)
+    q = torch.randn(1, 2, 16, 8, device=device)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_kernels, "from_kineto", keep)
         with capture_spans(profile_rate=1.0, profile_max_per_minute=1000.0) as spans:
@@ -345,6 +345,19 @@ def test_a_real_cpu_profile_reads_the_same_without_activity_type() -> None:
     eager_events = _kernels.from_kineto(results[0], PROFILE_MARKER)
     # the user's record_function is neither an op nor the marker
     assert "mine" not in {e.name for e in eager_events}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(not hasattr(torch._C._autograd._KinetoEvent, "activity_type"),
+                    reason="needs a torch whose events have activity_type()")
+def test_a_real_cuda_profile_reads_as_kineto_says() -> None:
+    # on a GPU: the portable reading gives, event by event, kineto's own kinds, and kernels
+    results, _ = _profiled_results("cuda")
+    for result in results:
+        events = _kernels.from_kineto(result, PROFILE_MARKER)
+        assert [(e.name, e.kind) for e in events] == activity_kinds(result.events(),
+                                                                    PROFILE_MARKER)
+        assert "cuda_kernel" in {e.kind for e in events}
 
 
 def test_the_profile_tier_works_on_a_torch_without_activity_type(
