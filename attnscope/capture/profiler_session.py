@@ -140,15 +140,22 @@ def _teardown(disable: bool, prepared: bool = False) -> None:
         inner_sdpa.disarm()  # a profiled layer's SDPA recorder (capture.inner_sdpa)
     except Exception as exc:  # noqa: BLE001  (the lock is released whatever happens)
         _log.internal_error("inner-sdpa", exc)
-    if disable:
-        try:
-            if prepared:  # a prepared session left alone makes the next prepare print a warning
-                config, activities = p.configs[bool(p.active and p.active.on_cuda)]
-                p.entry_points["enable"](config, activities)
-            if p.torch is not None and p.torch._C._autograd._profiler_enabled():
-                p.entry_points["disable"]()
-        except Exception:
-            pass
+    if not disable or p.torch is None:
+        return
+    enabled = p.torch._C._autograd._profiler_enabled
+    try:
+        # a session only prepared (a Ctrl-C before enable returned) makes the next prepare
+        # print torch's "disableProfiler called but no active profiling session": finish it
+        if prepared and not enabled():
+            config, activities = p.configs[bool(p.active and p.active.on_cuda)]
+            p.entry_points["enable"](config, activities)
+    except Exception:
+        pass
+    try:
+        if enabled():
+            p.entry_points["disable"]()
+    except Exception:
+        pass
 
 
 def _user_profiler_active() -> bool:
