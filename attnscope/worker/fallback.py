@@ -1,13 +1,15 @@
 """Silent SDPA fallback: the best backend a call's inputs allowed, against the one that ran.
 
 Worker side only, and from shapes, dtypes and flags only: no tensor data is read. CUDA calls ask
-torch's own eligibility checks (``torch.backends.cuda.can_use_*`` with ``debug=True``) on meta
-tensors of the recorded shapes; their reason is the warning text they emit. CPU calls follow the
-CPU flash kernel's conditions, checked against torch 2.13's choice (tests/test_fallback.py).
+torch's own eligibility checks (``torch.backends.cuda.can_use_*`` with ``debug=True``) on
+shape-only tensors of the call's device, shapes, dtype and last-dimension strides (no memory
+behind them); their reason is the warning text they emit. CPU calls follow the CPU flash kernel's
+conditions, checked against torch 2.13's choice (tests/test_fallback.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from collections.abc import Callable, Sequence
@@ -47,6 +49,7 @@ class Inputs:
     is_causal: bool = False
     enable_gqa: bool = False
     allowed: frozenset[str] | None = None
+    device_index: int | None = None  # the call's device (cuda:N); None: the worker's current one
 
 
 @dataclass(frozen=True)
@@ -89,28 +92,107 @@ def _cuda_checks() -> dict[str, Callable[..., bool]]:
     return checks
 
 
-def _cuda(inputs: Inputs) -> tuple[str, str]:
-    """Torch's checks on meta tensors: no memory, no data; the reasons are their warnings."""
+# What torch's checks say, in their debug warnings, of a backend the process's flags turn off.
+# The flags (``sdpa_kernel``, ``torch.backends.cuda.enable_*_sdp``) are process-wide and read when
+# the worker asks, not when the call ran: such a "no" says nothing about the call's inputs, unless
+# the call's own record (``Inputs.allowed``) shows the backend was off for it too.
+_DISABLED = "runtime disabled"
+
+
+@functools.cache
+def _shape_only_type() -> type[Any]:
+    """A tensor type with sizes, strides, a dtype and a device but no memory behind it
+    (``_make_wrapper_subclass``: a storage with a null pointer, no allocator call)."""
     import torch
 
-    q, k, v = (torch.empty(tuple(s), dtype=inputs.dtype, device="meta") for s in inputs.shapes)
-    mask = (torch.empty(tuple(inputs.mask_shape), dtype=inputs.mask_dtype, device="meta")
+    class ShapeOnly(torch.Tensor):
+        @classmethod
+        def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (),  # type: ignore[override]
+                               kwargs: Any = None) -> Any:
+            # torch's checks read metadata only; an op asked of one is a torch change to hear of
+            raise RuntimeError(f"attnscope: a shape-only tensor was asked to run {func}")
+
+    return ShapeOnly
+
+
+def _shape_only(shape: Sequence[int], dtype: Any, device: Any, last_stride: int = 1) -> Any:
+    """A tensor of ``shape`` and ``dtype`` on ``device`` (``cuda:N``) whose last dimension has
+    stride ``last_stride`` (the others packed around it), for torch's checks only.
+
+    Why not meta tensors (torch rejects them: "All tensors need to be on cuda device"), nor tiny
+    real ones (``torch.empty(0)`` views fail as_strided's bounds check; any real allocation goes
+    through the caching allocator on the worker's stream and, on a cache miss, ``cudaMalloc``,
+    which a CUDA graph capturing on another thread must not meet): these carry the call's real
+    device type with no storage, so asking the checks makes no allocation, no stream work and no
+    sync. What the checks do touch on the device side is the current device's properties (cached
+    by torch after the first read), under the worker's relaxed capture mode (worker.cuda), and only
+    for profiled calls, which are never made while their stream captures (capture.wrapper).
+    """
+    import torch
+
+    dims = tuple(int(n) for n in shape)
+    strides = [0] * len(dims)
+    step = max(int(last_stride), 0)
+    for i in range(len(dims) - 1, -1, -1):
+        strides[i] = step
+        step *= max(dims[i], 1)
+    return torch.Tensor._make_wrapper_subclass(
+        _shape_only_type(), dims, strides=tuple(strides), dtype=dtype, device=device)
+
+
+def _params(inputs: Inputs) -> Any:
+    """torch's ``SDPAParams`` for the call, on shape-only tensors of its device."""
+    import torch
+
+    device = torch.device("cuda", inputs.device_index) if inputs.device_index is not None \
+        else torch.device("cuda")
+    strides = inputs.last_dim_strides or (1, 1, 1)  # unrecorded: as laid out by SDPA's callers
+    q, k, v = (_shape_only(shape, inputs.dtype, device, stride)
+               for shape, stride in zip(inputs.shapes, strides, strict=True))
+    mask = (_shape_only(inputs.mask_shape, inputs.mask_dtype, device)
             if inputs.mask_shape is not None and inputs.mask_dtype is not None else None)
-    params = torch.backends.cuda.SDPAParams(q, k, v, mask, inputs.dropout_p, inputs.is_causal,
-                                            inputs.enable_gqa)
+    make: Any = torch.backends.cuda.SDPAParams
+    try:
+        return make(q, k, v, mask, inputs.dropout_p, inputs.is_causal, inputs.enable_gqa)
+    except TypeError:  # torch before 2.5: no enable_gqa
+        if inputs.enable_gqa:
+            raise
+        return make(q, k, v, mask, inputs.dropout_p, inputs.is_causal)
+
+
+def _on_device(index: int | None) -> Any:
+    """The call's device current on the worker while the checks read its properties (its
+    compute capability decides flash and cuDNN); the worker's own device otherwise."""
+    import torch
+
+    if index is None or not torch.cuda.is_available():
+        return contextlib.nullcontext()
+    return torch.cuda.device(index)
+
+
+def _cuda(inputs: Inputs) -> tuple[str, str]:
+    """Torch's checks on the call's device: the first eligible backend in torch's order and,
+    when none is, their reasons; ``"?"`` when a faster backend's answer hangs on the process's
+    flags of the moment (see ``_DISABLED``)."""
+    params = _params(inputs)
     checks = _cuda_checks()
     reasons: list[str] = []
-    for name in _CUDA_ORDER:
-        if name not in checks:
-            continue
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            ok = checks[name](params, True)
-        if ok:
-            return name, ""
-        words = "; ".join(str(w.message) for w in caught) or "not eligible"
-        reasons.append(f"{name}: {words}")
-    return "", " | ".join(reasons)
+    unknown = False
+    with _on_device(inputs.device_index):
+        for name in _CUDA_ORDER:
+            if name not in checks:
+                continue
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                ok = checks[name](params, True)
+            if ok:
+                return name, ""
+            words = "; ".join(str(w.message) for w in caught) or "not eligible"
+            # off now but not known to have been off for the call: its eligibility is unknown
+            unknown = unknown or (_DISABLED in words
+                                  and (inputs.allowed is None or name in inputs.allowed))
+            reasons.append(f"{name}: {words}")
+    return ("?" if unknown else ""), " | ".join(reasons)
 
 
 def assess(ran: str, inputs: Inputs) -> Verdict | None:
@@ -146,7 +228,7 @@ def from_summary(summary: list[tuple[str, Any]]) -> Inputs | None:
     The mask is read for its shape and dtype only; None when the summary is not an SDPA call.
     """
     named = dict(summary)
-    inner = named.get(INNER_SDPA_KEY)  # a profiled instrumented layer's SDPA call
+    inner = named.get(INNER_SDPA_KEY)  # the SDPA call inside a profiled call (capture.inner_sdpa)
     if isinstance(inner, list) and inner:
         return from_summary(inner)
     qkv = find_qkv(summary)
@@ -163,11 +245,13 @@ def from_summary(summary: list[tuple[str, Any]]) -> Inputs | None:
     context = named.get(SDPA_CONTEXT_KEY)  # a profiled call of instrument_sdpa()
     if isinstance(context, tuple) and len(context) == 2 and len(context[0]) == 3:
         strides, allowed = (context[0][0], context[0][1], context[0][2]), frozenset(context[1])
+    index = getattr(q.device, "index", None)
     return Inputs(getattr(q.device, "type", str(q.device)), (q.shape, k.shape, v.shape), q.dtype,
                   last_dim_strides=strides, mask_shape=mask_shape, mask_dtype=mask_dtype,
                   dropout_p=float(dropout) if isinstance(dropout, (int, float)) else 0.0,
                   is_causal=named.get("is_causal") is True,
-                  enable_gqa=named.get("enable_gqa") is True, allowed=allowed)
+                  enable_gqa=named.get("enable_gqa") is True, allowed=allowed,
+                  device_index=index if isinstance(index, int) else None)
 
 
 class _Warned:
