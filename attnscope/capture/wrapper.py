@@ -28,6 +28,7 @@ from . import decision as _decision
 from . import device as _device
 from . import grants as _grants
 from . import hostread as _hostread
+from . import inner_sdpa as _inner_sdpa
 from . import profiler_session as _profiler
 from . import retain as _retain
 from ..record.capture import (
@@ -253,9 +254,9 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
     if tier == TIER_PROFILE:
         if not _profiler.start(cap, device):
             tier = TIER_TIMING
-        elif site.on_profile is not None:  # once the session is open: its release undoes it
-            try:
-                summary.extend(site.on_profile(args, kwargs))
+        else:  # once the session is open: its release undoes it
+            try:  # default: the SDPA call inside, for its fallback verdict (capture.inner_sdpa)
+                summary.extend((site.on_profile or _inner_sdpa.arm)(args, kwargs))
             except Exception as exc:  # the profile goes on without those facts
                 _site_error(site, "extract", exc)
     cap.tier = tier
