@@ -1,4 +1,4 @@
-"""Decorate a hand-written attention function and print the spans attnscope emits.
+"""Decorate a hand-written attention function and print the spans attnscope emits (on stderr).
 
 Run: python examples/trace_attention.py
 """

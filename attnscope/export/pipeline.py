@@ -345,7 +345,9 @@ def report_undelivered(pipeline: Pipeline | None) -> None:
             dropped = delivery.export_queue_full + delivery.no_pipeline
             exported = delivery.exported
         lost = in_flight + failed + dropped
-        if lost <= 0:
+        # "nothing is listening at ..." has said it already: a first run without a collector
+        # gets that one line, not two
+        if lost <= 0 or "log:export-unreachable" in state.last_logged:
             return
         where = pipeline.destination if pipeline is not None else "no exporter"
         _log.warn_once(
