@@ -111,6 +111,8 @@ def enter(site: CallSite, args: tuple[Any, ...], kwargs: dict[str, Any],
         return None
     except BaseException:  # Ctrl-C in attnscope's own code: the call never ran
         if cap is not None:
+            if current.get() == cap.capture_id:  # a signal right after set(), token unstored
+                current.set(cap.parent_id)
             _abandon(cap)
         raise
 
