@@ -54,7 +54,7 @@ def _run(code: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[s
 def test_console_exporters_never_write_to_stdout(tmp_path: Path) -> None:
     proc = _run("""
         import attnscope
-        attnscope.configure(sample_rate=1.0, warmup_calls=0, profile_rate=0.0)
+        attnscope.configure(sample_rate=1.0, warmup_calls=0, overhead_budget=1.0, profile_rate=0.0)
         f = attnscope.trace(name="on-the-console")(lambda x: x + 1)
         for i in range(5):
             f(i)
@@ -72,7 +72,8 @@ def test_the_console_span_exporter_follows_a_replaced_stderr(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv("ATTNSCOPE_EXPORTER")
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
-    attnscope.configure(exporter=None, sample_rate=1.0, warmup_calls=0, profile_rate=0.0)
+    attnscope.configure(exporter=None, sample_rate=1.0, warmup_calls=0,
+                        overhead_budget=1.0, profile_rate=0.0)
     _traffic(3)
     assert attnscope.flush(10)
     out, err = capsys.readouterr()
@@ -104,7 +105,8 @@ def test_an_unusable_attnscope_exporter_sends_nowhere(
     with caplog.at_level(logging.WARNING, logger="attnscope"):
         _api.reset_defaults()
         _api.current()  # as at import: the environment, an invalid value skipped with a line
-        attnscope.configure(sample_rate=1.0, warmup_calls=0, profile_rate=0.0, metrics=False)
+        attnscope.configure(sample_rate=1.0, warmup_calls=0,
+                            overhead_budget=1.0, profile_rate=0.0, metrics=False)
         _traffic()
         assert attnscope.flush(10) is False
     stats = attnscope.stats()
@@ -124,7 +126,8 @@ def test_an_endpoint_that_is_not_a_url_sends_nowhere(
         endpoint: str) -> None:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
     with caplog.at_level(logging.WARNING, logger="attnscope"):
-        attnscope.configure(exporter=name, sample_rate=1.0, warmup_calls=0, profile_rate=0.0,
+        attnscope.configure(exporter=name, sample_rate=1.0, warmup_calls=0,
+                            overhead_budget=1.0, profile_rate=0.0,
                             metrics=False)
         _traffic()
         attnscope.flush(10)
@@ -159,7 +162,8 @@ def test_a_malformed_limit_loses_no_span(tmp_path: Path, setting: str) -> None:
     out = tmp_path / "spans.jsonl"
     proc = _run(f"""
         import attnscope
-        attnscope.configure(sample_rate=1.0, warmup_calls=0, profile_rate=0.0, metrics=False,
+        attnscope.configure(sample_rate=1.0, warmup_calls=0,
+                            overhead_budget=1.0, profile_rate=0.0, metrics=False,
                             exporter="otlp-json:{out}")
         f = attnscope.trace(name="limited")(lambda x: x + 1)
         for i in range({CALLS}):
@@ -204,7 +208,7 @@ def test_a_jaeger_file_reopened_through_a_linked_directory_keeps_its_spans(
     link = tmp_path / "link"
     link.symlink_to(real, target_is_directory=True)
     attnscope.configure(exporter=f"jaeger-json:{real / 't.json'}", sample_rate=1.0,
-                        warmup_calls=0, profile_rate=0.0, metrics=False)
+                        warmup_calls=0, overhead_budget=1.0, profile_rate=0.0, metrics=False)
     _traffic()
     assert attnscope.shutdown(10)
     attnscope.configure(exporter=f"jaeger-json:{link / 't.json'}")
@@ -248,6 +252,7 @@ def test_a_malformed_variable_gets_one_attnscope_line(
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp")  # a second exporter reads the headers
     with caplog.at_level(logging.WARNING):
         attnscope.configure(exporter="otlp-grpc", sample_rate=1.0, warmup_calls=0,
+                            overhead_budget=1.0,
                             profile_rate=0.0, metrics=True)
         _traffic()
         attnscope.flush(10)  # the metrics may fail: the fake collector takes traces only

@@ -332,7 +332,7 @@ def test_a_forked_child_that_captured_nothing_exits_at_once() -> None:
     """The wrapped os._exit does nothing but exit in a child without a worker of its own."""
     code = textwrap.dedent("""
         import os, time, attnscope
-        attnscope.configure(sample_rate=1.0, warmup_calls=0, profile_rate=0.0)
+        attnscope.configure(sample_rate=1.0, warmup_calls=0, overhead_budget=1.0, profile_rate=0.0)
         attnscope.trace(lambda x: x)(1)
         attnscope.flush(10)
         pid = os.fork()

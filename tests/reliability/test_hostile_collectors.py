@@ -146,7 +146,8 @@ def hostile(request: pytest.FixtureRequest) -> Iterator[HostileHTTP]:
 def _configure(monkeypatch: pytest.MonkeyPatch, endpoint: str, timeout_s: str = "1") -> None:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", timeout_s)
-    attnscope.configure(exporter="otlp-http", sample_rate=1.0, warmup_calls=0, profile_rate=0.0,
+    attnscope.configure(exporter="otlp-http", sample_rate=1.0, warmup_calls=0,
+                        overhead_budget=1.0, profile_rate=0.0,
                         metrics=False)
 
 
@@ -203,6 +204,7 @@ def test_the_bounded_session_keeps_a_complete_answer(monkeypatch: pytest.MonkeyP
     try:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{collector.port}")
         attnscope.configure(exporter="otlp-http", sample_rate=1.0, warmup_calls=0,
+                            overhead_budget=1.0,
                             profile_rate=0.0, metrics=False)
         _traffic()
         assert attnscope.flush(30)
@@ -217,7 +219,8 @@ def test_the_bounded_session_keeps_a_complete_answer(monkeypatch: pytest.MonkeyP
 _EXITING_APP = textwrap.dedent("""
     import os, sys
     import attnscope
-    attnscope.configure(sample_rate=1.0, warmup_calls=0, profile_rate=0.0, metrics=False,
+    attnscope.configure(sample_rate=1.0, warmup_calls=0,
+                        overhead_budget=1.0, profile_rate=0.0, metrics=False,
                         exporter=sys.argv[1])
     f = attnscope.trace(name="exits")(lambda x: x + 1)
     for i in range(300):
