@@ -19,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,15 @@ def _configure(monkeypatch: pytest.MonkeyPatch, endpoint: str, timeout_s: str = 
                         metrics=False)
 
 
+def _received(collector: Any, n: int, wait_s: float = 30.0) -> int:
+    """The spans the collector kept, once it has ``n`` or ``wait_s`` passed: it answers 200
+    before its handler thread keeps the batch, so the exporter can count it first."""
+    deadline = time.monotonic() + wait_s
+    while len(collector.spans) < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return len(collector.spans)
+
+
 def _traffic(n: int = CALLS) -> None:
     f = attnscope.trace(name="hostile")(lambda x: x + 1)
     for i in range(n):
@@ -209,7 +219,7 @@ def test_the_bounded_session_keeps_a_complete_answer(monkeypatch: pytest.MonkeyP
         _traffic()
         assert attnscope.flush(30)
         assert attnscope.stats()["exported"] == CALLS
-        assert len(collector.spans) == CALLS
+        assert _received(collector, CALLS) == CALLS
     finally:
         collector.stop()
 
@@ -278,7 +288,7 @@ def test_no_line_at_exit_when_every_span_was_delivered(tmp_path: Path) -> None:
         collector.stop()
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert _exit_line(proc.stderr) == [], proc.stderr[-2000:]
-    assert len(collector.spans) == 300
+    assert _received(collector, 300) == 300
 
 
 def _run(script: Path, exporter: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
