@@ -103,6 +103,7 @@ class CallSite:
         # Optional (args, kwargs) -> [(name, value)] run on the calling thread for a call that
         # gets the profile tier only: facts a profiled call's verdicts need and a timed call
         # should not pay for (an SDPA call's strides and the sdpa_kernel context in force).
+        # None: capture.inner_sdpa.arm, which records the first SDPA call inside the call.
         self.on_profile: Callable[[tuple[Any, ...], dict[str, Any]],
                                   list[tuple[str, Any]]] | None = None
         # A profile-tier grant the worker armed this site with (capture.grants); read only on
