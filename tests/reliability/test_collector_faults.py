@@ -4,8 +4,10 @@ UNAVAILABLE, HTTP 429/500/503) and flapping collectors, under sampled traffic.
 For each fault: no exception reaches the caller and outputs are unchanged; the caller's latency
 is measured beside ``exporter="none"`` in the same run; RSS stays bounded; ``flush()`` and
 ``shutdown()`` return within their timeouts (``flush`` says False when spans failed); and once the
-collector heals, every span is accounted for exactly: received by the collector, or counted in
-``stats()`` as ``export_failed`` / ``export_dropped``. A process that exits without
+collector heals, every span is accounted for exactly on the client's side (``exported +
+export_failed + export_dropped == emitted``), every exported span is received once, and every
+other is counted in ``stats()`` as ``export_failed`` / ``export_dropped`` (one whose answer came
+after the client's timeout may have been kept too: the client cannot know). A process that exits without
 ``shutdown()`` while the collector is down or hanging exits within 2 s of one that exports nothing.
 A ``shutdown()`` that times out on a hanging collector returns with every span counted (those
 still on their way in ``export_in_flight``), and a full batch processor queue says so in one
@@ -194,7 +196,12 @@ def test_collector_fault(exporter: str, fault: str, monkeypatch: pytest.MonkeyPa
         else:
             collector.heal()
         stats = _settle(collector, since, deadline_s=60.0 if FULL else 30.0)
-        received = len(collector.spans)
+        # the fake collector keeps a batch just after it answered for it: a bounded wait
+        deadline = time.monotonic() + 10.0
+        while len(collector.spans) < stats.get("exported", 0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        received_spans = collector.spans
+        received = len(received_spans)
 
         # fail again, and shut down while it fails
         if fault == "absent":
@@ -239,9 +246,16 @@ def test_collector_fault(exporter: str, fault: str, monkeypatch: pytest.MonkeyPa
                                  + stats["dropped_trace_cap"] + stats["worker_errors"]
                                  + stats["pending"]), stats
     assert stats["pending"] == 0, stats
-    assert _accounted(stats, received) == stats["emitted"], (
-        f"{received} received + {stats['export_failed']} failed + {stats['export_dropped']} "
-        f"dropped != {stats['emitted']} emitted")
+    # the client's side is exact: every emitted span exported, failed or dropped, once
+    assert (stats["exported"] + stats["export_failed"] + stats["export_dropped"]
+            == stats["emitted"]), stats
+    # the collector's side: every exported span arrived, none twice. A batch whose answer came
+    # after the client's timeout was counted failed by the client and kept by the collector: the
+    # client cannot know (seen once in CI under load: 32 received, 16 exported, 96 failed). That
+    # is the only overlap allowed, and the failed count bounds it.
+    assert len({bytes(s.span_id) for s in received_spans}) == received, "a span arrived twice"
+    assert stats["exported"] <= received <= stats["exported"] + stats["export_failed"], (
+        f"{received} received, {stats['exported']} exported, {stats['export_failed']} failed")
     if fault not in ("flapping", "slow"):
         assert stats["export_failed"] + stats["export_dropped"] > 0, stats
 
