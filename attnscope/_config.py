@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import TracerProvider
 
-__all__ = ["Config", "EXPORTER_NAMES", "EXPORTER_PREFIXES", "Warn", "check_rate", "from_env",
-           "shown", "validate"]
+__all__ = ["Config", "DEFAULT_OVERHEAD_BUDGET", "EXPORTER_NAMES", "EXPORTER_PREFIXES", "Warn",
+           "budgeted", "check_rate", "from_env", "shown", "validate"]
 
 ExporterSetting = Union[str, "SpanExporter"]
 
@@ -45,7 +45,8 @@ class Config:
     profile_max_per_minute: float = 2.0
     warmup_calls: int = 10
     max_spans_per_trace: int = 512
-    overhead_budget: float = 0.01
+    overhead_budget: float | None = None
+    """None: ``DEFAULT_OVERHEAD_BUDGET``, on the rates left at their defaults (:func:`budgeted`)."""
     max_kernel_spans: int = 64
     profile_dir: str | None = None
     reset_peak_memory_stats: bool = False
@@ -65,6 +66,26 @@ class Config:
     device_peaks: Mapping[str, float] | None = None
     """``{"tflops": T, "gbps": G}``: the roofline's peaks (docs/profiling.md). None: the device
     table, else an ``attnscope calibrate`` result; on CPU without either, no roofline."""
+    record_command_args: bool = False
+    """The resource's ``process.command_args``: the whole command line, or (False) only the
+    executable and the script or module (docs/attributes.md)."""
+
+
+DEFAULT_OVERHEAD_BUDGET = 0.01
+
+
+def budgeted(cfg: Config) -> tuple[float, bool, bool]:
+    """(the budget in force, whether it lowers the sample rate, whether the profile rate).
+
+    An ``overhead_budget`` the user set applies to both rates. Left unset, the default budget
+    lowers only a rate left at its default value: a rate the user asked for (``sample_rate=1.0``
+    for a short experiment) is what they get. A budget that lowers neither is 1.0 (none).
+    """
+    if cfg.overhead_budget is not None:
+        return cfg.overhead_budget, True, True
+    sample = cfg.sample_rate == Config.sample_rate
+    profile = cfg.profile_rate == Config.profile_rate
+    return (DEFAULT_OVERHEAD_BUDGET if sample or profile else 1.0), sample, profile
 
 
 # name -> (env var, parser)
@@ -96,6 +117,7 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "live_trigger": ("ATTNSCOPE_LIVE_TRIGGER", _parse_bool),
     "trigger_dir": ("ATTNSCOPE_TRIGGER_DIR", str),
     "run_id": ("ATTNSCOPE_RUN_ID", str),
+    "record_command_args": ("ATTNSCOPE_RECORD_COMMAND_ARGS", _parse_bool),
 }
 
 
@@ -206,6 +228,7 @@ def validate(cfg: Config) -> Config:
     _check_bool("metrics", cfg.metrics)
     _check_bool("reset_peak_memory_stats", cfg.reset_peak_memory_stats)
     _check_bool("live_trigger", cfg.live_trigger)
+    _check_bool("record_command_args", cfg.record_command_args)
     if not 0.5 <= check_rate("slow_call_quantile", cfg.slow_call_quantile):
         raise ValueError(f"attnscope: slow_call_quantile must be in [0.5, 1] (1: off), "
                          f"got {shown(cfg.slow_call_quantile)}")
@@ -215,9 +238,11 @@ def validate(cfg: Config) -> Config:
                          f"got {shown(cfg.trigger_dir)}")
     check_rate("sample_rate", cfg.sample_rate)
     check_rate("profile_rate", cfg.profile_rate)
-    check_rate("overhead_budget", cfg.overhead_budget)
-    if cfg.overhead_budget == 0.0:
-        raise ValueError("attnscope: overhead_budget must be > 0 (use enabled=False to turn off)")
+    if cfg.overhead_budget is not None:
+        check_rate("overhead_budget", cfg.overhead_budget)
+        if cfg.overhead_budget == 0.0:
+            raise ValueError("attnscope: overhead_budget must be > 0 "
+                             "(use enabled=False to turn off)")
     ppm = cfg.profile_max_per_minute
     if isinstance(ppm, bool) or not isinstance(ppm, (int, float)) or not ppm >= 0 \
             or not isinstance(ppm, float) and ppm > 1e18:  # NaN fails >= 0; a huge int, float()
@@ -248,7 +273,7 @@ def validate(cfg: Config) -> Config:
         cfg,
         sample_rate=float(cfg.sample_rate),
         profile_rate=float(cfg.profile_rate),
-        overhead_budget=float(cfg.overhead_budget),
+        overhead_budget=None if cfg.overhead_budget is None else float(cfg.overhead_budget),
         profile_max_per_minute=float(ppm),
         slow_call_quantile=float(cfg.slow_call_quantile),
         exporter=_check_exporter(cfg.exporter),

@@ -59,7 +59,10 @@ def test_defaults() -> None:
     cfg = _config.Config()
     assert cfg.sample_rate == 0.01 and cfg.service_name == "attnscope" and cfg.enabled
     assert (cfg.profile_rate, cfg.profile_max_per_minute, cfg.warmup_calls) == (0.05, 2.0, 10)
-    assert (cfg.max_spans_per_trace, cfg.overhead_budget, cfg.max_kernel_spans) == (512, 0.01, 64)
+    assert (cfg.max_spans_per_trace, cfg.overhead_budget, cfg.max_kernel_spans) == (512, None, 64)
+    # unset, the budget is 1% on the rates left at their defaults (docs/sampling.md)
+    assert _config.budgeted(cfg) == (0.01, True, True)
+    assert cfg.record_command_args is False
 
 
 def test_bad_environment_raises_in_configure_but_not_on_first_use(

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -386,3 +389,101 @@ def test_unsampled_calls_touch_only_the_countdown() -> None:
             _sampling.Sampler.decide = original  # type: ignore[method-assign]
         assert site.countdown > 1 << 40
     assert len(calls) == 1  # the first call sets the site up; rate 0 never comes back
+
+
+# ---- issue 38 §1: a rate the user asked for is what they get; throttling is said ----------------
+
+
+def _slow_attnscope(monkeypatch: pytest.MonkeyPatch) -> None:
+    """attnscope's own work costs twice the wrapped call, deterministically: the wrapper's clock
+    moves 1 µs per reading (the call itself spans one step, attnscope's work around it two or
+    more), and every reading of the sampler's clock is two seconds on, so every sampled call
+    closes a budget window. Far over a 1% budget, whatever the machine's load."""
+    from attnscope.capture import wrapper
+
+    ticks = iter(range(time.perf_counter_ns(), 1 << 62, 1_000))
+    monkeypatch.setattr(wrapper, "_perf_ns", lambda: next(ticks))
+    clock = FakeClock()
+
+    def seconds() -> float:
+        clock.now += 2.0
+        return clock.now
+
+    monkeypatch.setattr(state.sampler, "_clock", seconds)
+
+
+def test_an_explicit_sample_rate_samples_every_call_under_a_tripped_budget(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The README's short experiment: 200 calls, 200 spans (issue 38 §1: 51, then 129)."""
+    _slow_attnscope(monkeypatch)
+    path = tmp_path / "trace.json"
+    attnscope.configure(sample_rate=1.0, warmup_calls=0, exporter=f"jaeger-json:{path}")
+
+    @attnscope.trace
+    def step(x: int) -> int:
+        return x + 1
+
+    for i in range(200):
+        assert step(i) == i + 1
+    assert attnscope.flush(timeout_s=30)
+    assert state.sampler.budget.scale < 1.0  # it did trip: it lowers the profile rate, left default
+    assert attnscope.stats()["effective_sample_rate"] == 1.0
+    spans = [s for trace in json.loads(path.read_text())["data"] for s in trace["spans"]
+             if s["operationName"].endswith("step")]
+    assert len(spans) == 200
+    rates = {t["value"] for s in spans for t in s["tags"] if t["key"] == "attnscope.sample_rate"}
+    assert rates == {1.0}
+
+
+def test_the_budget_lowers_only_what_was_left_to_defaults() -> None:
+    def applied(**cfg: object) -> tuple[float, bool, bool]:
+        s = Sampler(clock=FakeClock())
+        s.apply(Config(**cfg))  # type: ignore[arg-type]
+        return s.budget.budget, s.rate_budgeted, s.profile_budgeted
+
+    assert applied() == (0.01, True, True)
+    assert applied(sample_rate=1.0) == (0.01, False, True)
+    assert applied(sample_rate=1.0, profile_rate=0.5) == (1.0, False, False)  # no budget at all
+    assert applied(sample_rate=1.0, overhead_budget=0.01) == (0.01, True, True)  # asked for
+    assert applied(overhead_budget=1.0) == (1.0, True, True)
+
+
+def test_the_environment_is_an_explicit_rate_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATTNSCOPE_SAMPLE_RATE", "1")
+    from attnscope import _api
+
+    _api.reset_defaults()
+    _api.current()
+    assert (state.sampler.rate_budgeted, state.sampler.profile_budgeted) == (False, True)
+    monkeypatch.setenv("ATTNSCOPE_OVERHEAD_BUDGET", "0.02")
+    _api.reset_defaults()
+    _api.current()
+    assert (state.sampler.budget.budget, state.sampler.rate_budgeted) == (0.02, True)
+
+
+def test_throttling_is_said_once_with_the_setting_that_lifts_it(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="attnscope")
+    _slow_attnscope(monkeypatch)
+    attnscope.configure(sample_rate=1.0, warmup_calls=0, overhead_budget=0.01, profile_rate=0.0)
+
+    @attnscope.trace
+    def step(x: int) -> int:
+        return x
+
+    for i in range(300):
+        step(i)
+    attnscope.flush(timeout_s=30)
+    said = [r for r in caplog.records if "sampling fewer calls" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]
+    assert said[0].levelno == logging.WARNING
+    assert "overhead_budget=1.0 (ATTNSCOPE_OVERHEAD_BUDGET=1)" in said[0].getMessage()
+    assert state.sampler.effective_rate < 1.0
+
+
+def test_no_line_when_the_budget_never_lowers_a_rate(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="attnscope")
+    budget = OverheadBudget(0.01, window_s=1.0, clock=FakeClock())
+    for _ in range(5):
+        budget.add(1, 1_000_000, 1.0)  # 0.0001% of the wall time
+    assert budget.scale == 1.0 and not caplog.records

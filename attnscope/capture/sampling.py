@@ -25,7 +25,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 
-from .._config import Config
+from .._config import Config, budgeted
 from ..record.capture import TIER_NONE, TIER_PROFILE, TIER_TIMING
 
 __all__ = [
@@ -146,7 +146,9 @@ class OverheadBudget:
 
     Costs and wall times are added per sampled call; unsampled calls are accounted for by
     re-weighting (wall / rate) and a fixed per-call cost. Once per ``window_s`` the scale applied to
-    the sample and profile rates moves down (over budget) or back up toward 1 (well under).
+    the rates it governs (:func:`attnscope._config.budgeted`) moves down (over budget) or back up
+    toward 1 (well under). The first time it moves down, one WARNING says so and names the setting
+    that lifts it: sampling fewer calls than configured is never silent.
     """
 
     MIN_SCALE = 1e-4
@@ -162,6 +164,7 @@ class OverheadBudget:
         self._wall_ns = 0.0
         self._window_start = clock()
         self._lock = threading.Lock()
+        self.told = False  # the throttling line was logged (once per configuration)
 
     def add(self, own_ns: int, wall_ns: int, rate: float) -> None:
         """One sampled call: our cost, its wall time, the rate that sampled it."""
@@ -175,6 +178,24 @@ class OverheadBudget:
             self._wall_ns += wall_ns * weight
             if now - self._window_start >= self.window_s:
                 self._adjust(now)
+            tell = self.scale < 1.0 and not self.told
+            if tell:
+                self.told = True
+        if tell:  # logged outside the lock: a handler may be slow
+            self._tell()
+
+    def _tell(self) -> None:
+        from .. import _log  # not at import: _log's state imports this module
+
+        _log.warn_once(
+            "overhead-budget",
+            f"attnscope: sampling fewer calls than configured, to keep its own cost under "
+            f"{self.budget:.0%} of the traced calls' time (measured {self.last_ratio:.1%}); the "
+            f"rates it lowers are scaled by {self.scale:.2g} and each span's attnscope.sample_rate "
+            "says by how much. overhead_budget=1.0 (ATTNSCOPE_OVERHEAD_BUDGET=1) samples every "
+            "call the configured rates ask for",
+            overhead_budget=self.budget, overhead_ratio=round(self.last_ratio, 4),
+            scale=self.scale)
 
     def after_fork(self) -> None:
         self._lock = threading.Lock()
@@ -249,7 +270,8 @@ class Sampler:
         self.seed = cfg.seed
         self.reset_peak = cfg.reset_peak_memory_stats
         self.bucket = TokenBucket(cfg.profile_max_per_minute, self._clock)
-        self.budget = OverheadBudget(cfg.overhead_budget, clock=self._clock)
+        budget, self.rate_budgeted, self.profile_budgeted = budgeted(cfg)
+        self.budget = OverheadBudget(budget, clock=self._clock)  # 1.0: the wrapper skips it
         for site in list(self._sites):
             site.grant = None  # slow-call grants the worker armed (capture.grants): dropped
         self._invalidate()
@@ -283,11 +305,12 @@ class Sampler:
 
     @property
     def effective_rate(self) -> float:
-        return self.rate * self.budget.scale
+        return self.rate * self.budget.scale if self.rate_budgeted else self.rate
 
     @property
     def effective_profile_rate(self) -> float:
-        return self.profile_rate * self.budget.scale
+        return self.profile_rate * self.budget.scale if self.profile_budgeted \
+            else self.profile_rate
 
     # -- the decision ---------------------------------------------------------------------------
     def decide(self, site: CallSite, forced_sample: bool | None = None) -> tuple[int, float]:
@@ -311,7 +334,10 @@ class Sampler:
             return TIER_TIMING, 1.0
         forced_rate = site.forced_rate
         # the budget's scale read here, not through effective_rate: one call less per decision
-        rate = self.rate * self.budget.scale if forced_rate is None else forced_rate
+        if forced_rate is not None:
+            rate = forced_rate
+        else:
+            rate = self.rate * self.budget.scale if self.rate_budgeted else self.rate
         if force_blocks:
             # Another context forces capture, so every call here comes through: draw per call.
             site.countdown = 1
@@ -337,7 +363,8 @@ class Sampler:
             parent = self.parent_context()
             if parent is not None and not parent.trace_flags.sampled:
                 return TIER_NONE, 0.0
-            profile_rate = self.profile_rate * self.budget.scale
+            profile_rate = self.profile_rate * self.budget.scale if self.profile_budgeted \
+                else self.profile_rate
         else:
             profile_rate = self.profile_rate
         if profile_rate > 0 and rng.random() < profile_rate and self.bucket.take():

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from .. import _dist, _log
 from .. import _schema as schema
-from .._config import EXPORTER_NAMES, Config, validate
+from .._config import EXPORTER_NAMES, Config, budgeted, validate
 from .._state import state
 from .._version import __version__
 from . import otlp_status
@@ -55,7 +55,7 @@ def resource_attributes(cfg: Config) -> dict[str, Any]:
         # what was measured depends on these: a report or a diary entry states them
         schema.CONFIG_SAMPLE_RATE.name: float(cfg.sample_rate),
         schema.CONFIG_PROFILE_RATE.name: float(cfg.profile_rate),
-        schema.CONFIG_OVERHEAD_BUDGET.name: float(cfg.overhead_budget),
+        schema.CONFIG_OVERHEAD_BUDGET.name: float(budgeted(cfg)[0]),  # the one in force
         schema.CONFIG_WARMUP_CALLS.name: int(cfg.warmup_calls),
     }
     started = _process_start()
