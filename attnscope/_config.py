@@ -303,8 +303,8 @@ def from_env(environ: Mapping[str, str] | None = None, *, strict: bool = True,
             if strict:
                 raise ValueError(f"attnscope: {var}={raw!r} is invalid: {exc}") from None
             if warn is not None:
-                warn("env:" + var, "attnscope: ignoring invalid environment value",
-                     {"variable": var, "value": raw})
+                warn("env:" + var, f"attnscope: ignoring the environment variable "
+                     f"{var}={shown(raw)}: {exc}", {"variable": var, "value": raw})
     try:
         peaks = _peaks_from_env(env)
         if peaks is not None:
@@ -314,7 +314,8 @@ def from_env(environ: Mapping[str, str] | None = None, *, strict: bool = True,
             raise ValueError(f"attnscope: environment variables {_PEAK_ENV[0]}/{_PEAK_ENV[1]} "
                              f"are invalid: {exc}") from None
         if warn is not None:
-            warn("env:ATTNSCOPE_PEAK", "attnscope: ignoring invalid environment value",
+            warn("env:ATTNSCOPE_PEAK", f"attnscope: ignoring the environment variables "
+                 f"{_PEAK_ENV[0]}/{_PEAK_ENV[1]}: {str(exc).removeprefix('attnscope: ')}",
                  {"variable": "ATTNSCOPE_PEAK_TFLOPS/ATTNSCOPE_PEAK_GBPS", "reason": str(exc)})
     disabled = env.get("OTEL_SDK_DISABLED")
     if disabled is not None and disabled.strip():
@@ -323,9 +324,9 @@ def from_env(environ: Mapping[str, str] | None = None, *, strict: bool = True,
                 values["enabled"] = False
         except ValueError:  # the SDK reads anything but "true" as false: say so, do the same
             if warn is not None:
-                warn("env:OTEL_SDK_DISABLED", "attnscope: ignoring invalid environment value "
-                     "(expected true or false; attnscope stays enabled)",
-                     {"variable": "OTEL_SDK_DISABLED", "value": disabled})
+                warn("env:OTEL_SDK_DISABLED", f"attnscope: ignoring the environment variable "
+                     f"OTEL_SDK_DISABLED={shown(disabled)} (expected true or false; attnscope "
+                     "stays enabled)", {"variable": "OTEL_SDK_DISABLED", "value": disabled})
     cfg = Config()
     for field, value in values.items():
         try:
@@ -340,6 +341,8 @@ def from_env(environ: Mapping[str, str] | None = None, *, strict: bool = True,
             # nowhere in its place and says so in one line (export/destinations.py); "ignoring"
             # here would be a second line, and untrue.
             if warn is not None and field != "exporter":
-                warn("env:" + field, "attnscope: ignoring invalid environment value",
-                     {"setting": field, "value": value})
+                var = _ENV[field][0] if field in _ENV else field
+                warn("env:" + field, f"attnscope: ignoring the environment variable "
+                     f"{var}={shown(value)}: not a valid {field}",
+                     {"setting": field, "variable": var, "value": value})
     return cfg

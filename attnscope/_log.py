@@ -3,10 +3,10 @@
 A library logs like a library: every line goes through ``logging.getLogger("attnscope")``, so the
 application's logging configuration decides what is shown and where. attnscope adds no handler
 and never writes to stdout: with no configuration at all, Python's last-resort handler prints
-WARNING and above to stderr. One line per event, ``message key=value ...``, with the same
-key/values in ``record.attnscope`` for structured handlers; tracebacks only when the logger is
-enabled for DEBUG, as text (never local variables). structlog is imported on the first line
-actually logged, not at import.
+WARNING and above to stderr. One line per event, a sentence for people; its fields are attributes
+of the record (and together in ``record.attnscope``) for structured handlers; tracebacks only when
+the logger is enabled for DEBUG, as text (never local variables). structlog is imported on the
+first line actually logged, not at import.
 
 Everything attnscope does around a user's call reports failures through :func:`internal_error`:
 counted, logged once per stage (then at most once a minute), and the call proceeds.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import time
 import traceback
 from collections.abc import MutableMapping
@@ -43,19 +44,41 @@ def _should_log(key: str) -> bool:
         return True
 
 
+# A field cannot be a LogRecord attribute of the same name (makeRecord refuses to overwrite one):
+# such a field is in ``record.attnscope`` only.
+_RECORD_NAMES = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message", "asctime", "attnscope"}
+
+
+def _stated(value: Any, message: str) -> bool:
+    """The message already says ``value`` (as a word of its own, not inside another)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return False
+    text = str(value)
+    return bool(text) and re.search(rf"(?<![\w.]){re.escape(text)}(?!\w)", message) is not None
+
+
 def _render(_: Any, __: str, event: MutableMapping[str, Any]) -> dict[str, Any]:
-    """structlog's last processor: hand stdlib one line and the fields beside it."""
+    """structlog's last processor: hand stdlib one sentence, and the fields as the record's
+    attributes (and together in ``record.attnscope``) for structured handlers.
+
+    The sentence says what matters itself; a field it does not state yet (a path, an error) is
+    added in words at its end, in parentheses, never as ``key=value`` (issue 38 §3).
+    """
     message = str(event.pop("event", ""))
     exc = event.pop("exc_info", None)
     fields = {k: v for k, v in event.items() if not k.startswith("_")}
-    line = " ".join([message, *(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
-                                for k, v in fields.items())])
+    unstated = [f"{k.replace('_', ' ')}: {v!r}" for k, v in fields.items()
+                if not _stated(v, message)]
+    line = f"{message} ({'; '.join(unstated)})" if unstated else message
     # A traceback is many lines: only when asked for DEBUG. As text, never the exception: a
     # formatter given the frames (rich, structlog's) may print their local variables, the call's
     # tensors among them.
     if isinstance(exc, BaseException) and logger.isEnabledFor(logging.DEBUG):
         line += "\n" + "".join(traceback.format_exception(exc)).rstrip()
-    return {"msg": line, "extra": {"attnscope": fields}}
+    extra = {k: v for k, v in fields.items() if k not in _RECORD_NAMES}
+    extra["attnscope"] = fields
+    return {"msg": line, "extra": extra}
 
 
 @functools.cache
@@ -78,8 +101,9 @@ def internal_error(stage: str, exc: BaseException) -> None:
         with state.log_lock:
             state.errors_by_stage[stage] = state.errors_by_stage.get(stage, 0) + 1
         if _should_log("error:" + stage):
-            _emit(logging.WARNING, "attnscope internal error; the call proceeds uninstrumented",
-                  {"stage": stage, "error": repr(exc)[:300], "exc_info": exc})
+            error = repr(exc)[:300]
+            _emit(logging.WARNING, f"attnscope internal error in {stage}: {error}; the call "
+                  "proceeds uninstrumented", {"stage": stage, "error": error, "exc_info": exc})
     except Exception:  # logging itself failed: nothing more we can safely do
         pass
 
