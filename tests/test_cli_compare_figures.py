@@ -192,6 +192,13 @@ def test_every_figure_is_its_spans(measured: tuple[Any, ...]) -> None:
         assert {a[TIER] for a in timed} == {"timing"} and {a[TIER] for a in profiled} == {"profile"}
         assert len(profiled) == PROFILE_RUNS
         assert len(timed) == RUNS - (row.name == DROPPED)
+        # 25 calls in 10 rounds: 3 in each of the first 5, 2 in the rest (one less: dropped)
+        per_round: dict[int, list[float]] = {}
+        for a in timed:
+            per_round.setdefault(a["compare.round"], []).append(a[WALL] / 1e3)
+        assert sorted(per_round) == list(range(10))
+        sizes = [len(per_round[r]) for r in range(10)]
+        assert sum(sizes) == len(timed) and sizes[5:] == [2] * 5, sizes
         walls = [a[WALL] / 1e3 for a in timed]
         want = {f"p{p}": _percentile(walls, p) for p in (50, 95, 99)}
         tflops = flops / (want["p50"] * 1e-6) / 1e12
@@ -207,6 +214,7 @@ def test_every_figure_is_its_spans(measured: tuple[Any, ...]) -> None:
         assert f is not None and f.calls == len(timed) and f.profiled == PROFILE_RUNS
         assert f.wall_us == pytest.approx(want, abs=6e-4)  # rounded to 3 decimals (ns)
         assert f.time_us == f.wall_us and f.device_us is None
+        assert f.rounds == pytest.approx({r: float(np.median(v)) for r, v in per_round.items()})
         assert {a[FLOPS] for a in timed} == {flops} and f.flops == flops
         assert f.tflops == pytest.approx(tflops, rel=within)
         assert f.kernels_per_call == kernels and f.peak_memory_bytes == peak
@@ -249,7 +257,7 @@ def test_the_run_header_and_footer(measured: tuple[Any, ...]) -> None:
     text, doc = _render(spec, rows)
     first = text.splitlines()[0]
     assert (f"B={B} H={H}, {KV} KV heads S={S} D={D} float32 causal on cpu · {RUNS} timed calls "
-            f"each (wall time) · torch {torch.__version__}") in first
+            f"each in 10 interleaved rounds (wall time) · torch {torch.__version__}") in first
     footer = (f"FLOPs per call (attnscope.flops): {brute_force_flops(B, H, S, S, D, D, True)} · "
               "error against float64 attention of the same inputs, allowed max abs 0.0001 for "
               "float32")
@@ -259,6 +267,10 @@ def test_the_run_header_and_footer(measured: tuple[Any, ...]) -> None:
         "runs": RUNS, "warmup": WARMUP, "profile_runs": PROFILE_RUNS, "seed": 3,
         "dtype": "float32", "causal": True, "device": "cpu", "device_name": "cpu",
         "time_basis": "wall", "tolerance_max_abs": 1e-4}
+    assert {k: doc[k] for k in ("rounds", "budget_s", "runs_asked", "warmup_asked",
+                                "cut_by_budget")} == {
+        "rounds": 10, "budget_s": None, "runs_asked": RUNS, "warmup_asked": WARMUP,
+        "cut_by_budget": None}
     assert doc["shape"] == {"batch": B, "heads": H, "kv_heads": KV, "seq_len": S, "head_dim": D}
 
 
@@ -366,3 +378,41 @@ def test_percentiles_and_tflops_over_device_time() -> None:
     cells = _table_rows(_render(spec, [Row("x", "ok", figures=f)])[0])["x"]
     for cell, p in zip(cells[3:6], (50, 95, 99), strict=True):
         assert _printed_as(cell, _percentile([d / 1e3 for d in devices], p))
+
+
+def test_the_ranking_is_its_rounds(measured: tuple[Any, ...]) -> None:
+    """Which is faster, recomputed from the timed spans: each round's median wall time, the
+    median over rounds of the ratio to the implementation with the lowest median, and the
+    sign-test interval from scipy's binomial (issue 38 §2)."""
+    from scipy import stats  # type: ignore[import-untyped]
+
+    spec, rows, seen = measured
+    text, doc = _render(spec, rows)
+    medians: dict[str, dict[int, float]] = {}
+    for row in rows:
+        per_round: dict[int, list[float]] = {}
+        for s in seen.spans:
+            a = dict(s.attributes)
+            if s.name == "compare." + row.name and a.get("compare.phase") == "timed":
+                per_round.setdefault(a["compare.round"], []).append(a[WALL] / 1e3)
+        medians[row.name] = {r: float(np.median(v)) for r, v in per_round.items()}
+    ref = min(medians, key=lambda n: float(np.median(list(medians[n].values()))))
+    entries = {e["name"]: e for e in doc["ranking"]["entries"]}
+    assert doc["ranking"]["reference"] == ref and entries[ref]["verdict"] == "fastest"
+    n = 10
+    k = max(k for k in range(1, 6) if 1 - 2 * stats.binom.cdf(k - 1, n, 0.5) >= 0.95)
+    lines = text.splitlines()
+    for name, by_round in medians.items():
+        if name == ref:
+            continue
+        ratios = sorted(by_round[r] / medians[ref][r] for r in range(n))
+        low, high = ratios[k - 1], ratios[n - k]
+        e = entries[name]
+        assert e["ratio"] == pytest.approx(float(np.median(ratios)))
+        assert (e["low"], e["high"]) == pytest.approx((low, high)) and e["rounds"] == n
+        verdict = "slower" if low > 1 else "faster" if high < 1 else "not distinguishable"
+        assert e["verdict"] == verdict
+        line = next(x for x in lines if x.startswith(f"  {name} "))
+        assert f"interval {low:.3g}×–{high:.3g}×" in line, line
+        assert (verdict in line) if verdict != "not distinguishable" else (
+            f"not distinguishable from {ref} here" in line)

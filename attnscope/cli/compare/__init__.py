@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from .._errors import positive_int
+from ._plan import DEFAULT_BUDGET_S
 
 __all__ = ["register"]
 
@@ -28,7 +29,9 @@ def register(sub: Any, formatter: Any) -> None:
                     "(torch.nn.attention.sdpa_kernel), flex_attention, and your own as "
                     "module:function (called as fn(q, k, v, is_causal=...), k/v with --kv-heads "
                     "heads). Reports p50/p95/p99, TFLOP/s, ops or kernels per call, the backend "
-                    "that ran, the memory peak, and the error against a float64 reference.\n\n"
+                    "that ran, the memory peak, and the error against a float64 reference; then "
+                    "which is faster, as a ratio with its interval over interleaved rounds, or "
+                    "'not distinguishable here'.\n\n"
                     "Exit code: 0 all within tolerance, 1 one beyond it or failed, 2 bad input.")
     p.add_argument("--shape", default="1,8,1024,64", metavar="B,H,S,D",
                    help="batch, query heads, sequence length, head dim")
@@ -41,13 +44,21 @@ def register(sub: Any, formatter: Any) -> None:
                    help="naive, math, flash, efficient, cudnn, flex or module:function; repeat or "
                         "comma-separate (default: every built-in; flex on CUDA only)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N; auto: cuda when present")
-    p.add_argument("--runs", type=positive_int, default=50, help="timed calls per implementation")
+    p.add_argument("--runs", type=positive_int, default=50,
+                   help="timed calls per implementation, in up to 10 interleaved rounds")
     p.add_argument("--warmup", type=_non_negative, default=5, help="untimed calls before them")
+    p.add_argument("--budget", type=_non_negative_seconds, default=DEFAULT_BUDGET_S,
+                   metavar="SECONDS",
+                   help="the most the warm-up and timed calls of all implementations may take "
+                        "together, estimated from one call of each: fewer calls when they would "
+                        "take longer (never under 6 timed, 1 warm-up), said in the output; 0: "
+                        "no limit")
     p.add_argument("--profile-runs", type=_non_negative, default=2,
                    help="profiled calls (backend, ops/kernels, memory) per implementation")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress lines on stderr (one per step, terminal or not)")
     p.set_defaults(func=_main)
     setattr(p, "error", _one_line_error(p))  # noqa: B010  (mypy: a method is not assignable)
 
@@ -66,6 +77,16 @@ def _non_negative(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _non_negative_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0 or value == float("inf"):  # NaN fails the first test
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
     return value
 
 

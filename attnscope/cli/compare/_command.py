@@ -1,26 +1,25 @@
 """``attnscope compare`` once its arguments are parsed: a :class:`Spec` from them, each
-implementation prepared, checked against the float64 reference and measured, the table or JSON
-printed, the exit code."""
+implementation prepared and checked against the float64 reference, the calls planned within the
+budget and measured in interleaved rounds, the table or JSON printed, the exit code."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import time
 from typing import Any
 
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .._errors import CLIError
-from ..render.console import console as make_console
 from . import _measure as measure
 from ._impls import Impl, build, load_user, resolve, static_reason
+from ._plan import Plan, blocks, plan
 from ._render import Row, render_json, render_table
 from ._stats import figures
 
-__all__ = ["run", "run_compare", "parse_spec", "exit_code"]
+__all__ = ["run", "run_compare", "compare", "Outcome", "parse_spec", "exit_code"]
 
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
            "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
@@ -68,7 +67,8 @@ def parse_spec(args: Any) -> measure.Spec:
     if dtype_name not in _DTYPES:
         raise CLIError(f"--dtype: {args.dtype!r} is not one of fp32, bf16, fp16")
     return measure.Spec(b, h, kv, s, d, _DTYPES[dtype_name], device, bool(args.causal),
-                        args.runs, args.warmup, args.profile_runs, args.seed)
+                        args.runs, args.warmup, args.profile_runs, args.seed,
+                        float(args.budget) or None)
 
 
 def run(args: Any) -> int:
@@ -76,13 +76,12 @@ def run(args: Any) -> int:
     spec = parse_spec(args)
     names = resolve(list(getattr(args, "impl", [])))
     users = {name: load_user(name) for name, _ in names if ":" in name}  # bad ones fail first
-    show = not args.no_progress and sys.stderr.isatty()
-    rows = run_compare(spec, names, users, show)
+    done = compare(spec, names, users, progress=not args.no_progress)
     if args.json:
-        render_json(spec, rows, sys.stdout)
+        render_json(done.spec, done.rows, sys.stdout, done.plan)
     else:
-        render_table(spec, rows, sys.stdout)
-    return exit_code(rows)
+        render_table(done.spec, done.rows, sys.stdout, done.plan)
+    return exit_code(done.rows)
 
 
 def exit_code(rows: list[Row]) -> int:
@@ -109,46 +108,78 @@ def _prepare(name: str, requested: bool, users: dict[str, Impl], spec: measure.S
         return Row(name, "unavailable", f"{type(exc).__name__}: {exc}"[:300])
 
 
+@dataclasses.dataclass
+class Outcome:
+    """A comparison: the spec with the calls the plan made, one row per implementation."""
+
+    spec: measure.Spec
+    rows: list[Row]
+    plan: Plan
+
+
 def run_compare(spec: measure.Spec, names: list[tuple[str, bool]], users: dict[str, Impl],
                 progress: bool) -> list[Row]:
     """Run every implementation; one :class:`Row` each, in the order of ``names``."""
+    return compare(spec, names, users, progress).rows
+
+
+def compare(spec: measure.Spec, names: list[tuple[str, bool]], users: dict[str, Impl],
+            progress: bool) -> Outcome:
+    """Probe each implementation, plan the calls within the budget, warm up, time them in
+    interleaved rounds, profile them; ``progress``: a line on stderr at each step."""
+    say = _Progress(progress)
     torch.manual_seed(spec.seed)
     inputs = measure.make_inputs(spec)
     ref = measure.reference(*inputs, causal=spec.causal)
-    tolerance = measure.TOLERANCE[spec.dtype]
+    say("the float64 reference is ready")
     rows: list[Row] = []
-    measured: list[tuple[Row, Impl]] = []
-    calls = 1 + spec.warmup + spec.runs + spec.profile_runs
-    with _progress(progress) as bar, measure.session(spec.device) as memory:
+    live: list[tuple[Row, Impl, float]] = []  # ran: its row, the implementation, s a call
+    with measure.session(spec.device) as memory:
         for name, requested in names:
             prepared = _prepare(name, requested, users, spec)
             if isinstance(prepared, Row):
                 rows.append(prepared)
+                say(f"{name}: {prepared.status}: {prepared.reason}")
                 continue
-            task = bar.add_task(name, total=calls) if bar is not None else None
-            advance = _advancer(bar, task)
-            row = _run_one(prepared, inputs, ref, tolerance, spec, advance)
+            row, impl, seconds = _probe(prepared, inputs, ref, measure.TOLERANCE[spec.dtype],
+                                        spec)
             rows.append(row)
-            if row.status != "unavailable":
-                measured.append((row, prepared))
+            if impl is None:
+                say(f"{row.name}: {row.status}: {row.reason}")
+                continue
+            live.append((row, impl, seconds))
+        live = [_first_warmup(entry, inputs, spec, say) for entry in live]
+        ran = [row for row, _, _ in live]
+        live = [entry for entry in live if entry[0].status != "failed"]
+        made = plan(spec.runs, spec.warmup, [s for _, _, s in live], spec.budget_s)
+        say(f"{_calls(made.runs, 'timed call')} of each of {len(live)} in "
+            f"{_calls(made.rounds, 'round')}, {_calls(made.warmup, 'warm-up call')} first"
+            + (f" ({made.describe()})" if made.cut else ""))
+        _measure_all(live, inputs, spec, made, say)
     spans = list(memory.get_finished_spans())
-    for row, impl in measured:
-        row.figures = figures(spans, measure.SPAN_PREFIX + impl.name)
-        if row.status != "failed" and row.figures.calls < spec.runs:
-            row.notes.append(f"attnscope recorded {row.figures.calls} of the {spec.runs} timed "
+    for row in rows:
+        if not any(row is r for r in ran):
+            continue
+        row.figures = figures(spans, measure.SPAN_PREFIX + row.name)
+        if row.status != "failed" and row.figures.calls < made.runs:
+            row.notes.append(f"attnscope recorded {row.figures.calls} of the {made.runs} timed "
                              "calls (its log on stderr says why)")
-    return rows
+    say("done")
+    return Outcome(dataclasses.replace(spec, runs=made.runs, warmup=made.warmup), rows, made)
 
 
-def _run_one(impl: Impl, inputs: tuple[torch.Tensor, ...], ref: torch.Tensor, tolerance: float,
-             spec: measure.Spec, advance: Callable[[], None]) -> Row:
+def _probe(impl: Impl, inputs: tuple[torch.Tensor, ...], ref: torch.Tensor, tolerance: float,
+           spec: measure.Spec) -> tuple[Row, Impl | None, float]:
+    """The probe call's row, the implementation to time (None: it does not run) and the seconds
+    the call took."""
+    start = time.perf_counter()
     found = measure.probe(impl, inputs, spec)
-    advance()
+    seconds = time.perf_counter() - start
     impl = found.impl
     if found.output is None:
         reason = "; ".join([str(found.error)] + found.warnings[:2])
         return Row(impl.name, "failed" if impl.user else "unavailable", reason, impl.notes,
-                   user=impl.user)
+                   user=impl.user), None, seconds
     abs_err, rel_err = measure.errors(found.output, ref)
     row = Row(impl.name, "ok", None, impl.notes, user=impl.user, max_abs_error=abs_err,
               max_rel_error=rel_err)
@@ -158,23 +189,65 @@ def _run_one(impl: Impl, inputs: tuple[torch.Tensor, ...], ref: torch.Tensor, to
         row.status = "inaccurate"
         dtype = str(spec.dtype).removeprefix("torch.")
         row.reason = f"max abs error {abs_err:.3g} beyond the {tolerance:g} allowed for {dtype}"
-    error = measure.measure(impl, inputs, spec, advance)
-    if error is not None:
-        row.status, row.reason = "failed", error
-    return row
+    return row, impl, seconds
 
 
-@contextmanager
-def _progress(show: bool) -> Iterator[Any]:
-    if not show:
-        yield None
-        return
-    with Progress(TextColumn("{task.description:>12}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=make_console(sys.stderr), transient=True) as bar:
-        yield bar
+def _first_warmup(entry: tuple[Row, Impl, float], inputs: tuple[torch.Tensor, ...],
+                  spec: measure.Spec, say: _Progress) -> tuple[Row, Impl, float]:
+    """The first warm-up call, whose time (a compiled one's first call is the probe) plans
+    the rest; without warm-up, the probe's time."""
+    row, impl, seconds = entry
+    if spec.warmup:
+        error, seconds = measure.warm(impl, inputs, spec, 1)
+        if error is not None:
+            row.status, row.reason = "failed", error
+    say(f"{row.name}: {row.status}" + (f": {row.reason}" if row.status == "failed"
+                                       else f", about {_seconds(seconds)} a call"))
+    return row, impl, seconds
 
 
-def _advancer(bar: Any, task: Any) -> Callable[[], None]:
-    if bar is None:
-        return lambda: None
-    return lambda: bar.advance(task)
+def _measure_all(live: list[tuple[Row, Impl, float]], inputs: tuple[torch.Tensor, ...],
+                 spec: measure.Spec, made: Plan, say: _Progress) -> None:
+    """The rest of the warm-up, the timed rounds (every other one in reverse order, so that no
+    implementation always follows the same one) and the profiled calls; a call that raises marks
+    its row failed and leaves it out of the rest."""
+    def fail(row: Row, error: str | None) -> None:
+        if error is not None:
+            row.status, row.reason = "failed", error
+            say(f"{row.name}: failed: {error}")
+
+    for row, impl, _ in live:
+        if made.warmup > 1:
+            fail(row, measure.warm(impl, inputs, spec, made.warmup - 1)[0])
+    sizes = blocks(made.runs, made.rounds)
+    for round_no, calls in enumerate(sizes):
+        for row, impl, _ in (live if round_no % 2 == 0 else live[::-1]):
+            if row.status != "failed":
+                fail(row, measure.timed(impl, inputs, spec, round_no, calls))
+        say(f"round {round_no + 1} of {len(sizes)} timed")
+    for row, impl, _ in live:
+        if row.status != "failed" and spec.profile_runs:
+            fail(row, measure.profiled(impl, inputs, spec, spec.profile_runs))
+            say(f"{row.name}: {_calls(spec.profile_runs, 'profiled call')}")
+
+
+class _Progress:
+    """One line on stderr per step, terminal or not (a pipe or a CI log sees the run move)."""
+
+    def __init__(self, show: bool) -> None:
+        self.show, self.started = show, time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        if self.show:
+            elapsed = time.monotonic() - self.started
+            print(f"attnscope compare [{elapsed:5.1f} s]: {text}", file=sys.stderr, flush=True)
+
+
+def _seconds(value: float) -> str:
+    if not math.isfinite(value):
+        return "?"
+    return f"{value:.3g} s" if value < 100 else f"{value:.0f} s"
+
+
+def _calls(count: int, what: str) -> str:
+    return f"{count} {what}" + ("" if count == 1 else "s")

@@ -1,15 +1,16 @@
 """How ``attnscope compare`` measures: inputs, the float64 reference, calls under attnscope.
 
 Every implementation runs on the same inputs: a probe call (does it run here? its output is checked
-against the reference), warm-up calls, ``runs`` timed calls at attnscope's timing tier and
-``profile_runs`` at the profile tier. Nothing here times anything itself: the figures are read from
-attnscope's spans (``_stats``).
+against the reference), warm-up calls, timed calls at attnscope's timing tier in rounds (``_plan``)
+and profiled calls at the profile tier. The figures are read from attnscope's spans (``_stats``);
+the one clock here times a warm-up call, for the plan only.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,7 +25,7 @@ from ...capture import profiler_session as profiler
 from ._impls import SDPA_BACKENDS, Impl, repeat_kv, sdpa_repeating
 
 __all__ = ["Spec", "TOLERANCE", "Probe", "make_inputs", "reference", "errors", "session",
-           "probe", "measure", "SPAN_PREFIX", "scores_bytes", "free_bytes"]
+           "probe", "warm", "timed", "profiled", "SPAN_PREFIX", "scores_bytes", "free_bytes"]
 
 SPAN_PREFIX = "compare."
 # Max abs error against the float64 reference allowed per dtype, for the standard-normal inputs
@@ -37,7 +38,8 @@ _REFERENCE_CHUNK = 256 * 2**20
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    """What to compare on: the shape, dtype, device and how many calls of each kind."""
+    """What to compare on: the shape, dtype, device, how many calls of each kind and the time
+    they may take."""
 
     batch: int
     heads: int
@@ -51,6 +53,7 @@ class Spec:
     warmup: int = 5
     profile_runs: int = 2
     seed: int = 0
+    budget_s: float | None = None  # warm-up and timed calls of all together (``_plan``)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -190,26 +193,53 @@ def probe(impl: Impl, inputs: tuple[torch.Tensor, ...], spec: Spec) -> Probe:
     return first
 
 
-def measure(impl: Impl, inputs: tuple[torch.Tensor, ...], spec: Spec,
-            advance: Callable[[], None]) -> str | None:
-    """Warm-up, timed and profiled calls of ``impl`` through ``attnscope.trace``; ``advance``
-    after each. Returns the error of a call that raised (the rest are then skipped), else None."""
-    name = SPAN_PREFIX + impl.name
-    timed = attnscope.trace(name=name, attributes={"compare.phase": "timed"})(impl.fn)
-    profiled = attnscope.trace(name=name, attributes={"compare.phase": "profiled"})(impl.fn)
-    plan = ([(impl.fn, False, False)] * spec.warmup + [(timed, True, False)] * spec.runs
-            + [(profiled, True, True)] * spec.profile_runs)
+def warm(impl: Impl, inputs: tuple[torch.Tensor, ...], spec: Spec, calls: int
+         ) -> tuple[str | None, float]:
+    """``calls`` untimed calls of ``impl``, not captured. Returns the error of a call that raised
+    (the rest are then skipped) and the seconds the last call took, synchronised (for the plan:
+    the call that fixes the figures is attnscope's, never this clock)."""
+    seconds = math.nan
+    try:
+        with impl.context(), torch.inference_mode(), attnscope.sampling(force=False):
+            for _ in range(calls):
+                start = time.perf_counter()
+                _call(impl.fn, inputs, spec.causal)
+                _sync(spec.device)
+                seconds = time.perf_counter() - start
+    except Exception as exc:  # the implementation failed on a later call
+        return f"{type(exc).__name__}: {_first_line(exc)}", seconds
+    return None, seconds
+
+
+def timed(impl: Impl, inputs: tuple[torch.Tensor, ...], spec: Spec, round_no: int,
+          calls: int) -> str | None:
+    """One round's block: ``calls`` calls of ``impl`` at attnscope's timing tier, their spans
+    marked with the round. Returns the error of a call that raised, else None."""
+    fn = attnscope.trace(name=SPAN_PREFIX + impl.name,
+                         attributes={"compare.phase": "timed", "compare.round": round_no})(impl.fn)
+    return _captured(impl, fn, inputs, spec, calls, profile=False)
+
+
+def profiled(impl: Impl, inputs: tuple[torch.Tensor, ...], spec: Spec, calls: int) -> str | None:
+    """``calls`` calls of ``impl`` at attnscope's profile tier. Returns the error of one that
+    raised, else None."""
+    fn = attnscope.trace(name=SPAN_PREFIX + impl.name,
+                         attributes={"compare.phase": "profiled"})(impl.fn)
+    return _captured(impl, fn, inputs, spec, calls, profile=True)
+
+
+def _captured(impl: Impl, fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...], spec: Spec,
+              calls: int, profile: bool) -> str | None:
     try:
         with impl.context(), torch.inference_mode():
-            for fn, force, profile in plan:
-                with attnscope.sampling(force=force, profile=profile):
+            for _ in range(calls):
+                with attnscope.sampling(force=True, profile=profile):
                     _call(fn, inputs, spec.causal)
-                advance()
             _sync(spec.device)
     except Exception as exc:  # the implementation failed on a later call
         return f"{type(exc).__name__}: {_first_line(exc)}"
     finally:
-        _api.flush(timeout_s=30.0)  # build this one's spans before the next one is timed
+        _api.flush(timeout_s=30.0)  # build these spans before the next block is timed
     return None
 
 

@@ -16,6 +16,8 @@ from ..render.console import console as make_console
 from ..render.console import fold
 from ..render.units import MISSING, bytes_, duration
 from ._measure import TOLERANCE, Spec
+from ._plan import MIN_ROUNDS, ROUNDS, Plan
+from ._ranking import Ranking, lines, rank
 from ._stats import Figures
 
 __all__ = ["Row", "render_table", "render_json", "STATUSES"]
@@ -43,7 +45,7 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def _header(spec: Spec) -> dict[str, Any]:
+def _header(spec: Spec, plan: Plan | None = None) -> dict[str, Any]:
     device_name = (torch.cuda.get_device_name(spec.device) if spec.device.type == "cuda"
                    else "cpu")
     return {
@@ -55,6 +57,11 @@ def _header(spec: Spec) -> dict[str, Any]:
         "runs": spec.runs, "warmup": spec.warmup, "profile_runs": spec.profile_runs,
         "seed": spec.seed, "time_basis": "device" if spec.device.type == "cuda" else "wall",
         "tolerance_max_abs": TOLERANCE[spec.dtype],
+        "rounds": plan.rounds if plan else min(ROUNDS, spec.runs),
+        "budget_s": spec.budget_s,
+        "runs_asked": plan.runs_asked if plan else spec.runs,
+        "warmup_asked": plan.warmup_asked if plan else spec.warmup,
+        "cut_by_budget": plan.describe() or None if plan else None,
     }
 
 
@@ -74,10 +81,26 @@ def _row_json(row: Row, spec: Spec) -> dict[str, Any]:
     }
 
 
-def render_json(spec: Spec, rows: list[Row], out: TextIO) -> None:
+def ranking(rows: list[Row]) -> Ranking | None:
+    """The ranking of the implementations that ran to the end (``ok`` or ``inaccurate``)."""
+    return rank({r.name: r.figures.rounds for r in rows
+                 if r.status in ("ok", "inaccurate") and r.figures is not None})
+
+
+def _ranking_json(found: Ranking | None) -> dict[str, Any] | None:
+    if found is None:
+        return None
+    return {"reference": found.reference, "min_rounds": MIN_ROUNDS, "entries": [
+        {"name": s.name, "verdict": s.verdict, "ratio": _finite(s.ratio), "low": _finite(s.low),
+         "high": _finite(s.high), "confidence": _finite(s.confidence), "rounds": s.rounds}
+        for s in found.standings]}
+
+
+def render_json(spec: Spec, rows: list[Row], out: TextIO, plan: Plan | None = None) -> None:
     """The whole comparison as one JSON document (non-finite numbers as null)."""
-    doc = _header(spec)
+    doc = _header(spec, plan)
     doc["implementations"] = [_row_json(r, spec) for r in rows]
+    doc["ranking"] = _ranking_json(ranking(rows))
     json.dump(doc, out, indent=2, allow_nan=False)
     out.write("\n")
 
@@ -90,17 +113,20 @@ def _error(value: float | None) -> str:
     return MISSING if value is None else f"{value:.1e}"
 
 
-def render_table(spec: Spec, rows: list[Row], out: TextIO) -> None:
-    """A terminal table of the implementations that ran, then those that did not, with why."""
-    h = _header(spec)
+def render_table(spec: Spec, rows: list[Row], out: TextIO, plan: Plan | None = None) -> None:
+    """A terminal table of the implementations that ran, the ranking, then those that did not,
+    with why."""
+    h = _header(spec, plan)
     console = make_console(out)
     gqa = f", {spec.kv_heads} KV heads" if spec.kv_heads != spec.heads else ""
     basis = "device time" if h["time_basis"] == "device" else "wall time"
     unit = "kernels" if spec.device.type == "cuda" else "ops"
     console.print(f"attnscope compare — B={spec.batch} H={spec.heads}{gqa} S={spec.seq_len} "
                   f"D={spec.head_dim} {h['dtype']}{' causal' if spec.causal else ''} on "
-                  f"{h['device_name']} · {spec.runs} timed calls each ({basis}) · torch "
-                  f"{h['torch_version']}", markup=False)
+                  f"{h['device_name']} · {spec.runs} timed calls each in {h['rounds']} "
+                  f"interleaved rounds ({basis}) · torch {h['torch_version']}", markup=False)
+    if h["cut_by_budget"]:
+        console.print(f"fewer calls than asked: {h['cut_by_budget']}", markup=False)
     titles = ("implementation", "status", "backend", "p50", "p95", "p99", "TFLOP/s",
               f"{unit}/call", "peak mem", "max abs err", "rel err")
     ran = [r for r in rows if r.status in ("ok", "inaccurate", "failed")]
@@ -121,6 +147,8 @@ def render_table(spec: Spec, rows: list[Row], out: TextIO) -> None:
     console.print(f"FLOPs per call (attnscope.flops): {flops if flops is not None else MISSING} · "
                   f"error against float64 attention of the same inputs, allowed max abs "
                   f"{h['tolerance_max_abs']:g} for {h['dtype']}", markup=False)
+    for line in lines(ranking(rows), "round", "--runs"):
+        console.print(line, markup=False)
     _notes(console, rows)
 
 

@@ -1,7 +1,8 @@
 """``attnscope compare``'s figures, read from attnscope's own spans of each implementation.
 
 Timed calls (``compare.phase`` = ``timed``): wall time, and device time on CUDA, as percentiles;
-FLOPs as attnscope counted them. Profiled calls (``profiled``, profile tier): the backend that
+FLOPs as attnscope counted them; the median time of each round (``compare.round``, see ``_plan``)
+for the ranking. Profiled calls (``profiled``, profile tier): the backend that
 ran, kernels (CUDA) or ATen ops (CPU) per call, the names with the most time, the memory peak.
 """
 
@@ -36,6 +37,8 @@ class Figures:
     kernels_per_call: int | None = None
     top_names: list[str] = dataclasses.field(default_factory=list)
     peak_memory_bytes: int | None = None
+    # round → the median time of its timed calls, in time_us's basis (µs)
+    rounds: dict[int, float] = dataclasses.field(default_factory=dict)
 
     @property
     def time_us(self) -> dict[str, float] | None:
@@ -69,6 +72,8 @@ def figures(spans: Iterable[Any], name: str) -> Figures:
                                 if schema.WALL_NS.name in a])
     out.device_us = _percentiles([a[schema.DEVICE_NS.name] / 1e3 for a in timed
                                   if schema.DEVICE_NS.name in a])
+    out.rounds = _round_medians(timed, schema.DEVICE_NS.name if out.device_us is not None
+                                else schema.WALL_NS.name)
     flops = [a[schema.FLOPS.name] for a in timed if schema.FLOPS.name in a]
     if flops:
         out.flops = int(flops[0])
@@ -77,6 +82,15 @@ def figures(spans: Iterable[Any], name: str) -> Figures:
             out.tflops = out.flops / (basis["p50"] * 1e-6) / 1e12
     _profiled(out, profiled)
     return out
+
+
+def _round_medians(timed: list[Mapping[str, Any]], key: str) -> dict[int, float]:
+    by_round: dict[int, list[float]] = collections.defaultdict(list)
+    for a in timed:
+        r = a.get("compare.round")
+        if isinstance(r, int) and key in a:
+            by_round[r].append(a[key] / 1e3)
+    return {r: float(statistics.median(v)) for r, v in sorted(by_round.items())}
 
 
 def _profiled(out: Figures, profiled: list[Mapping[str, Any]]) -> None:
