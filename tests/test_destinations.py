@@ -295,3 +295,71 @@ def test_file_exporters_given_as_objects_count_as_local_at_exit(tmp_path: Path) 
     finally:
         for p in built:
             p.provider.shutdown()
+
+
+# ---- issue 38 §4: the command line is opt-in ----------------------------------------------------
+
+
+@pytest.mark.parametrize("argv,kept", [
+    (["python"], ["python"]),
+    (["python", "app.py", "--api-key=k", "--prompt", "my words"], ["python", "app.py"]),
+    (["python", "-u", "-W", "ignore", "app.py", "a"], ["python", "app.py"]),
+    (["python", "-Wignore", "-X", "utf8", "-m", "pkg.serve", "--prompt", "hi"],
+     ["python", "-m", "pkg.serve"]),
+    (["python", "-c", "key = 'k'; run(key)", "x"], ["python", "-c"]),
+    (["python", "-Bc", "key = 'k'"], ["python", "-c"]),
+    (["python", "-mpkg", "x"], ["python", "-m", "pkg"]),
+    (["python", "-", "x"], ["python", "-"]),
+    (["python", "--check-hash-based-pycs", "always", "s.py", "x"], ["python", "s.py"]),
+    (["python", "-E", "--", "s.py", "x"], ["python", "s.py"]),
+    (["/v/bin/python", "/v/bin/accelerate", "launch", "t.py", "--api-key", "k"],
+     ["/v/bin/python", "/v/bin/accelerate"]),
+])
+def test_by_default_the_resource_keeps_the_program_only(argv: list[str],
+                                                       kept: list[str]) -> None:
+    assert _destinations.program_of(argv) == kept
+
+
+_COMMAND_PROGRAM = """
+import json
+from attnscope import _api
+from attnscope.export.destinations import resource_attributes
+print(json.dumps(resource_attributes(_api.current())["process.command_args"]))
+# SECRET-IN-PROGRAM
+"""
+
+
+@pytest.mark.parametrize("opt_in", [False, True])
+def test_the_whole_command_line_only_when_asked(opt_in: bool) -> None:
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ATTNSCOPE_", "OTEL_"))}
+    env.update(OMP_NUM_THREADS="1", ATTNSCOPE_EXPORTER="none")
+    if opt_in:
+        env["ATTNSCOPE_RECORD_COMMAND_ARGS"] = "1"
+    argv = [sys.executable, "-c", _COMMAND_PROGRAM, "--api-key=SECRET-KEY", "--prompt",
+            "SECRET PROMPT"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    recorded = json.loads(done.stdout)
+    if opt_in:
+        assert recorded == argv
+    else:
+        assert recorded == [sys.executable, "-c"]
+        assert "SECRET" not in done.stdout
+
+
+def test_configure_turns_the_command_line_on() -> None:
+    import sys
+
+    cfg = attnscope.configure(record_command_args=True)
+    assert _destinations.resource_attributes(cfg)["process.command_args"] == \
+        _destinations.command_args(list(sys.orig_argv))
+    cfg = attnscope.configure(record_command_args=False)
+    assert _destinations.resource_attributes(cfg)["process.command_args"] == \
+        _destinations.program_of(list(sys.orig_argv))
+    with pytest.raises(ValueError, match="record_command_args"):
+        attnscope.configure(record_command_args="yes")

@@ -27,9 +27,9 @@ from .._version import __version__
 from . import otlp_status
 from .otel_env import check_headers, exporter_kwargs, invalid_endpoint, reader_kwargs
 
-__all__ = ["NowhereExporter", "command_args", "make_exporter", "meter_provider_for",
-           "otlp_protocol", "resource", "resource_attributes", "traces_exporter_from_env",
-           "unusable_env_exporter"]
+__all__ = ["NowhereExporter", "command_args", "command_line", "make_exporter",
+           "meter_provider_for", "otlp_protocol", "program_of", "resource",
+           "resource_attributes", "traces_exporter_from_env", "unusable_env_exporter"]
 
 _DEFAULT_SERVICE = Config.service_name
 _OTLP_NAMES = ("otlp", "otlp-grpc", "otlp-http")
@@ -51,7 +51,7 @@ def resource_attributes(cfg: Config) -> dict[str, Any]:
         schema.RANK.name: _dist.rank(),
         schema.WORLD_SIZE.name: _dist.world_size(),
         schema.HOST_ARCH.name: platform.machine() or "unknown",
-        schema.COMMAND_ARGS.name: command_args(getattr(sys, "orig_argv", None) or sys.argv),
+        schema.COMMAND_ARGS.name: command_args(command_line(cfg.record_command_args)),
         # what was measured depends on these: a report or a diary entry states them
         schema.CONFIG_SAMPLE_RATE.name: float(cfg.sample_rate),
         schema.CONFIG_PROFILE_RATE.name: float(cfg.profile_rate),
@@ -82,6 +82,49 @@ def resource_attributes(cfg: Config) -> dict[str, Any]:
 
 
 _MAX_ARGS, _MAX_ARG_CHARS = 64, 512
+
+
+def command_line(record_all: bool) -> list[str]:
+    """This process's command line as the resource states it: whole when ``record_all``
+    (``record_command_args``), else :func:`program_of` it (arguments may be secrets or prompts)."""
+    argv = [str(a) for a in (getattr(sys, "orig_argv", None) or sys.argv)]
+    return argv if record_all else program_of(argv)
+
+
+def program_of(argv: Sequence[str]) -> list[str]:
+    """The interpreter and what it runs, without the arguments or the interpreter's options:
+    ``[python, script]``, ``[python, "-m", module]``, ``[python, "-c"]`` (never the program's
+    text). ``argv`` is the interpreter's (``sys.orig_argv``)."""
+    if not argv:
+        return []
+    words, i = [argv[0]], 1
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":  # ends the interpreter's options: the script follows
+            i += 1
+            break
+        if word.startswith("--"):
+            i += 2 if word == "--check-hash-based-pycs" else 1
+            continue
+        if not word.startswith("-") or word == "-":
+            break
+        # one-letter options, grouped (-uBc): c, m, W and X take the rest of the word or the next
+        for at, letter in enumerate(word[1:], 2):
+            if letter not in "cmWX":
+                continue
+            rest = word[at:]
+            if letter == "c":
+                return [*words, "-c"]
+            if letter == "m":
+                return [*words, "-m", rest or (argv[i + 1] if i + 1 < len(argv) else "")]
+            i += 0 if rest else 1  # -W/-X: their value is the next word
+            break
+        i += 1
+    if i < len(argv):
+        words.append(argv[i])  # the script, or "-" (standard input)
+    return words
+
+
 
 
 def command_args(argv: list[str]) -> list[str]:
