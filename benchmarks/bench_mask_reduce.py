@@ -1,26 +1,62 @@
-"""What reading a mask costs: the reductions of ``attnscope.record.reduce`` per mask size.
+"""What a sampled call with a mask costs the calling thread, before and after issue 37 goal 2.
 
-    python benchmarks/bench_mask_reduce.py                 # CPU (the worker's cost)
+    python benchmarks/bench_mask_reduce.py                 # CPU: op counts, µs per enqueue
     python benchmarks/bench_mask_reduce.py --device cuda   # the calling thread's launches
+    python benchmarks/bench_mask_reduce.py --before REV    # the "before" column from REV
 
-On CPU the worker runs the reductions on the kept mask: "time" is its cost per sampled call. On
-CUDA the calling thread enqueues them on the call's stream after the call: "enqueue" is the host
-time of that (launches and the pinned copy, nothing waited for), "device" the GPU time behind the
-call. "ops" counts the ATen operators the reductions run (on CUDA about one kernel each). The
-old worker-side reading (``worker.masks.read_mask``, removed since) was measured beside it at
-commit a291b86: docs/benchmarks.md.
+"before": the reductions of ``attnscope/record/reduce.py`` as it was at ``--before`` (default
+5579ee0, the last commit before issue 37 goal 2), run on the device behind the call and their
+nine counts copied to the host, as ``capture.hostread`` did. "after": today's
+``hostread.to_host`` on an instrumented layer's capture — the mask's boolean view copied to the
+host (bit-packed when large) and the counts computed by the worker.
+
+Columns: "ops" counts the ATen operators enqueued per call (views left out: they launch nothing;
+on CUDA each is about one launch, the pinned allocation and the copies included), counted with a
+TorchDispatchMode: the same count on either device, so a change is checked without a GPU.
+"µs/enqueue": median calling-thread time per call (with min–max over the repeats, interleaved
+before/after). On CPU this includes the operators' own work, which on CUDA runs on the device:
+the small masks show the dispatch cost, the large ones mostly the arithmetic. "worker ms": what
+"after" moved to the worker (unpacking and counting the copy, on the CPU). "device ms" (CUDA):
+the GPU time behind the call.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import time
+import types
+from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from attnscope.record import reduce
+from attnscope.capture import hostread
+from attnscope.record.capture import ATTENTION_KEY, AttentionFacts, Capture, HostCopy
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        self.count += not func.is_view
+        return func(*args, **(kwargs or {}))
+
+
+def _baseline(rev: str) -> types.ModuleType:
+    """``record/reduce.py`` as it was at ``rev`` (self-contained: it imports only torch)."""
+    source = subprocess.run(["git", "show", f"{rev}:attnscope/record/reduce.py"], cwd=_ROOT,
+                            check=True, capture_output=True, text=True).stdout
+    module = types.ModuleType(f"reduce_at_{rev}")
+    exec(compile(source, f"{rev}:attnscope/record/reduce.py", "exec"), module.__dict__)
+    return module
 
 
 def _causal(batch: int, sq: int, skv: int, device: str) -> torch.Tensor:
@@ -31,56 +67,101 @@ def _causal(batch: int, sq: int, skv: int, device: str) -> torch.Tensor:
     return mask.to(device)
 
 
-def _time(fn: Any, device: str, repeat: int) -> tuple[float, float]:
-    """(median host ms per call, median device ms per call or nan)."""
-    host, dev = [], []
-    for _ in range(repeat):
-        if device == "cuda":
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        t0 = time.perf_counter()
-        fn()
-        host.append((time.perf_counter() - t0) * 1e3)
-        if device == "cuda":
-            end.record()
-            end.synchronize()
-            dev.append(start.elapsed_time(end))
-    return statistics.median(host), statistics.median(dev) if dev else float("nan")
+def _host(values: torch.Tensor) -> torch.Tensor:
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=values.is_cuda)
+    host.copy_(values, non_blocking=True)
+    return host
 
 
-def _ops(fn: Any) -> int:
-    from torch.profiler import ProfilerActivity, profile
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
-    return sum(1 for e in prof.events() if e.cpu_parent is None)
+
+def _timed(fn: Any, device: str) -> tuple[float, float]:
+    """(host µs of one call, device ms behind it or nan)."""
+    _sync(device)
+    if device == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+    t0 = time.perf_counter()
+    fn()
+    host = (time.perf_counter() - t0) * 1e6
+    if device != "cuda":
+        return host, float("nan")
+    end.record()
+    end.synchronize()
+    return host, start.elapsed_time(end)
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):8.1f} ({min(values):.0f}–{max(values):.0f})"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--before", default="5579ee0", help="git revision of the 'before' column")
     args = parser.parse_args()
+    device = args.device
+    old = _baseline(args.before)
+    if device == "cpu":  # CPU tensors take the CUDA path: the same operators, counted and timed
+        hostread._on_device = lambda v: isinstance(v, torch.Tensor)  # type: ignore[assignment]
     shapes = [(1, 128, 128), (4, 512, 512), (2, 1024, 2048), (1, 1, 4096), (1, 2048, 2048)]
-    print(f"device={args.device}  torch {torch.__version__}")
-    print(f"{'mask (B,1,Sq,Skv) float32':28} {'MiB':>6} {'ops':>4} {'time/enqueue ms':>16} "
-          f"{'device ms':>10}")
+    print(f"device={device}  torch {torch.__version__}  before={args.before}  "
+          f"repeat={args.repeat} (median (min–max))")
+    print(f"{'mask (B,1,Sq,Skv) float32':26} {'MiB':>5} {'ops before':>10} {'ops after':>9} "
+          f"{'µs/enqueue before':>24} {'µs/enqueue after':>24} {'worker ms':>10} "
+          f"{'device ms b/a':>14}")
     for batch, sq, skv in shapes:
-        mask = _causal(batch, sq, skv, args.device)
-        plan = reduce.plan_mask(tuple(mask.shape), batch, 8, sq, skv)
+        mask = _causal(batch, sq, skv, device)
+        plan = old.plan_mask(tuple(mask.shape), batch, 8, sq, skv)
 
-        # bound per iteration: run is called (and timed) only within this iteration
-        def run(mask: torch.Tensor = mask, plan: reduce.MaskPlan = plan, sq: int = sq,
-                skv: int = skv) -> Any:
-            values = reduce.mask_numbers(mask, False, plan, sq, skv)
-            return reduce.enqueue_to_host(values) if args.device == "cuda" else values.tolist()
+        # bound per iteration: before/after are called (and timed) only within this iteration
+        def before(mask: torch.Tensor = mask, plan: Any = plan, sq: int = sq,
+                   skv: int = skv) -> Any:
+            return _host(old.mask_numbers(mask, False, plan, sq, skv))
 
-        run()  # warm-up
-        host_ms, dev_ms = _time(run, args.device, args.repeat)
+        def after(mask: torch.Tensor = mask, sq: int = sq, skv: int = skv,
+                  batch: int = batch) -> Any:
+            f = AttentionFacts(batch, sq)
+            f.cached, f.past, f.mask, f.heads = True, skv - sq, mask, 8
+            cap = Capture()
+            cap.kept_bytes = 0
+            cap.summary = [(ATTENTION_KEY, f)]
+            hostread.to_host(cap)
+            return f.mask
+
+        want = before()
+        _sync(device)
+        copy = after()
+        _sync(device)
+        assert isinstance(copy, HostCopy) and copy.read() == want.tolist(), "counts differ"
+        counts = []
+        for fn in (before, after):
+            with _Ops() as ops:
+                fn()
+            counts.append(ops.count)
+        host: dict[str, list[float]] = {"before": [], "after": []}
+        dev: dict[str, list[float]] = {"before": [], "after": []}
+        worker: list[float] = []
+        for _ in range(args.repeat):  # interleaved: the machine's noise hits both alike
+            for name, fn in (("before", before), ("after", after)):
+                h, d = _timed(fn, device)
+                host[name].append(h)
+                dev[name].append(d)
+            copy = after()
+            _sync(device)
+            t0 = time.perf_counter()
+            copy.read()
+            worker.append((time.perf_counter() - t0) * 1e3)
         mib = mask.numel() * mask.element_size() / 2**20
-        print(f"{str((batch, 1, sq, skv)):28} {mib:6.1f} {_ops(run):4d} {host_ms:16.3f} "
-              f"{dev_ms:10.3f}")
+        device_ms = (f"{statistics.median(dev['before']):.3f}/{statistics.median(dev['after']):.3f}"
+                     if device == "cuda" else "-")
+        print(f"{str((batch, 1, sq, skv)):26} {mib:5.1f} {counts[0]:10d} {counts[1]:9d} "
+              f"{_spread(host['before']):>24} {_spread(host['after']):>24} "
+              f"{statistics.median(worker):10.2f} {device_ms:>14}")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
 """A mask (or generated ids) reduced to a few counts by tensor operations that never read a value.
 
-The same operations serve both devices. On CUDA the calling thread enqueues them on the call's
-own stream right after the call's end event, and copies the int64 result into pinned host memory
-without blocking (:func:`enqueue_to_host`); the worker reads those few numbers once a third event
-has passed: no kernel, no allocation and no host synchronisation on the worker, and the capture
-does not keep the mask alive. On CPU the worker runs them itself on the kept mask, since on the
-calling thread they would cost a pass over the mask instead of a few kernel launches.
+The worker runs them on a host tensor: on CPU the mask the capture kept; on CUDA a copy that the
+calling thread enqueued on the call's own stream right after the call's end event. That copy is
+the mask's boolean "may attend" view (:func:`ship`: one comparison, broadcast dimensions copied
+once, bit-packed when large) written into pinned host memory without blocking; the worker unpacks
+it (:func:`land`) once a third event has passed and computes the numbers when they are first read
+(:class:`Later`). So a sampled CUDA call with a mask enqueues at most six operations whatever the
+mask's size (issue 37), the worker launches no kernel, allocates nothing on the device and never
+synchronises, and the capture does not keep the mask alive. The copy's pinned bytes stay within
+the tensor-keeping budget, as a kept CPU mask's do.
 
 The numbers (:data:`FIELDS`), with ``d = j - i - (Skv - Sq)`` a pair's key offset (bottom-right
 alignment) and "structured" rows those that see some keys but not all:
@@ -23,18 +26,31 @@ alignment) and "structured" rows those that see some keys but not all:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
+
+import sys
 
 import torch
 
-__all__ = ["FIELDS", "MASKED_BELOW", "MaskPlan", "attend", "mask_numbers", "plan_mask",
-           "generated_numbers", "enqueue_to_host", "row_numbers", "row_sums"]
+__all__ = ["FIELDS", "MASKED_BELOW", "PACK_FROM", "MaskPlan", "Shipment", "Later", "attend",
+           "mask_numbers", "plan_mask", "generated_numbers", "enqueue_to_host", "row_numbers",
+           "row_layout", "row_sums", "position_counts", "ship", "land"]
 
 # A float mask entry at or below this is "masked": covers -inf, finfo.min and the -10000 of
 # older models.
 MASKED_BELOW = -5000.0
 FIELDS = ("tokens", "pairs", "visible_any", "full", "vlo", "vhi", "inside", "above", "below")
 _FAR = 1 << 40  # an offset no mask reaches: the min/max of an empty selection
+# A shipped view of at least this many elements travels as bits (8 a byte): one more kernel,
+# an eighth of the copy. Below it the copy of the bytes is the cheaper (about 20 µs a MiB).
+PACK_FROM = 1 << 20
+# Eight 0/1 bytes read as one little-endian int64, times this, hold the eight as the bits of their
+# top byte (byte k lands on bit 56 + k; every other product lands on its own bit below 56 or past
+# 63): one multiplication packs, a strided view of byte 7 keeps the bits.
+_PACK = 0x0102040810204080
+_LITTLE = sys.byteorder == "little"  # the host's order is the device's (both little on CUDA)
+_BITS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
 
 
 class MaskPlan(NamedTuple):
@@ -82,7 +98,7 @@ def attend(mask: torch.Tensor, ignores: bool, keys: torch.Tensor | None = None) 
         return m
     if m.is_floating_point():
         if ignores or m.ndim != 2:
-            return (m > MASKED_BELOW) & (m == m)
+            return m > MASKED_BELOW  # False for NaN too
         return m != 0
     return m == 0 if ignores else m != 0
 
@@ -99,18 +115,18 @@ def _diagonal_masked(m: torch.Tensor, keys: torch.Tensor | None) -> torch.Tensor
 
 
 def mask_numbers(mask: torch.Tensor, ignores: bool, plan: MaskPlan, sq: int,
-                 skv: int | torch.Tensor | None) -> torch.Tensor:
+                 skv: int | torch.Tensor | None, attended: bool = False) -> torch.Tensor:
     """The :data:`FIELDS` of ``mask`` as an int64 vector on the mask's device.
 
     ``skv``: the keys of this call, a Python int or a 0-d device tensor (a static cache's length,
     not readable on the host); None: the mask's last axis. Keys beyond ``skv`` (the unfilled part of
-    a static cache's buffer) are neither seen nor hidden. No operation here reads a value on the
-    host.
+    a static cache's buffer) are neither seen nor hidden. ``attended``: ``mask`` is already the
+    "may attend" view (:func:`attend`). No operation here reads a value on the host.
     """
     if isinstance(skv, int) and 0 < skv < mask.shape[-1]:
         mask = mask[..., :skv]  # a static cache's buffer, filled up to skv
     device_keys = skv if isinstance(skv, torch.Tensor) else None
-    seen = attend(mask, ignores, device_keys)
+    seen = mask if attended else attend(mask, ignores, device_keys)
     s = seen.shape[-1]
     col = torch.arange(s, device=seen.device)
     keys = s if skv is None or isinstance(skv, int) else skv
@@ -150,25 +166,33 @@ def _structure(seen: torch.Tensor, valid: torch.Tensor, col: torch.Tensor, sq: i
     return [seen.sum(), visible.any(), (seen | ~valid).all(), vlo, vhi, inside, above, below]
 
 
+def row_layout(shape: tuple[int, ...], batch: int, heads: int, sq: int, skv: int) -> int | None:
+    """The rows :func:`row_numbers` gives for a mask of ``shape`` (shapes only), None for a mask
+    of another layout."""
+    if (len(shape) not in (2, 3, 4) or shape[0] not in (1, batch) or shape[-1] < skv or sq < 1
+            or skv < sq):
+        return None
+    if len(shape) > 2 and (shape[-2] != sq or (len(shape) == 4 and shape[1] not in (1, heads))):
+        return None
+    return shape[0]
+
+
 def row_numbers(m: torch.Tensor, ignores: bool, batch: int, heads: int, sq: int, skv: int,
-                window: int | None) -> torch.Tensor | None:
+                window: int | None, attended: bool = False) -> torch.Tensor | None:
     """Per mask row, as a (5, rows) int64 tensor on the mask's device: tokens and useful pairs
     with a causal band (``window``: its width, or None) applied, the same with none, and the
-    shown pairs (-1: a 2-D mask, none shown). No value is read on the host: the calling thread
-    enqueues this for a CUDA mask (``capture.hostread``), the worker runs it on a host mask.
-    None for a mask of another layout."""
-    if (m.ndim not in (2, 3, 4) or m.shape[0] not in (1, batch) or m.shape[-1] < skv or sq < 1
-            or skv < sq):
+    shown pairs (-1: a 2-D mask, none shown). No value is read on the host. None for a mask of
+    another layout (:func:`row_layout`); ``attended`` as for :func:`mask_numbers`."""
+    if row_layout(tuple(m.shape), batch, heads, sq, skv) is None:
         return None
     m = m.detach()[..., :skv]
     if m.ndim == 2:  # (rows, keys) padding: 1 = real
-        seen = attend(m, ignores)[:, None, None, :].expand(m.shape[0], 1, sq, skv)
+        real = m if attended else attend(m, ignores)
+        seen = real[:, None, None, :].expand(m.shape[0], 1, sq, skv)
         shown = torch.full((m.shape[0],), -1, dtype=torch.long, device=m.device)
     else:
         four = m if m.ndim == 4 else m.unsqueeze(1)
-        if four.shape[-2] != sq or four.shape[1] not in (1, heads):
-            return None
-        seen = attend(four, ignores)
+        seen = four if attended else attend(four, ignores)
         shown = seen.sum((1, 2, 3), dtype=torch.long)
     head_scale = heads if seen.shape[1] == 1 else 1
     d = (torch.arange(skv, device=m.device).unsqueeze(0)
@@ -215,9 +239,80 @@ def generated_numbers(ids: torch.Tensor, prompt_len: int, eos: tuple[int, ...]) 
     return (new.numel() - after_first.sum()).reshape(1).to(torch.long)
 
 
+def position_counts(mask: torch.Tensor, ignores: bool, attended: bool = False) -> torch.Tensor:
+    """Per key position, how many batch rows see it (some query of the row may attend to it)."""
+    seen = mask if attended else attend(mask, ignores)
+    s = seen.shape[-1]
+    key_real = seen.reshape(seen.shape[0], -1, s).any(1) if seen.ndim > 2 else seen
+    return key_real.sum(0, dtype=torch.long)
+
+
+class Shipment(NamedTuple):
+    """How a device mask travels to the host (:func:`ship`) and is read back (:func:`land`)."""
+
+    shape: tuple[int, ...]  # the mask's, sliced to the call's keys: the worker expands to it
+    stored: tuple[int, ...]  # what is copied: broadcast dimensions once
+    raw: bool  # a boolean mask copied as it is: its polarity is read on the worker (attend)
+    packed: bool  # copied as bits, 8 a byte
+    nbytes: int  # of what is copied
+
+
+def ship(mask: torch.Tensor, ignores: bool, keys: int | None
+         ) -> tuple[torch.Tensor, Shipment]:
+    """What of ``mask`` to copy to the host, enqueued on the current stream: at most two
+    operations (a comparison for a mask that is not boolean, or the copy that makes a strided
+    boolean view flat, and a multiplication that packs bits from :data:`PACK_FROM` elements on)
+    and no host read. ``keys``: the call's keys when known on the host (the mask is cut to
+    them)."""
+    m = mask.detach()
+    if keys is not None and 0 < keys < m.shape[-1]:
+        m = m[..., :keys]  # a static cache's buffer, filled up to keys
+    shape = tuple(m.shape)
+    for dim, (size, stride) in enumerate(zip(shape, m.stride(), strict=True)):
+        if stride == 0 and size > 1:  # a broadcast dimension: its one copy travels
+            m = m.narrow(dim, 0, 1)
+    raw = m.dtype == torch.bool
+    data = m if raw else attend(m, ignores)
+    packed = data.numel() >= PACK_FROM and data.numel() % 8 == 0 and _LITTLE
+    if packed:
+        flat = data.reshape(-1)  # a copy only for a strided view, which then starts aligned
+        packed = flat.storage_offset() % 8 == 0
+        if packed:
+            data = (flat.view(torch.int64) * _PACK).view(torch.uint8)[7::8]
+    return data, Shipment(shape, tuple(m.shape), raw, packed, data.numel() * data.element_size())
+
+
+def land(shipment: Shipment, host: torch.Tensor) -> torch.Tensor:
+    """The shipped mask back on the host (the worker's: a pass over its bits at most): a boolean
+    tensor of the mask's shape, raw (``shipment.raw``) or its "may attend" view."""
+    data = host.reshape(-1)
+    if shipment.packed:
+        data = (data.unsqueeze(-1) & _BITS) != 0
+    return data.view(torch.bool).reshape(shipment.stored).expand(shipment.shape)
+
+
+class Later:
+    """Numbers the worker computes from host copies when they are first read: the ``values`` of
+    a :class:`~attnscope.record.capture.HostCopy`, read only once the copies have landed."""
+
+    __slots__ = ("_compute", "_values")
+
+    def __init__(self, compute: Callable[[], torch.Tensor | None]) -> None:
+        self._compute: Callable[[], torch.Tensor | None] | None = compute
+        self._values: list[int] = []
+
+    def tolist(self) -> list[int]:
+        compute = self._compute
+        if compute is not None:  # two workers (one retiring) would compute the same
+            values = compute()  # None: a layout the calling thread had ruled out
+            self._values = [] if values is None else [int(v) for v in values.reshape(-1).tolist()]
+            self._compute = None  # and what it held (the copies) with it
+        return self._values
+
+
 def enqueue_to_host(values: torch.Tensor) -> Any:
-    """A pinned host copy of ``values`` enqueued on the current stream (no wait): readable once
-    an event recorded after it has passed."""
-    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    """A host copy of ``values`` enqueued on the current stream (no wait), pinned for a CUDA
+    tensor: readable once an event recorded after it has passed."""
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=values.is_cuda)
     host.copy_(values, non_blocking=True)
     return host
