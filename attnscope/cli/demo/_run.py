@@ -54,6 +54,9 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
 
 
+_IMPLS = (naive_attention, sdpa_attention)
+
+
 class DemoAttention(torch.nn.Module):
     """Grouped-query self-attention (8 query heads, 2 KV heads) around a pluggable core."""
 
@@ -128,12 +131,18 @@ def run_demo(steps: int = 20, seq_len: int = 256, jaeger_json: str | None = None
             for impl in (naive_attention, sdpa_attention):
                 with attnscope.sampling(force=False):  # warm-up, not captured
                     model(x, impl)
-                # the implementation in the name: Jaeger's search list tells the runs apart
-                short = impl.__name__.removesuffix("_attention")
-                for _ in range(steps):
+            # The two take turns, step by step, the first one changing each step: a change in
+            # the machine's load falls on both, and each step pairs them for the comparison.
+            for step in range(steps):
+                for impl in _IMPLS if step % 2 == 0 else _IMPLS[::-1]:
+                    # the implementation in the name: Jaeger's search list tells the runs apart
+                    short = impl.__name__.removesuffix("_attention")
                     with attnscope.span(f"demo.forward ({short})", tokens=x.shape[0] * seq_len,
-                                        attributes={"demo.implementation": impl.__name__}):
+                                        attributes={"demo.implementation": impl.__name__,
+                                                    "demo.step": step}):
                         model(x, impl)
+            for impl in _IMPLS:
+                short = impl.__name__.removesuffix("_attention")
                 with attnscope.span(f"demo.forward ({short}, layers profiled)", sample=True,
                                     attributes={"demo.implementation": impl.__name__}):
                     with attnscope.sampling(force=True, profile=True):  # every layer profiled
@@ -174,6 +183,7 @@ def _print_reports(trace_path: str, jaeger_json: str | None, html: str | None,
         print("", file=out)
         render_terminal(summarize(mine, top=_TOP, rows=rows), source=source, spans=len(rows),
                         top=_TOP, out=out, calls=mine)
+    _print_comparison(calls, by_id, out)
     if html:
         from ..report._html import render_html  # matplotlib: only for the page
 
@@ -181,6 +191,27 @@ def _print_reports(trace_path: str, jaeger_json: str | None, html: str | None,
         write_text(html, render_html(summarize(calls, top=_TOP, rows=rows), rows,
                                      source=trace_path, top=_TOP), "--html")
     return len(rows)
+
+
+def _print_comparison(calls: list[SpanRow], by_id: dict[str, SpanRow], out: TextIO) -> None:
+    """Which implementation is faster, with its noise: each step's attention time (the sum of
+    its forward's calls) paired across the two (``attnscope compare``'s ranking)."""
+    from ..compare._ranking import lines, rank
+
+    times: dict[str, dict[int, float]] = {}
+    for call in calls:
+        forward: SpanRow | None = call
+        while forward is not None and "demo.step" not in forward.attributes:
+            forward = by_id.get(forward.parent_id) if forward.parent_id else None
+        if forward is not None:
+            label = str(forward.attributes.get("demo.implementation", "?")).removesuffix(
+                "_attention")
+            step = int(forward.attributes["demo.step"])
+            by_step = times.setdefault(label, {})
+            by_step[step] = by_step.get(step, 0.0) + call.duration_ns / 1e6
+    print("", file=out)
+    for line in lines(rank(times), "step", "--steps", "attention time per forward"):
+        print(line, file=out)
 
 
 def _implementation(row: SpanRow, by_id: dict[str, SpanRow]) -> str:
