@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from scipy import stats  # type: ignore[import-untyped]
 
 __all__ = [
     "CONFIDENCE", "MIN_CALLS", "RESAMPLES", "TAIL_CALLS", "Change", "Metric", "METRICS",
@@ -134,6 +133,9 @@ def _intervals(before: npt.NDArray[np.float64], after: npt.NDArray[np.float64],
                qs: tuple[float, ...], confidence: float, resamples: int,
                seed: int) -> list[tuple[float, float]]:
     """One bootstrap for all the quantiles (the same resamples for each)."""
+    # scipy.stats takes seconds to import: only a one-run interval needs it, never `--help`
+    from scipy import stats  # type: ignore[import-untyped]
+
     batch = max(1, _BATCH_VALUES // max(len(before), len(after)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # degenerate samples (every call alike) are fine here
