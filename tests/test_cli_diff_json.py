@@ -38,10 +38,11 @@ def test_json_on_stdout_replaces_the_table_and_carries_the_gate(
     doc = _strict_json(out)  # nothing but the document on stdout
     assert doc["before"] == str(traces["sdpa"]) and doc["after"] == str(traces["slowed"])
     assert doc["gate"] == {"fail_if_slower": 0.05, "passed": False, "judged": True,
-                           "exit_code": 1}
+                           "exit_code": 1, "inconclusive": []}
     assert doc["min_change"] == 0.05 and doc["confidence"] == 0.95
     [group] = doc["groups"]
     assert (group["module"], group["phase"], group["gate_failed"]) == ("attention", None, True)
+    assert group["gate_inconclusive"] is False
     assert [m["metric"] for m in group["metrics"]] == [
         "p50", "p95", "p99", "tokens/s p50", "memory peak p50"]
     assert [m["unit"] for m in group["metrics"]] == ["ns", "ns", "ns", "tokens/s", "bytes"]

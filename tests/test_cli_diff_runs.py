@@ -12,7 +12,7 @@ import statistics
 import subprocess
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +55,9 @@ def test_the_per_run_figures_are_each_runs_quantile_and_the_side_their_median() 
     assert math.isnan(changes[2].low)
 
 
-def _linear_quantile(values: Sequence[float], q: float) -> float:
+def _linear_quantile(values: Sequence[float] | np.ndarray, q: float) -> float:
     """numpy's default ("linear", Hyndman & Fan type 7), written out here."""
-    ordered = sorted(values)
+    ordered = sorted(float(v) for v in values)
     h = (len(ordered) - 1) * q
     lo = math.floor(h)
     return ordered[lo] + (h - lo) * (ordered[min(lo + 1, len(ordered) - 1)] - ordered[lo])
@@ -107,20 +107,18 @@ def test_a_run_with_too_few_calls_makes_the_quantile_too_few_calls() -> None:
     assert p50.n_after == 210 and len(p50.runs_after) == 3
 
 
-def test_the_verdict_rule_inconclusive_both_ways_and_at_the_width_threshold() -> None:
-    # interval excludes 0, change >= min_change: width <= |change| -> a direction, else
-    # inconclusive; interval contains 0 or |change| < min_change -> no change
-    # the end facing no change, on the log-ratio scale: inconclusive when it is more than
-    # halfway from the estimate back to no change
-    half = math.sqrt(1.20) - 1  # +20%: halfway is +9.5%
-    assert verdict(0.20, half + 1e-9, 0.30, 0.05, P50) == "slower"
-    assert verdict(0.20, half - 1e-9, 0.30, 0.05, P50) == "inconclusive"
-    assert verdict(0.20, half + 1e-9, 50.0, 0.05, P50) == "slower"  # a long far tail is fine
-    half = math.sqrt(0.80) - 1  # -20%: halfway is -10.6%
-    assert verdict(-0.20, -0.5, half - 1e-9, 0.05, P50) == "faster"
-    assert verdict(-0.20, -0.5, half + 1e-9, 0.05, P50) == "inconclusive"
+def test_the_verdict_rule_inconclusive_both_ways_and_at_the_threshold() -> None:
+    # interval excludes 0, change >= min_change: the whole interval beyond min_change -> a
+    # direction, however wide; straddling min_change -> inconclusive; interval contains 0 or
+    # |change| < min_change -> no change (issue 38 §5; tests/test_gate_verdict.py for the gate)
+    assert verdict(0.20, 0.05, 0.30, 0.05, P50) == "slower"
+    assert verdict(0.20, 0.05 - 1e-9, 0.30, 0.05, P50) == "inconclusive"
+    assert verdict(0.20, 0.06, 50.0, 0.05, P50) == "slower"  # a long far tail is fine
+    assert verdict(-0.20, -0.5, -0.05, 0.05, P50) == "faster"
+    assert verdict(-0.20, -0.5, -0.05 + 1e-9, 0.05, P50) == "inconclusive"
     assert verdict(0.30, -1.0, math.inf, 0.05, P50) == "no change"
-    assert verdict(7.13, 0.102, 188.4, 0.05, P50) == "inconclusive"  # the issue's A/A pair
+    # issue 22's one-run A/A pair: slower on its calls; the gate needs 2+ runs a side for that
+    assert verdict(7.13, 0.102, 188.4, 0.05, P50) == "slower"
     assert verdict(0.20, -0.01, 0.30, 0.05, P50) == "no change"
     assert verdict(0.04, 0.01, 0.05, 0.05, P50) == "no change"
     assert not gate_failed(compare_runs(_runs(1, 2, 50), _runs(1, 2, 50), (P50,))[0], 0.0)
@@ -144,7 +142,7 @@ def _span(i: int, name: str, ns: int, tier: str = "timing") -> dict[str, Any]:
             "tags": tags}
 
 
-def _write_run(directory: Path, groups: dict[str, Sequence[float]]) -> Path:
+def _write_run(directory: Path, groups: Mapping[str, Sequence[float] | np.ndarray]) -> Path:
     """One run directory: one Jaeger JSON file with ``groups``' calls (wall times in ns)."""
     directory.mkdir(parents=True)
     spans = [_span(i, name, int(ns)) for name, times in groups.items()
@@ -203,7 +201,7 @@ def test_every_figure_of_a_multi_run_diff_against_the_spans(
         sides: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     code, doc = _json(capsys, sides["a"], sides["slow"], "--fail-if-slower", "20")
     assert code == 1 and doc["gate"] == {"fail_if_slower": 0.2, "passed": False,
-                                         "judged": True, "exit_code": 1}
+                                         "judged": True, "exit_code": 1, "inconclusive": []}
     by = {g["module"]: g for g in doc["groups"]}
     assert (by["layer1"]["gate_failed"], by["layer0"]["gate_failed"]) == (True, False)
     for name, group in by.items():
@@ -342,38 +340,50 @@ def program_runs(root: Path, slows: Sequence[int], calls: int = 40,
     return dirs
 
 
-def test_real_runs_a_a_pairs_pass_and_3x_slowdown_pairs_fail(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """CI size of benchmarks/bench_diff_aa.py: 6 runs of the program and 3 with layer1 doing
-    three times the work (run in alternation, two at a time); 3 A/A pairs of 3 runs a side out
-    of the 6, and 2 slowdown pairs: the gate at 25% fails no A/A pair and both slowdown pairs.
+def _gate_as_its_intervals_say(code: int, doc: dict[str, Any], limit: float) -> None:
+    """The exit code, the gate's JSON and each group's flags follow from the printed p50
+    intervals alone: 1 iff an interval lies wholly above ``limit``; straddlers named."""
+    above, straddling = set(), set()
+    for g in doc["groups"]:
+        p50 = next(m for m in g["metrics"] if m["metric"] == "p50")
+        low, high = p50["interval"]
+        assert low is not None and high is not None, p50  # 40 calls a run: a p50 verdict
+        if low > limit:
+            above.add(g["module"])
+        elif high > limit:
+            straddling.add(g["module"])
+        assert g["gate_failed"] is (g["module"] in above)
+        assert g["gate_inconclusive"] is (g["module"] in straddling)
+    assert code == (1 if above else 0), json.dumps(doc["groups"], indent=1)
+    assert doc["gate"] == {"fail_if_slower": limit, "passed": not above, "judged": True,
+                           "exit_code": code, "inconclusive": sorted(straddling)}
 
-    Why 3x here where the benchmark uses 2x: with 3 runs a side, two runs at a time on 2 cores,
-    one outlier BEFORE run (35% slower than its siblings) put a 2x slowdown's lower interval end
-    near +41%, the edge of "too wide to size" (sqrt(2) - 1): "inconclusive", which passes the
-    gate, honestly, in about 1 set in 9. At 3x the edge is sqrt(3) - 1 = +73% and such an
-    outlier leaves the end near +120%. A set still called inconclusive is measured once more;
-    an A/A pair that fails the gate, or a slowdown called "no change", fails at once."""
-    for attempt in range(2):
-        runs = program_runs(tmp_path / f"set-{attempt}", [1, 3, 1, 3, 1, 3, 1, 1, 1])
-        a, s = [runs[i] for i in (0, 2, 4, 6, 7, 8)], [runs[i] for i in (1, 3, 5)]
-        for left, right in ([0, 1, 2], [3, 4, 5]), ([0, 2, 4], [1, 3, 5]), ([0, 1, 3], [2, 4, 5]):
-            code, doc = _json(capsys, *(a[i] for i in left), "--vs", *(a[i] for i in right),
-                              "--fail-if-slower", "25")
-            assert code == 0, json.dumps(doc["groups"], indent=1)
-        unsure = False
-        for side in ([0, 1, 2], [3, 4, 5]):
-            code, doc = _json(capsys, *(a[i] for i in side), "--vs", *s, "--fail-if-slower", "25")
-            slow = next(g for g in doc["groups"] if g["module"] == "layer1")
-            p50 = next(m for m in slow["metrics"] if m["metric"] == "p50")
-            if code == 0 and p50["verdict"] == "inconclusive" and attempt == 0:
-                unsure = True
-                break
-            assert code == 1, json.dumps(doc["groups"], indent=1)
-            failed = {g["module"] for g in doc["groups"] if g["gate_failed"]}
-            assert failed == {"layer1"}
-        if not unsure:
-            return
+
+def test_real_runs_the_gate_decides_by_its_intervals(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The whole path on real runs of the benchmark's program (3 runs, and 3 with layer1
+    doing three times the work, alternating, two at a time): each diff's exit code is what
+    its intervals say — the gate's promise, which holds however loaded the machine is.
+
+    Whether the A/A pairs pass and the 3x pairs fail depends on how much the machine moved
+    between runs: that was this test until issue 38 (it failed 4 of 6 times on a loaded 2-core
+    machine) and is now measured by benchmarks/bench_diff_aa.py (``--slow 3``)."""
+    runs = program_runs(tmp_path, [1, 3, 1, 3, 1, 3])
+    a, s = [runs[i] for i in (0, 2, 4)], [runs[i] for i in (1, 3, 5)]
+    for before, after in ((a, s), (s, a), (a[:2], a[1:])):
+        code, doc = _json(capsys, *before, "--vs", *after, "--fail-if-slower", "25")
+        _gate_as_its_intervals_say(code, doc, 0.25)
+        assert {g["module"] for g in doc["groups"]} == {"layer0", "layer1"}
+    # the same runs on both sides: no change at all, and an interval around it
+    code, doc = _json(capsys, *a, "--vs", *a, "--fail-if-slower", "25")
+    _gate_as_its_intervals_say(code, doc, 0.25)
+    for g in doc["groups"]:
+        p50 = g["metrics"][0]
+        assert p50["change"] == 0.0 and p50["interval"][0] <= 0.0 <= p50["interval"][1]
+    assert code == 0
+    # one run a side: not judged, whatever the runs show
+    code, doc = _json(capsys, a[0], s[0], "--fail-if-slower", "25")
+    assert code == 3 and doc["gate"]["judged"] is False
 
 
 def test_the_html_page_carries_the_noise_floor_and_the_unjudged_gate(
@@ -404,7 +414,7 @@ def test_a_gate_with_no_p50_it_could_judge_is_not_judged_rather_than_passed(
     assert "too few calls (< 20 in a run)" in out  # 57 calls a side: the rule is per run
     code, doc = _json(capsys, before, after, "--fail-if-slower", "5")
     assert code == 3 and doc["gate"] == {"fail_if_slower": 0.05, "passed": None,
-                                         "judged": False, "exit_code": 3}
+                                         "judged": False, "exit_code": 3, "inconclusive": []}
     # one call more a run and the same slowdown is judged, and fails
     before20, _ = _repeat(tmp_path / "before20", 4, 3, calls=20)
     after20, _ = _repeat(tmp_path / "after20", 5, 3, slow=3.0, calls=20)

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ._runs import compare_runs, noise_floor, run_quantiles
-from ._stats import CONFIDENCE, FEW, METRICS, Change, compare, gate_failed
+from ._stats import CONFIDENCE, FEW, METRICS, Change, compare, gate_failed, gate_inconclusive
 from ..traces import SpanRow, call_backends, group_key
 from ..summary import PHASE_ORDER, time_ns
 from ... import _schema as schema
@@ -115,6 +115,10 @@ class Diary:
     def gate_failures(self, limit: float) -> list[tuple[GroupDiff, Change]]:
         """The p50 times slower than ``limit`` (a fraction) beyond noise."""
         return [(g, c) for g in self.groups for c in g.changes if gate_failed(c, limit)]
+
+    def gate_inconclusive(self, limit: float) -> list[tuple[GroupDiff, Change]]:
+        """The p50 times whose interval straddles ``limit``: the gate passes them, by name."""
+        return [(g, c) for g in self.groups for c in g.changes if gate_inconclusive(c, limit)]
 
 
 def _int(row: SpanRow, key: str) -> int | None:

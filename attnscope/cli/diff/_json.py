@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from ._groups import Backends, Diary, GroupDiff, Key, Noise
 from ._stats import Change
-from ._text import UNJUDGED_EXIT, backend_text, method_note, verdict_text
+from ._text import UNJUDGED_EXIT, backend_text, group_label, method_note, verdict_text
 
 __all__ = ["to_json", "noise_json", "backends_json", "number"]
 
@@ -52,10 +52,11 @@ def _change(c: Change) -> dict[str, Any]:
             "runs_after": [_number(v) for v in c.runs_after]}
 
 
-def _group(g: GroupDiff, failed: set[Key]) -> dict[str, Any]:
+def _group(g: GroupDiff, failed: set[Key], unsure: set[Key]) -> dict[str, Any]:
     return {"module": g.module, "phase": g.phase, "calls_before": g.calls_before,
             "calls_after": g.calls_after, "clock_before": g.clock_before,
             "clock_after": g.clock_after, "gate_failed": (g.module, g.phase) in failed,
+            "gate_inconclusive": (g.module, g.phase) in unsure,
             "runs_before": g.runs_before, "runs_after": g.runs_after,
             "backends": _backends(g), "metrics": [_change(c) for c in g.changes]}
 
@@ -80,9 +81,13 @@ def to_json(result: Diary, *, before: str, after: str, limit: float | None,
     """The document ``--json`` writes. ``limit``: the gate in percent (None: no gate asked);
     ``judged``: whether it judged (else ``passed`` is null and the exit code 3)."""
     failed = {(g.module, g.phase) for g, _ in failures}
+    straddling = ([(g.module, g.phase) for g, _ in result.gate_inconclusive(limit / 100)]
+                  if limit is not None and judged else [])  # in the table's order
+    unsure = set(straddling)
     gate = None if limit is None else {
         "fail_if_slower": limit / 100, "passed": not failures if judged else None,
-        "judged": judged, "exit_code": (1 if failures else 0) if judged else UNJUDGED_EXIT}
+        "judged": judged, "exit_code": (1 if failures else 0) if judged else UNJUDGED_EXIT,
+        "inconclusive": [group_label(key) for key in straddling]}
     return {
         "before": before, "after": after,
         "runs": {"before": result.runs_before, "after": result.runs_after},
@@ -95,6 +100,6 @@ def to_json(result: Diary, *, before: str, after: str, limit: float | None,
         "gate": gate,
         "noise": {side: [_noise(n) for n in floor]
                   for side, floor in zip(("before", "after"), noise, strict=False)},
-        "groups": [_group(g, failed) for g in result.groups],
+        "groups": [_group(g, failed, unsure) for g in result.groups],
         "only_before": _only(result.only_before), "only_after": _only(result.only_after),
     }

@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 __all__ = [
     "CONFIDENCE", "MIN_CALLS", "RESAMPLES", "TAIL_CALLS", "Change", "Metric", "METRICS",
-    "UNSURE", "calls_needed", "too_wide", "compare", "gate_failed", "verdict", "finite",
+    "UNSURE", "calls_needed", "compare", "gate_failed", "gate_inconclusive", "verdict", "finite",
     "relative", "word", "unmeasured",
 ]
 
@@ -81,42 +81,24 @@ def calls_needed(q: float) -> int:
 
 
 def verdict(change: float, low: float, high: float, min_change: float, metric: Metric) -> str:
-    """Worse/better only when the interval excludes zero, the estimate moved by at least
-    ``min_change`` (a fraction) *and* the interval is no wider than the change it judges: the
-    interval answers "is it noise?", ``min_change`` "does it matter?" (and absorbs what the
-    interval cannot see, see docs/cli.md). An interval that excludes zero but is wider than the
-    change is "inconclusive", never worse or better: its ends are too far apart to size the
-    change (a bimodal run, a handful of runs).
+    """The table's word, with ``min_change`` (a fraction) as the threshold of "does it matter":
+    a direction when the estimate moved by at least ``min_change`` and the *whole* interval lies
+    beyond it (``low >= min_change`` for a rise, ``high <= -min_change`` for a fall),
+    however wide the interval is; "inconclusive" when the interval excludes zero and the estimate
+    moved that far, but the interval straddles the threshold (the change is real, its size may be
+    below what matters); "no change" otherwise (the interval reaches zero, or the estimate moved
+    less than ``min_change``).
 
-    "Wider than the change" is measured on the ratio's log scale (where twice as slow and twice
-    as fast are changes of one size) on the side of the interval that faces no change: a slowdown
-    is inconclusive when its lower end is nearer to no change than to the estimate,
-    ``ln(1 + change) - ln(1 + low) > ln(1 + change) / 2`` (mirrored for a speedup, with the upper
-    end). For a symmetric interval that is exactly "its width exceeds |change|"; a long tail on
-    the far side (one slow run among the AFTER runs) does not make a slowdown doubtful. The
-    issue's A/A pair, +713% in [+10.2%, +18842.6%]: 2.00 > 1.05, inconclusive.
+    The issue 38 pair, every AFTER run slower than every BEFORE run, +331% in [+70.4%, +478.4%]:
+    slower (it was "inconclusive" under a rule that judged the interval's width).
     """
     if math.isnan(low) or math.isnan(high) or math.isnan(change):
         return SAME  # 0/0 in some resamples: nothing shown beyond noise
-    moved = (low > 0.0 and change >= min_change) or (high < 0.0 and change <= -min_change)
-    if not moved:
-        return SAME
-    if too_wide(change, low, high):
-        return UNSURE
-    return _direction(metric, change > 0)
-
-
-def too_wide(change: float, low: float, high: float) -> bool:
-    """The interval [low, high] wider than ``change`` (see :func:`verdict`): its end facing no
-    change more than halfway back to it on the log-ratio scale. A ratio of 0 or less, or an
-    infinite change, counts as too wide."""
-    if min(low, high, change) <= -1.0 or math.isinf(change):
-        return True
-    size = math.log1p(change)
-    near = low if change > 0 else high
-    if math.isinf(near):
-        return True
-    return 2 * abs(size - math.log1p(near)) > abs(size)
+    if low > 0.0 and change >= min_change:
+        return _direction(metric, True) if low >= min_change else UNSURE
+    if high < 0.0 and change <= -min_change:
+        return _direction(metric, False) if high <= -min_change else UNSURE
+    return SAME
 
 
 def _ratio_statistic(qs: tuple[float, ...]) -> Any:
@@ -215,8 +197,19 @@ def relative(before: float, after: float) -> float:
     return after / before - 1.0
 
 
+def _gated(change: Change) -> bool:
+    """Whether the gate judges ``change``: a p50 time with enough calls for a verdict (an
+    interval end that could not be computed is NaN: no comparison with it holds)."""
+    return change.metric.value == "time" and change.metric.q == 0.5 and change.verdict != FEW
+
+
 def gate_failed(change: Change, limit: float) -> bool:
-    """``--fail-if-slower``: a p50 time that is slower and whose interval lies entirely above
-    ``limit`` (a fraction): slower by more than the limit beyond the noise the interval shows."""
-    return (change.metric.value == "time" and change.metric.q == 0.5
-            and change.verdict == change.metric.worse and change.low > limit)
+    """``--fail-if-slower``: a p50 time whose whole interval lies above ``limit`` (a fraction),
+    however wide it is: slower by more than the limit beyond the noise the interval shows."""
+    return _gated(change) and change.low > limit
+
+
+def gate_inconclusive(change: Change, limit: float) -> bool:
+    """A p50 time whose interval straddles ``limit``: neither shown slower by more than the
+    limit nor shown within it. The gate passes it (exit 0) and names it."""
+    return _gated(change) and change.low <= limit < change.high

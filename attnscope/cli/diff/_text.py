@@ -11,10 +11,12 @@ from ._stats import FEW, Change, calls_needed
 
 __all__ = ["HEADERS", "NOISE_HEADERS", "UNJUDGED_EXIT", "group_label", "names", "signed_percent",
            "interval", "verdict_text", "row_cells", "noise_cells", "noise_note", "notes",
-           "method_note", "gate_unjudged_note", "side_backend_text", "backend_text", "layer_cell"]
+           "method_note", "gate_unjudged_note", "gate_inconclusive_note", "side_backend_text",
+           "backend_text", "layer_cell"]
 
 UNJUDGED_EXIT = 3  # --fail-if-slower asked for, one run on a side: no verdict either way
 _RUNS_SHOWN = 6    # per-run p50s listed in the noise table (more: the smallest and largest)
+_INCONCLUSIVE_SHOWN = 3  # straddling groups named on the gate's line (a line, not a list)
 
 
 def names(keys: list[tuple[tuple[str, str | None], int]]) -> str:
@@ -111,10 +113,11 @@ def noise_note(floors: list[Noise]) -> str:
 
 def method_note(result: Diary) -> str:
     """The first note: how the change and its interval were computed."""
-    rule = (f"a verdict needs the interval to exclude 0, |change| >= {result.min_change:.0%} and "
-            "the interval no wider than the change (its end facing 0 at most halfway back to 0, "
-            "on the log scale; else inconclusive). Time: timed calls (profiled calls left out); "
-            "memory peak: the calls that measured it.")
+    rule = (f"a verdict (slower, faster, larger, smaller) needs the whole interval beyond "
+            f"±{result.min_change:.0%}, however wide; inconclusive: it excludes 0 but straddles "
+            f"±{result.min_change:.0%}. "
+            "Time: timed calls (profiled calls left out); memory peak: the calls that measured "
+            "it.")
     if result.run_level:
         return (f"change = AFTER / BEFORE - 1 of each side's median over runs of the per-run "
                 f"quantile ({result.runs_before} BEFORE runs, {result.runs_after} AFTER runs); "
@@ -141,6 +144,17 @@ def gate_unjudged_note(limit: float, too_few: bool = False) -> str:
             "judge on call-level evidence alone)")
 
 
+def gate_inconclusive_note(limit: float, unsure: list[tuple[GroupDiff, Change]]) -> str:
+    """The groups whose p50 interval straddles the gate: not failed on, but named (a few)."""
+    shown = ", ".join(f"{group_label((g.module, g.phase))} {signed_percent(c.change)} "
+                      f"{interval(c)}" for g, c in unsure[:_INCONCLUSIVE_SHOWN])
+    more = len(unsure) - _INCONCLUSIVE_SHOWN
+    return (f"gate inconclusive for {len(unsure)} p50 interval(s) that straddle {limit:g}% "
+            f"(not shown slower by more than {limit:g}%, nor shown within it: the gate does not "
+            f"fail on them): {shown}{f' and {more} more' if more > 0 else ''}; more runs a side "
+            "narrow them")
+
+
 def notes(result: Diary, limit: float | None,
           failures: list[tuple[GroupDiff, Change]], judged: bool = True) -> list[str]:
     """The lines under the table: method, clocks, one-sided groups, the gate's outcome."""
@@ -161,6 +175,9 @@ def notes(result: Diary, limit: float | None,
                       for g, c in failures]
         else:
             lines.append(f"gate passed: no p50 slower by more than {limit:g}% beyond noise")
+        unsure = result.gate_inconclusive(limit / 100)
+        if unsure:
+            lines.append(gate_inconclusive_note(limit, unsure))
         unjudged = [g for g in result.groups for c in g.changes
                     if c.metric.name == "p50" and c.verdict == FEW]
         if unjudged:
