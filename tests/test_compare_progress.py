@@ -29,10 +29,10 @@ SLOW_MODULE = textwrap.dedent("""
 TINY = ["--shape", "1,2,16,8"]
 
 
-def _run(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _run(tmp: Path, *args: str, columns: int = 200) -> subprocess.CompletedProcess[str]:
     # stdout and stderr are pipes here, as in CI or `| tee`: not terminals
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp), os.getcwd()]),
-               OMP_NUM_THREADS="1", COLUMNS="200")
+               OMP_NUM_THREADS="1", COLUMNS=str(columns))
     return subprocess.run([sys.executable, "-m", "attnscope", "compare", *args], env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -55,8 +55,11 @@ def test_progress_goes_to_stderr_when_it_is_not_a_terminal(user_dir: Path) -> No
     assert done.returncode == 0, done.stderr
     said = _progress(done.stderr)
     assert said[0] == "the float64 reference is ready" and said[-1] == "done"
-    for name in ("naive", "flash"):  # a line per implementation, with its time a call
-        assert any(line.startswith(f"{name}: ok, about ") for line in said), said
+    for name in ("naive", "flash"):  # lines per implementation, with its time a call
+        assert any(line.startswith(f"{name}: runs here, within the tolerance (first call ")
+                   for line in said), said
+        assert any(line.startswith(f"{name}: about ") and line.endswith(" a call")
+                   for line in said), said
         assert f"{name}: 1 profiled call" in said
     assert "6 timed calls of each of 2 in 6 rounds, 1 warm-up call first" in said
     assert [line for line in said if line.startswith("round ")] == [
@@ -79,10 +82,12 @@ def test_the_budget_cuts_the_calls_and_says_so(user_dir: Path) -> None:
     assert doc["cut_by_budget"].startswith(f"--budget 2 s: {doc['runs']} timed and 1 warm-up "
                                            "calls each instead of 50 and 5")
     assert doc["implementations"][0]["calls"] == doc["runs"]
-    assert any(doc["cut_by_budget"] in line for line in _progress(done.stderr))
+    assert doc["cut_by_budget"] in _progress(done.stderr)
     table = _run(user_dir, *TINY, "--impl", "slowattn:slow", "--budget", "2", "--runs", "50",
-                 "--profile-runs", "0", "--no-progress")
-    assert "fewer calls than asked: --budget 2 s: " in table.stdout.splitlines()[1]
+                 "--profile-runs", "0", "--no-progress", columns=80)
+    said = table.stdout.splitlines()[1]  # one line, however narrow the terminal
+    assert said.startswith("fewer calls than asked: --budget 2 s: ")
+    assert said.endswith("; --budget 0 for all)"), table.stdout
 
 
 @pytest.mark.parametrize("value", ["-1", "x", "nan"])

@@ -169,8 +169,7 @@ def test_the_budget_plan_for_the_readme_example() -> None:
     fits = math.floor(60.0 / 4.73)  # one call of each: 4.73 s; 12 calls of each fit
     assert (made.runs, made.warmup, made.rounds) == (fits - 1, 1, 10) and made.cut
     assert made.describe() == ("--budget 60 s: 11 timed and 1 warm-up calls each instead of 50 "
-                               "and 5 (one call of every implementation takes about 4.73 s; "
-                               "--budget 0 for all)")
+                               "and 5 (a call of each takes about 4.73 s; --budget 0 for all)")
     assert (made.runs + made.warmup) * made.round_s <= 60.0
 
 
@@ -192,3 +191,28 @@ def test_blocks_share_the_calls_out(runs: int, rounds: int) -> None:
     sizes = blocks(runs, rounds)
     assert len(sizes) == rounds and sum(sizes) == runs and max(sizes) - min(sizes) <= 1
     assert sizes == sorted(sizes, reverse=True)
+
+
+class _Span:
+    def __init__(self, name: str, attributes: dict[str, object]) -> None:
+        self.name, self.attributes = name, attributes
+
+
+def test_round_times_are_the_median_of_each_round_in_the_time_basis() -> None:
+    """Device time when measured (CUDA: synthetic spans here, no GPU on this machine), else
+    wall time; untimed or round-less spans are not a round's."""
+    from attnscope.cli.compare._stats import figures
+
+    timed = {"compare.phase": "timed", "attnscope.tier": "timing"}
+    walls = {0: [5_000, 9_000, 6_000], 1: [7_000, 8_000]}
+    spans = [_Span("compare.x", {**timed, "compare.round": r, "attnscope.wall_ns": w,
+                                 "attnscope.device_ns": w // 10})
+             for r, ws in walls.items() for w in ws]
+    spans.append(_Span("compare.x", {**timed, "attnscope.wall_ns": 10**9}))  # no round
+    spans.append(_Span("compare.x", {"compare.phase": "profiled", "attnscope.tier": "profile",
+                                     "compare.round": 0, "attnscope.wall_ns": 10**9}))
+    with_device = figures(spans, "compare.x")
+    assert with_device.rounds == {0: 0.6, 1: 0.75}  # µs of device time
+    wall_only = [_Span(s.name, {k: v for k, v in s.attributes.items()
+                                if k != "attnscope.device_ns"}) for s in spans]
+    assert figures(wall_only, "compare.x").rounds == {0: 6.0, 1: 7.5}

@@ -147,14 +147,17 @@ def compare(spec: measure.Spec, names: list[tuple[str, bool]], users: dict[str, 
             if impl is None:
                 say(f"{row.name}: {row.status}: {row.reason}")
                 continue
+            say(f"{row.name}: runs here, {'within' if row.status == 'ok' else 'beyond'} the "
+                f"tolerance (first call {_seconds(seconds)})")
             live.append((row, impl, seconds))
         live = [_first_warmup(entry, inputs, spec, say) for entry in live]
         ran = [row for row, _, _ in live]
         live = [entry for entry in live if entry[0].status != "failed"]
         made = plan(spec.runs, spec.warmup, [s for _, _, s in live], spec.budget_s)
+        if made.cut:
+            say(made.describe())
         say(f"{_calls(made.runs, 'timed call')} of each of {len(live)} in "
-            f"{_calls(made.rounds, 'round')}, {_calls(made.warmup, 'warm-up call')} first"
-            + (f" ({made.describe()})" if made.cut else ""))
+            f"{_calls(made.rounds, 'round')}, {_calls(made.warmup, 'warm-up call')} first")
         _measure_all(live, inputs, spec, made, say)
     spans = list(memory.get_finished_spans())
     for row in rows:
@@ -201,8 +204,8 @@ def _first_warmup(entry: tuple[Row, Impl, float], inputs: tuple[torch.Tensor, ..
         error, seconds = measure.warm(impl, inputs, spec, 1)
         if error is not None:
             row.status, row.reason = "failed", error
-    say(f"{row.name}: {row.status}" + (f": {row.reason}" if row.status == "failed"
-                                       else f", about {_seconds(seconds)} a call"))
+    say(f"{row.name}: " + (f"failed: {row.reason}" if row.status == "failed"
+                           else f"about {_seconds(seconds)} a call"))
     return row, impl, seconds
 
 

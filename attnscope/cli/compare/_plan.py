@@ -41,8 +41,8 @@ class Plan:
         if not self.cut:
             return ""
         return (f"--budget {self.budget_s:g} s: {self.runs} timed and {self.warmup} warm-up calls "
-                f"each instead of {self.runs_asked} and {self.warmup_asked} (one call of every "
-                f"implementation takes about {self.round_s:.3g} s; --budget 0 for all)")
+                f"each instead of {self.runs_asked} and {self.warmup_asked} (a call of each takes "
+                f"about {self.round_s:.3g} s; --budget 0 for all)")
 
 
 def plan(runs: int, warmup: int, per_call_s: Sequence[float], budget_s: float | None) -> Plan:

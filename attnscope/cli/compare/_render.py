@@ -124,9 +124,11 @@ def render_table(spec: Spec, rows: list[Row], out: TextIO, plan: Plan | None = N
     console.print(f"attnscope compare — B={spec.batch} H={spec.heads}{gqa} S={spec.seq_len} "
                   f"D={spec.head_dim} {h['dtype']}{' causal' if spec.causal else ''} on "
                   f"{h['device_name']} · {spec.runs} timed calls each in {h['rounds']} "
-                  f"interleaved rounds ({basis}) · torch {h['torch_version']}", markup=False)
+                  f"interleaved rounds ({basis}) · torch {h['torch_version']}", markup=False,
+                  soft_wrap=True)  # whole lines: a terminal wraps them, a pipe keeps them
     if h["cut_by_budget"]:
-        console.print(f"fewer calls than asked: {h['cut_by_budget']}", markup=False)
+        console.print(f"fewer calls than asked: {h['cut_by_budget']}", markup=False,
+                      soft_wrap=True)
     titles = ("implementation", "status", "backend", "p50", "p95", "p99", "TFLOP/s",
               f"{unit}/call", "peak mem", "max abs err", "rel err")
     ran = [r for r in rows if r.status in ("ok", "inaccurate", "failed")]
@@ -146,9 +148,9 @@ def render_table(spec: Spec, rows: list[Row], out: TextIO, plan: Plan | None = N
     flops = next((r.figures.flops for r in ran if r.figures and r.figures.flops), None)
     console.print(f"FLOPs per call (attnscope.flops): {flops if flops is not None else MISSING} · "
                   f"error against float64 attention of the same inputs, allowed max abs "
-                  f"{h['tolerance_max_abs']:g} for {h['dtype']}", markup=False)
+                  f"{h['tolerance_max_abs']:g} for {h['dtype']}", markup=False, soft_wrap=True)
     for line in lines(ranking(rows), "round", "--runs"):
-        console.print(line, markup=False)
+        console.print(line, markup=False, soft_wrap=True)
     _notes(console, rows)
 
 
