@@ -10,9 +10,11 @@ behind the copies (:func:`wrapper.leave`). The worker reads them once that event
 (:class:`record.HostCopy`) and computes the counts there (``record.reduce.Later``); a capture whose
 events time out is built without them.
 
-Cost on the calling thread of a sampled CUDA call with a mask: at most six operations, whatever the
-mask's size (issue 37: a comparison, two more that pack a large mask's bits, one pinned
-allocation, one copy for the mask and one for a static cache's length); nothing is read or waited
+Cost on the calling thread of a sampled CUDA call with a mask: at most six operations whatever the
+mask's size (issue 37; ``tests/test_mask_launches.py`` counts them): a comparison (none for a
+boolean mask), a multiplication that packs a large mask's bits, one pinned allocation, the mask's
+copy and a static cache's length's; none at all for the next call given the same mask (every
+layer of a forward is), which shares the first one's copy and counts. Nothing is read or waited
 for. The pinned bytes are the tensor-keeping budget's, in place of the mask's: masks over the
 budget were never kept and are not copied either.
 """

@@ -1,10 +1,10 @@
 """What the attention mask a call received says (tokens, causality, window, visible pairs), read
 from its counts, and the exact pair counts of a band of key offsets.
 
-The mask is reduced to a few counts (``record.reduce.FIELDS``) by the same reductions on both
-devices: on CUDA the call's stream computed them and copied them to pinned memory (a
-:class:`HostCopy`); on CPU the worker computes them here from the mask the capture kept. Either way
-reading them is integer arithmetic on a few numbers. Module attributes (``is_causal``,
+The mask is reduced to a few counts (``record.reduce.FIELDS``) by the same reductions on the
+worker for both devices: on CPU from the mask the capture kept, on CUDA from the copy of it that
+the call's stream wrote to pinned memory (a :class:`HostCopy`, its counts computed when first
+read). Reading them is then integer arithmetic on a few numbers. Module attributes (``is_causal``,
 ``sliding_window``) are a fallback for layers that get no mask: where a model builds one, the mask
 is what the kernel applied, so it decides.
 
@@ -75,8 +75,9 @@ class MaskCounts:
 
 def counts_of(mask: Any, ignores: bool, batch: int, heads: int | None, sq: int,
               skv: int | None, device_reads: bool = True) -> MaskCounts | None:
-    """The counts of a kept mask (a CPU tensor: computed here) or of a :class:`HostCopy`; None
-    when there are none to read (a mask over the budget, a device tensor, a timed-out copy)."""
+    """The counts of a kept mask (a CPU tensor) or of a :class:`HostCopy` (a CUDA mask's copy),
+    computed here; None when there are none to read (a mask over the budget, a device tensor, a
+    timed-out copy)."""
     if isinstance(mask, HostCopy):
         if mask.kind != "mask" or not device_reads:
             return None
