@@ -27,9 +27,9 @@ from .._version import __version__
 from . import otlp_status
 from .otel_env import check_headers, exporter_kwargs, invalid_endpoint, reader_kwargs
 
-__all__ = ["NowhereExporter", "command_args", "command_line", "make_exporter",
-           "meter_provider_for", "otlp_protocol", "program_of", "resource",
-           "resource_attributes", "traces_exporter_from_env", "unusable_env_exporter"]
+__all__ = ["NowhereExporter", "command_args", "command_line", "config_attributes", "make_exporter",
+           "meter_provider_for", "otlp_protocol", "program_of", "resource", "resource_attributes",
+           "traces_exporter_from_env", "unusable_env_exporter"]
 
 _DEFAULT_SERVICE = Config.service_name
 _OTLP_NAMES = ("otlp", "otlp-grpc", "otlp-http")
@@ -52,11 +52,7 @@ def resource_attributes(cfg: Config) -> dict[str, Any]:
         schema.WORLD_SIZE.name: _dist.world_size(),
         schema.HOST_ARCH.name: platform.machine() or "unknown",
         schema.COMMAND_ARGS.name: command_args(command_line(cfg.record_command_args)),
-        # what was measured depends on these: a report or a diary entry states them
-        schema.CONFIG_SAMPLE_RATE.name: float(cfg.sample_rate),
-        schema.CONFIG_PROFILE_RATE.name: float(cfg.profile_rate),
-        schema.CONFIG_OVERHEAD_BUDGET.name: float(budgeted(cfg)[0]),  # the one in force
-        schema.CONFIG_WARMUP_CALLS.name: int(cfg.warmup_calls),
+        **config_attributes(cfg),
     }
     started = _process_start()
     if started is not None:
@@ -79,6 +75,16 @@ def resource_attributes(cfg: Config) -> dict[str, Any]:
     except Exception:
         pass
     return attrs
+
+
+def config_attributes(cfg: Config) -> dict[str, Any]:
+    """The settings what was measured depends on, as resource attributes (a report or a diary
+    entry states them). A later ``configure()`` changes them without a new pipeline: attnscope's
+    own emitter puts the values in force on each span's resource (``worker.emit``)."""
+    return {schema.CONFIG_SAMPLE_RATE.name: float(cfg.sample_rate),
+            schema.CONFIG_PROFILE_RATE.name: float(cfg.profile_rate),
+            schema.CONFIG_OVERHEAD_BUDGET.name: float(budgeted(cfg)[0]),  # the one in force
+            schema.CONFIG_WARMUP_CALLS.name: int(cfg.warmup_calls)}
 
 
 _MAX_ARGS, _MAX_ARG_CHARS = 64, 512
