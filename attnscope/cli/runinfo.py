@@ -80,15 +80,19 @@ def run_info(path: str | os.PathLike[str], rows: Sequence[SpanRow]) -> dict[str,
     for name, key in _SETTINGS:
         values = each(key)
         settings[name] = values[0] if len(values) == 1 else (values or None)
-        if settings[name] is None and isinstance(given.get(name), str):
-            settings[name] = _number(given[name])
+        value = given.get(name)  # a number (a string in an older run.json)
+        if settings[name] is None and isinstance(value, (int, float)) and not isinstance(
+                value, bool):
+            settings[name] = value
+        elif settings[name] is None and isinstance(value, str):
+            settings[name] = _number(value)
     return {
         "command": command,
         "started": started or (starts[0] if starts else None),
         "duration_s": run.get("duration_s") if isinstance(run.get("duration_s"), (int, float))
         else None,
         "exit_code": run.get("exit_code") if isinstance(run.get("exit_code"), int) else None,
-        "processes": len(resources),
+        "processes": _processes(resources),
         "hosts": each("host.name") or _distinct([run.get("host")]),
         "arch": each(schema.HOST_ARCH.name) or _distinct([run.get("arch")]),
         "devices": devices,
@@ -102,6 +106,14 @@ def run_info(path: str | os.PathLike[str], rows: Sequence[SpanRow]) -> dict[str,
         "source": [s for s, present in (("run.json", bool(run)), ("resource", bool(resources)))
                    if present],
     }
+
+
+def _processes(resources: Sequence[Mapping[str, Any]]) -> int:
+    """How many processes wrote: one process has several resources when ``configure()`` changed
+    the settings they state (``attnscope.config.*``) while it ran."""
+    ids = {(r.get("host.name"), r.get("process.pid"), r.get(schema.PROCESS_START.name))
+           for r in resources}
+    return len(resources) if (None, None, None) in ids else len(ids)
 
 
 def _one(values: list[Any]) -> Any:

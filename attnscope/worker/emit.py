@@ -30,6 +30,7 @@ from typing import Any
 
 from opentelemetry import trace as otel_trace
 from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.sampling import Decision, ParentBased, StaticSampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -43,6 +44,8 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 
+from .._state import state
+from ..export.destinations import config_attributes
 from ..record.capture import MAX_NAME, MAX_VALUE, ErrorInfo
 
 __all__ = ["Emitter", "SdkEmitter", "DirectEmitter", "NowhereEmitter", "OpenSpan",
@@ -185,6 +188,11 @@ class DirectEmitter(Emitter):
         self.sampler = provider.sampler
         self.ids = provider.id_generator
         self.resource = provider.resource
+        # The resource states the settings in force (attnscope.config.*), but configure() changes
+        # them without building a new provider: each span takes the resource of the configuration
+        # in force when it is emitted (one new Resource per change, not per span).
+        self._built_resource = provider.resource
+        self._resource_cfg: Any = state.config
         self.processor = processor
         self.scope = InstrumentationScope(scope_name, version)
         # the SDK's own fixed-decision samplers, decided here once (else asked per span)
@@ -224,10 +232,25 @@ class DirectEmitter(Emitter):
             status = error_status(error)
         if sc.trace_flags.sampled:  # the batch processor takes (and counts) sampled spans only
             _count_handed(self.delivery)
+        if state.config is not self._resource_cfg:
+            self._follow_config()
         self.processor.on_end(ReadableSpan(
             name=name, context=sc, parent=parent, resource=self.resource, attributes=attrs,
             events=events, links=links, kind=_INTERNAL, status=status, start_time=start_ns,
             end_time=end_ns, instrumentation_scope=self.scope))
+
+    def _follow_config(self) -> None:
+        """The resource for the configuration in force: the built one while its settings are
+        unchanged (one Jaeger process), else the built one with the settings of now."""
+        cfg = self._resource_cfg = state.config
+        built = self._built_resource
+        if cfg is None or not isinstance(built, Resource):
+            return
+        now = config_attributes(cfg)
+        if all(built.attributes.get(k) == v for k, v in now.items()):
+            self.resource = built
+        elif any(self.resource.attributes.get(k) != v for k, v in now.items()):
+            self.resource = built.merge(Resource(now, built.schema_url))
 
     def context_with(self, trace_id: int, span_id: int, name: str,
                      parent: SpanContext | None) -> SpanContext:

@@ -8,7 +8,6 @@ Jaeger JSON).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import shutil
@@ -18,14 +17,11 @@ from typing import Any, TextIO
 
 import torch
 import torch.nn.functional as F
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 import attnscope
 
 from ... import _api
 from ...capture import profiler_session as profiler
-from ...export.destinations import resource
 from ...export.jaeger_json import JaegerJSONFileExporter
 from ..render.writer import check_output, write_text
 from ..report import render_terminal
@@ -115,14 +111,13 @@ def run_demo(steps: int = 20, seq_len: int = 256, jaeger_json: str | None = None
     model = attnscope.instrument(TinyDecoder().eval())  # layers.N.attn spans, layer_index
     x = torch.randn(2, seq_len, 256)
     previous = _api.current()
-    # the resource attnscope gives its own providers: the trace shows host, versions, pid
-    provider = TracerProvider(resource=resource(dataclasses.replace(
-        previous, service_name="attnscope-demo")))
-    # the file `attnscope report` reads at the end (a scratch one when none was asked for)
+    # the file `attnscope report` reads at the end (a scratch one when none was asked for),
+    # written by attnscope's own pipeline as a user's would be: its resource shows host,
+    # versions, pid and the settings in force (built from this configuration, not the previous)
     file_exporter = JaegerJSONFileExporter(trace_path, service_name="attnscope-demo")
-    provider.add_span_processor(SimpleSpanProcessor(file_exporter))
-    attnscope.configure(tracer_provider=provider, sample_rate=1.0, warmup_calls=0, profile_rate=0.0,
-                        profile_max_per_minute=60, overhead_budget=1.0)
+    attnscope.configure(exporter=file_exporter, tracer_provider=None,
+                        service_name="attnscope-demo", sample_rate=1.0, warmup_calls=0,
+                        profile_rate=0.0, profile_max_per_minute=60, overhead_budget=1.0)
     # A service warms the profiler on attnscope's worker; the demo does it up front so that its
     # one profiled forward is not timed instead while the profiler is still cold.
     profiler.warm_up()
@@ -149,10 +144,8 @@ def run_demo(steps: int = 20, seq_len: int = 256, jaeger_json: str | None = None
                         model(x, impl)
         attnscope.flush(timeout_s=30)
     finally:
-        attnscope.shutdown(timeout_s=10)
+        attnscope.shutdown(timeout_s=10)  # shuts the pipeline down: the file is written
         _api.restore(previous)
-    file_exporter.force_flush()
-    provider.shutdown()
     try:
         spans = _print_reports(trace_path, jaeger_json, html, out)
     finally:
