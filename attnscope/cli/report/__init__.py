@@ -31,7 +31,7 @@ from ... import _schema as schema
 from ._fallbacks import fallback_lines
 from ._requests import Requests, print_requests, requests_json, requests_of
 
-__all__ = ["Context", "register", "run_report", "to_json", "render_terminal"]
+__all__ = ["Context", "backend_cell", "register", "run_report", "to_json", "render_terminal"]
 
 
 def register(sub: Any, formatter: Any) -> None:
@@ -102,13 +102,18 @@ def run_report(trace: str | os.PathLike[str], *, html: str | None = None,
     else:
         render_terminal(summary, source=os.fspath(trace), spans=len(rows), top=top, out=out,
                         context=context, calls=calls)
+    wrote = []
     if json_path and json_path != "-":
         write_text(json_path, json.dumps(document, indent=2) + "\n", "--json")
+        wrote.append(f"JSON: {json_path}")
     if html:
         from ._html import render_html  # matplotlib: only for the page
 
         write_text(html, render_html(summary, rows, source=os.fspath(trace), top=top,
                                      context=context), "--html")
+        wrote.append(f"HTML report: {html}")
+    if wrote:  # on stderr: stdout is the report (or the JSON, with --json -)
+        print(f"attnscope report: {', '.join(wrote)}", file=sys.stderr)
     return 0
 
 
@@ -311,11 +316,16 @@ def _calls_table(summary: Summary) -> Table:
     for g in _rows(summary):
         _add(t, summary, g, [str(g.calls)] + ([f"{g.estimated_calls:,.0f}"] if sampled else [])
              + [str(g.profiled), MISSING if g.tokens is None else f"{g.tokens:,}",
-                si(g.flops) + (INEXACT_MARK if g.inexact else ""),
-                (g.backend or MISSING) if g is not summary.overall
-                else ",".join(sorted({b.backend for b in summary.groups if b.backend}))
-                or MISSING])
+                si(g.flops) + (INEXACT_MARK if g.inexact else ""), backend_cell(summary, g)])
     return t
+
+
+def backend_cell(summary: Summary, g: GroupStats) -> str:
+    """A row's backend; the "all layers" row's: every backend of the rows above (terminal and
+    HTML alike)."""
+    if g is summary.overall:
+        return ",".join(sorted({b.backend for b in summary.groups if b.backend})) or MISSING
+    return g.backend or MISSING
 
 
 def _latency_table(summary: Summary, title: str, pick: Any) -> Table:

@@ -17,11 +17,12 @@ from matplotlib.ticker import FuncFormatter
 from ..render.html import PALETTE, escape, figure, page, svg, table
 from ..render.units import MISSING, duration, si, when
 from ..runinfo import describe
-from . import INEXACT_MARK, inexact_lines
+from . import INEXACT_MARK, backend_cell, inexact_lines
 from ._fallbacks import fallback_lines
 from ._requests import requests_html
 from ._roofline_plot import roofline_section
-from ..summary import GroupStats, Summary, latency_rows, operator_spans, time_ns, wall_ns
+from ._timeline import spans_under, timeline_svg
+from ..summary import GroupStats, Summary, latency_rows, time_ns, wall_ns
 from ..traces import SpanRow, attention_calls, group_key
 from ... import _schema as schema
 
@@ -126,7 +127,7 @@ def _numbers(summary: Summary, duration: Any, si: Any) -> str:
                si(g.tflops * 1e12 if g.tflops is not None else None)
                + (INEXACT_MARK if g.inexact else ""),
                si(g.core_tflops * 1e12 if g.core_tflops is not None else None),
-               (g.backend or MISSING) if g is not summary.overall else MISSING]
+               backend_cell(summary, g)]
         if cost:
             row.append(MISSING if g.cost_per_1k_tokens is None else f"{g.cost_per_1k_tokens:.3g}")
         body.append(row)
@@ -235,43 +236,26 @@ def _short(text: str, n: int) -> str:
     return text if len(text) <= n else text[:n - 1] + "…"
 
 
-def _depths(call: SpanRow, ops: Sequence[SpanRow]) -> dict[str, int]:
-    depth = {call.span_id: -1}
-    for op in ops:  # by start time: a parent comes before its children
-        depth[op.span_id] = depth.get(op.parent_id or "", -1) + 1
-    return depth
-
-
 def _timeline(summary: Summary, rows: Sequence[SpanRow], calls: Sequence[SpanRow],
               duration: Any) -> str:
-    profiled = [(c, operator_spans(rows, c)) for c in calls
+    profiled = [(c, spans_under(rows, c)) for c in calls
                 if c.attributes.get(schema.TIER.name) == "profile"]
-    profiled = [(c, ops) for c, ops in profiled if ops]
+    profiled = [(c, spans) for c, spans in profiled if spans]
     if not profiled:
         return "<p class=\"note\">No profiled call with operator spans in this trace.</p>"
-    call, ops = max(profiled, key=lambda p: time_ns(p[0]))
-    depth = _depths(call, ops)
-    levels = max(depth.values()) + 1
-    fig = figure(11, 1.2 + 0.45 * levels)
-    ax = fig.subplots()
-    longest = sorted(ops, key=lambda o: -o.duration_ns)[:12]
-    colour = {name: PALETTE[i % 6] for i, name in enumerate(sorted({o.name for o in ops}))}
-    for op in ops:
-        x0, width = (op.start_ns - call.start_ns) / 1e6, op.duration_ns / 1e6
-        ax.barh(-depth[op.span_id], width, left=x0, height=0.8, edgecolor="white",
-                linewidth=0.5, color=colour[op.name])
-        if op in longest:
-            ax.text(x0 + width / 2, -depth[op.span_id], _short(op.name.replace("aten::", ""), 18),
-                    ha="center", va="center", fontsize=7, color="white", clip_on=True)
-    ax.set_xlim(0, call.duration_ns / 1e6)
-    ax.set_yticks([-d for d in range(levels)], [f"depth {d}" for d in range(levels)], fontsize=8)
-    ax.set_xlabel("ms since the call started")
-    note = (f"<p class=\"note\">{escape(summary.label_of(call))} "
-            f"({escape(group_key(call)[1] or 'no phase')}), "
-            f"{duration(time_ns(call))}, trace {escape(call.trace_id)}: its {len(ops)} operator "
-            "spans as they ran (nested ops below their parent; small ops are folded into their "
-            "parent by attnscope).</p>")
-    return note + svg(fig)
+    call, spans = max(profiled, key=lambda p: time_ns(p[0]))
+    label = summary.label_of(call)
+    nested = [s for s in spans if schema.KERNEL_KIND.name not in s.attributes]
+    inside = "; ".join(f"{s.name} {duration(s.duration_ns)} "
+                       f"({s.duration_ns / max(call.duration_ns, 1):.0%} of the call)"
+                       for s in sorted(nested, key=lambda s: -s.duration_ns)[:3])
+    note = (f"<p class=\"note\">{escape(label)} ({escape(group_key(call)[1] or 'no phase')}), "
+            f"{duration(time_ns(call))}, trace {escape(call.trace_id)}: the {len(spans)} spans "
+            "under it as they ran, in ms since it started: nested spans (blue) and operators, "
+            "each below its parent (small ops are folded into their parent by attnscope). "
+            + (f"Inside it: {escape(inside)}. " if inside else "")
+            + "A bar too narrow for its name names it on hover.</p>")
+    return note + timeline_svg(call, spans, label, duration)
 
 
 def _slowest(summary: Summary, duration: Any) -> str:
