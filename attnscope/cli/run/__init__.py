@@ -320,13 +320,11 @@ def _full_report(out: Path, files: list[Path]) -> None:
     target = out if (out / output.OTLP).is_file() else files[0]
     html = out / "report.html"
     try:
+        # `attnscope report` says where it wrote the page, in its one line on stderr
         with contextlib.redirect_stdout(sys.stderr):
-            code = main(["report", str(target), "--html", str(html)])
+            main(["report", str(target), "--html", str(html)])
     except (Exception, SystemExit) as exc:
         print(f"attnscope run: the report failed ({exc!r:.200})", file=sys.stderr)
-        return
-    if code == 0 and html.is_file():
-        print(f"attnscope run: HTML report: {html}", file=sys.stderr)
 
 
 # what became of sampled calls' spans, as a run's processes report it (docs/sampling.md's counts)

@@ -13,6 +13,7 @@ at start-up: a launcher (torchrun itself) never claims a name.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -133,13 +134,27 @@ def write_run_info(directory: Path, *, command: list[str], argv: list[str],
         "duration_s": round((ended_ns - started_ns) / 1e9, 3), "exit_code": exit_code,
         "host": socket.gethostname(), "arch": platform.machine(),
         "python": platform.python_version(), "attnscope_version": __version__,
-        "settings": {name: environ.get(var) for name, var in _SETTING_VARS.items()},
+        "settings": {name: _setting(environ.get(var), int if name == "warmup_calls" else float)
+                     for name, var in _SETTING_VARS.items()},
     }
     try:
         _safe_files.write_text(directory / RUN_INFO, json.dumps(info, indent=2) + "\n")
     except OSError as exc:
         print(f"attnscope run: cannot write {directory / RUN_INFO} "
               f"({exc.strerror or type(exc).__name__})", file=sys.stderr)
+
+
+def _setting(raw: str | None, kind: type[int] | type[float]) -> int | float | None:
+    """A setting's variable as the number the program reads from it (as ``report --json`` and
+    the resource state it); None when unset or not a finite number (the program then warned and
+    took the default)."""
+    if raw is None:
+        return None
+    try:
+        value = kind(raw.strip())
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def is_run_file(name: str) -> bool:
