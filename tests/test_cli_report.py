@@ -43,7 +43,7 @@ def _json_report(path: Path, tmp_path: Path, *extra: str) -> dict[str, Any]:
     out = tmp_path / f"{path.name}.report.json"
     done = _report(path, "--json", out, *extra)
     assert done.returncode == 0, done.stderr
-    assert done.stderr == ""
+    assert done.stderr == f"attnscope report: JSON: {out}\n"  # where it wrote, nothing else
     return dict(json.loads(out.read_text()))
 
 

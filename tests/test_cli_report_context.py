@@ -223,7 +223,10 @@ def test_run_writes_run_json_and_report_reads_it(tmp_path: Path) -> None:
     info = json.loads((out / "run.json").read_text())
     assert info["command"] == ["python", str(app), "--flag", "x y"]
     assert info["exit_code"] == 0 and info["duration_s"] > 0
-    assert info["settings"]["sample_rate"] == "1.0"
+    # numbers, as `report --json` and the resource state them (were strings: "1.0")
+    assert info["settings"] == {"sample_rate": 1.0, "profile_rate": 0.05,
+                                "overhead_budget": 1.0, "warmup_calls": 0}
+    assert type(info["settings"]["warmup_calls"]) is int
     meta = run_info(out, load_spans(out))
     assert meta["command"] == f"python {app} --flag 'x y'"
     assert meta["started"] == info["started"] and meta["source"] == ["run.json", "resource"]
