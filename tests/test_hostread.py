@@ -1,8 +1,8 @@
 """The worker reads no device tensor (issue 15 items 2 and 3, CPU-testable core).
 
-On CUDA the calling thread leaves counts in pinned memory (``HostCopy``) in place of the mask, the
-static cache's length and ``generate()``'s ids; the worker reads those copies once the call's last
-event has passed, and nothing when the events timed out. Device tensors themselves are never read
+On CUDA the calling thread leaves pinned copies (``HostCopy``) in place of the mask (its boolean
+view), the static cache's length and ``generate()``'s new ids; the worker counts from those copies
+once the call's last event has passed, and reads nothing when the events timed out. Device tensors themselves are never read
 on the worker: the spans then leave out what needed their values instead of carrying a wrong one.
 """
 
@@ -133,8 +133,8 @@ def test_a_timer_with_copies_is_ready_once_its_third_event_has_passed() -> None:
 
 def test_a_traced_call_on_the_device_reads_its_mask_from_the_copy(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A sampled call on a (faked) CUDA device: the mask is counted on the call's stream and
-    handed over as a copy; the capture does not keep the mask."""
+    """A sampled call on a (faked) CUDA device: the mask is copied on the call's stream and
+    counted by the worker; the capture does not keep the mask."""
     import contextlib
 
     import attnscope
@@ -167,9 +167,10 @@ def test_a_traced_call_on_the_device_reads_its_mask_from_the_copy(
     mask[0, :, :, :1] = False  # row 0: its first key is padding
     with capture_spans() as spans:
         masked(q, q, q, attn_mask=mask)
+        masked(q, q, q, attn_mask=mask)  # the same mask again: its copy is shared (issue 37)
         assert attnscope.flush(10)
-    assert len(spans) == 1 and len(copied) == 1
-    assert spans[0].attributes["attnscope.tokens"] == 7
+    assert len(spans) == 2 and len(copied) == 1
+    assert [s.attributes["attnscope.tokens"] for s in spans] == [7, 7]
     assert state.kept_bytes == 0  # the mask's bytes went back to the budget at the call's end
 
 

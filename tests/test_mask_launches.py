@@ -278,3 +278,17 @@ def test_the_last_copy_does_not_keep_its_mask_alive(on_device: None) -> None:
     del mask
     gc.collect()
     assert gone() is None and f.mask.read()[0] == 16 + 12
+
+
+def test_an_inference_mode_mask_is_copied_every_time(on_device: None) -> None:
+    """An inference tensor has no version counter (and may be written in place unseen)."""
+    with torch.inference_mode():
+        mask = _padded(2, 16, 16, True)
+    first, counter = _layer_call(mask)
+    assert "aten.copy_" in counter.ops
+    with torch.inference_mode():
+        mask[1, :, :, :5] = float("-inf")
+    second, counter = _layer_call(mask)
+    assert "aten.copy_" in counter.ops and len(counter.ops) <= LIMIT
+    assert first.mask.read() == _want(_padded(2, 16, 16, True), False, 2, 4, 16, 16)
+    assert second.mask.read() == _want(mask.clone(), False, 2, 4, 16, 16) != first.mask.read()

@@ -234,7 +234,7 @@ class _Recent:
 
     __slots__ = ("ref", "key", "slot", "shipment", "seen", "numbers")
 
-    def __init__(self, mask: torch.Tensor, key: tuple[Any, ...], slot: _Slot,
+    def __init__(self, mask: torch.Tensor, key: tuple[Any, ...] | None, slot: _Slot,
                  shipment: Shipment, seen: Callable[[], torch.Tensor]) -> None:
         self.ref = weakref.ref(mask)
         self.key = key
@@ -263,21 +263,34 @@ def _stream_of(mask: torch.Tensor) -> Any:
     return torch.cuda.current_stream(index).stream_id
 
 
+def _share_key(mask: torch.Tensor, ignores: bool, keys: int | None) -> tuple[Any, ...] | None:
+    """What must not have changed for the next call to share this mask's copy; None: never
+    shared (an inference tensor has no version counter and may be written in place unseen, and
+    a tensor subclass may have none either)."""
+    try:
+        if mask.is_inference():
+            return None
+        return (mask._version, ignores, keys, _stream_of(mask))
+    except Exception:
+        return None
+
+
 def _shipped(cap: Capture, mask: torch.Tensor, ignores: bool, keys: int | None, sends: _Sends
              ) -> _Recent | None:
     """``mask`` copied (its bytes in the budget in place of the mask's, which it no longer
     keeps), or the copy of the same mask the thread's last call made; None over the budget."""
     _retain.drop(cap, mask)
-    key = (mask._version, ignores, keys, _stream_of(mask))
+    key = _share_key(mask, ignores, keys)
     last: _Recent | None = getattr(_recent, "last", None)
-    if (last is not None and last.ref() is mask and last.key == key
+    if (key is not None and last is not None and last.ref() is mask and last.key == key
             and last.slot.host is not None):  # sent (a failed call's copy never was)
         return last if _reserve(cap, last.shipment.nbytes) else None
     data, shipment = ship(mask, ignores, keys)
     if not _reserve(cap, shipment.nbytes):
         return None
     slot = sends.add(data)
-    _recent.last = recent = _Recent(mask, key, slot, shipment, _landing(slot, shipment))
+    recent = _Recent(mask, key, slot, shipment, _landing(slot, shipment))
+    _recent.last = recent if key is not None else None
     return recent
 
 
