@@ -135,7 +135,7 @@ def _wide_cells(group: Any) -> list[str]:
 def test_the_table_is_readable_in_an_80_column_terminal(
         width: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Every figure and name whole, every line within the width (80: folded; 200: one table)."""
-    from attnscope.cli.diff import _print
+    from attnscope.cli.diff._command import _print
 
     times = _lognormal(17, 320, scale=1e6)
     before, after = [], []

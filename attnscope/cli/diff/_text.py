@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from ..render.units import MISSING, quantity
+from . import UNJUDGED_EXIT
 from ._groups import Backends, Diary, GroupDiff, Noise
 from ._stats import FEW, Change, calls_needed
 
@@ -14,7 +15,6 @@ __all__ = ["HEADERS", "NOISE_HEADERS", "UNJUDGED_EXIT", "group_label", "names", 
            "method_note", "gate_unjudged_note", "gate_inconclusive_note", "side_backend_text",
            "backend_text", "layer_cell"]
 
-UNJUDGED_EXIT = 3  # --fail-if-slower asked for, one run on a side: no verdict either way
 _RUNS_SHOWN = 6    # per-run p50s listed in the noise table (more: the smallest and largest)
 _INCONCLUSIVE_SHOWN = 3  # straddling groups named on the gate's line (a line, not a list)
 
