@@ -2,8 +2,9 @@
 
 Plots (matplotlib, inline SVG via :mod:`..render.html`): latency distribution per layer and
 phase, time per layer split by phase, the roofline (:mod:`._roofline_plot`), the
-kernel/operator breakdown of the profiled calls, and the operator timeline of the slowest
-profiled call. Tables: the per-layer numbers, the roofline's points and the slowest calls.
+kernel/operator breakdown of the profiled calls; the timeline of the slowest profiled call is SVG
+drawn by :mod:`._timeline`. Tables: the per-layer numbers, the roofline's points and the slowest
+calls.
 """
 
 from __future__ import annotations
