@@ -131,7 +131,10 @@ def leave(site: CallSite, active: Active, error: BaseException | None, result: A
     try:  # no try nested in this one: a nested try's first line is outside its handlers
         cap.end_perf_ns = _perf_ns()
         _reset_current(token)
-        _end(site, cap, error, result)
+        # the usual timed CPU call has nothing of _end's to do: no call for it
+        if cap.timer is not None or cap.profile is not None or cap.memory is not None \
+                or error is not None or site.on_result is not None:
+            _end(site, cap, error, result)
         starting = state.worker is None
         t_submit = _perf_ns() if starting else 0
         block = cap.rows
@@ -337,7 +340,9 @@ def _sampled(site: CallSite, fn: Callable[..., Any], args: tuple[Any, ...],
         leave(site, active, None, result)
         return result
     finally:
-        if active is not None:  # a no-op, unless a Ctrl-C landed before leave's first line
+        # a no-op, unless a Ctrl-C landed before leave's first line (end_perf_ns unset); asked
+        # here, not in leave(), so that the usual end pays no second call and exc_info()
+        if active is not None and not active[0].end_perf_ns:
             leave(site, active, sys.exc_info()[1])
 
 
@@ -360,7 +365,9 @@ async def _sampled_async(site: CallSite, fn: Callable[..., Any], args: tuple[Any
         leave(site, active, None, result)
         return result
     finally:
-        if active is not None:  # a no-op, unless a Ctrl-C landed before leave's first line
+        # a no-op, unless a Ctrl-C landed before leave's first line (end_perf_ns unset); asked
+        # here, not in leave(), so that the usual end pays no second call and exc_info()
+        if active is not None and not active[0].end_perf_ns:
             leave(site, active, sys.exc_info()[1])
 
 

@@ -24,7 +24,7 @@ from . import apportion, derive, emit
 from .derived import Derived, Measured
 from .profiles import session as profile
 from .shapecache import ShapeCache, summary_key
-from .spans import SpanBuilder, result_of, site_attributes
+from .spans import SpanBuilder, implementation_of, result_of, site_attributes
 
 if TYPE_CHECKING:
     from .cuda import DeviceAccess
@@ -35,6 +35,7 @@ __all__ = ["Engine", "MetricsBatch"]
 # At most this many built spans wait for their metrics (MetricsBatch): a bound on what is held and
 # on how late a value is recorded when captures arrive faster than the worker's batches end.
 _METRICS_BATCH_MAX = 1024
+_IMPLS_MAX = 4096  # modules whose implementation one batch keeps
 
 
 class Engine:
@@ -47,6 +48,11 @@ class Engine:
         # a call site's attributes, cleaned once (sites are weakly held: they live in user code)
         self._sites: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
         self._shapes = ShapeCache()  # derive's attributes per summary of plain values (bounded)
+        # A module's configured implementation, read once per batch: the read goes through
+        # transformers' config __getattribute__ (four Python calls, a tenth of a layer span's
+        # build), for the same answer on every layer call of the batch. Holds the modules (by
+        # id, with the module, so an id is never another's) until the batch ends.
+        self._impls: dict[int, tuple[Any, str | None]] = {}
         try:
             built = (build or pipeline.build)(cfg)
             record = metrics.recorder(cfg, built)
@@ -91,7 +97,8 @@ class Engine:
         found.trigger, found.slow_quantile = escalator.observe(
             cap, found.device_ns, cfg.slow_call_quantile,
             cfg.profile_rate > 0 and cfg.profile_max_per_minute > 0)
-        result = result_of(cap, shape, found, children, self._site_attrs(cap.site))
+        result = result_of(cap, shape, found, children, self._site_attrs(cap.site),
+                           self._implementation)
         if cap.rows is not None:  # inside attnscope.batch(): the call's share of each row
             try:
                 apportion.observe(cap, shape, found.device_ns if found.device_ns is not None
@@ -111,6 +118,7 @@ class Engine:
 
     def end_batch(self) -> None:
         """The worker has taken what had arrived: record the metrics of the spans it built."""
+        self._impls.clear()  # a configuration changed meanwhile is read in the next batch
         if self.metrics is not None:
             self.metrics.drain()
 
@@ -124,6 +132,15 @@ class Engine:
             return derive.derive(cap.summary, cap.instance)
         with cuda.reading(cap.timer.device):
             return derive.derive(cap.summary, cap.instance, device_reads=not timed_out)
+
+    def _implementation(self, instance: Any) -> str | None:
+        """:func:`.spans.implementation_of`, once per module per batch."""
+        found = self._impls.get(id(instance))
+        if found is None or found[0] is not instance:
+            if len(self._impls) >= _IMPLS_MAX:
+                self._impls.clear()
+            found = self._impls[id(instance)] = (instance, implementation_of(instance))
+        return found[1]
 
     def _site_attrs(self, site: Any) -> dict[str, Any]:
         found = self._sites.get(site)

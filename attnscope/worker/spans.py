@@ -27,8 +27,8 @@ from . import fallback
 from . import roofline
 from .steps import StepTraces, configured_run_id
 
-__all__ = ["SpanBuilder", "Result", "result_of", "capture_attributes", "site_attributes",
-           "BuildStats"]
+__all__ = ["SpanBuilder", "Result", "result_of", "capture_attributes", "implementation_of",
+           "site_attributes", "BuildStats"]
 
 # Built span contexts kept so late children (other threads) still find their parent.
 BUILT_KEEP = 4096
@@ -77,7 +77,7 @@ _IMPL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012
 _IMPL_MAX = 48
 
 
-def _implementation(instance: Any) -> str | None:
+def implementation_of(instance: Any) -> str | None:
     """The attention implementation an instrumented module's config names (transformers'
     ``config._attn_implementation``: ``eager``, ``sdpa``, ...), read when the worker builds the
     span; None when there is none, or it is not a short plain name."""
@@ -88,6 +88,9 @@ def _implementation(instance: Any) -> str | None:
     if type(impl) is str and 0 < len(impl) <= _IMPL_MAX and _IMPL_CHARS.issuperset(impl):
         return impl
     return None
+
+
+_implementation = implementation_of
 
 
 def _name_suffix(attrs: dict[str, Any]) -> str:
@@ -107,12 +110,16 @@ def _name_suffix(attrs: dict[str, Any]) -> str:
 
 
 def capture_attributes(cap: Capture, shape: dict[str, Any], found: Measured,
-                       site_attrs: dict[str, Any] | None = None) -> dict[str, Any]:
+                       site_attrs: dict[str, Any] | None = None,
+                       implementation: Callable[[Any], str | None] | None = None
+                       ) -> dict[str, Any]:
     """The span attributes of one capture.
 
     ``shape``: the attributes of what derive found (:meth:`.derived.Derived.attributes`, kept per
     summary by the worker: read, never written); ``found``: what the worker added for this call.
     ``site_attrs``: :func:`site_attributes` of the capture's site, when the caller keeps them.
+    ``implementation``: reads a module's configured implementation (default
+    :func:`implementation_of`; the engine's reads each module once per batch).
     """
     attrs = dict(site_attrs if site_attrs is not None else site_attributes(cap.site.attributes))
     attrs[_TIER] = TIER_NAMES.get(cap.tier, "timing")
@@ -122,7 +129,7 @@ def capture_attributes(cap: Capture, shape: dict[str, Any], found: Measured,
     if _BACKEND in attrs:  # profiled SDPA call: was it a silent fallback?
         fallback.annotate(attrs, cap.summary, str(attrs.get(_MODULE) or cap.name))
     if cap.instance is not None and _MODULE in attrs:
-        impl = _implementation(cap.instance)
+        impl = (implementation or _implementation)(cap.instance)
         if impl is not None:
             attrs[_IMPLEMENTATION] = impl
             if _IMPLEMENTATION_RAN in attrs:  # profiled: did the configured one run?
@@ -232,8 +239,10 @@ def _layer_sums(parent: dict[str, Any], stash: dict[int, list[Result]], capture_
 
 
 def result_of(cap: Capture, shape: dict[str, Any], found: Measured, children: list[ChildSpan],
-              site_attrs: dict[str, Any] | None = None) -> Result:
-    result = Result(cap, capture_attributes(cap, shape, found, site_attrs), children)
+              site_attrs: dict[str, Any] | None = None,
+              implementation: Callable[[Any], str | None] | None = None) -> Result:
+    result = Result(cap, capture_attributes(cap, shape, found, site_attrs, implementation),
+                    children)
     if site_attrs is not None and not cap.extra:
         result.kept = (shape, site_attrs)
     return result
