@@ -298,9 +298,8 @@ def ship(mask: torch.Tensor, ignores: bool, keys: int | None
     if keys is not None and 0 < keys < m.shape[-1]:
         m = m[..., :keys]  # a static cache's buffer, filled up to keys
     shape = tuple(m.shape)
-    for dim, (size, stride) in enumerate(zip(shape, m.stride(), strict=True)):
-        if stride == 0 and size > 1:  # a broadcast dimension: its one copy travels
-            m = m.narrow(dim, 0, 1)
+    if not m.is_contiguous():  # a broadcast dimension (stride 0): its one copy travels
+        m = _stored(m)
     raw = m.dtype == torch.bool
     data = m if raw else attend(m, ignores)
     packed = data.numel() >= PACK_FROM and data.numel() % 8 == 0 and _LITTLE
