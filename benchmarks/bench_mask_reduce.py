@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attnscope.capture import hostread
+from attnscope.capture import hostread, retain
 from attnscope.record.capture import ATTENTION_KEY, AttentionFacts, Capture, HostCopy
 
 _ROOT = Path(__file__).resolve().parent.parent
@@ -89,11 +89,21 @@ def _timed(fn: Any, device: str) -> tuple[float, float]:
     t0 = time.perf_counter()
     fn()
     host = (time.perf_counter() - t0) * 1e6
+    _release()
     if device != "cuda":
         return host, float("nan")
     end.record()
     end.synchronize()
     return host, start.elapsed_time(end)
+
+
+_built: list[Capture] = []
+
+
+def _release() -> None:
+    """The keeping budget back, as the worker gives it back once it built the captures."""
+    while _built:
+        retain.release(_built.pop())
 
 
 def _spread(values: list[float]) -> str:
@@ -133,17 +143,20 @@ def main() -> None:
             cap.kept_bytes = 0
             cap.summary = [(ATTENTION_KEY, f)]
             hostread.to_host(cap)
+            _built.append(cap)
             return f.mask
 
         want = before()
         _sync(device)
         copy = after()
+        _release()
         _sync(device)
         assert isinstance(copy, HostCopy) and copy.read() == want.tolist(), "counts differ"
         counts = []
         for fn in (before, _fresh(after), after):
             with _Ops() as ops:
                 fn()
+            _release()
             counts.append(ops.count)
         times: dict[str, list[float]] = {"before": [], "after": [], "again": []}
         dev: dict[str, list[float]] = {"before": [], "after": []}
@@ -155,6 +168,7 @@ def main() -> None:
                 dev[name].append(d)
             times["again"].append(_timed(after, device)[0])  # the next layer, the same mask
             copy = _fresh(after)()
+            _release()
             _sync(device)
             t0 = time.perf_counter()
             copy.read()
