@@ -113,6 +113,10 @@ def test_a_later_configure_is_what_the_later_spans_state(tmp_path: Path) -> None
     assert run["settings"] == {"sample_rate": 1.0, "profile_rate": 0.0,
                                "overhead_budget": 1.0, "warmup_calls": [0, 1]}
     assert run["processes"] == 1
+    text = io.StringIO()
+    assert run_report(trace, out=text) == 0
+    assert ("configured: sample rate 1, profile rate 0, overhead budget 1, warmup calls 0 / 1"
+            in text.getvalue().splitlines())
 
 
 # ---- 2: the timeline of one profiled call ----------------------------------------------------
