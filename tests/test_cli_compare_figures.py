@@ -416,3 +416,13 @@ def test_the_ranking_is_its_rounds(measured: tuple[Any, ...]) -> None:
         assert f"interval {low:.3g}×–{high:.3g}×" in line, line
         assert (verdict in line) if verdict != "not distinguishable" else (
             f"not distinguishable from {ref} here" in line)
+    # the order of the list, each against the one before it (not the reference)
+    order = [e["name"] for e in doc["ranking"]["entries"]]
+    for before, name in zip(order[1:], order[2:], strict=False):
+        ratios = sorted(medians[name][r] / medians[before][r] for r in range(n))
+        previous = entries[name]["previous"]
+        assert previous["against"] == before
+        assert previous["ratio"] == pytest.approx(float(np.median(ratios)))
+        assert (previous["low"], previous["high"]) == pytest.approx(
+            (ratios[k - 1], ratios[n - k]))
+    assert entries[order[1]]["previous"] is None

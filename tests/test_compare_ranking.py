@@ -99,6 +99,32 @@ def test_separated_samples_are_ranked_with_their_interval() -> None:
     assert by["same"].verdict == SAME
 
 
+def test_the_order_of_the_list_is_said_with_its_noise_too() -> None:
+    """Two implementations both slower than the fastest, whose intervals against it overlap
+    (the docs' CPU run: naive 5.69× [5.33, 6.21], math 7.12× [4.54, 7.65]): the list puts one
+    before the other, and says that the two are not distinguishable from each other."""
+    flash = [50.0, 52.0, 51.0, 49.0, 53.0, 50.0, 51.0, 52.0, 50.0, 49.0]
+    naive_r = [5.4, 5.9, 5.6, 6.2, 5.3, 5.8, 5.7, 6.0, 5.5, 5.7]
+    math_r = [7.6, 4.5, 7.1, 7.3, 4.6, 7.2, 7.4, 7.0, 7.65, 7.1]
+    times = {"flash": flash, "naive": [f * r for f, r in zip(flash, naive_r, strict=True)],
+             "math": [f * r for f, r in zip(flash, math_r, strict=True)]}
+    found = rank({n: _rounds(v) for n, v in times.items()})
+    assert found is not None
+    assert [(s.name, s.verdict) for s in found.standings] == [
+        ("flash", "fastest"), ("naive", SLOWER), ("math", SLOWER)]
+    previous = found.standings[2].previous
+    ratios = [m / n for m, n in zip(math_r, naive_r, strict=True)]
+    low, high, _ = _independent_interval(ratios)
+    assert previous is not None and previous.against == "naive" and previous.verdict == SAME
+    assert (previous.low, previous.high) == pytest.approx((low, high)) and low < 1 < high
+    assert found.standings[1].previous is None  # the one before it is the reference
+    out = io.StringIO()
+    render_table(_spec(), _rows(times), out)
+    said = next(line for line in out.getvalue().splitlines() if line.startswith("  math "))
+    assert said.endswith(f"; not distinguishable from naive here ({previous.ratio:.3g}×, "
+                         f"interval {low:.3g}×–{high:.3g}×)"), said
+
+
 def test_sign_interval_against_the_binomial() -> None:
     rng = np.random.default_rng(1)
     for n in range(MIN_ROUNDS, 40):
@@ -143,14 +169,20 @@ def test_the_table_and_json_say_the_noise() -> None:
     assert lines[head + 2].split() == ["math", "not", "distinguishable", "from", "flash", "here",
                                        "(1×,", "interval", "0.8×–1.2×)"]
     assert lines[head + 3].split() == ["naive", "2×", "flash's", "time,", "slower",
-                                       "(interval", "2×–2×)"]
+                                       "(interval", "2×–2×);", "2.08×", "math's", "time,",
+                                       "slower", "(interval", "1.67×–2.5×)"]
     ranking = json.loads(doc.getvalue())["ranking"]
     assert ranking["reference"] == "flash"
     entries = {e["name"]: e for e in ranking["entries"]}
-    assert entries["naive"] == {"name": "naive", "verdict": "slower", "ratio": 2.0, "low": 2.0,
-                                "high": 2.0, "confidence": pytest.approx(1 - 22 / 1024),
-                                "rounds": 10}
+    naive = {k: v for k, v in entries["naive"].items() if k != "previous"}
+    assert naive == {"name": "naive", "verdict": "slower", "ratio": 2.0, "low": 2.0, "high": 2.0,
+                     "confidence": pytest.approx(1 - 22 / 1024), "rounds": 10}
     assert entries["math"]["verdict"] == "not distinguishable"
+    assert entries["math"]["previous"] is None  # the one before it is the reference
+    assert entries["naive"]["previous"] == {
+        "against": "math", "verdict": "slower", "ratio": pytest.approx((2 / 1.2 + 2 / 0.8) / 2),
+        "low": pytest.approx(2 / 1.2), "high": pytest.approx(2 / 0.8),
+        "confidence": pytest.approx(1 - 22 / 1024), "rounds": 10}
     assert entries["flash"]["verdict"] == "fastest" and entries["flash"]["low"] is None
 
 
@@ -159,7 +191,8 @@ def test_few_rounds_print_no_ranking_only_how_to_get_one() -> None:
     out = io.StringIO()
     render_table(_spec(4), rows, out)
     text = out.getvalue()
-    assert "naive  not ranked: 4 rounds, 6 needed for an interval (--runs 6 or more)" in text
+    assert ("naive  not ranked against flash: 4 rounds, 6 needed for an interval (--runs 6 or "
+            "more)") in text
     assert "slower" not in text and "faster than" not in text
 
 

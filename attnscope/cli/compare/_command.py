@@ -154,11 +154,12 @@ def compare(spec: measure.Spec, names: list[tuple[str, bool]], users: dict[str, 
         ran = [row for row, _, _ in live]
         live = [entry for entry in live if entry[0].status != "failed"]
         made = plan(spec.runs, spec.warmup, [s for _, _, s in live], spec.budget_s)
-        if made.cut:
-            say(made.describe())
-        say(f"{_calls(made.runs, 'timed call')} of each of {len(live)} in "
-            f"{_calls(made.rounds, 'round')}, {_calls(made.warmup, 'warm-up call')} first")
-        _measure_all(live, inputs, spec, made, say)
+        if live:
+            if made.cut:
+                say(made.describe())
+            say(f"{_calls(made.runs, 'timed call')} of each of {len(live)} in "
+                f"{_calls(made.rounds, 'round')}, {_calls(made.warmup, 'warm-up call')} first")
+            _measure_all(live, inputs, spec, made, say)
     spans = list(memory.get_finished_spans())
     for row in rows:
         if not any(row is r for r in ran):

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 from ._plan import MIN_ROUNDS
 
-__all__ = ["Standing", "Ranking", "rank", "lines", "sign_interval", "CONFIDENCE",
+__all__ = ["Pair", "Standing", "Ranking", "rank", "pair", "lines", "sign_interval", "CONFIDENCE",
            "FASTEST", "SLOWER", "FASTER", "SAME", "FEW"]
 
 CONFIDENCE = 0.95
@@ -33,10 +33,24 @@ FEW = "too few rounds"
 
 
 @dataclasses.dataclass(frozen=True)
+class Pair:
+    """One implementation's time divided by ``against``'s in the same round: the median over the
+    rounds, its interval (``nan``: none), the verdict, the rounds behind it and the coverage."""
+
+    against: str
+    ratio: float
+    low: float
+    high: float
+    verdict: str
+    rounds: int
+    confidence: float
+
+
+@dataclasses.dataclass(frozen=True)
 class Standing:
-    """One implementation against the reference: the median over rounds of its time divided by
-    the reference's in the same round, the interval of that median (``nan``: none), the verdict,
-    the rounds behind it and the interval's coverage."""
+    """One implementation against the reference (the fields of :class:`Pair`), and against the
+    one listed just before it (``previous``, when that one is not the reference): the order of
+    the list is a claim too."""
 
     name: str
     ratio: float
@@ -45,6 +59,7 @@ class Standing:
     verdict: str
     rounds: int
     confidence: float
+    previous: Pair | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,23 +100,35 @@ def rank(times: Mapping[str, Mapping[int, float]], confidence: float = CONFIDENC
     if len(usable) < 2:
         return None
     reference = min(usable, key=lambda name: statistics.median(usable[name].values()))
-    base = usable[reference]
-    standings = [Standing(reference, 1.0, math.nan, math.nan, FASTEST, len(base), math.nan)]
+    standings = [Standing(reference, 1.0, math.nan, math.nan, FASTEST, len(usable[reference]),
+                          math.nan)]
     for name, by_round in usable.items():
-        if name == reference:
-            continue
-        ratios = [by_round[r] / base[r] for r in sorted(by_round.keys() & base.keys())]
-        ratio = statistics.median(ratios) if ratios else math.nan
-        found = sign_interval(ratios, confidence) if len(ratios) >= MIN_ROUNDS else None
-        if found is None:
-            standings.append(Standing(name, ratio, math.nan, math.nan, FEW, len(ratios),
-                                      math.nan))
-            continue
-        low, high, coverage = found
-        verdict = SLOWER if low > 1.0 else FASTER if high < 1.0 else SAME
-        standings.append(Standing(name, ratio, low, high, verdict, len(ratios), coverage))
+        if name != reference:
+            p = pair(by_round, usable[reference], reference, confidence)
+            standings.append(Standing(name, p.ratio, p.low, p.high, p.verdict, p.rounds,
+                                      p.confidence))
     standings[1:] = sorted(standings[1:], key=lambda s: (math.isnan(s.ratio), s.ratio))
+    for i in range(2, len(standings)):
+        before, this = standings[i - 1], standings[i]
+        if FEW not in (before.verdict, this.verdict):
+            standings[i] = dataclasses.replace(
+                this, previous=pair(usable[this.name], usable[before.name], before.name,
+                                    confidence))
     return Ranking(reference, standings)
+
+
+def pair(times: Mapping[int, float], against: Mapping[int, float], name: str,
+         confidence: float = CONFIDENCE) -> Pair:
+    """``times`` ÷ ``against`` round by round (the rounds both have), as a :class:`Pair` against
+    the implementation called ``name``."""
+    ratios = [times[r] / against[r] for r in sorted(times.keys() & against.keys())]
+    ratio = statistics.median(ratios) if ratios else math.nan
+    found = sign_interval(ratios, confidence) if len(ratios) >= MIN_ROUNDS else None
+    if found is None:
+        return Pair(name, ratio, math.nan, math.nan, FEW, len(ratios), math.nan)
+    low, high, coverage = found
+    verdict = SLOWER if low > 1.0 else FASTER if high < 1.0 else SAME
+    return Pair(name, ratio, low, high, verdict, len(ratios), coverage)
 
 
 def _ratio(value: float) -> str:
@@ -121,16 +148,22 @@ def lines(found: Ranking | None, unit: str, option: str, what: str = "time") -> 
            f"{unit}s, {coverage}):"]
     width = max(len(s.name) for s in found.standings)
     for s in found.standings:
-        between = f"interval {_ratio(s.low)}–{_ratio(s.high)}"
         if s.name == ref:
             said = "the lowest median time"
-        elif s.verdict in (SLOWER, FASTER):
-            said = f"{_ratio(s.ratio)} {ref}'s time, {s.verdict} ({between})"
-        elif s.verdict == SAME:
-            said = f"not distinguishable from {ref} here ({_ratio(s.ratio)}, {between})"
         else:
-            said = (f"not ranked: {s.rounds} {unit}{'' if s.rounds == 1 else 's'}, "
-                    f"{MIN_ROUNDS} needed for an interval "
-                    f"({option} {MIN_ROUNDS} or more)")
+            said = _claim(Pair(ref, s.ratio, s.low, s.high, s.verdict, s.rounds, s.confidence),
+                          unit, option)
+        if s.previous is not None:  # the order of the list, said with its noise too
+            said += "; " + _claim(s.previous, unit, option)
         out.append(f"  {s.name:{width}}  {said}")
     return out
+
+
+def _claim(p: Pair, unit: str, option: str) -> str:
+    between = f"interval {_ratio(p.low)}–{_ratio(p.high)}"
+    if p.verdict in (SLOWER, FASTER):
+        return f"{_ratio(p.ratio)} {p.against}'s time, {p.verdict} ({between})"
+    if p.verdict == SAME:
+        return f"not distinguishable from {p.against} here ({_ratio(p.ratio)}, {between})"
+    return (f"not ranked against {p.against}: {p.rounds} {unit}{'' if p.rounds == 1 else 's'}, "
+            f"{MIN_ROUNDS} needed for an interval ({option} {MIN_ROUNDS} or more)")

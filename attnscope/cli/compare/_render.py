@@ -17,7 +17,7 @@ from ..render.console import fold
 from ..render.units import MISSING, bytes_, duration
 from ._measure import TOLERANCE, Spec
 from ._plan import MIN_ROUNDS, ROUNDS, Plan
-from ._ranking import Ranking, lines, rank
+from ._ranking import Pair, Ranking, lines, rank
 from ._stats import Figures
 
 __all__ = ["Row", "render_table", "render_json", "STATUSES"]
@@ -90,9 +90,15 @@ def ranking(rows: list[Row]) -> Ranking | None:
 def _ranking_json(found: Ranking | None) -> dict[str, Any] | None:
     if found is None:
         return None
+    def pair(p: Pair) -> dict[str, Any]:
+        return {"against": p.against, "verdict": p.verdict, "ratio": _finite(p.ratio),
+                "low": _finite(p.low), "high": _finite(p.high),
+                "confidence": _finite(p.confidence), "rounds": p.rounds}
+
     return {"reference": found.reference, "min_rounds": MIN_ROUNDS, "entries": [
         {"name": s.name, "verdict": s.verdict, "ratio": _finite(s.ratio), "low": _finite(s.low),
-         "high": _finite(s.high), "confidence": _finite(s.confidence), "rounds": s.rounds}
+         "high": _finite(s.high), "confidence": _finite(s.confidence), "rounds": s.rounds,
+         "previous": None if s.previous is None else pair(s.previous)}
         for s in found.standings]}
 
 
