@@ -53,6 +53,8 @@ class Engine:
         # build), for the same answer on every layer call of the batch. Holds the modules (by
         # id, with the module, so an id is never another's) until the batch ends.
         self._impls: dict[int, tuple[Any, str | None]] = {}
+        # what every span of one shape, site, tier and rate starts with (spans.capture_attributes)
+        self._bases: dict[tuple[Any, ...], Any] = {}
         try:
             built = (build or pipeline.build)(cfg)
             record = metrics.recorder(cfg, built)
@@ -98,7 +100,7 @@ class Engine:
             cap, found.device_ns, cfg.slow_call_quantile,
             cfg.profile_rate > 0 and cfg.profile_max_per_minute > 0)
         result = result_of(cap, shape, found, children, self._site_attrs(cap.site),
-                           self._implementation)
+                           self._implementation, self._bases)
         if cap.rows is not None:  # inside attnscope.batch(): the call's share of each row
             try:
                 apportion.observe(cap, shape, found.device_ns if found.device_ns is not None

@@ -30,6 +30,8 @@ from .steps import StepTraces, configured_run_id
 __all__ = ["SpanBuilder", "Result", "result_of", "capture_attributes", "implementation_of",
            "site_attributes", "BuildStats"]
 
+# Span attribute bases kept per (shape, site, tier, rate) (capture_attributes' ``bases``).
+_BASES_MAX = 512
 # Built span contexts kept so late children (other threads) still find their parent.
 BUILT_KEEP = 4096
 # Captures dropped on a full queue, remembered apart from the built ones: a child can reach the
@@ -109,10 +111,19 @@ def _name_suffix(attrs: dict[str, Any]) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
+def _base(cap: Capture, shape: dict[str, Any], site_attrs: dict[str, Any]) -> dict[str, Any]:
+    """The attributes a span starts with, in their order: the site's, tier, rate, derive's."""
+    attrs = dict(site_attrs)
+    attrs[_TIER] = TIER_NAMES.get(cap.tier, "timing")
+    attrs[_SAMPLE_RATE] = float(cap.sample_rate)
+    attrs.update(shape)
+    return attrs
+
+
 def capture_attributes(cap: Capture, shape: dict[str, Any], found: Measured,
                        site_attrs: dict[str, Any] | None = None,
-                       implementation: Callable[[Any], str | None] | None = None
-                       ) -> dict[str, Any]:
+                       implementation: Callable[[Any], str | None] | None = None,
+                       bases: dict[tuple[Any, ...], Any] | None = None) -> dict[str, Any]:
     """The span attributes of one capture.
 
     ``shape``: the attributes of what derive found (:meth:`.derived.Derived.attributes`, kept per
@@ -120,11 +131,21 @@ def capture_attributes(cap: Capture, shape: dict[str, Any], found: Measured,
     ``site_attrs``: :func:`site_attributes` of the capture's site, when the caller keeps them.
     ``implementation``: reads a module's configured implementation (default
     :func:`implementation_of`; the engine's reads each module once per batch).
+    ``bases``: the caller's store of the attributes every span of one site, tier, rate and shape
+    starts with (the site's, tier, rate, derive's), so that a span copies one dict.
     """
-    attrs = dict(site_attrs if site_attrs is not None else site_attributes(cap.site.attributes))
-    attrs[_TIER] = TIER_NAMES.get(cap.tier, "timing")
-    attrs[_SAMPLE_RATE] = float(cap.sample_rate)
-    attrs.update(shape)
+    if bases is not None and site_attrs is not None:
+        key = (id(shape), id(site_attrs), cap.tier, cap.sample_rate)
+        kept = bases.get(key)
+        if kept is None:
+            if len(bases) >= _BASES_MAX:
+                bases.clear()
+            # the entry holds both objects: while it is kept, their ids are no other object's
+            kept = bases[key] = (shape, site_attrs, _base(cap, shape, site_attrs))
+        attrs = dict(kept[2])
+    else:
+        attrs = _base(cap, shape, site_attrs if site_attrs is not None
+                      else site_attributes(cap.site.attributes))
     found.add_to(attrs)
     if _BACKEND in attrs:  # profiled SDPA call: was it a silent fallback?
         fallback.annotate(attrs, cap.summary, str(attrs.get(_MODULE) or cap.name))
@@ -240,8 +261,9 @@ def _layer_sums(parent: dict[str, Any], stash: dict[int, list[Result]], capture_
 
 def result_of(cap: Capture, shape: dict[str, Any], found: Measured, children: list[ChildSpan],
               site_attrs: dict[str, Any] | None = None,
-              implementation: Callable[[Any], str | None] | None = None) -> Result:
-    result = Result(cap, capture_attributes(cap, shape, found, site_attrs, implementation),
+              implementation: Callable[[Any], str | None] | None = None,
+              bases: dict[tuple[Any, ...], Any] | None = None) -> Result:
+    result = Result(cap, capture_attributes(cap, shape, found, site_attrs, implementation, bases),
                     children)
     if site_attrs is not None and not cap.extra:
         result.kept = (shape, site_attrs)
