@@ -78,14 +78,15 @@ def budgeted(cfg: Config) -> tuple[float, bool, bool]:
     """(the budget in force, whether it lowers the sample rate, whether the profile rate).
 
     An ``overhead_budget`` the user set applies to both rates. Left unset, the default budget
-    lowers only a rate left at its default value: a rate the user asked for (``sample_rate=1.0``
-    for a short experiment) is what they get. A budget that lowers neither is 1.0 (none).
+    holds only while ``sample_rate`` is left at its default, and then lowers the sample rate and
+    the profile rate unless that one was set: a sample rate the user asked for (``sample_rate=1.0``
+    for a short experiment) is what they get, with no budget (1.0).
     """
     if cfg.overhead_budget is not None:
         return cfg.overhead_budget, True, True
-    sample = cfg.sample_rate == Config.sample_rate
-    profile = cfg.profile_rate == Config.profile_rate
-    return (DEFAULT_OVERHEAD_BUDGET if sample or profile else 1.0), sample, profile
+    if cfg.sample_rate != Config.sample_rate:
+        return 1.0, False, False
+    return DEFAULT_OVERHEAD_BUDGET, True, cfg.profile_rate == Config.profile_rate
 
 
 # name -> (env var, parser)

@@ -187,15 +187,14 @@ class OverheadBudget:
     def _tell(self) -> None:
         from .. import _log  # not at import: _log's state imports this module
 
+        ratio, scale = round(self.last_ratio, 4), round(self.scale, 4)
         _log.warn_once(
             "overhead-budget",
-            f"attnscope: sampling fewer calls than configured, to keep its own cost under "
-            f"{self.budget:.0%} of the traced calls' time (measured {self.last_ratio:.1%}); the "
-            f"rates it lowers are scaled by {self.scale:.2g} and each span's attnscope.sample_rate "
-            "says by how much. overhead_budget=1.0 (ATTNSCOPE_OVERHEAD_BUDGET=1) samples every "
-            "call the configured rates ask for",
-            overhead_budget=self.budget, overhead_ratio=round(self.last_ratio, 4),
-            scale=self.scale)
+            f"attnscope: sampling fewer calls than configured: its own cost, {ratio} of the "
+            f"traced calls' time, is over overhead_budget={self.budget}, so the rates it governs "
+            f"are scaled by {scale} (each span's attnscope.sample_rate says by how much). "
+            "overhead_budget=1.0 (ATTNSCOPE_OVERHEAD_BUDGET=1) samples at the configured rates",
+            overhead_budget=self.budget, overhead_ratio=ratio, scale=scale)
 
     def after_fork(self) -> None:
         self._lock = threading.Lock()
