@@ -292,3 +292,17 @@ def test_an_inference_mode_mask_is_copied_every_time(on_device: None) -> None:
     assert "aten.copy_" in counter.ops and len(counter.ops) <= LIMIT
     assert first.mask.read() == _want(_padded(2, 16, 16, True), False, 2, 4, 16, 16)
     assert second.mask.read() == _want(mask.clone(), False, 2, 4, 16, 16) != first.mask.read()
+
+
+def test_an_empty_device_mask_is_left_unread_as_an_empty_host_mask(on_device: None) -> None:
+    from attnscope.worker.masks import counts_of
+
+    mask = torch.zeros(2, 1, 16, 0, dtype=torch.bool)
+    f = _layer(mask, 16, None)
+    f.cached = False
+    cap = Capture()
+    cap.summary = [(ATTENTION_KEY, f)]
+    counter = _enqueue(cap)
+    assert counter.ops == [] and isinstance(f.mask, HostCopy)
+    assert counts_of(f.mask, False, 2, 4, 16, None) is None
+    assert counts_of(mask, False, 2, 4, 16, None) is None

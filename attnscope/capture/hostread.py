@@ -314,6 +314,9 @@ def _mask_copy(cap: Capture, mask: torch.Tensor, ignores: bool, batch: int, head
     int, a callable reading a device cache length on the worker, or None (the mask's last axis).
     Over the budget: the mask's metadata, and None."""
     plan = plan_mask(tuple(mask.shape), batch, heads, sq, skv if isinstance(skv, int) else None)
+    if mask.numel() == 0:  # nothing to read, as for an empty host mask (worker.masks.counts_of)
+        _retain.drop(cap, mask)
+        return HostCopy(None, "unread", plan), None
     shipped = _shipped(cap, mask, ignores, skv if isinstance(skv, int) else None, sends)
     if shipped is None:
         return TensorMeta.of(mask), None
@@ -333,7 +336,7 @@ def _mask_copy(cap: Capture, mask: torch.Tensor, ignores: bool, batch: int, head
 
 def _positions(cap: Capture, mask: torch.Tensor, ignores: bool, sends: _Sends) -> Any:
     """Per key position, how many batch rows see it: the worker picks this call's queries."""
-    if mask.ndim not in (2, 3, 4):
+    if mask.ndim not in (2, 3, 4) or mask.numel() == 0:
         return _retain.meta(cap, mask)
     shipped = _shipped(cap, mask, ignores, None, sends)
     if shipped is None:
