@@ -15,13 +15,16 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 RUNS = 20  # processes for the plain-exit script; the defect showed in 1 to 5 of 10 runs
 PARALLEL = 4
 
 # The six-line script of the report: no flush(), no shutdown(). The hook registered first runs
-# last, after attnscope's exit flush, and prints how many calls were captured: on a loaded machine
-# the overhead budget (1% by default) may rightly sample fewer than 10 of these cheap calls.
+# last, after attnscope's exit flush, and prints how many calls were captured (all 10: an explicit
+# sample rate has no overhead budget since issue 38 §1; the count is compared, not assumed).
 _PLAIN = textwrap.dedent(
     """
     import atexit
@@ -36,12 +39,16 @@ _PLAIN = textwrap.dedent(
     """
 )
 
-# A daemon thread still calling traced code while the main thread exits.
+# A daemon thread still calling traced code while the main thread exits. With the overhead budget
+# (asked for: an explicit sample rate has none unless overhead_budget is set, issue 38 §1), so
+# the hot loop samples a bounded share: every call of it would fill the capture queue, and exit
+# (5 s at most) cannot turn 4,096 captures into spans on a loaded machine.
 _DAEMON = textwrap.dedent(
     """
     import threading
     import attnscope
-    attnscope.configure(exporter="jaeger-json:OUT", sample_rate=1.0, warmup_calls=0)
+    attnscope.configure(exporter="jaeger-json:OUT", sample_rate=1.0, warmup_calls=0,
+                        overhead_budget=0.01)
     @attnscope.trace
     def f(x):
         return x + 1
@@ -273,3 +280,69 @@ def test_other_endings_keep_their_exit_status(tmp_path: Path) -> None:
     for proc, (ending, status) in zip(procs, _OTHER_ENDINGS.items(), strict=True):
         _, stderr = proc.communicate(timeout=120)
         assert proc.returncode == status, (ending, proc.returncode, stderr[-2000:])
+
+
+# ---- issue 38 §1: a collector that is not there costs exit no export wait ----------------------
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # closed again: connecting is refused
+
+
+def _otlp_pipeline(port: int) -> Any:
+    from types import SimpleNamespace
+
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return SimpleNamespace(local=False,
+                           exporter=OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces"))
+
+
+def test_exit_gives_an_endpoint_that_refuses_no_export_wait(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The window exit gives the exporters (README: "exit waits at most 2 s" was 2.5-3.4 s added
+    with nothing listening, issue 38 §1). The time itself is measured by a benchmark, not here."""
+    import logging
+    import socket
+    from types import SimpleNamespace
+
+    from attnscope.worker import at_exit
+
+    caplog.set_level(logging.WARNING, logger="attnscope")
+    assert at_exit.export_window(SimpleNamespace(local=True, exporter=None)) is None  # a file
+    port = _closed_port()
+    assert at_exit.export_window(_otlp_pipeline(port)) == at_exit._EXIT_REFUSED_S
+    assert at_exit._EXIT_REFUSED_S < at_exit._EXIT_EXPORT_S
+    # said once, before exit's own line about undelivered spans (which then stays quiet)
+    said = [r.getMessage() for r in caplog.records if "nothing is listening" in r.getMessage()]
+    assert said == [said[0]] and f"127.0.0.1:{port}" in said[0]
+    with socket.socket() as listener:  # a collector that is there: the usual wait
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        assert at_exit.export_window(_otlp_pipeline(listener.getsockname()[1])) == \
+            at_exit._EXIT_EXPORT_S
+
+
+def test_the_exit_flush_is_given_that_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from attnscope._state import state
+    from attnscope.worker import at_exit
+
+    pipeline = _otlp_pipeline(_closed_port())
+    monkeypatch.setattr(state, "exit_wait_s", 1.5)
+    monkeypatch.setattr(state, "exiting", state.exiting)  # put back after: _at_exit sets it
+    monkeypatch.setattr("attnscope.export.pipeline.report_undelivered", lambda pipeline: None)
+    given: list[tuple[float, float | None]] = []
+    worker = state.worker
+    # not monkeypatch: the suite's own shutdown after the test must not find the stand-in
+    state.worker = SimpleNamespace(engine=SimpleNamespace(pipeline=pipeline))  # type: ignore[assignment]
+    try:
+        at_exit._at_exit(lambda timeout_s, export_s: given.append((timeout_s, export_s)) or True)
+    finally:
+        state.worker = worker
+    assert given == [(at_exit._EXIT_TIMEOUT_S - 1.5, at_exit._EXIT_REFUSED_S)]

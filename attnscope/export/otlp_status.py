@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import contextvars
+import errno
 import functools
 import logging
 import socket
@@ -29,7 +30,7 @@ from urllib.parse import urlsplit
 from .. import _log
 
 __all__ = ["MetricExportGuard", "endpoint_of", "exporting", "install_log_filter", "listening",
-           "report_unreachable", "sdk_quiet"]
+           "refused", "report_unreachable", "sdk_quiet"]
 
 # Records logged while this is set come from an exporter attnscope created; the list collects
 # their (message, args) so a caller can read the status code the exporter saw.
@@ -173,6 +174,26 @@ def listening(endpoint: str, timeout_s: float = _PROBE_TIMEOUT_S) -> bool:
         return False
     except Exception:
         return True
+
+
+def refused(endpoint: str, timeout_s: float = _PROBE_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to the endpoint fails for certain: refused (nothing listens),
+    a name that does not resolve, a network or host that cannot be reached. A connection that
+    opens, or that has not answered within ``timeout_s`` (a slow link), is not."""
+    try:
+        parts = urlsplit(endpoint)
+        host = parts.hostname
+        if not host:
+            return False
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return False
+    except (ConnectionRefusedError, socket.gaierror):
+        return True
+    except OSError as exc:
+        return exc.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH)
+    except Exception:
+        return False
 
 
 def report_unreachable(endpoint: str, signal: str = "spans") -> None:

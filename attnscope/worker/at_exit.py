@@ -11,17 +11,23 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .._state import state
 
-__all__ = ["register", "exit_exporting"]
+__all__ = ["register", "exit_exporting", "export_window"]
 
 # Exit waits for attnscope at most _EXIT_TIMEOUT_S in all (building the pipeline if not built yet,
 # turning captures into spans, writing a file exporter's file: local work) and, of that, at most
-# _EXIT_EXPORT_S on exporters that send over the network.
+# _EXIT_EXPORT_S on exporters that send over the network. An OTLP endpoint where nothing listens
+# for certain (tried once more at exit: refused, or no such host or network; a connection that
+# has not answered within _EXIT_PROBE_S is given the usual wait) gets only _EXIT_REFUSED_S: the
+# exporter would retry there until the time ran out, and the spans are lost either way (issue 38
+# §1). Not 0: the metrics' flush collects its callbacks within the window, and 0 fails it.
 _EXIT_TIMEOUT_S = 5.0
 _EXIT_EXPORT_S = 2.0
+_EXIT_PROBE_S = 0.2
+_EXIT_REFUSED_S = 0.2
 
 
 def register(shutdown: Callable[..., bool]) -> None:
@@ -69,16 +75,36 @@ def _at_exit(shutdown: Callable[..., bool]) -> None:
     state.exiting = True
     try:
         worker = state.worker
-        # a file: no collector to wait on
-        local = worker is not None and worker.engine is not None and worker.engine.pipeline.local
+        pipeline = worker.engine.pipeline if worker is not None and worker.engine is not None \
+            else None
         shutdown(timeout_s=max(0.0, _EXIT_TIMEOUT_S - state.exit_wait_s),
-                 export_s=None if local else _EXIT_EXPORT_S)
+                 export_s=export_window(pipeline))
         if worker is not None and worker.engine is not None:  # spans lost at exit: one line
             from ..export.pipeline import report_undelivered
 
             report_undelivered(worker.engine.pipeline)
     except BaseException:  # a second Ctrl-C included: exit goes on
         pass
+
+
+def export_window(pipeline: Any) -> float | None:
+    """How long exit waits on the exporters: None (no limit but the exit's) for a file, the
+    console or nowhere; ``_EXIT_REFUSED_S`` for an OTLP endpoint that refuses connections now;
+    else ``_EXIT_EXPORT_S``. Never raises."""
+    try:
+        if pipeline is not None and pipeline.local:
+            return None  # a file: no collector to wait on
+        from ..export import otlp_status
+
+        endpoint = otlp_status.endpoint_of(getattr(pipeline, "exporter", None))
+        if endpoint is not None and otlp_status.refused(endpoint, _EXIT_PROBE_S):
+            # said now, not by the export thread after exit's own line about the spans
+            # (export.pipeline.report_undelivered stays quiet once this is said)
+            otlp_status.report_unreachable(endpoint)
+            return _EXIT_REFUSED_S
+    except Exception:  # noqa: BLE001  (unsure: the usual wait)
+        pass
+    return _EXIT_EXPORT_S
 
 
 # A forked child's os._exit: exported first. -------------------------------------------------------
