@@ -24,6 +24,10 @@ Only one profiler may run in a process, and a second kineto session crashes it. 
   (:func:`warm_up_on_main_thread`, about 2 ms): libkineto prints "ERROR: External init callback
   must run in same thread as registerClient" to stderr when its first session runs on another
   thread than the one that loaded torch.
+- While a session of attnscope's runs, c10's C++ log threshold is ERROR (:class:`_CppWarnings`):
+  memory profiling makes c10's CPU allocator print "Memory block of unknown size was allocated
+  before the profiling started" when a block made before the session is freed during it, which
+  nearly every profiled call does; attnscope's sessions must not print on the user's stderr.
 """
 
 from __future__ import annotations
@@ -48,6 +52,60 @@ __all__ = ["start", "stop", "warm_up", "warm_up_async", "warm_up_on_main_thread"
 
 _USER_WAIT_S = 5.0
 _USER_WAIT_MAX_S = 300.0
+_C10_ERROR = 2  # c10's (glog's) severities: 0 INFO, 1 WARNING, 2 ERROR
+
+
+class _CppWarnings:
+    """c10's C++ log threshold (``FLAGS_caffe2_log_level``, what ``TORCH_CPP_LOG_LEVEL`` sets at
+    start-up), raised to ERROR for the span of attnscope's own profiler sessions and put back
+    after, never lowered. Sessions never overlap (the session lock), so one saved value.
+
+    Found through ctypes in the libc10 torch already loaded; where it cannot be (another platform
+    or build), sessions leave the level alone. ``hush`` after ``hush`` keeps the first saved
+    value, and ``restore`` is idempotent: a Ctrl-C between them leaves the user's level at most
+    until the next session ends.
+    """
+
+    def __init__(self) -> None:
+        self.flag: Any = None  # a ctypes.c_int32 in libc10, False: not available
+        self.saved: int | None = None
+
+    def find(self, torch: Any) -> None:
+        """Look the flag up (set-up time, once). Never raises."""
+        if self.flag is not None:
+            return
+        self.flag = False
+        try:
+            import ctypes
+            import sys
+
+            name = {"linux": "libc10.so", "darwin": "libc10.dylib"}.get(sys.platform)
+            if name is None:
+                return
+            path = os.path.join(os.path.dirname(torch.__file__), "lib", name)
+            # RTLD_NOLOAD: the library torch loaded, or nothing (never a second copy)
+            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | getattr(os, "RTLD_LAZY", 1))
+            self.flag = ctypes.c_int32.in_dll(lib, "FLAGS_caffe2_log_level")
+        except Exception:  # noqa: BLE001  (no flag: sessions print what torch prints)
+            self.flag = False
+
+    def hush(self) -> None:
+        flag = self.flag
+        if flag is None or flag is False:  # not `not flag`: a c_int32 of 0 (INFO) is falsy
+            return
+        if self.saved is None:
+            self.saved = flag.value
+        if flag.value < _C10_ERROR:
+            flag.value = _C10_ERROR
+
+    def restore(self) -> None:
+        saved = self.saved
+        if saved is not None and self.flag is not None and self.flag is not False:
+            self.flag.value = saved
+        self.saved = None
+
+
+_cpp_warnings = _CppWarnings()
 
 # ---- calling thread --------------------------------------------------------------------------
 
@@ -83,6 +141,7 @@ def start(cap: Capture, device: Any) -> bool:
         config, activities = p.configs[on_cuda]
         p.owner = threading.get_ident()
         p.active = session
+        _cpp_warnings.hush()  # put back by _teardown, on every path out of the session
         # each flag set in the statement that makes it true: no line falls between the two
         prepared = p.entry_points["prepare"](config, activities) is None
         prepared = p.entry_points["enable"](config, activities) is not None
@@ -135,6 +194,13 @@ def _release(disable: bool, prepared: bool = False) -> None:
 
 
 def _teardown(disable: bool, prepared: bool = False) -> None:
+    try:
+        _stop_session(disable, prepared)
+    finally:  # after kineto stopped: no block freed from now on is reported
+        _cpp_warnings.restore()
+
+
+def _stop_session(disable: bool, prepared: bool) -> None:
     p = state.profiler
     try:
         inner_sdpa.disarm()  # a profiled layer's SDPA recorder (capture.inner_sdpa)
@@ -280,6 +346,7 @@ def warm_up(cuda: bool | None = None) -> bool:
         p.owner = threading.get_ident()
         config, activities = p.configs[bool(cuda)]
         p.kineto_ran = True
+        _cpp_warnings.hush()  # the user's threads free blocks meanwhile too
         p.entry_points["prepare"](config, activities)
         p.entry_points["enable"](config, activities)
         handle = p.torch.ops.profiler._record_function_enter_new(PROFILE_MARKER, None)
@@ -301,7 +368,8 @@ def warm_up(cuda: bool | None = None) -> bool:
         return False
     finally:
         p.owner = None
-        p.session_lock.release()
+        # the lock first: a Ctrl-C inside restore() (attnscope's lines) must not keep it held
+        p.session_lock.release(), _cpp_warnings.restore()  # type: ignore[func-returns-value]
 
 
 def _load() -> bool:
@@ -332,6 +400,7 @@ def _load() -> bool:
     p.entry_points.update(prepare=_prepare_profiler, enable=_enable_profiler,
                           disable=_disable_profiler)
     install_hooks()
+    _cpp_warnings.find(torch)
     p.torch = torch
     return True
 
