@@ -23,6 +23,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from ._state import state
+from .capture import sampling as _sampling
 
 __all__ = ["LOGGER_NAME", "internal_error", "warn_once", "info_once", "debug_once", "error_count",
            "logger"]
@@ -137,3 +138,12 @@ def error_count(stage: str | None = None) -> int:
         if stage is None:
             return sum(state.errors_by_stage.values())
         return state.errors_by_stage.get(stage, 0)
+
+
+def _say_warning(key: str, message: str, fields: dict[str, Any]) -> None:
+    warn_once(key, message, **fields)
+
+
+# The sampler's overhead budget lives below this module (this module's state imports it): it
+# says "sampling fewer calls than configured" through here.
+_sampling.OverheadBudget.say = staticmethod(_say_warning)

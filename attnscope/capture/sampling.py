@@ -152,6 +152,9 @@ class OverheadBudget:
     """
 
     MIN_SCALE = 1e-4
+    # (key, message, fields) -> None: attnscope._log's WARNING, set by that module (this one is
+    # below it: _log's state imports it)
+    say: Callable[[str, str, dict[str, Any]], None] | None = None
 
     def __init__(self, budget: float, window_s: float = 1.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -185,16 +188,16 @@ class OverheadBudget:
             self._tell()
 
     def _tell(self) -> None:
-        from .. import _log  # not at import: _log's state imports this module
-
+        say = self.say
+        if say is None:
+            return
         ratio, scale = round(self.last_ratio, 4), round(self.scale, 4)
-        _log.warn_once(
-            "overhead-budget",
+        say("overhead-budget",
             f"attnscope: sampling fewer calls than configured: its own cost, {ratio} of the "
             f"traced calls' time, is over overhead_budget={self.budget}, so the rates it governs "
             f"are scaled by {scale} (each span's attnscope.sample_rate says by how much). "
             "overhead_budget=1.0 (ATTNSCOPE_OVERHEAD_BUDGET=1) samples at the configured rates",
-            overhead_budget=self.budget, overhead_ratio=ratio, scale=scale)
+            {"overhead_budget": self.budget, "overhead_ratio": ratio, "scale": scale})
 
     def after_fork(self) -> None:
         self._lock = threading.Lock()
