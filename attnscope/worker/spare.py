@@ -1,8 +1,12 @@
 """A worker thread started ahead of the worker, at set-up time (``configure()``).
 
-It imports the worker side (:mod:`.engine`: the SDK, the exporters, the profile parser) while the
-program sets itself up, then waits to run the first worker the process starts: that worker's
-first sampled call neither imports nor starts a thread. Light, like :mod:`.loop`.
+It imports the worker side (:mod:`.engine`: the SDK, the exporters, the profile parser), then
+waits to run the first worker the process starts: that worker's first sampled call neither
+imports nor starts a thread. ``configure()`` waits for the import (at most ``LOAD_WAIT_S``): left
+to run on while the program went on, it held the GIL for 100 ms and more of imports, and a first
+request made then paid for them (the first instrumented ``generate()`` right after
+``configure()`` took 2.1x a later one on CPU, ``benchmarks/bench_first_call.py --generate``;
+issue 37 goal 1). Set-up is where that cost belongs. Light, like :mod:`.loop`.
 """
 
 from __future__ import annotations
@@ -13,12 +17,15 @@ from collections.abc import Callable
 from .. import _log
 from .._state import state
 
-__all__ = ["Spare", "preload"]
+__all__ = ["LOAD_WAIT_S", "Spare", "preload"]
 
 # Polled, from every 50 ms at first to every 0.5 s once the program has gone a while without a
 # sampled call: an idle process is woken twice a second, a busy one starts its worker at once.
 _POLL_FIRST_S = 0.05
 _POLL_MAX_S = 0.5
+# configure() waits this long at most for the worker side's import (a bound, not a deadline: an
+# import that takes longer goes on in the background, as before)
+LOAD_WAIT_S = 10.0
 
 
 class Spare:
@@ -28,6 +35,7 @@ class Spare:
         self._job: Callable[[], None] | None = None
         self._lock = threading.Lock()
         self._never = threading.Event()  # only waited on, with a timeout: the poll's clock
+        self.loaded = threading.Event()  # the import is over (done or failed)
         self.thread = threading.Thread(target=self._run, name="attnscope-worker", daemon=True)
         self.thread.start()
 
@@ -45,6 +53,8 @@ class Spare:
                 from . import engine  # noqa: F401
         except Exception as exc:  # the worker imports again when it runs, and says why
             _log.internal_error("preload", exc)
+        finally:
+            self.loaded.set()
         # Polled, not woken: waking a waiting thread cost the first sampled call 0.2 ms here
         # (a futex hand-over under load); a worker that starts a little later costs nothing
         # (its captures wait in the bounded queue).
@@ -55,11 +65,17 @@ class Spare:
         self._job()
 
 
-def preload() -> None:
-    """``configure()``: start the spare worker thread (once, while no worker runs); never raises."""
+def preload(wait_s: float = LOAD_WAIT_S) -> None:
+    """``configure()``: start the spare worker thread (once, while no worker runs) and wait, at
+    most ``wait_s``, for it to have imported the worker side; never raises (a Ctrl-C while it
+    waits goes through: the thread imports on)."""
     try:
         with state.worker_lock:
             if state.spare_thread is None and state.worker is None:
                 state.spare_thread = Spare()
+            spare = state.spare_thread
     except Exception as exc:  # no thread now: the first sampled call starts one
         _log.internal_error("preload", exc)
+        return
+    if isinstance(spare, Spare) and wait_s > 0:
+        spare.loaded.wait(wait_s)
