@@ -171,7 +171,8 @@ DEVICE_NAME = attribute("device.name", "string", "", "the CUDA device's name (re
 TRANSFORMERS_VERSION = attribute("transformers.version", "string", "",
                                  "transformers' version, when the program imported it (resource)")
 COMMAND_ARGS = Attribute("process.command_args", "string[]", "",
-                         "the process's command line, bounded (resource)")
+                         "the interpreter and its script or -m module; the whole command line, "
+                         "bounded, with record_command_args (resource)")
 PROCESS_START = Attribute("process.creation.time", "string", "",
                           "when the process started, ISO 8601 UTC (resource)")
 HOST_ARCH = Attribute("host.arch", "string", "", "the host's architecture (resource)")
