@@ -131,8 +131,6 @@ def program_of(argv: Sequence[str]) -> list[str]:
     return words
 
 
-
-
 def command_args(argv: list[str]) -> list[str]:
     """The command line as a bounded list: at most ``_MAX_ARGS`` entries of ``_MAX_ARG_CHARS``
     characters; a cut list ends with ``"…(N more)"``, a cut entry with ``"…"``."""

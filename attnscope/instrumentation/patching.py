@@ -19,7 +19,6 @@ import torch
 from .. import _schema as schema
 from ..capture import inner_sdpa, retain, wrapper
 from ..capture.args import param_names
-from ..capture.compile import hide_from_dynamo
 from ..capture.sampling import CallSite
 from ..record.capture import MODEL_KEY, Capture, ModelFacts
 from . import Extractor, torch_nn
@@ -60,7 +59,7 @@ def wrap_fused(module: torch.nn.Module, name: str, attributes: dict[str, Any],
     key = f"attnscope.instrument:{name}:fused"
     site, _, fn = _site_for(module, "forward", name, attributes, sample_rate, key)
     site.extractor = torch_nn.encoder_layer_extractor(module)
-    traced = wrapper.wrap(fn, site, compile_check=False)
+    traced = wrapper.wrap(fn, site, compile_check=True)
     taken = torch_nn.takes_fast_path
 
     @functools.wraps(fn)
@@ -69,7 +68,6 @@ def wrap_fused(module: torch.nn.Module, name: str, attributes: dict[str, Any],
             return traced(*args, **kwargs)
         return fn(*args, **kwargs)
 
-    hide_from_dynamo(forward, fn)
     setattr(forward, _MARK, site)
     object.__setattr__(module, "forward", types.MethodType(forward, module))
 
@@ -84,8 +82,14 @@ def _site_for(module: torch.nn.Module, attr: str, name: str, attributes: dict[st
 
 
 def install(module: torch.nn.Module, attr: str, fn: Callable[..., Any], site: CallSite) -> None:
-    """An instance-level ``attr``: the core wrapper around ``fn``, bound to ``module``."""
-    traced = wrapper.wrap(fn, site, compile_check=False)
+    """An instance-level ``attr``: the core wrapper around ``fn``, bound to ``module``.
+
+    The wrapper asks ``is_compiling()`` rather than being registered with Dynamo: a registered
+    wrapper is replaced by a stand-in that calls ``fn`` without a source, so Dynamo cannot follow
+    the globals ``fn`` reads when they are modules (transformers 5.25 makes
+    ``apply_rotary_pos_emb`` one: 10 graphs instead of 1 for a compiled Llama), and a frame
+    Dynamo starts at the wrapper itself would trace the sampling code."""
+    traced = wrapper.wrap(fn, site, compile_check=True)
     setattr(traced, _MARK, site)
     object.__setattr__(module, attr, types.MethodType(traced, module))
 
