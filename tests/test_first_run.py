@@ -60,8 +60,10 @@ def test_no_collector_one_attnscope_line_no_exporter_noise_bounded_exit(tmp_path
     (line,) = lines
     assert line.startswith("attnscope: nothing is listening at " + endpoint)
     assert "OTEL_EXPORTER_OTLP_ENDPOINT" in line and "jaeger-json:" in line
-    # the exit flush waits at most 2 s on a network exporter (torch's teardown comes after)
-    assert float(exited.read_text()) - float(end.read_text()) < 3.0
+    # the exit flush does not wait out the exporter's 10 s timeout on an endpoint that refuses
+    # (0.2 s since issue 38; the 1.8 s median at load 10 is a figure in docs/reliability.md). The
+    # bound here is what a loaded CI machine keeps: up to 4.1 s was seen at load 10 on 2 cores
+    assert float(exited.read_text()) - float(end.read_text()) < 8.0
 
 
 def test_no_collector_exporter_lines_kept_where_the_app_configured_them() -> None:
