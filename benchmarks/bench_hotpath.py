@@ -3,7 +3,15 @@
 Prints a table of ns/call (median over interleaved rounds) and the two ratios the hot-path budget
 is judged by:
   unsampled / plain pass-through wrapper  (target <= 1.5)
-  sampled timing tier / one OTel start_as_current_span with 10 attributes  (target <= 0.33)
+  sampled timing tier / one OTel start_as_current_span with 10 attributes  (target <= 0.2,
+  issue 37; <= 0.33 before)
+
+Each round is timed twice: wall time, and the calling thread's CPU time (``time.thread_time_ns``).
+On a shared machine wall time also counts the time the process was not running at all (other
+jobs' turn on the cores) and so moves with their load; the thread's CPU time counts only what the
+call itself ran, which is the figure the ratios are steadier on. Both ratios are printed; the
+sampled variant's CPU figure leaves out the worker, which runs on its own thread (its GIL time is
+in the wall figure).
 
 Run: python benchmarks/bench_hotpath.py [--rounds 9] [--calls 20000]
 """
@@ -12,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import platform
 import statistics
 import time
@@ -43,11 +52,12 @@ def passthrough(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def per_call_ns(fn: Callable[[], Any], calls: int) -> float:
-    start = time.perf_counter_ns()
+def per_call_ns(fn: Callable[[], Any], calls: int) -> tuple[float, float]:
+    """(wall ns, calling-thread CPU ns) per call."""
+    start, cpu = time.perf_counter_ns(), time.thread_time_ns()
     for _ in range(calls):
         fn()
-    return (time.perf_counter_ns() - start) / calls
+    return ((time.perf_counter_ns() - start) / calls, (time.thread_time_ns() - cpu) / calls)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -113,31 +123,40 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "OTel span, 10 attributes": otel_span,
     }
     results: dict[str, list[float]] = {name: [] for name in variants}
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
     for fn in variants.values():  # warm up every path once
         per_call_ns(fn, 200)
     for _ in range(args.rounds):
         for name, fn in variants.items():
             calls = args.calls if "sampled (" not in name else max(1, args.calls // 10)
-            results[name].append(per_call_ns(fn, calls))
+            wall_ns, cpu_ns = per_call_ns(fn, calls)
+            results[name].append(wall_ns)
+            cpu[name].append(cpu_ns)
             if "sampled (" in name:
                 attnscope.flush(timeout_s=30)  # keep the worker's backlog out of the next round
     med = {name: statistics.median(v) for name, v in results.items()}
+    med_cpu = {name: statistics.median(v) for name, v in cpu.items()}
     print(f"machine: {platform.processor() or platform.machine()}, {platform.python_version()}, "
-          f"torch {torch.__version__}, rounds={args.rounds}, calls/round={args.calls}")
-    print(f"{'variant':32} {'ns/call (median)':>18} {'min':>10} {'max':>10}")
+          f"torch {torch.__version__}, rounds={args.rounds}, calls/round={args.calls}, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"{'variant':32} {'ns/call (median)':>18} {'min':>10} {'max':>10} "
+          f"{'thread CPU ns':>14} {'min':>10}")
     for name, v in results.items():
-        print(f"{name:32} {med[name]:18.0f} {min(v):10.0f} {max(v):10.0f}")
+        print(f"{name:32} {med[name]:18.0f} {min(v):10.0f} {max(v):10.0f} "
+              f"{med_cpu[name]:14.0f} {min(cpu[name]):10.0f}")
     wrapper_cost = med["pass-through wrapper"]
     r1 = med["attnscope unsampled"] / wrapper_cost
     r2 = med["attnscope sampled (timing)"] / med["OTel span, 10 attributes"]
+    r2_cpu = med_cpu["attnscope sampled (timing)"] / med_cpu["OTel span, 10 attributes"]
     print()
     print(f"unsampled / pass-through wrapper = {r1:.2f}   (target <= 1.5)")
-    print(f"sampled timing tier / OTel span  = {r2:.2f}   (target <= 0.33)")
+    print(f"sampled timing tier / OTel span  = {r2:.2f}   (target <= 0.2; wall time)")
+    print(f"  the same, calling-thread CPU   = {r2_cpu:.2f}")
     # Decorated methods also ask torch.compiler.is_compiling() first (see docs/architecture.md).
     r3 = med["attnscope unsampled, method"] / med["pass-through wrapper, method"]
     print(f"unsampled method / pass-through wrapped method = {r3:.2f}   (same target; see docs)")
     _worker.shutdown(timeout_s=10)
-    return {"unsampled_ratio": r1, "sampled_ratio": r2}
+    return {"unsampled_ratio": r1, "sampled_ratio": r2, "sampled_ratio_cpu": r2_cpu}
 
 
 if __name__ == "__main__":

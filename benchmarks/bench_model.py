@@ -9,11 +9,20 @@ Target (issue: production sampling): median overhead <= 0.5%.
 
 ``--generate 32 --every-call``: the debugging-session case instead — ``generate()`` of 32 new
 tokens from a 16-token prompt with every attention call traced (sample rate 1, no warm-up, no
-overhead budget, no profile tier). Target: median ratio <= 1.10. ``--calling-thread-only`` drops
-captures at the hand-off, so the ratio shows the calling thread's own cost without the worker's.
+overhead budget, no profile tier). Target: median ratio <= 1.10. ``--metrics on`` records the
+span metrics too (an in-memory meter provider; off by default there), so the table can hold both.
+``--calling-thread-only`` drops captures at the hand-off, so the ratio shows the calling thread's
+own cost without the worker's.
+
+``--model issue37 --device cuda``: issue 37's GPU model instead — 16 layers, hidden 2048, 16 heads /
+8 KV heads, bf16, SDPA, a batch of 8 with a 128-token prompt, 32 new tokens (``--generate 32`` is
+implied). Each timed call ends with ``torch.cuda.synchronize()``. Without CUDA it stops with a
+message saying so (``--device cpu`` runs the same model on the CPU, in float32 unless
+``--dtype`` says otherwise: slow, for checking the script).
 
 Run: python benchmarks/bench_model.py [--pairs 300]
-     python benchmarks/bench_model.py --generate 32 --every-call --pairs 80
+     python benchmarks/bench_model.py --generate 32 --every-call --pairs 80 [--metrics on]
+     python benchmarks/bench_model.py --model issue37 --device cuda --every-call --pairs 30
 """
 
 from __future__ import annotations
@@ -39,15 +48,34 @@ class Discard(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
-def build_model() -> Any:
+# (layers, hidden, intermediate, heads, KV heads, vocab): the CPU default, and issue 37's GPU model
+# (its intermediate size and vocabulary are not given there: a Llama 3.2 1B's MLP, a 32k vocab)
+MODELS = {"tiny": (4, 256, 512, 8, 4, 1000), "issue37": (16, 2048, 8192, 16, 8, 32000)}
+VOCAB = {name: spec[5] for name, spec in MODELS.items()}
+
+
+def build_model(name: str = "tiny", device: str = "cpu", dtype: Any = None) -> Any:
+    """A Llama from a config (random weights, nothing downloaded), SDPA attention, in eval mode."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                      num_attention_heads=8, num_key_value_heads=4, vocab_size=1000,
+    layers, hidden, inter, heads, kv, vocab = MODELS[name]
+    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab,
                       max_position_embeddings=512)
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    return LlamaForCausalLM(cfg).eval()
+    model = LlamaForCausalLM(cfg).eval()
+    if dtype is not None:
+        model = model.to(dtype)
+    return model.to(device)
+
+
+def check_device(device: str) -> None:
+    """Stop with a clear message when ``device`` is CUDA and this torch has none."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device cuda: CUDA is not available to this torch ({torch.__version__}"
+                         f", built for CUDA {torch.version.cuda or 'no'}); run it on a GPU machine "
+                         f"or use --device cpu")
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -62,18 +90,41 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--app-provider", action="store_true",
                         help="give attnscope the application's TracerProvider "
                              "instead of an exporter")
+    parser.add_argument("--metrics", choices=("on", "off"), default=None,
+                        help="span metrics to an in-memory meter provider (default: off with "
+                             "--every-call, the configured default otherwise)")
+    parser.add_argument("--model", choices=tuple(MODELS), default="tiny")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                        help="default: bfloat16 for --model issue37 on CUDA, else float32")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="prompts per call (default 1; 8 for --model issue37)")
     args = parser.parse_args(argv)
+    check_device(args.device)
+    issue = args.model == "issue37"
+    if issue and not args.generate:
+        args.generate = 32
+    dtype_name = args.dtype or ("bfloat16" if issue and args.device == "cuda" else "float32")
+    batch = args.batch or (8 if issue else 1)
 
-    plain = build_model()
+    plain = build_model(args.model, args.device, getattr(torch, dtype_name))
     traced = copy.deepcopy(plain)
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(Discard(), max_queue_size=1 << 16))
     # The usual set-up: attnscope's own provider and exporter; or the application's provider.
     destination: dict[str, Any] = (
         {"tracer_provider": provider} if args.app_provider else {"exporter": Discard()})
+    if args.metrics is not None:
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+        destination["metrics"] = args.metrics == "on"
+        if args.metrics == "on":
+            destination["meter_provider"] = MeterProvider(metric_readers=[InMemoryMetricReader()])
     if args.every_call:
+        destination.setdefault("metrics", False)
         attnscope.configure(sample_rate=1.0, warmup_calls=0, overhead_budget=1.0,
-                            profile_rate=0.0, metrics=False, queue_size=1 << 16, **destination)
+                            profile_rate=0.0, queue_size=1 << 16, **destination)
     else:
         attnscope.configure(**destination)  # everything else: the defaults
     if args.calling_thread_only:
@@ -81,16 +132,22 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
         _state.submit = lambda cap: True  # type: ignore[assignment]
     attnscope.instrument(traced)
-    seq_len = 16 if args.generate and args.seq_len == 256 else args.seq_len
-    ids = torch.randint(0, 1000, (1, seq_len))
+    if args.seq_len != 256:
+        seq_len = args.seq_len
+    else:
+        seq_len = 128 if issue else 16 if args.generate else 256
+    ids = torch.randint(0, VOCAB[args.model], (batch, seq_len), device=args.device)
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
 
     def run(model: Any) -> int:
+        sync()
         t = time.perf_counter_ns()
         if args.generate:
             model.generate(ids, max_new_tokens=args.generate, min_new_tokens=args.generate,
                            do_sample=False, pad_token_id=0)
         else:
             model(input_ids=ids)
+        sync()
         return time.perf_counter_ns() - t
 
     with torch.inference_mode():
@@ -114,8 +171,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     med = statistics.median(ratios)
     print(f"machine: {platform.machine()}, Python {platform.python_version()}, "
           f"torch {torch.__version__}, "
-          f"pairs={args.pairs}, seq_len={seq_len}, generate={args.generate}, "
-          f"every_call={args.every_call}, calling_thread_only={args.calling_thread_only}")
+          f"pairs={args.pairs}, model={args.model} ({dtype_name}, batch {batch}) on "
+          f"{args.device}, seq_len={seq_len}, generate={args.generate}, "
+          f"every_call={args.every_call}, metrics={args.metrics or 'default'}, "
+          f"calling_thread_only={args.calling_thread_only}")
     print(f"{'':28} {'median':>10} {'mean':>10}")
     what = "generate" if args.generate else "forward"
     print(f"{'plain ' + what + ' (ms)':28} {statistics.median(a_ns) / 1e6:10.3f} "

@@ -40,11 +40,18 @@ def test_a_sampled_call_is_closed_by_one_leave_call(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(wrapper, "leave", counting)
     exporter = InMemorySpanExporter()
     attnscope.configure(exporter=exporter, **SETTINGS)
-    traced = attnscope.trace(lambda q: q * 2)
+    @attnscope.trace
+    def double(q: torch.Tensor) -> torch.Tensor:
+        return q * 2
+
+    @attnscope.trace
+    def failing(q: torch.Tensor) -> torch.Tensor:
+        raise ValueError("user's")
+
     q = torch.ones(2, 3)
-    assert torch.equal(traced(q), q * 2)
+    assert torch.equal(double(q), q * 2)
     with pytest.raises(ValueError):
-        attnscope.trace(lambda q: (_ for _ in ()).throw(ValueError("user's")))(q)
+        failing(q)
     assert attnscope.flush(timeout_s=30)
     assert len(calls) == 2  # one per sampled call, the failing one included
     assert len(exporter.get_finished_spans()) == 2
@@ -113,7 +120,11 @@ def test_the_worker_reads_a_modules_implementation_once_per_batch(
     assert attnscope.flush(timeout_s=30)
     caps: list[Any] = []
     with monkeypatch.context() as patch:
-        patch.setattr(_state, "submit", lambda cap: caps.append(cap) or True)
+        def keep(cap: Any) -> bool:
+            caps.append(cap)
+            return True
+
+        patch.setattr(_state, "submit", keep)
         with torch.inference_mode():
             model(ids)
     attn = model.model.layers[0].self_attn
@@ -141,6 +152,6 @@ def test_the_worker_reads_a_modules_implementation_once_per_batch(
     engine.end_batch()
     assert counting.reads == 2
     assert attnscope.flush(timeout_s=30)
-    impls = [span.attributes.get("attnscope.implementation")
+    impls = [(span.attributes or {}).get("attnscope.implementation")
              for span in exporter.get_finished_spans()]
     assert impls == ["sdpa"] * 6 + ["eager"] * 2
