@@ -178,13 +178,14 @@ PROCESS_START = Attribute("process.creation.time", "string", "",
 HOST_ARCH = Attribute("host.arch", "string", "", "the host's architecture (resource)")
 CPU_NAME = Attribute("host.cpu.model.name", "string", "", "the CPU's model name (resource)")
 CONFIG_SAMPLE_RATE = attribute("config.sample_rate", "float", "1",
-                               "configured sample rate when the pipeline was built (resource)")
+                               "sample rate in force when the span was written (resource)")
 CONFIG_PROFILE_RATE = attribute("config.profile_rate", "float", "1",
-                                "configured profile rate when the pipeline was built (resource)")
+                                "profile rate in force when the span was written (resource)")
 CONFIG_OVERHEAD_BUDGET = attribute("config.overhead_budget", "float", "1",
-                                   "configured overhead budget (resource)")
+                                   "overhead budget in force when the span was written (resource)")
 CONFIG_WARMUP_CALLS = attribute("config.warmup_calls", "int", "",
-                                "configured warm-up calls per site (resource)")
+                                "warm-up calls per site in force when the span was written "
+                                "(resource)")
 
 # ---- the roofline of a call (docs/profiling.md#reading-the-roofline)
 ROOFLINE_ACHIEVED_TFLOPS = attribute("roofline.achieved_tflops", "float", "TFLOP/s",
