@@ -188,9 +188,12 @@ def _release(disable: bool, prepared: bool = False) -> None:
     try:  # nothing nested: a nested try's first line is outside this one's finally
         _teardown(disable, prepared)
     finally:
-        # one statement: a Ctrl-C lands before it (the capture's stop() runs again) or after
-        # it, never between its parts
-        p.owner, p.active, _ = None, None, p.session_lock.release()  # type: ignore[func-returns-value]
+        # One line, the session let go before the lock: a signal is handled only once a call
+        # returns, so a Ctrl-C lands before the line (the capture's stop() runs it again) or
+        # after the release, when stop() sees the session gone and does not release twice. (In
+        # the other order, one landing after the release made stop() release a lock it no longer
+        # held: RuntimeError into the user's call, or kineto left on and a crash at exit.)
+        p.owner = p.active = None; p.session_lock.release()  # noqa: E702
 
 
 def _teardown(disable: bool, prepared: bool = False) -> None:
