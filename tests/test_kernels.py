@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import torch
-from torch.nn.attention.flex_attention import flex_attention
 
 import attnscope
 from attnscope.capture import profiler_session as _profile
@@ -245,6 +244,8 @@ def test_real_profile_gives_every_op_an_id(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_eager_flex_attention_is_flex() -> None:
+    flex_attention = pytest.importorskip(  # torch 2.5 and later
+        "torch.nn.attention.flex_attention").flex_attention
     # eager FlexAttention runs its unfused reference (softmax and matmul ops, as the math path
     # does) under its autograd.Function's op: the op names FlexAttention
     assert _profile.warm_up()
