@@ -302,17 +302,23 @@ def _flush_metrics(meter_provider: Any, timeout_ms: int) -> bool:
     Flushing a pull reader (Prometheus) makes it queue one more copy of every series for the next
     scrape, so an SDK provider's periodic readers are flushed one by one instead of the provider.
     """
+    from opentelemetry.sdk.metrics import MetricsTimeoutError
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
+    # a flush that runs out of time says so by raising: that is a False, not an internal error
+    # (it was one line more on a loaded machine's stderr at exit, with no collector)
     readers = getattr(meter_provider, "_metric_readers", None)
-    if readers is None:
-        flush = getattr(meter_provider, "force_flush", None)
-        return bool(flush(timeout_ms)) if flush is not None else True
-    ok = True
-    for reader in readers:
-        if isinstance(reader, PeriodicExportingMetricReader):
-            ok = bool(reader.force_flush(timeout_millis=timeout_ms)) and ok
-    return ok
+    try:
+        if readers is None:
+            flush = getattr(meter_provider, "force_flush", None)
+            return bool(flush(timeout_ms)) if flush is not None else True
+        ok = True
+        for reader in readers:
+            if isinstance(reader, PeriodicExportingMetricReader):
+                ok = bool(reader.force_flush(timeout_millis=timeout_ms)) and ok
+        return ok
+    except MetricsTimeoutError:
+        return False
 
 
 def destination_of(exporter: Any, name: str | None) -> str:

@@ -130,15 +130,11 @@ def test_sentinel_never_in_logs(caplog: pytest.LogCaptureFixture, monkeypatch: p
     def failing_derive(summary: Any, instance: Any = None) -> Any:
         raise RuntimeError("injected worker failure")
 
-    real_add = _args._add
-
-    def failing_add(out: Any, key: str, value: Any) -> None:
-        if isinstance(value, torch.Tensor):
-            raise RuntimeError("injected capture failure")
-        real_add(out, key, value)
+    def failing_meta(cls: Any, fields: Any) -> Any:  # a tensor argument's summary
+        raise RuntimeError("injected capture failure")
 
     monkeypatch.setattr(derive, "derive", failing_derive)
-    monkeypatch.setattr(_args, "_add", failing_add)
+    monkeypatch.setattr(_args, "_meta_new", failing_meta)
     caplog.set_level(logging.DEBUG, logger="attnscope")
     attnscope.configure(exporter="none", sample_rate=1.0, warmup_calls=0, overhead_budget=1.0,
                         profile_rate=0.0)
