@@ -100,8 +100,9 @@ def find_qkv(summary: list[tuple[str, Any]]) -> tuple[TensorMeta, TensorMeta, Te
 
 
 class HostCopy:
-    """Counts a CUDA stream copies into pinned host memory after the call, in place of the device
-    tensor they were computed from (a mask, a static cache's length, ``generate()``'s ids).
+    """A CUDA value's host copy (pinned), in place of the device tensor (a mask's boolean view, a
+    static cache's length, ``generate()``'s ids); ``values`` reads as its numbers (``tolist()``),
+    computed by the worker when first read for a mask.
 
     The worker reads ``values`` only once the capture's device timer is ready (its last event,
     recorded after the copy, has passed); ``kind`` says what they are: ``"mask"`` (the
