@@ -23,12 +23,10 @@ import torch
 import attnscope
 from attnscope._state import state
 from attnscope.capture import wrapper
-from attnscope.capture.block import Span
 from attnscope.testing import capture_spans
 
 _PACKAGE = str(Path(attnscope.__file__).parent)
 _ROOT = str(Path(__file__).parent.parent)
-_SPAN_EXIT = Span.__exit__.__code__
 _TIMEOUT_S = 600
 
 
@@ -40,7 +38,6 @@ class _Interrupt:
         self.seen = 0
         self.where: tuple[str, int] | None = None
         self.withs: dict[int, set[int]] = {}
-        self.entered: set[int] = set()
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> Any:
         if not frame.f_code.co_filename.startswith(_PACKAGE):
@@ -50,23 +47,13 @@ class _Interrupt:
     def _line(self, frame: FrameType, event: str, arg: Any) -> Any:
         if event == "return":  # a later frame may get this one's id
             self.withs.pop(id(frame), None)
-            self.entered.discard(id(frame))
-        if event == "line" and not self._with_exit(frame) and not self._exit_entry(frame):
+        if event == "line" and not self._with_exit(frame):
             self.seen += 1
             if self.seen == self.at:
                 self.where = (frame.f_code.co_filename, frame.f_lineno)
                 raise KeyboardInterrupt
         return self._line
 
-
-    def _exit_entry(self, frame: FrameType) -> bool:
-        """The first line of ``Span.__exit__``: the one place a Ctrl-C still leaves a block
-        open. Python's ``with`` calls ``__exit__`` once, and no Python function can guard its
-        own first line (docs/reliability.md says so)."""
-        if frame.f_code is not _SPAN_EXIT or id(frame) in self.entered:
-            return False
-        self.entered.add(id(frame))
-        return True
 
     def _with_exit(self, frame: FrameType) -> bool:
         """The line event CPython gives a ``with`` line again as its block ends: raising there

@@ -28,8 +28,7 @@ _SCRIPT = textwrap.dedent(
                         profile_rate=0.5, profile_max_per_minute=1_000_000)
     attn = attnscope.trace(name="attn")(
         lambda q: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True))
-    # nested: the inner calls' parent is the outer's capture (a span() block's __exit__ cannot
-    # guard its own first line: docs/reliability.md)
+    # nested: the inner calls' parent is the outer's capture
     outer = attnscope.trace(name="outer")(lambda q: (attn(q), attn(q)))
     q = torch.ones(1, 2, 8, 16)
     for _ in range(5):

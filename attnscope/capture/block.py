@@ -86,6 +86,23 @@ class Span:
                 self._active = None
         return None
 
+    def __del__(self) -> None:
+        # A Ctrl-C handled as __exit__ starts, before its first line, leaves __exit__ at once and
+        # the with statement does not call it again: the block is left when the Span is freed
+        # (as the exception leaves the block's frame), its span marked as not exited
+        active = self._active
+        if active is None:
+            return
+        try:
+            self._active = None
+            leave(self._site, active, BlockNotExited())
+        except BaseException:  # noqa: BLE001  (nothing may escape a __del__)
+            pass
+
+
+class BlockNotExited(BaseException):
+    """A ``span()`` block left without its ``__exit__`` (an interrupt on its first line)."""
+
 
 def span(name: str, *, tokens: Any = None, sample: bool | None = None,
          attributes: dict[str, Any] | None = None) -> Span:
