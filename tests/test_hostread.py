@@ -2,8 +2,9 @@
 
 On CUDA the calling thread leaves pinned copies (``HostCopy``) in place of the mask (its boolean
 view), the static cache's length and ``generate()``'s new ids; the worker counts from those copies
-once the call's last event has passed, and reads nothing when the events timed out. Device tensors themselves are never read
-on the worker: the spans then leave out what needed their values instead of carrying a wrong one.
+once the call's last event has passed, and reads nothing when the events timed out. Device
+tensors themselves are never read on the worker: the spans then leave out what needed their
+values instead of carrying a wrong one.
 """
 
 from __future__ import annotations

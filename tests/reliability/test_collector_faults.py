@@ -7,8 +7,9 @@ is measured beside ``exporter="none"`` in the same run; RSS stays bounded; ``flu
 collector heals, every span is accounted for exactly on the client's side (``exported +
 export_failed + export_dropped == emitted``), every exported span is received once, and every
 other is counted in ``stats()`` as ``export_failed`` / ``export_dropped`` (one whose answer came
-after the client's timeout may have been kept too: the client cannot know). A process that exits without
-``shutdown()`` while the collector is down or hanging exits within 2 s of one that exports nothing.
+after the client's timeout may have been kept too: the client cannot know). A process that exits
+without ``shutdown()`` while the collector is down or hanging exits within 2 s of one that exports
+nothing.
 A ``shutdown()`` that times out on a hanging collector returns with every span counted (those
 still on their way in ``export_in_flight``), and a full batch processor queue says so in one
 attnscope line, not in one SDK line per span (issue 20).
