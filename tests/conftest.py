@@ -18,6 +18,11 @@ import pytest
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# The command line's tables take $COLUMNS for a file or a pipe: a shell or runner that exports it
+# (pytest-xdist's workers set 80) wraps the tables the CLI tests read. Their width is the CLI's own.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
 # Tests never send to a collector unless they configure one themselves.
 os.environ.setdefault("ATTNSCOPE_EXPORTER", "none")
 os.environ.setdefault("ATTNSCOPE_METRICS", "false")
