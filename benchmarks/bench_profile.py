@@ -87,19 +87,26 @@ def cold_reference(shape: tuple[int, ...], device: str, dtype: str) -> tuple[flo
 
 class _OwnCost:
     """Collects attnscope's own calling-thread time per sampled call (what the overhead budget
-    is charged with)."""
+    is charged with).
+
+    The wrapper hands a call's cost to the budget only while one is set (``overhead_budget`` <
+    1), and a set budget would throttle the very calls measured: :meth:`arm`, after each
+    ``configure()``, sets one whose ``add`` records and adapts nothing. (Without it no cost was
+    ever recorded: ``own.take()[0]`` raised IndexError, then ``median`` of nothing, issue 36 §5.)
+    """
 
     def __init__(self) -> None:
         from attnscope.capture.sampling import OverheadBudget
 
         self.values: list[int] = []
-        real = OverheadBudget.add
 
         def add(budget: OverheadBudget, own_ns: int, wall_ns: int, rate: float) -> None:
             self.values.append(own_ns)
-            real(budget, own_ns, wall_ns, rate)
 
         OverheadBudget.add = add  # type: ignore[method-assign]
+
+    def arm(self) -> None:
+        state.sampler.budget.budget = 0.5  # below 1: the wrapper reports each call's cost
 
     def take(self) -> list[int]:
         out, self.values = self.values, []
@@ -130,6 +137,7 @@ def first_profiled(q: torch.Tensor, device: str, later_n: int) -> dict[str, Any]
     base = _median(bare, device, 50)
     attnscope.configure(exporter="none", sample_rate=1.0, warmup_calls=0, overhead_budget=1.0,
                         profile_rate=1.0, profile_max_per_minute=1e9, metrics=False)
+    own.arm()
     with attnscope.sampling(force=True, profile=False):
         first_sampled = _timed(traced, device)  # starts the worker, which warms the profiler up
     first_sampled_own = own.take()[0]
@@ -190,6 +198,7 @@ def timing_cost(q: torch.Tensor, device: str, n: int) -> dict[str, Any]:
 
     attnscope.configure(exporter="none", sample_rate=1.0, warmup_calls=0, overhead_budget=1.0,
                         profile_rate=0.0, metrics=False)
+    own.arm()
     for _ in range(10):
         traced()
     own.take()
