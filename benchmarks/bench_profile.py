@@ -103,7 +103,7 @@ class _OwnCost:
         def add(budget: OverheadBudget, own_ns: int, wall_ns: int, rate: float) -> None:
             self.values.append(own_ns)
 
-        OverheadBudget.add = add  # type: ignore[method-assign]
+        OverheadBudget.add = add  # type: ignore[method-assign,assignment]
 
     def arm(self) -> None:
         state.sampler.budget.budget = 0.5  # below 1: the wrapper reports each call's cost
