@@ -47,18 +47,12 @@ class Pair:
 
 
 @dataclasses.dataclass(frozen=True)
-class Standing:
-    """One implementation against the reference (the fields of :class:`Pair`), and against the
-    one listed just before it (``previous``, when that one is not the reference): the order of
-    the list is a claim too."""
+class Standing(Pair):
+    """Implementation ``name`` against the reference (its :class:`Pair`, ``against`` the
+    reference), and against the one listed just before it (``previous``, when that one is not
+    the reference): the order of the list is a claim too."""
 
-    name: str
-    ratio: float
-    low: float
-    high: float
-    verdict: str
-    rounds: int
-    confidence: float
+    name: str = dataclasses.field(kw_only=True)
     previous: Pair | None = None
 
 
@@ -101,12 +95,11 @@ def rank(times: Mapping[str, Mapping[int, float]], confidence: float = CONFIDENC
         return None
     reference = min(usable, key=lambda name: statistics.median(usable[name].values()))
     standings = [Standing(reference, 1.0, math.nan, math.nan, FASTEST, len(usable[reference]),
-                          math.nan)]
+                          math.nan, name=reference)]
     for name, by_round in usable.items():
         if name != reference:
             p = pair(by_round, usable[reference], reference, confidence)
-            standings.append(Standing(name, p.ratio, p.low, p.high, p.verdict, p.rounds,
-                                      p.confidence))
+            standings.append(Standing(*dataclasses.astuple(p), name=name))
     standings[1:] = sorted(standings[1:], key=lambda s: (math.isnan(s.ratio), s.ratio))
     for i in range(2, len(standings)):
         before, this = standings[i - 1], standings[i]
@@ -151,8 +144,7 @@ def lines(found: Ranking | None, unit: str, option: str, what: str = "time") -> 
         if s.name == ref:
             said = "the lowest median time"
         else:
-            said = _claim(Pair(ref, s.ratio, s.low, s.high, s.verdict, s.rounds, s.confidence),
-                          unit, option)
+            said = _claim(s, unit, option)
         if s.previous is not None:  # the order of the list, said with its noise too
             said += "; " + _claim(s.previous, unit, option)
         out.append(f"  {s.name:{width}}  {said}")
