@@ -40,52 +40,10 @@ deps=("numpy<3" "opentelemetry-api>=1.24" "opentelemetry-sdk>=1.24" "opentelemet
     "structlog>=23.1" "pytest>=8" "hypothesis>=6" "rich>=13" "matplotlib>=3.7" "scipy>=1.10"
     "transformers>=4.57")
 
-mkdir -p "$root"
-rows=()
-failed=0
-for version in "${versions[@]}"; do
-    venv="$root/torch-$version"
-    log="$root/torch-$version.log"
-    want="torch==$version ${deps[*]}"
-    install="ok"
-    if [ "$(cat "$venv/.compat-spec" 2>/dev/null)" != "$want" ]; then
-        echo "== torch $version: building $venv (log: $log)"
-        rm -rf "$venv"
-        if "$python" -m venv "$venv" >"$log" 2>&1 \
-            && "$venv/bin/pip" install -q "torch==$version" "${deps[@]}" >>"$log" 2>&1 \
-            && "$venv/bin/pip" install -q --no-deps -e "$here" >>"$log" 2>&1; then
-            echo "$want" >"$venv/.compat-spec"
-        else
-            install="FAILED"
-        fi
-    else
-        : >"$log"
-    fi
-    if [ "$install" != "ok" ]; then
-        rows+=("$version|install failed|-|see $log")
-        failed=1
-        continue
-    fi
-    echo "== torch $version: running tests"
-    # shellcheck disable=SC2086  # PYTEST_ARGS is split on purpose
-    (cd "$here" && CUDA_VISIBLE_DEVICES="" "$venv/bin/python" -m pytest -q -p no:cacheprovider \
-        "${tests[@]}" ${PYTEST_ARGS:-}) >>"$log" 2>&1
-    rc=$?
-    summary="$(grep -E '^(=+ )?[0-9]+ (passed|failed|skipped|error)' "$log" | tail -1 | tr -d '=')"
-    actual="$("$venv/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
-    if [ "$rc" -eq 0 ]; then result="PASS"; else result="FAIL (rc $rc)"; failed=1; fi
-    rows+=("$version|$result|${actual:-?}|${summary:-no summary, see $log}")
-done
-
-echo
-printf '%-10s %-14s %-22s %s\n' "torch" "result" "installed" "pytest"
-for row in "${rows[@]}"; do
-    IFS='|' read -r v r a s <<<"$row"
-    printf '%-10s %-14s %-22s %s\n' "$v" "$r" "$a" "$s"
-done
-for version in "${versions[@]}"; do
-    grep -E '^(FAILED|ERROR) ' "$root/torch-$version.log" 2>/dev/null | sed -e 's/ - .*//' \
-        -e "s/^/  $version  /"
-done
-echo "logs: $root/torch-<version>.log"
-exit "$failed"
+kind=torch
+prefix=torch
+specs() { echo "torch==$1"; }
+probe='import torch; print(torch.__version__)'
+pytest_env='CUDA_VISIBLE_DEVICES='
+# shellcheck source=scripts/_compat_loop.sh
+. "$here/scripts/_compat_loop.sh"

@@ -29,53 +29,10 @@ tests=(
 deps=(numpy "opentelemetry-api>=1.24" "opentelemetry-sdk>=1.24" "opentelemetry-exporter-otlp>=1.24"
     "opentelemetry-proto>=1.24" "psutil>=5.9" "structlog>=23.1" "pytest>=8" "hypothesis>=6")
 
-mkdir -p "$root"
-rows=()
-failed=0
-for version in "${versions[@]}"; do
-    venv="$root/tf-$version"
-    log="$root/tf-$version.log"
-    want="torch==$torch_version transformers==$version ${deps[*]}"
-    install="ok"
-    if [ "$(cat "$venv/.compat-spec" 2>/dev/null)" != "$want" ]; then
-        echo "== transformers $version: building $venv (log: $log)"
-        rm -rf "$venv"
-        if "$python" -m venv "$venv" >"$log" 2>&1 \
-            && "$venv/bin/pip" install -q "torch==$torch_version" "transformers==$version" \
-                "${deps[@]}" >>"$log" 2>&1 \
-            && "$venv/bin/pip" install -q --no-deps -e "$here" >>"$log" 2>&1; then
-            echo "$want" >"$venv/.compat-spec"
-        else
-            install="FAILED"
-        fi
-    else
-        : >"$log"
-    fi
-    if [ "$install" != "ok" ]; then
-        rows+=("$version|install failed|-|see $log")
-        failed=1
-        continue
-    fi
-    echo "== transformers $version: running tests"
-    # shellcheck disable=SC2086  # PYTEST_ARGS is split on purpose
-    (cd "$here" && "$venv/bin/python" -m pytest -q -p no:cacheprovider "${tests[@]}" \
-        ${PYTEST_ARGS:-}) >>"$log" 2>&1
-    rc=$?
-    summary="$(grep -E '^(=+ )?[0-9]+ (passed|failed|skipped|error)' "$log" | tail -1 | tr -d '=')"
-    actual="$("$venv/bin/python" -c 'import torch, transformers as t; print(t.__version__, torch.__version__)' 2>/dev/null)"
-    if [ "$rc" -eq 0 ]; then result="PASS"; else result="FAIL (rc $rc)"; failed=1; fi
-    rows+=("$version|$result|${actual:-?}|${summary:-no summary, see $log}")
-done
-
-echo
-printf '%-12s %-14s %-28s %s\n' "transformers" "result" "installed (tf, torch)" "pytest"
-for row in "${rows[@]}"; do
-    IFS='|' read -r v r a s <<<"$row"
-    printf '%-12s %-14s %-28s %s\n' "$v" "$r" "$a" "$s"
-done
-for version in "${versions[@]}"; do
-    grep -E '^(FAILED|ERROR) ' "$root/tf-$version.log" 2>/dev/null | sed -e 's/ - .*//' \
-        -e "s/^/  $version  /"
-done
-echo "logs: $root/tf-<version>.log"
-exit "$failed"
+kind=transformers
+prefix=tf
+specs() { echo "torch==$torch_version transformers==$1"; }
+probe='import torch, transformers as t; print(t.__version__, torch.__version__)'
+pytest_env=''
+# shellcheck source=scripts/_compat_loop.sh
+. "$here/scripts/_compat_loop.sh"
