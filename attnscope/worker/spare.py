@@ -11,6 +11,7 @@ issue 37 goal 1). Set-up is where that cost belongs. Light, like :mod:`.loop`.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 
@@ -77,5 +78,21 @@ def preload(wait_s: float = LOAD_WAIT_S) -> None:
     except Exception as exc:  # no thread now: the first sampled call starts one
         _log.internal_error("preload", exc)
         return
-    if isinstance(spare, Spare) and wait_s > 0:
+    if isinstance(spare, Spare) and wait_s > 0 and not _inside_an_import():
         spare.loaded.wait(wait_s)
+
+
+def _inside_an_import() -> bool:
+    """True while a module is still executing its import (``configure()`` called from module
+    code, or from ``attnscope run``'s hook right after torch executed): that import's lock may
+    be one the spare thread's import needs (torch's, under ``attnscope run``), and waiting for
+    it would wait out the whole bound (10 s added to every ``attnscope run``). The spare then
+    imports in the background, as it would past the bound."""
+    try:
+        for module in list(sys.modules.values()):
+            if getattr(getattr(module, "__spec__", None), "_initializing", False):
+                return True
+    except Exception as exc:  # unknown: not waiting is the side that cannot hang
+        _log.internal_error("preload", exc)
+        return True
+    return False
