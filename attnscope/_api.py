@@ -312,6 +312,7 @@ def stats() -> dict[str, Any]:
     profiled = profiler_session.stats()
     out.update({k if k == "profiled" else "profile_" + k: v for k, v in profiled.items()})
     out.update(state.grants.stats())  # slow calls and on-demand triggers (docs/live.md)
+    out.update(state.graph_counts)  # CUDA graph replays (docs/profiling.md#cuda-graphs)
     return out
 
 

@@ -253,6 +253,22 @@ LAYERS_FLOPS = attribute("layers.flops", "int", "{FLOP}", "their attention FLOPs
 LAYERS_BYTES = attribute("layers.bytes", "int", _BY,
                          "their least bytes, summed (only when every one has them)")
 
+# ---- CUDA graphs: a sampled replay's span, and its captured calls' spans under it
+REPLAYED = attribute("replayed", "bool", "",
+                     "a call captured into a CUDA graph, timed in a sampled replay of it")
+GRAPH_REPLAY = attribute("graph.replay", "int", "{replay}",
+                         "replays of this graph launched so far, this one included")
+GRAPH_CALLS = attribute("graph.calls", "int", "{call}",
+                        "instrumented calls captured into the graph with an event pair")
+GRAPH_CALLS_OVER_CAP = attribute("graph.calls_over_cap", "int", "{call}",
+                                 "calls captured past the graph's event pairs: untimed, no span")
+GRAPH_CALLS_LOST = attribute("graph.calls_lost", "int", "{call}",
+                             "captured calls not read in time (a later replay): no span")
+GRAPH_ATTENTION_NS = attribute("graph.attention_ns", "int", _NS,
+                               "the captured calls' device time in this replay (outermost)")
+GRAPH_ATTENTION_SHARE = attribute("graph.attention_share", "float", "1",
+                                  "graph.attention_ns over the replay's device_ns")
+
 ATTRIBUTES: tuple[Attribute, ...] = tuple(
     v for v in list(globals().values()) if isinstance(v, Attribute))
 

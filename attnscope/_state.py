@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from .record.capture import Capture, ProfileSession
 
 __all__ = ["State", "ProfilerState", "Delivery", "state", "reset", "after_fork", "submit",
-           "end_block", "COUNT_KEYS", "span_counts", "take_bytes", "give_bytes", "KEEP_TOTAL_BYTES"]
+           "end_block", "COUNT_KEYS", "GRAPH_COUNT_KEYS", "span_counts", "take_bytes",
+           "give_bytes", "KEEP_TOTAL_BYTES"]
 
 _FORK_WAIT_S = 5.0
 # Tensors all captures together may keep alive by reference (masks until the worker counts them).
@@ -38,6 +39,9 @@ KEEP_TOTAL_BYTES = 64 << 20
 COUNT_KEYS = ("captured", "emitted", "dropped_queue_full", "dropped_trace_cap", "orphaned",
               "pending", "worker_errors", "spans_to_export", "exported", "export_failed",
               "export_dropped", "export_in_flight")
+
+# attnscope.stats() keys of CUDA graph replays (docs/profiling.md, "CUDA graphs")
+GRAPH_COUNT_KEYS = ("graph_replays_sampled", "graph_replays_lost", "graph_calls_over_cap")
 
 # "nested": attnscope's own session was running on this thread (a traced call inside a profiled
 # one), not the user's profiler
@@ -196,6 +200,15 @@ class State:
         self.attention_registry: dict[type, Any] = {}
         self.sdpa_lock = threading.Lock()
         self.sdpa_original: Any = None
+        # CUDA graphs (capture.graphs): the class whose capture and replay attnscope patched ->
+        # the methods it replaced (process lifetime, kept by reset(): they are installed in torch)
+        self.graph_hooks: dict[type, dict[str, Callable[..., Any]]] = {}
+        # thread ident -> the record.graphs.GraphRecord of the graph that thread is capturing;
+        # while it is not empty every call site's countdown stays at 1 (capture.graphs)
+        self.graph_capturing: dict[int, Any] = {}
+        # replays sampled, replays whose calls were read too late (a later replay overwrote
+        # them), calls captured past a graph's event pairs: attnscope.stats()
+        self.graph_counts: dict[str, int] = dict.fromkeys(GRAPH_COUNT_KEYS, 0)
 
 
 state = State()
@@ -276,6 +289,7 @@ def reset() -> None:
     # instrumentation registry and SDPA wrapper are installed in user-visible places.
     keep = {"sampler", "profiler", "dynamo_loaded", "dynamo_pending", "dynamo_hook",
             "attention_registry", "sdpa_original", "instruments", "prometheus_started",
+            "graph_hooks",
             "spare_thread"}  # a parked thread: one per process is enough
     for name, value in vars(fresh).items():
         if name not in keep:
@@ -298,6 +312,7 @@ def after_fork() -> None:
     state.delivery = Delivery()
     state.retiring = []
     state.event_pool = None  # CUDA events of the parent are not valid in a child
+    state.graph_capturing = {}  # the parent's capturing threads do not exist here
     state.sampler.after_fork()
     state.profiler.after_fork()
     state.grants = Grants()  # the parent's trigger and grants are the parent's

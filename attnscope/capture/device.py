@@ -93,6 +93,7 @@ class CudaEventPool:
     def __init__(self, make_event: Callable[[], Event] | None = None, max_size: int = 256,
                  stream_of: Callable[[Any], Any] | None = None) -> None:
         self._make = make_event or _make_cuda_event
+        self._make_external = make_event or _make_external_event
         self._stream_of = (stream_of if stream_of is not None or make_event is not None
                            else _current_stream)
         self._free: dict[Any, deque[DeviceTimer]] = {}
@@ -108,6 +109,13 @@ class CudaEventPool:
                 timer._pool = self
                 return timer
         return DeviceTimer(self._make(), self._make(), self, device, self._stream_of, self._make)
+
+    def external(self, device: Any) -> DeviceTimer:
+        """A pair recorded during a CUDA graph's capture: ``external=True`` makes each record an
+        event node of the graph, recorded again by every replay. It belongs to its graph (its
+        timestamps are the latest replay's), so it never comes back to the pool."""
+        make = self._make_external
+        return DeviceTimer(make(), make(), None, device, self._stream_of, make)
 
     def put(self, timer: DeviceTimer) -> None:
         with self._lock:
@@ -136,6 +144,13 @@ def _make_cuda_event() -> Event:
     import torch
 
     event: Event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    return event
+
+
+def _make_external_event() -> Event:
+    import torch
+
+    event: Event = torch.cuda.Event(enable_timing=True, external=True)  # type: ignore[no-untyped-call]
     return event
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import importlib
 import inspect
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -26,6 +28,7 @@ from . import batch as _batch
 from . import compile as _compile
 from . import decision as _decision
 from . import device as _device
+from . import graph_calls as _graph_calls
 from . import grants as _grants
 from . import hostread as _hostread
 from . import inner_sdpa as _inner_sdpa
@@ -76,18 +79,32 @@ def make_site(fn: Callable[..., Any], name: str | None, sample_rate: float | Non
         _args.add_attributes(site.attributes, attributes)
     site.attributes.setdefault(schema.CODE_FUNCTION_NAME.name, qualname)
     state.sampler.register(site)
+    if not state.graph_hooks and "torch" in sys.modules:
+        _install_graph_hooks()
     return site
+
+
+def _install_graph_hooks() -> None:
+    """CUDA graphs' capture and replay patched (capture.graphs), once torch is loaded: by name,
+    as that module calls enter() and leave()."""
+    try:
+        importlib.import_module(__package__ + ".graphs").install()
+    except Exception as exc:  # graphs stay invisible; calls are traced as before
+        state.graph_hooks[object] = {}  # tried: not again on every call
+        _log.internal_error("graph-hooks", exc)
 
 
 # ---- enter / leave: the sampled path ------------------------------------------------------------
 
 
 def enter(site: CallSite, args: tuple[Any, ...], kwargs: dict[str, Any],
-          forced: bool | None = None, extra: dict[str, Any] | None = None) -> Active | None:
+          forced: bool | None = None, extra: dict[str, Any] | None = None,
+          replay: tuple[Any, int] | None = None) -> Active | None:
     """Decide and, when sampled, open a capture and make it current. None: call through.
 
-    Never raises but a Ctrl-C landing in it, which it lets through with nothing left open: an
-    internal error is counted against the site and the call goes through.
+    ``replay``: (record, generation) of a CUDA graph replay (capture.graphs), timed on the
+    graph's device. Never raises but a Ctrl-C landing in it, which it lets through with nothing
+    left open: an internal error is counted against the site and the call goes through.
     """
     t_enter = _perf_ns()
     cap = None
@@ -96,12 +113,19 @@ def enter(site: CallSite, args: tuple[Any, ...], kwargs: dict[str, Any],
             site.countdown = 1  # decide again on the next eager call
             _compile.register_pending()
             return None
+        capturing = state.graph_capturing
+        if capturing:  # a CUDA graph captures somewhere: the countdown did not bring us here
+            cap = _graph_call(site, args, kwargs, extra, capturing)
+            if cap is not None:
+                return cap, current.set(cap.capture_id), t_enter
         # a slow-call grant comes back unsettled: _open settles it on the call's shapes
         tier, rate, grant = _decision.decide(state.sampler, state.grants, site, forced)
+        if capturing and threading.get_ident() in capturing:
+            site.countdown = 1  # the capture's next call of this site comes here too
         if tier == TIER_NONE and grant is None:
             return None
         cap = Capture()
-        if not _open(cap, site, tier, rate, args, kwargs, extra, grant):
+        if not _open(cap, site, tier, rate, args, kwargs, extra, grant, replay):
             return None
         return cap, current.set(cap.capture_id), t_enter
     except Exception as exc:
@@ -131,6 +155,9 @@ def leave(site: CallSite, active: Active, error: BaseException | None, result: A
     try:  # no try nested in this one: a nested try's first line is outside its handlers
         cap.end_perf_ns = _perf_ns()
         _reset_current(token)
+        if cap.graph is not None:  # captured into a CUDA graph: its replays carry it
+            _graph_calls.close_template(cap, error)
+            return
         # the usual timed CPU call has nothing of _end's to do: no call for it
         if cap.timer is not None or cap.profile is not None or cap.memory is not None \
                 or error is not None or site.on_result is not None:
@@ -156,6 +183,24 @@ def leave(site: CallSite, active: Active, error: BaseException | None, result: A
     except BaseException:  # Ctrl-C in attnscope's own code: close what is open, let it through
         _unwind(cap, token)
         raise
+
+
+def _graph_call(site: CallSite, args: tuple[Any, ...], kwargs: dict[str, Any],
+                extra: dict[str, Any] | None, capturing: dict[int, Any]) -> Capture | None:
+    """A call made while a CUDA graph captures: on the capturing thread and a capturing stream,
+    a template of the graph's calls (capture.graph_calls), never sampled; else None, and the
+    call is decided as usual, by a draw of its own (as after a change of settings)."""
+    site.gen = -1
+    rec = capturing.get(threading.get_ident())
+    if rec is None:
+        return None
+    site.countdown = 1  # every call of the capture comes here
+    device = _args.tensor_device(args, kwargs)
+    if device is None or device.type != "cuda" or not _device.stream_capturing(device):
+        return None
+    cap = Capture()
+    _graph_calls.open_template(cap, rec, site, args, kwargs, extra, device, current.get())
+    return cap
 
 
 def _reset_current(token: contextvars.Token[int | None]) -> None:
@@ -216,7 +261,8 @@ def _unwind(cap: Capture, token: contextvars.Token[int | None]) -> None:
 
 
 def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any, ...],
-          kwargs: dict[str, Any], extra: dict[str, Any] | None, grant: Any = None) -> bool:
+          kwargs: dict[str, Any], extra: dict[str, Any] | None, grant: Any = None,
+          replay: tuple[Any, int] | None = None) -> bool:
     """Fill ``cap`` for a sampled call and start its clocks; False: call through uncaptured.
     Whatever it opened, :func:`_abandon` closes (the caller's, on any exception)."""
     cap.capture_id = next_id()
@@ -234,7 +280,9 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
     extractor = site.extractor
     # instrument(): the extractor's facts replace the generic summary
     summary = _args.summarize(args, kwargs, site.param_names) if extractor is None else []
-    device = _args.tensor_device(args, kwargs)
+    # a replay has no tensor arguments: its events go on the graph's device
+    device = _args.tensor_device(args, kwargs) if replay is None else replay[0].device
+    cap.replay = replay
     cap.summary = summary
     cuda = device is not None and device.type == "cuda"
     if cuda:

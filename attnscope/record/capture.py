@@ -148,6 +148,8 @@ class Capture:
         "grant",
         "rows",
         "counted",
+        "graph",
+        "replay",
     )
 
     def __init__(self) -> None:
@@ -177,6 +179,11 @@ class Capture:
         # a worker counted it (queued or dropped): set under the submit lock, read by a leave()
         # that a Ctrl-C cut short, so that it hands the capture over once and only once
         self.counted = False
+        # record.graphs.GraphRecord: a call captured into that CUDA graph (a template its
+        # replays' spans are built from), never handed to the worker by itself
+        self.graph: Any = None
+        # (GraphRecord, generation): a sampled replay of that graph, the replay's number
+        self.replay: tuple[Any, int] | None = None
 
     @property
     def wall_ns(self) -> int:

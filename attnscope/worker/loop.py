@@ -23,7 +23,7 @@ from .._config import Config
 from .._state import give_bytes, span_counts, state
 from .._state import submit as submit_to_current
 from ..record.capture import Capture
-from . import at_exit
+from . import at_exit, replays
 from .control import ControlFile
 from .cuda import DeviceAccess
 from .latency import Escalator
@@ -317,7 +317,12 @@ class Worker:
                 if cap.timer is not None:
                     cap.timer.release()
                 raise RuntimeError("attnscope's worker side could not be loaded")
-            self.engine.finish(cap, timed_out, self.cuda, self.escalator)
+            if cap.replay is None:
+                self.engine.finish(cap, timed_out, self.cuda, self.escalator)
+            else:  # a CUDA graph replay: its span, and one per call captured into the graph
+                made = replays.finish(self.engine, cap, timed_out, self.cuda, self.escalator)
+                with self._submit_lock:  # stats: captured == emitted + lost, children included
+                    self.submitted, self.processed = self.submitted + made, self.processed + made
         except Exception as exc:
             self.worker_errors += 1
             _log.internal_error("worker", exc)

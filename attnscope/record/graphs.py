@@ -1,0 +1,47 @@
+"""What a captured CUDA graph holds of attnscope's: the calls captured into it, as templates.
+
+Both sides read a :class:`GraphRecord`: the calling thread fills it while the graph captures and
+bumps :attr:`GraphRecord.generation` before each replay; the worker reads it to build a sampled
+replay's child spans, and checks the generation on both sides of reading the event pairs (a later
+replay of the graph overwrites the timestamps its event nodes hold).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["GraphRecord", "MAX_GRAPH_CALLS", "GRAPH_KEY", "REPLAY_NAME"]
+
+# Event pairs one graph holds: calls captured past it run in the graph untimed, counted on the
+# record (``over_cap``) and on each replay span (docs/profiling.md, "CUDA graphs").
+MAX_GRAPH_CALLS = 1024
+# The graph object's attribute that holds its record (the graph keeps it alive, no registry does)
+GRAPH_KEY = "_attnscope_graph"
+REPLAY_NAME = "cuda_graph.replay"
+
+
+class GraphRecord:
+    """One graph's captured calls and replay count.
+
+    ``templates``: the captured calls' :class:`~attnscope.record.capture.Capture`, in the order
+    they ran, each with its external event pair as ``timer`` (none past ``MAX_GRAPH_CALLS``) and
+    its tensors replaced by their shapes (values change from replay to replay); ``complete``: the
+    capture ended without an error (only then are replays recorded); ``site``: the call site its
+    replays are sampled by; ``device``: the device the graph captured on.
+    """
+
+    __slots__ = ("templates", "ids", "over_cap", "generation", "complete", "site", "device",
+                 "thread", "__weakref__")
+
+    def __init__(self, site: Any, thread: int) -> None:
+        self.templates: list[Any] = []
+        self.ids: set[int] = set()  # the templates' capture ids (nesting inside the graph)
+        self.over_cap = 0  # calls captured past MAX_GRAPH_CALLS: in the graph, untimed
+        self.generation = 0  # replays launched so far: written by the replaying thread only
+        self.complete = False
+        self.site = site
+        self.device: Any = None
+        self.thread = thread  # the capturing thread's ident
+
+    def full(self) -> bool:
+        return len(self.templates) >= MAX_GRAPH_CALLS
