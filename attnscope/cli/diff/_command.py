@@ -19,6 +19,7 @@ from ..render.writer import check_output, write_text
 from ..traces import SpanRow, attention_calls, load_runs
 from ._groups import Backends, Diary, GroupDiff, Key, Noise, diary_runs, noise, side_backends
 from ._json import noise_json, to_json
+from ._replayed import replayed_lines
 from ._stats import CONFIDENCE, Change
 from ._text import (HEADERS, NOISE_HEADERS, UNJUDGED_EXIT, backend_text, group_label,
                     layer_cell, names, noise_cells, noise_note, notes, row_cells)
@@ -105,7 +106,8 @@ def run_diff(args: argparse.Namespace) -> int:
         _write_json(args.json, to_json(result, before=before, after=after, limit=limit,
                                        failures=failures, judged=judged, noise=floors))
     if args.json != "-":
-        _print(result, before, after, limit, failures, judged, floors)
+        _print(result, before, after, limit, failures, judged, floors,
+               replayed_lines(result, runs[0], runs[1]))
     if args.append_diary:  # last: the comparison is shown even when the diary cannot be written
         from ._diary import append, entry
 
@@ -142,7 +144,7 @@ def _write_json(path: str, document: dict[str, Any]) -> None:
 
 def _print(result: Diary, before: str, after: str, limit: float | None,
            failures: list[tuple[GroupDiff, Change]], judged: bool = True,
-           floors: Sequence[list[Noise]] = ()) -> None:
+           floors: Sequence[list[Noise]] = (), replayed: Sequence[str] = ()) -> None:
     console = make_console()
     title = f"attnscope diff  BEFORE {before}  →  AFTER {after}"
     table = _table(result.groups, range(len(HEADERS)), title)
@@ -161,6 +163,8 @@ def _print(result: Diary, before: str, after: str, limit: float | None,
         console.print(noise_note([n for floor in floors for n in floor]), soft_wrap=True)
     for line in notes(result, limit, failures, judged):
         console.print(line, soft_wrap=True)
+    for line in replayed:
+        console.print(line, soft_wrap=True, markup=False)
 
 
 def _noise_table(floors: list[Noise], title: str) -> Any:

@@ -29,6 +29,7 @@ from ..summary import GroupStats, Quantiles, Summary, summarize, time_ns
 from ..traces import SpanRow, attention_calls, group_key, load_spans
 from ... import _schema as schema
 from ._fallbacks import fallback_lines
+from ._replayed import replayed_counts, replayed_lines
 from ._requests import Requests, print_requests, requests_json, requests_of
 
 __all__ = ["Context", "backend_cell", "register", "run_report", "to_json", "render_terminal"]
@@ -96,7 +97,7 @@ def run_report(trace: str | os.PathLike[str], *, html: str | None = None,
     summary = summarize(calls, price_per_hour=price_per_hour, top=top, rows=rows)
     context = Context(run_info(trace, rows), end_to_end(rows), requests_of(rows))
     document = to_json(summary, source=os.fspath(trace), spans=len(rows), top=top,
-                       context=context)
+                       context=context, calls=calls)
     if json_path == "-":
         print(json.dumps(document, indent=2), file=out)
     else:
@@ -165,7 +166,7 @@ def _call_json(summary: Summary, row: SpanRow) -> dict[str, Any]:
             "trace_id": row.trace_id, "span_id": row.span_id, "start_unix_ns": row.start_ns,
             "start": when(row.start_ns), "wall_ns": a.get(schema.WALL_NS.name),
             "device_ns": a.get(schema.DEVICE_NS.name), "time_ns": time_ns(row),
-            "tier": a.get(schema.TIER.name)}
+            "tier": a.get(schema.TIER.name), "replayed": a.get(schema.REPLAYED.name) is True}
 
 
 def _e2e_json(e2e: EndToEnd) -> dict[str, Any]:
@@ -184,15 +185,19 @@ def _e2e_json(e2e: EndToEnd) -> dict[str, Any]:
 
 
 def to_json(summary: Summary, *, source: str, spans: int, top: int,
-            context: Context | None = None) -> dict[str, Any]:
-    """The report's numbers as plain JSON values (keys documented in docs/cli.md)."""
+            context: Context | None = None,
+            calls: Sequence[SpanRow] | None = None) -> dict[str, Any]:
+    """The report's numbers as plain JSON values (keys documented in docs/cli.md); ``calls``:
+    the summarised call spans, for each group's calls replayed in CUDA graphs."""
     extra = {} if context is None else {"run": context.run, "end_to_end": _e2e_json(context.e2e),
                                         "requests": requests_json(context.requests, top)}
+    replayed = replayed_counts(summary, calls)
     return extra | {
         "source": source, "spans": spans, "attention_calls": summary.overall.calls,
         "services": summary.services, "sample_rates": summary.sample_rates,
         "price_per_hour_usd": summary.price_per_hour,
-        "groups": [_group_json(g) for g in summary.groups],
+        "groups": [_group_json(g) | {"replayed_calls": replayed.get((g.label, g.phase), 0)}
+                   for g in summary.groups],
         "overall": _group_json(summary.overall) | {
             "kernels": [{"name": n, "ns": ns, "share": s}
                         for n, ns, s in summary.overall.kernels[:top]]},
@@ -231,6 +236,8 @@ def render_terminal(summary: Summary, *, source: str, spans: int, top: int, out:
     console.print(_throughput_table(summary))
     console.print(WHICH_CALLS, highlight=False)
     for line in inexact_lines(summary):
+        console.print(line, highlight=False, markup=False)
+    for line in replayed_lines(summary, calls):
         console.print(line, highlight=False, markup=False)
     if any(g.latency_of == "profiled" for g in summary.groups):
         console.print("* every call of the row was profiled: its latency, time and rates are of "

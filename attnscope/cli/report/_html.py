@@ -20,6 +20,7 @@ from ..render.units import MISSING, duration, si, when
 from ..runinfo import describe
 from . import INEXACT_MARK, backend_cell, inexact_lines
 from ._fallbacks import fallback_lines
+from ._replayed import replayed_lines
 from ._requests import requests_html
 from ._roofline_plot import roofline_section
 from ._timeline import spans_under, timeline_svg
@@ -46,6 +47,7 @@ def render_html(summary: Summary, rows: Sequence[SpanRow], *, source: str, top: 
         ("Time per layer: prefill vs decode", _time_plot(summary)),
         ("Roofline per attention layer", roofline_section(summary, calls)),
         *_fallbacks(summary, calls),
+        *_replayed(summary, calls),
         ("Kernels and operators of the profiled calls", _kernel_plot(summary, top, duration)),
         ("Timeline of one profiled call", _timeline(summary, rows, calls, duration)),
         *e2e,
@@ -92,6 +94,19 @@ def _end_to_end(e2e: Any) -> str:
             "time, weighted by 1/sample rate. Timed: with no profiled span in them (the call, a "
             "forward or a layer: the profiler slows them), unless all have one.</p>")
     return note + "".join(parts)
+
+
+def _replayed(summary: Summary, calls: Sequence[SpanRow]) -> list[tuple[str, str]]:
+    """The terminal's ``⟳`` lines (:mod:`._replayed`), as a section when there are any."""
+    lines = replayed_lines(summary, calls)
+    if not lines:
+        return []
+    note = ("<p class=\"note\">Calls captured into a CUDA graph, timed in sampled replays of it "
+            "(<code>attnscope.replayed</code>): summarised like any call; each span sits under "
+            "its replay's <code>cuda_graph.replay</code> span.</p>")
+    body = "\n".join(escape(line) for line in lines)
+    return [("CUDA graph replays",
+             f"{note}<pre class=\"replayed\" style=\"white-space: pre-wrap\">{body}</pre>")]
 
 
 def _fallbacks(summary: Summary, calls: Sequence[SpanRow]) -> list[tuple[str, str]]:
