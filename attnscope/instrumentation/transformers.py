@@ -111,35 +111,35 @@ def _lookup(names: tuple[str, ...]) -> Any:
     return get
 
 
-# The position of a candidate the forward does not take positionally: past any call's arguments.
-_NOT_POSITIONAL = 1 << 30
-
-
 def _reader(names: tuple[str, ...], groups: tuple[tuple[str, ...], ...]) -> Any:
     """``_lookup(names)`` for fixed candidate sets, all read in one call (a list, one value per
-    set), their positions found once per module: the extractor of a traced layer runs on every
-    sampled call, between the model's ops, where each Python call is paid again (cold)."""
+    set; None for an empty set), their positions found once per module.
+
+    The reader is one straight run of look-ups generated for the module (as ``namedtuple`` and
+    ``dataclasses`` generate their methods): the extractor of a traced layer runs on every sampled
+    call, between the model's ops, where each bytecode is paid again cold. A loop over the sets
+    cost 5 µs a call there (a tiny Llama's ``generate()``), 2.1 µs in a tight loop against 0.75
+    for this (in situ, the whole extractor went from 15.6-16.3 to 14.9-15.2 µs). Names go
+    into the code only as string literals (``repr``), whatever a signature holds."""
     index = {name: i for i, name in enumerate(names)}
-    table = tuple(tuple((name, index.get(name, _NOT_POSITIONAL)) for name in group)
-                  for group in groups)
-
-    def read(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-        n = len(args)
-        found = []
-        for pairs in table:
-            value = None
-            for name, i in pairs:
-                value = kwargs.get(name)
-                if value is not None:
-                    break
-                if i < n:
-                    value = args[i]
-                    if value is not None:
-                        break
-            found.append(value)
-        return found
-
-    return read
+    lines = ["def read(args, kwargs):", "    n = len(args)", "    get = kwargs.get"]
+    found = []
+    for g, group in enumerate(groups):
+        var = f"v{g}"
+        found.append(var if group else "None")
+        for k, name in enumerate(dict.fromkeys(group)):  # a name twice: read once
+            pad = "        " if k else "    "
+            if k:  # the next candidate only while none was found
+                lines.append(f"    if {var} is None:")
+            lines.append(f"{pad}{var} = get({name!r})")
+            i = index.get(name)
+            if i is not None:
+                lines.append(f"{pad}if {var} is None and {i} < n:")
+                lines.append(f"{pad}    {var} = args[{i}]")
+    lines.append(f"    return [{', '.join(found)}]")
+    namespace: dict[str, Any] = {}
+    exec("\n".join(lines), namespace)  # noqa: S102  (literals only, see above)
+    return namespace["read"]
 
 
 def _past_length(cache: Any, layer_idx: int | None, cross: bool = False) -> Any:
@@ -181,6 +181,8 @@ def _past_length(cache: Any, layer_idx: int | None, cross: bool = False) -> Any:
     if getter is None:
         return None
     length = getter()
+    if type(length) is int:  # the usual answer, first
+        return length
     if isinstance(length, torch.Tensor):
         return int(length) if length.device.type == "cpu" else length.detach().clone()
     return length if isinstance(length, int) else None
