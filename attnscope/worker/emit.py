@@ -25,6 +25,7 @@ span for span (docs/sampling.md); ``emitted`` counts call spans only (one per ca
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +33,7 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import Decision, ParentBased, StaticSampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
@@ -197,12 +199,20 @@ class DirectEmitter(Emitter):
         self.scope = InstrumentationScope(scope_name, version)
         # the SDK's own fixed-decision samplers, decided here once (else asked per span)
         self._fixed = _fixed_decisions(self.sampler)
+        # the SDK's default id generator, its draw made here (two Python calls a span fewer);
+        # any other generator (a subclass, the application's own) is asked per span
+        self._random_ids = type(self.ids) is RandomIdGenerator
 
     def emit(self, name: str, parent: SpanContext | None, attrs: dict[str, Any], start_ns: int,
              end_ns: int, links: Sequence[Link] | None = None,
              error: ErrorInfo | None = None) -> SpanContext | None:
         name = span_name(name)
-        trace_id = parent.trace_id if parent is not None else self.ids.generate_trace_id()
+        ids, own_draw = self.ids, self._random_ids
+        # RandomIdGenerator's draws, from the same generator (0 is no id: its own loop redraws)
+        if parent is not None:
+            trace_id = parent.trace_id
+        else:
+            trace_id = (own_draw and random.getrandbits(128)) or ids.generate_trace_id()
         links = links or ()
         fixed = self._fixed
         if fixed is not None:
@@ -215,7 +225,8 @@ class DirectEmitter(Emitter):
             trace_state = result.trace_state
             if recording and result.attributes and result.attributes is not attrs:
                 attrs = {**attrs, **result.attributes}
-        sc = SpanContext(trace_id, self.ids.generate_span_id(), is_remote=False,
+        span_id = (own_draw and random.getrandbits(64)) or ids.generate_span_id()
+        sc = SpanContext(trace_id, span_id, is_remote=False,
                          trace_flags=_SAMPLED if sampled else _DEFAULT, trace_state=trace_state)
         if not recording:
             return sc

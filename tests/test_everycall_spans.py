@@ -1,0 +1,95 @@
+"""Issue 37 goal 4: a span's work per call on the worker, with the same texts and ids."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+from attnscope.worker import readable
+from attnscope.worker.emit import DirectEmitter
+from attnscope.worker.readable import Summaries, call_summary
+
+_SHAPE = {"attnscope.flops": 4096, "attnscope.batch_size": 1, "attnscope.num_heads": 2,
+          "attnscope.seq_len_q": 4, "attnscope.head_dim": 8}
+_SITE = {"attnscope.module": "m"}
+
+
+def _attrs(wall: int, rss: Any) -> dict[str, Any]:
+    return {**_SITE, "attnscope.tier": "timing", **_SHAPE, "attnscope.wall_ns": wall,
+            "attnscope.memory.host_rss_bytes": rss, "attnscope.tflops": 4096 / wall / 1e3}
+
+
+def test_kept_summary_texts_outlive_a_new_rss_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new RSS reading (every 250 ms) no longer rebuilds the kept texts of every shape (9
+    spans in 10 rebuilt them in a traced generate()); each summary is the one built afresh."""
+    built: list[int] = []
+    static_parts = readable._static_parts
+    monkeypatch.setattr(readable, "_static_parts",
+                        lambda attrs: built.append(1) or static_parts(attrs))
+    summaries = Summaries()
+    readings = [3 << 20, 3 << 20, 5 << 20, 7 << 30, None, 3 << 20, True]
+    for i, rss in enumerate(readings):
+        attrs = _attrs(2_000 + i, rss)
+        assert summaries.call(attrs, (_SHAPE, _SITE)) == call_summary(attrs)
+    assert len(built) == 1 + len(readings)  # one kept text, then one per fresh summary compared
+
+
+def test_rss_is_the_summarys_last_part() -> None:
+    text = call_summary(_attrs(2_000, 5 << 20))
+    assert text.endswith(" · RSS 5 MiB")
+    assert "RSS" not in call_summary(_attrs(2_000, None))
+
+
+def _direct(provider: TracerProvider) -> tuple[DirectEmitter, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    processor = SimpleSpanProcessor(exporter)
+    delivery = type("Delivery", (), {"lock": __import__("threading").Lock(), "to_export": 0})()
+    return DirectEmitter(provider, processor, "attnscope", "0", delivery), exporter
+
+
+def test_direct_emitter_draws_the_default_generators_ids_itself(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the SDK's RandomIdGenerator the ids are its draws from ``random`` (the same values,
+    seeded), made without calling the generator; any other generator is asked per span."""
+    provider = TracerProvider()
+    assert type(provider.id_generator) is RandomIdGenerator
+    asked: list[str] = []
+    monkeypatch.setattr(provider.id_generator, "generate_span_id",
+                        lambda: asked.append("span") or 1)
+    monkeypatch.setattr(provider.id_generator, "generate_trace_id",
+                        lambda: asked.append("trace") or 1)
+    emitter, exporter = _direct(provider)
+    random.seed(37)
+    trace_id, span_id = random.getrandbits(128), random.getrandbits(64)
+    random.seed(37)
+    sc = emitter.emit("call", None, {"a": 1}, 1, 2)
+    assert sc is not None and (sc.trace_id, sc.span_id) == (trace_id, span_id)
+    assert asked == []
+    [span] = exporter.get_finished_spans()
+    assert span.context == sc and span.context.is_valid
+
+    class Counting(RandomIdGenerator):
+        def generate_span_id(self) -> int:
+            asked.append("own span")
+            return 7
+
+    other = TracerProvider(id_generator=Counting())
+    emitter, _ = _direct(other)
+    sc = emitter.emit("call", None, {}, 1, 2)
+    assert sc is not None and sc.span_id == 7 and asked == ["own span"]
+
+
+def test_a_zero_draw_is_redrawn_by_the_generator(monkeypatch: pytest.MonkeyPatch) -> None:
+    provider = TracerProvider()
+    emitter, _ = _direct(provider)
+    monkeypatch.setattr(random, "getrandbits", lambda bits: 0)
+    monkeypatch.setattr(provider.id_generator, "generate_span_id", lambda: 5)
+    monkeypatch.setattr(provider.id_generator, "generate_trace_id", lambda: 9)
+    sc = emitter.emit("call", None, {}, 1, 2)
+    assert sc is not None and (sc.trace_id, sc.span_id) == (9, 5)
