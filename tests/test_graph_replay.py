@@ -125,6 +125,15 @@ def gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGpu]:
     graphs.uninstall(cls)
 
 
+def _cache_arg(model: Any, cache: Any) -> dict[str, Any]:
+    """The cache keyword of this transformers release (``cache`` from 5.x, ``past_key_values``
+    before; the old name warns where the new one exists)."""
+    import inspect
+
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: cache}
+
+
 def _no_sync(*a: Any) -> None:
     raise AssertionError("attnscope must never synchronize the device")
 
@@ -353,3 +362,71 @@ def test_install_patches_torchs_cudagraph_once_and_uninstall_restores_it() -> No
         assert torch.cuda.graph.__init__ is not None
     finally:
         graphs.install(cls)
+
+
+def test_a_layers_cache_length_is_not_taken_from_the_capture(gpu: FakeGpu) -> None:
+    """A decode graph is replayed over advancing positions: the length the layer's cache had at
+    capture is not the replay's, so the layer's figures that need it are marked, not guessed."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=1, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    cache = transformers.StaticCache(config=cfg, max_cache_len=32)
+    with torch.no_grad():
+        model(input_ids=torch.arange(8)[None], **_cache_arg(model, cache), use_cache=True)
+    attnscope.instrument(model)
+    try:
+        with capture_spans() as spans:
+            graph = gpu.graph_class()  # type: ignore[attr-defined]
+            graph.capture_begin()
+            with torch.no_grad():
+                model(input_ids=torch.tensor([[9]]), **_cache_arg(model, cache), use_cache=True,
+                      cache_position=torch.tensor([8]))
+            graph.capture_end()
+            graph.replay()
+            gpu.finish_all()
+    finally:
+        attnscope.uninstrument(model)
+    _, calls = _by_name(spans)
+    layer = next(s for s in calls if "self_attn" in s.name)
+    a = attrs(layer)
+    assert a["attnscope.replayed"] is True and a["attnscope.num_heads"] == 4
+    assert a["attnscope.exact"] is False and a["attnscope.inexact_reason"] == "cache_unread"
+    assert "attnscope.kv_cache_len" not in a and "attnscope.flops" not in a
+
+
+def test_a_replay_that_takes_arguments_gets_them(gpu: FakeGpu) -> None:
+    class WithArgs:
+        nodes: list[FakeEvent] = []
+        replays = 0
+
+        def capture_begin(self) -> None:
+            gpu.capture = self.nodes = []
+
+        def capture_end(self) -> None:
+            gpu.capture = None
+
+        def replay(self, times: int = 1, *, note: str = "") -> str:
+            self.replays = times
+            for _ in range(times):
+                for node in self.nodes:
+                    node.fire()
+            return note
+
+    graphs.install(WithArgs)
+    try:
+        with capture_spans() as spans:
+            graph = WithArgs()
+            graph.capture_begin()
+            attention(Q, Q, Q)
+            graph.capture_end()
+            assert graph.replay(2, note="x") == "x"
+            gpu.finish_all()
+    finally:
+        graphs.uninstall(WithArgs)
+    assert graph.replays == 2
+    replay, calls = _by_name(spans)
+    assert attrs(replay)["attnscope.graph.replay"] == 1 and len(calls) == 1

@@ -27,6 +27,7 @@ def _trace(path: Path, gpu: FakeGpu, replays: int) -> None:  # noqa: F811
         gpu.finish_all()
         graph = _capture(gpu) if replays else None
         for _ in range(replays):
+            assert graph is not None
             graph.replay()
             gpu.finish_all()
             assert attnscope.flush(timeout_s=30.0)  # read before the next replay overwrites it

@@ -7,7 +7,9 @@ graph is one pair of external timing events around the call: event-record nodes 
 records again. Nothing else touches the device: no allocator reading, no copy, no profiler, no
 value read (any of them would be captured into the graph, or synchronise and break the capture);
 the call's tensors are kept as shapes only, so figures that need a value (a mask's counts, a
-static cache's length) are marked not exact by the worker, as for a mask not kept.
+static cache's length) are marked not exact by the worker, as for a mask not kept. A cache
+length the extractor read as a number is left out too: it is the capture's, and a decode graph is
+replayed over advancing positions.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from .sampling import CallSite
 __all__ = ["open_template", "close_template"]
 
 _perf_ns = time.perf_counter_ns
+# a cache length nothing can read: the worker's derive marks the call cache_unread
+_UNKNOWN_LENGTH = TensorMeta((), None, None)
 
 
 def open_template(cap: Capture, rec: GraphRecord, site: CallSite, args: tuple[Any, ...],
@@ -88,10 +92,12 @@ def _shapes_only(summary: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     for key, value in summary:
         if isinstance(value, (AttentionFacts, ModelFacts)):
-            for name in ("mask", "past"):
-                held = getattr(value, name)
-                if held is not None and not isinstance(held, (int, TensorMeta)):
-                    setattr(value, name, _meta(held))
+            if value.mask is not None and not isinstance(value.mask, TensorMeta):
+                value.mask = _meta(value.mask)
+            if value.past is not None:
+                # the cache length at capture is not the replay's (a decode graph is replayed
+                # over advancing positions), and a device one is not read: not known
+                value.past = _UNKNOWN_LENGTH
             if isinstance(value, AttentionFacts):
                 value.row_counts = None
         elif not isinstance(value, (TensorMeta, int, float, bool, type(None))):
