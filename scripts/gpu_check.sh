@@ -5,6 +5,9 @@
 #   2. benchmarks/bench_profile.py on CUDA, bf16 (8, 16, 1024, 64): first vs later profiled call,
 #      timing-tier hot-path cost, kernels per forward and detected backend per variant
 #   3. benchmarks/bench_mask_reduce.py on CUDA: calling-thread cost of counting a mask on the stream
+#   4. benchmarks/bench_graph_replay.py on CUDA: host cost of an unsampled and a sampled CUDA graph
+#      replay, and the replay's device time with and without attnscope's event nodes (issue 40;
+#      its proof, tests/gpu/test_graph_replay.py, runs in step 1)
 # Every step has its own timeout; a failing step does not stop the next one. Output goes to the
 # terminal and, when $OUT is set, to $OUT/ (gpu_check.log, pytest_gpu.xml, bench_profile_cuda.json).
 #
@@ -44,6 +47,9 @@ if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
   echo
   echo "== 3. benchmarks/bench_mask_reduce.py --device cuda (mask counts enqueued on the call's stream)"
   timeout 120 "$PY" benchmarks/bench_mask_reduce.py --device cuda || status=1
+  echo
+  echo "== 4. benchmarks/bench_graph_replay.py --device cuda (CUDA graph replays)"
+  timeout 300 "$PY" benchmarks/bench_graph_replay.py --device cuda || status=1
 else
   echo "no CUDA device: benchmarks skipped"
 fi

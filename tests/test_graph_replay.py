@@ -279,6 +279,7 @@ def test_a_mask_captured_into_a_graph_is_not_read(gpu: FakeGpu) -> None:
     a = attrs(call)
     assert a["attnscope.exact"] is False
     assert a["attnscope.inexact_reason"] == "mask_not_kept"
+    assert a["attnscope.flops"] == 4 * 1 * 2 * 16 * 16 * 8  # from the shapes: an upper bound
     assert state.kept_bytes == 0  # the template keeps no tensor alive
 
 
