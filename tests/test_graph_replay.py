@@ -431,3 +431,17 @@ def test_a_replay_that_takes_arguments_gets_them(gpu: FakeGpu) -> None:
     assert graph.replays == 2
     replay, calls = _by_name(spans)
     assert attrs(replay)["attnscope.graph.replay"] == 1 and len(calls) == 1
+
+
+def test_another_threads_draw_does_not_let_the_captures_next_call_by(gpu: FakeGpu) -> None:
+    with capture_spans(sample_rate=0.001):  # a draw on the other thread skips many calls
+        graph = gpu.graph_class()  # type: ignore[attr-defined]
+        graph.capture_begin()
+        attention(Q, Q, Q)
+        other = threading.Thread(target=attention, args=(Q, Q, Q))
+        other.start()
+        other.join()
+        attention(Q, Q, Q)  # the countdown is shared: still the capture's call
+        graph.capture_end()
+    rec = graphs.record_of(graph)
+    assert rec is not None and len(rec.templates) == 2

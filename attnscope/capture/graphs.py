@@ -11,10 +11,13 @@ enter → replay → leave as any call, with a pooled event pair around the repl
 the replay's span and one child per template (``worker.replays``). ``torch.cuda.graph(...)``,
 transformers' and vLLM's captures and torch.compile's cudagraph trees all call these methods.
 
-While a graph captures, every call site's countdown is kept at 1, on every thread: each call of
-a site on another thread then pays a decision (a fresh draw, so its sampling is unchanged) until
-the capture ends, when every site draws again (:meth:`Sampler._invalidate`). Captures are short
-and happen at warm-up; their cost is the capture's, never a replay's.
+While a graph captures, every call site's countdown is kept at 1, on every thread (a countdown is
+shared by all threads: another thread's draw must not let the capture's next call by): each
+call of a site on another thread then pays a decision, by a fresh draw (the sampled share stays
+the configured rate; under ``step()`` those draws repeat the step's first one, so consistent
+sampling does not hold for them), until the capture ends, when every site draws again
+(:meth:`Sampler._invalidate`). Captures are short and happen at warm-up; their cost is the
+capture's, never a replay's.
 """
 
 from __future__ import annotations

@@ -120,8 +120,8 @@ def enter(site: CallSite, args: tuple[Any, ...], kwargs: dict[str, Any],
                 return cap, current.set(cap.capture_id), t_enter
         # a slow-call grant comes back unsettled: _open settles it on the call's shapes
         tier, rate, grant = _decision.decide(state.sampler, state.grants, site, forced)
-        if capturing and threading.get_ident() in capturing:
-            site.countdown = 1  # the capture's next call of this site comes here too
+        if capturing:  # a draw above must not let the capture's next call of this site by
+            site.countdown = 1
         if tier == TIER_NONE and grant is None:
             return None
         cap = Capture()

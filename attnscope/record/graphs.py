@@ -44,4 +44,6 @@ class GraphRecord:
         self.thread = thread  # the capturing thread's ident
 
     def full(self) -> bool:
-        return len(self.templates) >= MAX_GRAPH_CALLS
+        """Every event pair is taken (counted when opened: a call nested in another is kept
+        before the one around it)."""
+        return len(self.ids) >= MAX_GRAPH_CALLS
