@@ -12,7 +12,10 @@ tokens from a 16-token prompt with every attention call traced (sample rate 1, n
 overhead budget, no profile tier). Target: median ratio <= 1.10. ``--metrics on`` records the
 span metrics too (an in-memory meter provider; off by default there), so the table can hold both.
 ``--calling-thread-only`` drops captures at the hand-off, so the ratio shows the calling thread's
-own cost without the worker's.
+own cost without the worker's. Each run also prints where attnscope's time went: the calling
+thread's CPU time per traced call (instrumented minus plain, medians of the pairs) and the worker
+thread's CPU time per capture it finished, over the timed pairs (on 2 cores the worker's time is
+mostly time the application waits for: it holds the GIL while it builds spans).
 
 ``--model issue37 --device cuda``: issue 37's GPU model instead — 16 layers, hidden 2048, 16 heads /
 8 KV heads, bf16, SDPA, a batch of 8 with a 128-token prompt, 32 new tokens (``--generate 32`` is
@@ -139,21 +142,28 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ids = torch.randint(0, VOCAB[args.model], (batch, seq_len), device=args.device)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
 
+    cpu_ns: dict[Any, list[int]] = {plain: [], traced: []}
+
     def run(model: Any) -> int:
         sync()
-        t = time.perf_counter_ns()
+        t, cpu = time.perf_counter_ns(), time.thread_time_ns()
         if args.generate:
             model.generate(ids, max_new_tokens=args.generate, min_new_tokens=args.generate,
                            do_sample=False, pad_token_id=0)
         else:
             model(input_ids=ids)
         sync()
+        cpu_ns[model].append(time.thread_time_ns() - cpu)
         return time.perf_counter_ns() - t
 
     with torch.inference_mode():
         for _ in range(5):
             run(plain)
             run(traced)
+        attnscope.flush(timeout_s=10)
+        for times in cpu_ns.values():
+            times.clear()
+        worker_before, sampled_before = _worker_cpu(), attnscope.stats().get("sampled") or 0
         ratios, a_ns, b_ns = [], [], []
         for i in range(args.pairs):
             # alternate the order so drift and caches favour neither side
@@ -165,6 +175,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             b_ns.append(b)
             ratios.append(b / a)
     attnscope.flush(timeout_s=10)
+    worker_after = _worker_cpu()
     stats = attnscope.stats()
     rng = random.Random(0)
     boots = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(1000))
@@ -185,11 +196,35 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"bootstrap 95% interval of the median ratio: [{boots[25]:.4f}, {boots[975]:.4f}]")
     target = "ratio <= 1.10" if args.every_call else "overhead <= +0.5%"
     print(f"overhead (median ratio - 1): {100 * (med - 1):+.2f}%   (target: {target})")
+    calls = ((stats.get("sampled") or 0) - sampled_before) / args.pairs  # per generate()
+    if calls:
+        per_call = statistics.median(cpu_ns[traced]) - statistics.median(cpu_ns[plain])
+        worker = "no worker"
+        if worker_before is not None and worker_after is not None:
+            captures = worker_after[1] - worker_before[1]
+            worker_us = (worker_after[0] - worker_before[0]) / max(1, captures) / 1e3
+            worker = f"worker {worker_us:.1f} µs a capture ({captures} finished)"
+        print(f"CPU per traced call: calling thread {per_call / calls / 1e3:.1f} µs "
+              f"(instrumented - plain, medians of {calls:.0f} calls a run), {worker}")
     print(f"attnscope: sampled={stats.get('sampled')} profiled={stats.get('profiled')} "
           f"granted={stats.get('profile_granted')} "
           f"emitted={stats.get('emitted')} effective_rate={stats.get('effective_sample_rate'):.4f}")
     attnscope.shutdown()
     return {"median_ratio": med}
+
+
+def _worker_cpu() -> tuple[int, int] | None:
+    """(the worker thread's CPU time in ns, captures it finished so far), or None where the
+    platform or the worker does not say (its thread is attnscope's private business)."""
+    from attnscope import _state
+
+    worker = _state.state.worker
+    ident = getattr(getattr(worker, "thread", None), "ident", None)
+    try:
+        clock = time.pthread_getcpuclockid(ident)  # type: ignore[arg-type]
+        return time.clock_gettime_ns(clock), int(getattr(worker, "processed", 0))
+    except (AttributeError, OSError, TypeError):
+        return None
 
 
 if __name__ == "__main__":
