@@ -101,7 +101,9 @@ def gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGpu]:
     """Traced calls look like CUDA calls; the fake graph class is patched as CUDAGraph is."""
     fake = FakeGpu()
     cuda0 = torch.device("cuda", 0)
-    monkeypatch.setattr(args, "tensor_device", lambda a, k: cuda0)
+    real = args.tensor_device  # a call with a tensor is on "cuda:0"; one without, on none
+    monkeypatch.setattr(args, "tensor_device",
+                        lambda a, k: cuda0 if real(a, k) is not None else None)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: fake.capture is not None)
     monkeypatch.setattr(state, "event_pool", CudaEventPool(make_event=lambda: FakeEvent(fake)))
 
@@ -291,7 +293,8 @@ def test_nothing_is_sampled_or_allocated_during_the_capture(gpu: FakeGpu) -> Non
         attention(Q, Q, Q)
         attention(Q, Q, Q)
         assert attention.__wrapped__  # type: ignore[attr-defined]
-        site = next(s for s in list(state.sampler._sites) if s.name == "attention")
+        key = f"{attention.__module__}.attention:"  # not another test file's "attention"
+        site = next(s for s in list(state.sampler._sites) if s.key == key)
         assert site.countdown == 1  # the capture's next call comes to the wrapper too
         graph.capture_end()
         assert state.sampler.sampled == sampled  # templates are not samples
@@ -445,3 +448,32 @@ def test_another_threads_draw_does_not_let_the_captures_next_call_by(gpu: FakeGp
         graph.capture_end()
     rec = graphs.record_of(graph)
     assert rec is not None and len(rec.templates) == 2
+
+
+@attnscope.trace
+def host_side(x: int) -> int:
+    return x + 1
+
+
+@attnscope.trace
+def layer_with_host_work(q: torch.Tensor) -> torch.Tensor:
+    host_side(1)  # no tensor: sampled as usual during the capture, not kept for the graph
+    return attention(q, q, q)
+
+
+def test_a_call_sampled_inside_a_captured_one_goes_under_the_enclosing_span(
+        gpu: FakeGpu) -> None:
+    with capture_spans() as spans:
+        with attnscope.span("warm-up"):
+            graph = gpu.graph_class()  # type: ignore[attr-defined]
+            graph.capture_begin()
+            layer_with_host_work(Q)
+            graph.capture_end()
+        gpu.finish_all()
+    assert attnscope.stats()["pending"] == 0  # nothing waits for a parent that never comes
+    (block,) = [s for s in spans if s.name == "warm-up"]
+    (host,) = [s for s in spans if s.name == "host_side"]
+    assert host.parent is not None and host.parent.span_id == block.context.span_id
+    rec = graphs.record_of(graph)
+    assert rec is not None and [t.name for t in rec.templates] == ["attention",
+                                                                   "layer_with_host_work"]

@@ -14,6 +14,7 @@ replayed over advancing positions.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -21,12 +22,12 @@ from .. import _log
 from .._state import state
 from ..record.capture import (TIER_TIMING, AttentionFacts, Capture, ModelFacts, TensorMeta,
                               error_info, next_id)
-from ..record.graphs import GraphRecord
+from ..record.graphs import MAX_PARENTS, GraphRecord
 from . import args as _args
 from . import device as _device
 from .sampling import CallSite
 
-__all__ = ["open_template", "close_template"]
+__all__ = ["open_template", "close_template", "real_parent"]
 
 _perf_ns = time.perf_counter_ns
 # a cache length nothing can read: the worker's derive marks the call cache_unread
@@ -41,6 +42,8 @@ def open_template(cap: Capture, rec: GraphRecord, site: CallSite, args: tuple[An
     only when it is another call of the same graph (nesting inside the graph)."""
     cap.capture_id = next_id()
     cap.parent_id = parent if parent in rec.ids else None
+    if len(rec.parents) < MAX_PARENTS:
+        rec.parents[cap.capture_id] = parent
     cap.site = site
     cap.name = site.name
     cap.tier = TIER_TIMING
@@ -72,6 +75,19 @@ def open_template(cap: Capture, rec: GraphRecord, site: CallSite, args: tuple[An
         cap.timer.record_start()
     cap.start_epoch_ns = time.time_ns()
     cap.start_perf_ns = _perf_ns()
+
+
+def real_parent(parent: int | None) -> int | None:
+    """The parent of a call sampled as usual while its thread captures a graph: the first
+    enclosing capture that is not kept for the graph (those never reach the worker: a child
+    would wait for them in the span builder)."""
+    rec = state.graph_capturing.get(threading.get_ident())
+    if rec is None:
+        return parent
+    parents = rec.parents
+    while parent in parents:
+        parent = parents[parent]
+    return parent
 
 
 def close_template(cap: Capture, error: BaseException | None) -> None:

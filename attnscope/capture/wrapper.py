@@ -267,6 +267,8 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
     Whatever it opened, :func:`_abandon` closes (the caller's, on any exception)."""
     cap.capture_id = next_id()
     cap.parent_id = current.get()
+    if state.graph_capturing:  # not under a call kept for a graph: that one is never a span
+        cap.parent_id = _graph_calls.real_parent(cap.parent_id)
     cap.rows = _batch.rows_var.get()  # the one read of batch() rows, on the sampled path only
     cap.site = site
     cap.name = site.name

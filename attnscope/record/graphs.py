@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["GraphRecord", "MAX_GRAPH_CALLS", "GRAPH_KEY", "REPLAY_NAME"]
+__all__ = ["GraphRecord", "MAX_GRAPH_CALLS", "MAX_PARENTS", "GRAPH_KEY", "REPLAY_NAME"]
 
 # Event pairs one graph holds: calls captured past it run in the graph untimed, counted on the
 # record (``over_cap``) and on each replay span (docs/profiling.md, "CUDA graphs").
 MAX_GRAPH_CALLS = 1024
+MAX_PARENTS = 4 * MAX_GRAPH_CALLS
 # The graph object's attribute that holds its record (the graph keeps it alive, no registry does)
 GRAPH_KEY = "_attnscope_graph"
 REPLAY_NAME = "cuda_graph.replay"
@@ -30,12 +31,15 @@ class GraphRecord:
     replays are sampled by; ``device``: the device the graph captured on.
     """
 
-    __slots__ = ("templates", "ids", "over_cap", "generation", "complete", "site", "device",
-                 "thread", "__weakref__")
+    __slots__ = ("templates", "ids", "parents", "over_cap", "generation", "complete", "site",
+                 "device", "thread", "__weakref__")
 
     def __init__(self, site: Any, thread: int) -> None:
         self.templates: list[Any] = []
         self.ids: set[int] = set()  # the templates' capture ids (nesting inside the graph)
+        # capture id of a call kept for the graph -> the capture current when it began: a call
+        # sampled inside it during the capture goes under that one (at most MAX_PARENTS)
+        self.parents: dict[int, int | None] = {}
         self.over_cap = 0  # calls captured past MAX_GRAPH_CALLS: in the graph, untimed
         self.generation = 0  # replays launched so far: written by the replaying thread only
         self.complete = False
