@@ -64,7 +64,9 @@ class Decode:
         self.position = torch.tensor([PROMPT], device=DEVICE)
 
     def step(self) -> torch.Tensor:
-        # the same position every time: the step writes the same cache slot, so it is idempotent
+        # eager steps move the cache's own count on (transformers 5: the logits of two steps
+        # differ); a replay repeats the step as captured. So every comparison below starts from
+        # a fresh Decode and runs the same steps on both sides.
         with torch.no_grad():
             out = self.model(input_ids=self.ids, **_cache_arg(self.model, self.cache),
                              use_cache=True,
@@ -138,8 +140,8 @@ def plain_output() -> Iterator[torch.Tensor]:
 
 def test_each_sampled_replay_times_every_attention_layer(plain_output: torch.Tensor) -> None:
     model = _llama()
+    eager = _eager_device_ns(Decode(model))  # its own cache: the captured one starts as plain's
     decode = Decode(model)
-    eager = _eager_device_ns(decode)
     attnscope.instrument(model)
     try:
         with capture_spans() as spans:
