@@ -42,8 +42,11 @@ def test_report_counts_replayed_calls_and_says_so(tmp_path: Path, gpu: FakeGpu, 
     assert run_report(trace, html=str(page), json_path=str(doc)) == 0
     out = capsys.readouterr().out
     assert "⟳ attention —: 6 of 8 calls ran in a CUDA graph replay" in out
-    (group,) = json.loads(doc.read_text())["groups"]
+    document = json.loads(doc.read_text())
+    (group,) = document["groups"]
     assert group["calls"] == 8 and group["replayed_calls"] == 6
+    assert document["overall"]["replayed_calls"] == 6
+    assert {c["replayed"] for c in document["slowest"]} <= {True, False}
     html = page.read_text()
     assert "CUDA graph replays" in html and "6 of 8 calls ran in a CUDA graph replay" in html
 

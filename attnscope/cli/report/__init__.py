@@ -199,6 +199,7 @@ def to_json(summary: Summary, *, source: str, spans: int, top: int,
         "groups": [_group_json(g) | {"replayed_calls": replayed.get((g.label, g.phase), 0)}
                    for g in summary.groups],
         "overall": _group_json(summary.overall) | {
+            "replayed_calls": sum(replayed.values()),
             "kernels": [{"name": n, "ns": ns, "share": s}
                         for n, ns, s in summary.overall.kernels[:top]]},
         "slowest": [_call_json(summary, r) for r in summary.slowest],
