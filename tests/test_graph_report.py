@@ -65,7 +65,12 @@ def test_diff_says_which_side_ran_in_replays(tmp_path: Path, gpu: FakeGpu,  # no
     before, after = tmp_path / "b.json", tmp_path / "a.json"
     _trace(before, gpu, replays=0)
     _trace(after, gpu, replays=2)
-    code = main(["diff", str(before), str(after)])
+    page, doc = tmp_path / "d.html", tmp_path / "d.json"
+    code = main(["diff", str(before), str(after), "--html", str(page), "--json", str(doc)])
     out: Any = capsys.readouterr().out
     assert code == 0
-    assert "⟳ attention: calls that ran in a CUDA graph replay: BEFORE 0 of 2, AFTER 6 of 8" in out
+    line = "⟳ attention: calls that ran in a CUDA graph replay: BEFORE 0 of 2, AFTER 6 of 8"
+    assert line in out
+    assert line in page.read_text()
+    assert json.loads(doc.read_text())["replayed_calls"] == [
+        {"module": "attention", "phase": None, "before": 0, "after": 6}]

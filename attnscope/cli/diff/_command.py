@@ -19,7 +19,7 @@ from ..render.writer import check_output, write_text
 from ..traces import SpanRow, attention_calls, load_runs
 from ._groups import Backends, Diary, GroupDiff, Key, Noise, diary_runs, noise, side_backends
 from ._json import noise_json, to_json
-from ._replayed import replayed_lines
+from ._replayed import replayed_json, replayed_lines
 from ._stats import CONFIDENCE, Change
 from ._text import (HEADERS, NOISE_HEADERS, UNJUDGED_EXIT, backend_text, group_label,
                     layer_cell, names, noise_cells, noise_note, notes, row_cells)
@@ -98,16 +98,17 @@ def run_diff(args: argparse.Namespace) -> int:
               and result.p50_judgeable())
     failures = result.gate_failures(limit / 100) if judged and limit is not None else []
     floors = [noise(side) for side in runs] if max(len(r) for r in runs) > 1 else []
+    replayed = replayed_lines(result, runs[0], runs[1])
     if args.html:
         from ._html import write_html  # matplotlib: only for the page
 
-        write_html(args.html, result, before, after, limit, judged, floors)
+        write_html(args.html, result, before, after, limit, judged, floors, replayed)
     if args.json:
         _write_json(args.json, to_json(result, before=before, after=after, limit=limit,
-                                       failures=failures, judged=judged, noise=floors))
+                                       failures=failures, judged=judged, noise=floors)
+                    | {"replayed_calls": replayed_json(result, runs[0], runs[1])})
     if args.json != "-":
-        _print(result, before, after, limit, failures, judged, floors,
-               replayed_lines(result, runs[0], runs[1]))
+        _print(result, before, after, limit, failures, judged, floors, replayed)
     if args.append_diary:  # last: the comparison is shown even when the diary cannot be written
         from ._diary import append, entry
 

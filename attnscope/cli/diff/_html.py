@@ -87,12 +87,12 @@ def _plot(result: Diary, limit: float | None) -> str:
 
 
 def render(result: Diary, before: str, after: str, limit: float | None, judged: bool = True,
-           floors: Sequence[list[Noise]] = ()) -> str:
-    """The page's HTML text."""
+           floors: Sequence[list[Noise]] = (), replayed: Sequence[str] = ()) -> str:
+    """The page's HTML text; ``replayed``: the terminal's ``⟳`` lines (CUDA graph replays)."""
     rows = [[layer_cell(g, i), *row_cells(g, c)]
             for g in result.groups for i, c in enumerate(g.changes)]
     failures = result.gate_failures(limit / 100) if limit is not None and judged else []
-    said = notes(result, limit, failures, judged)
+    said = notes(result, limit, failures, judged) + list(replayed)
     if floors:
         said.insert(0, noise_note([n for floor in floors for n in floor]))
     lines = "".join(f'<p class="note">{_html.escape(line)}</p>' for line in said)
@@ -107,5 +107,6 @@ def render(result: Diary, before: str, after: str, limit: float | None, judged: 
 
 
 def write_html(path: str, result: Diary, before: str, after: str, limit: float | None,
-               judged: bool = True, floors: Sequence[list[Noise]] = ()) -> None:
-    write_text(path, render(result, before, after, limit, judged, floors), "--html")
+               judged: bool = True, floors: Sequence[list[Noise]] = (),
+               replayed: Sequence[str] = ()) -> None:
+    write_text(path, render(result, before, after, limit, judged, floors, replayed), "--html")

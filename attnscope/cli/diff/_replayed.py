@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 from ..traces import SpanRow, group_key
 from ... import _schema as schema
 from ._groups import Diary
 from ._text import group_label
 
-__all__ = ["replayed_lines"]
+__all__ = ["replayed_json", "replayed_lines"]
 
 _REPLAYED = schema.REPLAYED.name
 
@@ -39,3 +40,12 @@ def replayed_lines(result: Diary, before: Sequence[Sequence[SpanRow]],
                          f"{b.get(key, 0)} of {g.calls_before}, AFTER {a.get(key, 0)} of "
                          f"{g.calls_after}")
     return lines
+
+
+def replayed_json(result: Diary, before: Sequence[Sequence[SpanRow]],
+                  after: Sequence[Sequence[SpanRow]]) -> list[dict[str, Any]]:
+    """Per compared group, its calls of each side that ran in a CUDA graph replay (every group,
+    zeros included: a reader need not know which had any)."""
+    b, a = _counts(before), _counts(after)
+    return [{"module": g.module, "phase": g.phase, "before": b.get((g.module, g.phase), 0),
+             "after": a.get((g.module, g.phase), 0)} for g in result.groups]
