@@ -362,8 +362,16 @@ def test_install_patches_torchs_cudagraph_once_and_uninstall_restores_it() -> No
         assert not graphs.install(cls)  # once
         assert graphs.uninstall(cls)
         assert {name: cls.__dict__[name] for name in before} == before
-        # torch.cuda.graph() calls the methods through the instance: the class is what it sees
-        assert torch.cuda.graph.__init__ is not None
+        # the paths replays come from call these methods on the instance, so the class's are
+        # the ones they run: torch.cuda.graph() (by hand, transformers) and cudagraph trees
+        import inspect
+
+        from torch._inductor import cudagraph_trees
+
+        assert ".capture_begin(" in inspect.getsource(torch.cuda.graph.__enter__)
+        assert ".capture_end(" in inspect.getsource(torch.cuda.graph.__exit__)
+        trees = inspect.getsource(cudagraph_trees)
+        assert "torch.cuda.graph(" in trees and ".graph.replay()" in trees
     finally:
         graphs.install(cls)
 
