@@ -119,9 +119,10 @@ class Summaries:
     """``attnscope.summary`` of call spans, for one span builder.
 
     Most of a summary is what the call's shape decides (FLOPs, phase, tokens, shapes: derive's
-    attributes, kept per summary by the worker) with the implementation and backend, or changes
-    rarely (RSS is read at most every 250 ms): those texts are kept, so a span pays for its time
-    and its FLOP rate, one look-up and one f-string.
+    attributes, kept per summary by the worker) with the implementation and backend: those texts
+    are kept, so a span pays for its time and its FLOP rate, one look-up and one f-string. The
+    RSS (read at most every 250 ms, a new value at nearly every read) ends the summary, its text
+    kept for the last reading only.
     """
 
     __slots__ = ("_kept", "_rss")
