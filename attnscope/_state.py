@@ -209,6 +209,10 @@ class State:
         # replays sampled, replays whose calls were read too late (a later replay overwrote
         # them), calls captured past a graph's event pairs: attnscope.stats()
         self.graph_counts: dict[str, int] = dict.fromkeys(GRAPH_COUNT_KEYS, 0)
+        # capture.graph_marks (kept by reset(): wrappers and compiled code carry them): the mark
+        # op once defined, and the number a wrapper's marks carry -> its call site
+        self.graph_mark_op: Any = None
+        self.graph_mark_sites: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
 
 state = State()
@@ -289,7 +293,7 @@ def reset() -> None:
     # instrumentation registry and SDPA wrapper are installed in user-visible places.
     keep = {"sampler", "profiler", "dynamo_loaded", "dynamo_pending", "dynamo_hook",
             "attention_registry", "sdpa_original", "instruments", "prometheus_started",
-            "graph_hooks",
+            "graph_hooks", "graph_mark_op", "graph_mark_sites",
             "spare_thread"}  # a parked thread: one per process is enough
     for name, value in vars(fresh).items():
         if name not in keep:

@@ -21,6 +21,8 @@ import torch
 
 from .. import _log
 from .._state import state
+from . import graph_marks as _graph_marks
+from .sampling import CallSite
 
 __all__ = ["hide_from_dynamo", "is_compiling", "is_compiling_fn", "register_pending",
            "register_when_dynamo_loads"]
@@ -43,10 +45,22 @@ def is_compiling() -> bool:
         return False
 
 
-def hide_from_dynamo(wrapper: Callable[..., Any], fn: Callable[..., Any]) -> None:
-    """Make torch.compile inline ``fn`` where it meets ``wrapper`` (now, or once Dynamo loads)."""
-    state.dynamo_pending[wrapper] = fn
+def hide_from_dynamo(wrapper: Callable[..., Any], fn: Callable[..., Any],
+                     site: CallSite | None = None) -> None:
+    """Make torch.compile inline ``fn`` where it meets ``wrapper`` (now, or once Dynamo loads);
+    with ``site``, between the marks a CUDA graph of the compiled code captures
+    (:mod:`.graph_marks`)."""
+    state.dynamo_pending[wrapper] = fn if site is None else _marked(fn, site)
     register_when_dynamo_loads()
+
+
+def _marked(fn: Callable[..., Any], site: CallSite) -> Callable[..., Any]:
+    no, names, traced_call = _graph_marks.number(site), site.param_names, _graph_marks.traced_call
+
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        return traced_call(no, names, fn, args, kwargs)
+
+    return marked
 
 
 def _call_through(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -122,6 +136,7 @@ class _ThenRegister(importlib.abc.Loader):
         finally:
             _forget_dynamo_hook()
         try:
+            _graph_marks.define()
             register_pending()
         except Exception as exc:
             _log.internal_error("dynamo-register", exc)
@@ -131,6 +146,7 @@ def register_when_dynamo_loads() -> None:
     """Register pending wrappers now if Dynamo is loaded, else right after it is imported."""
     if "torch._dynamo" in sys.modules:
         state.dynamo_loaded = True
+        _graph_marks.define()
         register_pending()
     elif state.dynamo_hook is None:
         state.dynamo_hook = _AfterDynamoImport()

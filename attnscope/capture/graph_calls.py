@@ -36,10 +36,12 @@ _UNKNOWN_LENGTH = TensorMeta((), None, None)
 
 def open_template(cap: Capture, rec: GraphRecord, site: CallSite, args: tuple[Any, ...],
                   kwargs: dict[str, Any], extra: dict[str, Any] | None, device: Any,
-                  parent: int | None) -> None:
+                  parent: int | None, extract: bool = True) -> None:
     """Fill ``cap`` as a call captured into ``rec``'s graph and record its start event (none
     past the graph's cap: the call is counted instead). ``parent``: the current capture, kept
-    only when it is another call of the same graph (nesting inside the graph)."""
+    only when it is another call of the same graph (nesting inside the graph). ``extract``:
+    False for a compiled call's mark (capture.graph_marks), whose site's extractor would miss
+    the module instance: the arguments' shapes only."""
     cap.capture_id = next_id()
     cap.parent_id = parent if parent in rec.ids else None
     if len(rec.parents) < MAX_PARENTS:
@@ -51,7 +53,7 @@ def open_template(cap: Capture, rec: GraphRecord, site: CallSite, args: tuple[An
     cap.graph = rec
     if site.kind == "method" and args:
         cap.instance = args[0]
-    extractor = site.extractor
+    extractor = site.extractor if extract else None
     summary = _args.summarize(args, kwargs, site.param_names) if extractor is None else []
     if extractor is not None:
         try:  # extractors keep device tensors by reference and read none of their values

@@ -29,6 +29,7 @@ from . import compile as _compile
 from . import decision as _decision
 from . import device as _device
 from . import graph_calls as _graph_calls
+from . import graph_marks as _graph_marks
 from . import grants as _grants
 from . import hostread as _hostread
 from . import inner_sdpa as _inner_sdpa
@@ -447,11 +448,12 @@ def wrap(fn: F, site: CallSite, compile_check: bool | None = None) -> F:
     if compile_check:
         is_compiling = _compile.is_compiling_fn()
         _compile.register_when_dynamo_loads()  # the import hook that sets state.dynamo_loaded
+        mark_no, traced_call = _graph_marks.number(site), _graph_marks.traced_call
 
         @functools.wraps(fn)
         def checked_wrapper(*args: Any, **kwargs: Any) -> Any:
-            if state.dynamo_loaded and is_compiling():
-                return fn(*args, **kwargs)
+            if state.dynamo_loaded and is_compiling():  # marks for compiled CUDA graphs
+                return traced_call(mark_no, site.param_names, fn, args, kwargs)
             site.countdown -= 1
             if site.countdown > 0:
                 return fn(*args, **kwargs)
@@ -466,5 +468,5 @@ def wrap(fn: F, site: CallSite, compile_check: bool | None = None) -> F:
             return fn(*args, **kwargs)
         return _sampled(site, fn, args, kwargs)
 
-    _compile.hide_from_dynamo(wrapper, fn)
+    _compile.hide_from_dynamo(wrapper, fn, site)
     return wrapper  # type: ignore[return-value]

@@ -32,7 +32,7 @@ class GraphRecord:
     """
 
     __slots__ = ("templates", "ids", "parents", "over_cap", "generation", "complete", "site",
-                 "device", "thread", "__weakref__")
+                 "device", "thread", "marks", "__weakref__")
 
     def __init__(self, site: Any, thread: int) -> None:
         self.templates: list[Any] = []
@@ -46,6 +46,9 @@ class GraphRecord:
         self.site = site
         self.device: Any = None
         self.thread = thread  # the capturing thread's ident
+        # compiled calls' templates opened by a begin mark, closed by the end mark
+        # (capture.graph_marks; None: a mark whose call is not kept), innermost last
+        self.marks: list[Any] = []
 
     def full(self) -> bool:
         """Every event pair is taken (counted when opened: a call nested in another is kept

@@ -1,0 +1,143 @@
+"""Traced calls inside torch.compile'd code: marks that CUDA graphs of compiled code capture.
+
+Under ``torch.compile`` the wrappers' Python does not run when the compiled code does, so a
+CUDA graph that cudagraph trees (``mode="reduce-overhead"``) capture from it would hold no
+traced call. While Dynamo traces a wrapped call whose tensors are CUDA, :func:`traced_call`
+puts one custom op before the call and one after it into the compiled graph
+(``attnscope::graph_mark``, registered as an ordered side effect so that no pass drops or swaps
+them; they read the call's inputs and its outputs, so the first runs once the inputs exist and
+the second once the outputs do; they change no value). On CPU tensors nothing is added.
+
+When the compiled code runs, a mark does nothing unless its thread captures a CUDA graph
+(:mod:`.graphs`) on a capturing stream: a warm-up run or ``mode="default"`` pays one Python op
+call and a dict test per mark. During a capture the begin mark opens a template of the graph
+(:mod:`.graph_calls`, its external event pair recorded into the graph) and the end mark closes
+it, so replays of compiled graphs are sampled and shown as those of graphs captured by hand.
+A template of a compiled call has the shapes of the call's tensors, not the site's extractor's
+facts (the module instance is not in the graph).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .. import _log
+from .._state import state
+from ..record.capture import Capture
+from . import args as _args
+from . import device as _device
+from . import graph_calls as _graph_calls
+from .sampling import CallSite
+
+__all__ = ["define", "number", "traced_call", "OP_NAME", "BEGIN", "END"]
+
+OP_NAME = "attnscope::graph_mark"
+BEGIN, END = 0, 1
+# Test seam: Dynamo marks calls on CPU tensors as if they were CUDA ones (read while tracing)
+AS_CUDA = False
+
+
+
+def number(site: CallSite) -> int:
+    """The number a wrapper's marks carry for ``site`` (taken at wrap time, outside Dynamo)."""
+    no = id(site)  # unique while the site lives; the entry goes with it
+    state.graph_mark_sites[no] = site
+    return no
+
+
+def define() -> bool:
+    """Define the mark op once (when Dynamo loads: never while it traces). False: not there."""
+    if state.graph_mark_op is not None:
+        return True
+    try:
+        op = torch.library.custom_op(OP_NAME, _mark, mutates_args=())
+        op.register_fake(_fake)
+        _order(OP_NAME)
+        state.graph_mark_op = op
+    except Exception as exc:  # compiled code is traced as before: call through, no marks
+        _log.internal_error("graph-mark", exc)
+        return False
+    return True
+
+
+def _order(name: str) -> None:
+    """An ordered effect: kept though it returns nothing, never reordered against another."""
+    from torch._library.effects import EffectType
+
+    torch.library._register_effectful_op(name, EffectType.ORDERED)
+
+
+def traced_call(no: int, names: tuple[str, ...], fn: Callable[..., Any], args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
+    """``fn(*args, **kwargs)`` as Dynamo traces it, between two marks when its first tensor is
+    CUDA. ``names``: the site's parameter names (the marks name the tensors by them)."""
+    tensors, keys = _tensors(args, kwargs, names)
+    if state.graph_mark_op is None or not tensors \
+            or (tensors[0].device.type != "cuda" and not AS_CUDA):
+        return fn(*args, **kwargs)
+    mark = torch.ops.attnscope.graph_mark.default
+    mark(tensors, ",".join(keys), no, BEGIN)
+    result = fn(*args, **kwargs)
+    out, _ = _tensors(result if isinstance(result, tuple) else (result,), {}, ())
+    mark(out, "", no, END)
+    return result
+
+
+def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any],
+             names: tuple[str, ...]) -> tuple[list[torch.Tensor], list[str]]:
+    tensors: list[torch.Tensor] = []
+    keys: list[str] = []
+    for i, value in enumerate(args):
+        if isinstance(value, torch.Tensor):
+            tensors.append(value)
+            keys.append(names[i] if i < len(names) else f"arg{i}")
+    for key, value in kwargs.items():
+        if isinstance(value, torch.Tensor):
+            tensors.append(value)
+            keys.append(key)
+    return tensors, keys
+
+
+def _fake(tensors: list[torch.Tensor], names: str, no: int, which: int) -> None:
+    return None
+
+
+def _mark(tensors: list[torch.Tensor], names: str, no: int, which: int) -> None:
+    """The mark as compiled code runs it: nothing unless this thread captures a CUDA graph.
+    ``names``: the tensors' parameter names, comma-separated (the begin mark's only)."""
+    capturing = state.graph_capturing
+    if not capturing:  # a warm-up run, mode="default", eager replays of inductor's code
+        return
+    try:
+        rec = capturing.get(threading.get_ident())
+        if rec is None:
+            return
+        if which == BEGIN:  # pushed even when not kept: the end mark pops its own begin's
+            rec.marks.append(_begin(rec, tensors, names, no))
+        elif rec.marks:
+            cap = rec.marks.pop()
+            if cap is not None:
+                _graph_calls.close_template(cap, None)
+    except Exception as exc:  # the call runs in the graph untimed
+        _log.internal_error("graph-mark", exc)
+
+
+def _begin(rec: Any, tensors: list[torch.Tensor], names: str, no: int) -> Capture | None:
+    """The begin mark during a capture: a template opened for the graph (None: not kept)."""
+    site = state.graph_mark_sites.get(no)
+    kwargs = dict(zip(names.split(","), tensors, strict=False))
+    device = _args.tensor_device((), kwargs)
+    if site is None or device is None or device.type != "cuda" \
+            or not _device.stream_capturing(device):
+        return None
+    # nesting among compiled calls only: an eager span around the compiled code is no call of
+    # the graph (open_template keeps a parent only when it is one)
+    outer = next((c for c in reversed(rec.marks) if c is not None), None)
+    cap = Capture()
+    _graph_calls.open_template(cap, rec, site, (), kwargs, None, device,
+                               None if outer is None else outer.capture_id, extract=False)
+    return cap

@@ -1,0 +1,164 @@
+"""Traced calls in torch.compile'd code: the marks CUDA graphs of compiled code capture (CPU).
+
+What Dynamo puts into the compiled graph (the marks around a CUDA call, nothing on CPU tensors,
+values unchanged) is checked with the aot_eager and inductor backends on CPU; the test seam
+``graph_marks.AS_CUDA`` makes Dynamo mark CPU tensors as if they were CUDA ones. What the marks
+do when the compiled code runs during a capture is driven with test_graph_replay's fake GPU and
+fake graph. cudagraph trees themselves need CUDA: tests/gpu/test_graph_compile.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import attnscope
+from attnscope.capture import graph_marks, graphs
+from attnscope.record import graphs as record_graphs
+from attnscope.testing import capture_spans
+
+from .support.helpers import attrs
+from . import test_graph_replay as _replay_tests
+from .test_graph_replay import STEP_MS, FakeGpu
+
+_dynamo = pytest.importorskip("torch._dynamo")
+
+
+@attnscope.trace
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+class Attention(torch.nn.Module):
+    @attnscope.trace(name="attention")
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+_METHOD = Attention()
+
+
+def _step(x: torch.Tensor) -> torch.Tensor:
+    return attention(x.sin(), x, x).cos()
+
+
+def _method_step(x: torch.Tensor) -> torch.Tensor:
+    return _METHOD(x.sin(), x, x).cos()
+
+
+def _plain_step(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.scaled_dot_product_attention(x.sin(), x, x).cos()
+
+
+X = torch.randn(1, 2, 16, 8)
+gpu = _replay_tests.gpu  # the fake GPU and graph class, as test_graph_replay drives them
+
+
+@pytest.fixture
+def as_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(graph_marks, "AS_CUDA", True)
+    _dynamo.reset()
+    yield
+    _dynamo.reset()
+
+
+@pytest.fixture
+def fresh() -> Iterator[None]:
+    _dynamo.reset()
+    yield
+    _dynamo.reset()
+
+
+def _targets(fn: Callable[..., Any], backend: str) -> tuple[list[str], torch.Tensor]:
+    """The call targets of the graph Dynamo hands ``backend``, and the compiled result."""
+    inner = _dynamo.lookup_backend(backend)
+    seen: list[str] = []
+
+    def spy(gm: torch.fx.GraphModule, example: Any) -> Any:
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return inner(gm, example)
+
+    out = torch.compile(fn, backend=spy)(X)
+    return seen, out
+
+
+def _compiled(fn: Callable[..., Any], backend: str) -> torch.Tensor:
+    _dynamo.reset()
+    out: torch.Tensor = torch.compile(fn, backend=backend)(X)
+    return out
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("step", [_step, _method_step], ids=["function", "method"])
+def test_cpu_tensors_get_no_marks(fresh: None, backend: str, step: Any) -> None:
+    traced, out = _targets(step, backend)
+    _dynamo.reset()
+    plain, ref = _targets(_plain_step, backend)
+    assert traced == plain  # the same graph as without attnscope
+    assert not any("graph_mark" in t for t in traced)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("step", [_step, _method_step], ids=["function", "method"])
+def test_cuda_calls_are_marked_around_the_attention(as_cuda: None, backend: str,
+                                                    step: Any) -> None:
+    traced, out = _targets(step, backend)
+    marks = [i for i, t in enumerate(traced) if "graph_mark" in t]
+    (sdpa,) = [i for i, t in enumerate(traced) if "scaled_dot_product" in t]
+    assert len(marks) == 2 and marks[0] < sdpa < marks[1]
+    assert torch.equal(out, _compiled(_plain_step, backend))  # bit-identical
+
+
+def test_inductor_keeps_the_marks_around_the_attention_kernel(as_cuda: None) -> None:
+    from torch._inductor.utils import run_and_get_code
+
+    out, codes = run_and_get_code(torch.compile(_step, backend="inductor"), X)
+    call = codes[-1][codes[-1].index("def call("):]
+    begin = call.index("attnscope.graph_mark")
+    end = call.index("attnscope.graph_mark", begin + 1)
+    assert begin < call.index("scaled_dot_product") < end  # neither dropped nor moved past it
+    assert torch.equal(out, _compiled(_plain_step, "inductor"))
+
+
+def _captured_replay(gpu: FakeGpu, step: Any) -> tuple[Any, list[Any]]:
+    compiled = torch.compile(step, backend="aot_eager")
+    with capture_spans() as spans:
+        compiled(X)  # compiled, not captured (a warm-up run): the marks do nothing
+        assert gpu.recorded == 0 and not gpu.capture
+        graph = gpu.graph_class()  # type: ignore[attr-defined]
+        graph.capture_begin()
+        try:
+            compiled(X)
+        finally:
+            graph.capture_end()
+        graph.replay()
+        gpu.finish_all()
+    return graph, spans
+
+
+@pytest.mark.parametrize("step", [_step, _method_step], ids=["function", "method"])
+def test_a_compiled_call_captured_into_a_graph_is_a_child_of_its_replays(
+        gpu: FakeGpu, as_cuda: None, step: Any) -> None:
+    graph, spans = _captured_replay(gpu, step)
+    rec = graphs.record_of(graph)
+    assert rec is not None and len(rec.templates) == 1 and rec.marks == []
+    (replay,) = [s for s in spans if s.name == record_graphs.REPLAY_NAME]
+    (call,) = [s for s in spans if s is not replay]
+    assert call.name == "attention" and call.parent.span_id == replay.context.span_id
+    a = attrs(call)
+    assert a["attnscope.replayed"] is True
+    assert a["attnscope.device_ns"] == int(STEP_MS * 1e6)
+    assert a["attnscope.flops"] == 4 * 1 * 2 * 16 * 16 * 8  # from the shapes the mark saw
+    assert attrs(replay)["attnscope.graph.calls"] == 1
+
+
+def test_marks_outside_a_capture_do_nothing(gpu: FakeGpu, as_cuda: None) -> None:
+    compiled = torch.compile(_step, backend="aot_eager")
+    with capture_spans(sample_rate=0.0) as spans:
+        for _ in range(3):
+            compiled(X)
+    assert spans == [] and gpu.recorded == 0
