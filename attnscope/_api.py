@@ -37,7 +37,8 @@ __all__ = ["configure", "current", "restore", "reset_defaults", "trace", "flush"
 F = TypeVar("F", bound=Callable[..., Any])
 
 # A change to any of these needs a new pipeline, so the running worker is stopped.
-_PIPELINE_FIELDS = ("exporter", "tracer_provider", "service_name", "max_spans_per_trace",
+_PIPELINE_FIELDS = ("exporter", "tracer_provider", "service_name", "record_command_args",
+                    "max_spans_per_trace",
                     "queue_size", "metrics", "meter_provider")
 
 

@@ -363,3 +363,26 @@ def test_configure_turns_the_command_line_on() -> None:
         _destinations.program_of(list(sys.orig_argv))
     with pytest.raises(ValueError, match="record_command_args"):
         attnscope.configure(record_command_args="yes")
+
+
+def test_configure_turns_the_command_line_on_for_a_running_pipeline() -> None:
+    """The resource is built with the pipeline: a pipeline already running when the setting
+    changed kept the old command line until the process ended."""
+    import sys
+
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from attnscope._state import state
+
+    before, after = InMemorySpanExporter(), InMemorySpanExporter()
+    attnscope.configure(exporter=before, record_command_args=False)
+    _send_one()
+    running = state.worker
+    attnscope.configure(record_command_args=True)
+    assert state.worker is not running  # before: the running pipeline kept its resource
+    attnscope.configure(exporter=after)
+    _send_one()
+    first, second = (list(e.get_finished_spans()[0].resource.attributes["process.command_args"])
+                     for e in (before, after))
+    assert first == _destinations.program_of(list(sys.orig_argv))
+    assert second == _destinations.command_args(list(sys.orig_argv))
