@@ -130,7 +130,16 @@ def _set(cfg: Config) -> None:
         getattr(previous, f) is not getattr(cfg, f) and getattr(previous, f) != getattr(cfg, f)
         for f in _PIPELINE_FIELDS
     ):
-        shutdown(timeout_s=5.0)
+        exporter = cfg.exporter
+        # the application's own exporter instance, still named: the next pipeline exports
+        # through it, so the old one's shutdown must not shut it down (later spans all failed)
+        kept = exporter is previous.exporter and exporter is not None \
+            and not isinstance(exporter, str)
+        state.kept_exporter = exporter if kept else None
+        try:
+            shutdown(timeout_s=5.0)
+        finally:
+            state.kept_exporter = None
 
 
 def _start_worker() -> Worker | None:

@@ -178,6 +178,9 @@ class State:
         # exports through it (worker/at_exit.py)
         self.exit_flush: Callable[..., bool] | None = None
         self.exiting = False  # the exit flush has begun: no new worker (it could not export)
+        # an exporter instance the application gave, kept across a reconfigure that rebuilds
+        # the pipeline: the old pipeline's shutdown flushes it instead of shutting it down
+        self.kept_exporter: Any = None
         self.exit_wait_s = 0.0  # what exit already spent waiting for the worker's pipeline
         self.delivery = Delivery()  # export outcomes, counted by attnscope's own pipelines
         self.retired_counts: dict[str, int] = {}  # stats() counts of workers already shut down
@@ -210,9 +213,12 @@ class State:
         # them), calls captured past a graph's event pairs: attnscope.stats()
         self.graph_counts: dict[str, int] = dict.fromkeys(GRAPH_COUNT_KEYS, 0)
         # capture.graph_marks (kept by reset(): wrappers and compiled code carry them): the mark
-        # op once defined, and the number a wrapper's marks carry -> its call site
+        # op once defined, the number a wrapper's marks carry -> its call site, and the number a
+        # compiled call's marks carry -> ((site number, module id, tensor names, constants),
+        # weak module) (at most graph_marks.MAX_CALLS)
         self.graph_mark_op: Any = None
         self.graph_mark_sites: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        self.graph_mark_calls: dict[int, tuple[Any, Any]] = {}
 
 
 state = State()
@@ -294,6 +300,7 @@ def reset() -> None:
     keep = {"sampler", "profiler", "dynamo_loaded", "dynamo_pending", "dynamo_hook",
             "attention_registry", "sdpa_original", "instruments", "prometheus_started",
             "graph_hooks", "graph_mark_op", "graph_mark_sites",
+            "graph_mark_calls",
             "spare_thread"}  # a parked thread: one per process is enough
     for name, value in vars(fresh).items():
         if name not in keep:

@@ -386,3 +386,19 @@ def test_configure_turns_the_command_line_on_for_a_running_pipeline() -> None:
                      for e in (before, after))
     assert first == _destinations.program_of(list(sys.orig_argv))
     assert second == _destinations.command_args(list(sys.orig_argv))
+
+
+def test_a_reconfigure_keeps_the_applications_exporter_working() -> None:
+    """A setting that rebuilds the pipeline (here the service name) while the application's own
+    exporter instance stays named: the old pipeline shut that exporter down, and every span
+    after the change failed to export (counted, but lost)."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    attnscope.configure(exporter=exporter, service_name="before")
+    _send_one()
+    attnscope.configure(service_name="after")
+    _send_one()
+    names = [s.resource.attributes["service.name"] for s in exporter.get_finished_spans()]
+    assert names == ["before", "after"]
+    assert attnscope.stats()["export_failed"] == 0

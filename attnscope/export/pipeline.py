@@ -97,6 +97,9 @@ class _CountingExporter(SpanExporter):
         return result
 
     def shutdown(self, timeout_millis: float = 30_000) -> None:
+        if state.kept_exporter is not None and state.kept_exporter is self.inner:
+            self.force_flush(int(timeout_millis))  # configure() keeps it for the next pipeline
+            return
         try:
             takes_timeout = "timeout_millis" in inspect.signature(self.inner.shutdown).parameters
         except (TypeError, ValueError):
