@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import attnscope
+from attnscope._state import state
 from attnscope.capture import graph_marks, graphs
 from attnscope.record import graphs as record_graphs
 from attnscope.testing import capture_spans
@@ -30,6 +31,11 @@ _dynamo = pytest.importorskip("torch._dynamo")
 @attnscope.trace
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+@attnscope.trace
+def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
 
 
 class Attention(torch.nn.Module):
@@ -47,6 +53,10 @@ def _step(x: torch.Tensor) -> torch.Tensor:
 
 def _method_step(x: torch.Tensor) -> torch.Tensor:
     return _METHOD(x.sin(), x, x).cos()
+
+
+def _causal_step(x: torch.Tensor) -> torch.Tensor:
+    return causal(x.sin(), x, x, is_causal=True).cos()
 
 
 def _plain_step(x: torch.Tensor) -> torch.Tensor:
@@ -81,7 +91,7 @@ def _targets(fn: Callable[..., Any], backend: str) -> tuple[list[str], torch.Ten
         seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
         return inner(gm, example)
 
-    out = torch.compile(fn, backend=spy)(X)
+    out = torch.compile(fn, backend=spy, fullgraph=True)(X)  # no graph break either
     return seen, out
 
 
@@ -156,9 +166,85 @@ def test_a_compiled_call_captured_into_a_graph_is_a_child_of_its_replays(
     assert attrs(replay)["attnscope.graph.calls"] == 1
 
 
+def test_a_compiled_calls_constants_reach_its_template(gpu: FakeGpu, as_cuda: None) -> None:
+    """is_causal is no tensor: the marks cannot carry it, the call's note (made while Dynamo
+    traces) does, and the template's FLOPs are the causal ones."""
+    _, spans = _captured_replay(gpu, _causal_step)
+    (call,) = [s for s in spans if s.name == "causal"]
+    a = attrs(call)
+    assert a["attnscope.causal"] is True
+    assert a["attnscope.flops"] < 4 * 1 * 2 * 16 * 16 * 8  # the masked half is not counted
+
+
 def test_marks_outside_a_capture_do_nothing(gpu: FakeGpu, as_cuda: None) -> None:
     compiled = torch.compile(_step, backend="aot_eager")
     with capture_spans(sample_rate=0.0) as spans:
         for _ in range(3):
             compiled(X)
     assert spans == [] and gpu.recorded == 0
+
+
+def test_a_compiled_llama_layer_keeps_its_extractors_facts(gpu: FakeGpu, as_cuda: None) -> None:
+    """An instrumented transformers layer in compiled code: its module is noted while Dynamo
+    traces (not a tensor: the marks cannot carry it), so the template has the layer's facts as
+    a hand-captured one has them (test_graph_replay's cache-length test)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    cache = transformers.StaticCache(config=cfg, max_cache_len=32)
+    with torch.no_grad():
+        model(input_ids=torch.arange(8)[None], **_replay_tests._cache_arg(model, cache),
+              use_cache=True)
+    ids, position = torch.tensor([[9]]), torch.tensor([8])
+
+    def step() -> torch.Tensor:
+        with torch.no_grad():
+            out = model(input_ids=ids, **_replay_tests._cache_arg(model, cache), use_cache=True,
+                        cache_position=position)
+        logits: torch.Tensor = out.logits
+        return logits
+
+    attnscope.instrument(model)
+    try:
+        compiled = torch.compile(step, backend="aot_eager")
+        with capture_spans() as spans:
+            compiled()
+            graph = gpu.graph_class()  # type: ignore[attr-defined]
+            graph.capture_begin()
+            compiled()
+            graph.capture_end()
+            graph.replay()
+            gpu.finish_all()
+    finally:
+        attnscope.uninstrument(model)
+    layers = [s for s in spans if "self_attn" in s.name]
+    assert len(layers) == 2
+    for layer in layers:
+        a = attrs(layer)
+        assert a["attnscope.replayed"] is True and a["attnscope.num_heads"] == 4
+        assert a["attnscope.exact"] is False and a["attnscope.inexact_reason"] == "cache_unread"
+
+
+@attnscope.trace
+def scaled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int, scale: float,
+           is_causal: bool) -> torch.Tensor:
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale,
+                                                            is_causal=is_causal) * length
+
+
+def test_dynamic_numbers_neither_break_the_graph_nor_reach_the_note(as_cuda: None) -> None:
+    """Under dynamic shapes an int argument is a SymInt the note could not take (a graph break,
+    an error under fullgraph): numbers are left out of it, bools kept."""
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return scaled(x, x, x, x.shape[2], x.shape[2] ** -0.5, True)
+
+    compiled = torch.compile(step, backend="aot_eager", dynamic=True, fullgraph=True)
+    for length in (16, 24, 32):
+        x = torch.randn(1, 2, length, 8)
+        assert torch.allclose(compiled(x), step(x))
+    assert any(facts[3] == (("is_causal", True),) for facts, _ in
+               state.graph_mark_calls.values())

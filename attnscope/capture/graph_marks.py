@@ -20,6 +20,7 @@ facts (the module instance is not in the graph).
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,9 @@ OP_NAME = "attnscope::graph_mark"
 BEGIN, END = 0, 1
 # Test seam: Dynamo marks calls on CPU tensors as if they were CUDA ones (read while tracing)
 AS_CUDA = False
+# Marked calls kept per process (one per traced call site, module and constants; a recompile of
+# the same call reuses its number): calls past it run in compiled graphs untimed
+MAX_CALLS = 4096
 
 
 
@@ -54,7 +58,8 @@ def define() -> bool:
     if state.graph_mark_op is not None:
         return True
     try:
-        op = torch.library.custom_op(OP_NAME, _mark, mutates_args=())
+        op = torch.library.custom_op(OP_NAME, _mark, mutates_args=(),
+                                     schema="(Tensor[] tensors, int call, int which) -> ()")
         op.register_fake(_fake)
         _order(OP_NAME)
         state.graph_mark_op = op
@@ -74,41 +79,73 @@ def _order(name: str) -> None:
 def traced_call(no: int, names: tuple[str, ...], fn: Callable[..., Any], args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> Any:
     """``fn(*args, **kwargs)`` as Dynamo traces it, between two marks when its first tensor is
-    CUDA. ``names``: the site's parameter names (the marks name the tensors by them)."""
-    tensors, keys = _tensors(args, kwargs, names)
+    CUDA. ``no``: the site's number (:func:`number`); ``names``: its parameter names."""
+    tensors, keys, scalars = _split(args, kwargs, names)
     if state.graph_mark_op is None or not tensors \
             or (tensors[0].device.type != "cuda" and not AS_CUDA):
         return fn(*args, **kwargs)
+    instance = args[0] if args and isinstance(args[0], torch.nn.Module) else None
+    call = _noted(no, instance, tuple(keys), tuple(scalars))  # a constant of the graph
     mark = torch.ops.attnscope.graph_mark.default
-    mark(tensors, ",".join(keys), no, BEGIN)
+    mark(tensors, call, BEGIN)
     result = fn(*args, **kwargs)
-    out, _ = _tensors(result if isinstance(result, tuple) else (result,), {}, ())
-    mark(out, "", no, END)
+    out, _, _ = _split(result if isinstance(result, tuple) else (result,), {}, ())
+    mark(out, call, END)
     return result
 
 
-def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any],
-             names: tuple[str, ...]) -> tuple[list[torch.Tensor], list[str]]:
+def _split(args: tuple[Any, ...], kwargs: dict[str, Any], names: tuple[str, ...]
+           ) -> tuple[list[torch.Tensor], list[str], list[tuple[str, Any]]]:
+    """The tensors, their parameter names, and the plain constants (is_causal) among the
+    arguments: what the extractor reads besides the module."""
     tensors: list[torch.Tensor] = []
     keys: list[str] = []
-    for i, value in enumerate(args):
-        if isinstance(value, torch.Tensor):
-            tensors.append(value)
-            keys.append(names[i] if i < len(names) else f"arg{i}")
-    for key, value in kwargs.items():
+    scalars: list[tuple[str, Any]] = []
+    items = [(names[i] if i < len(names) else f"arg{i}", v) for i, v in enumerate(args)]
+    for key, value in items + list(kwargs.items()):
         if isinstance(value, torch.Tensor):
             tensors.append(value)
             keys.append(key)
-    return tensors, keys
+        elif _constant(value):
+            scalars.append((key, value))
+    return tensors, keys, scalars
 
 
-def _fake(tensors: list[torch.Tensor], names: str, no: int, which: int) -> None:
+def _constant(value: Any) -> bool:
+    """None, a bool or a str, as Dynamo evaluates the test. Numbers are left out: under dynamic
+    shapes an int or a float may be a SymInt or SymFloat that Dynamo's ``type()`` calls int or
+    float, and ``_noted`` could not take it (a graph break in the user's code); a SymBool is
+    never ``True`` itself."""
+    return value is None or value is True or value is False or type(value) is str
+
+
+def _note(no: int, instance: Any, keys: tuple[str, ...], scalars: tuple[tuple[str, Any], ...]
+          ) -> int:
+    """Run once while Dynamo traces (its result is a constant of the graph): the call's facts
+    that are no tensor, kept for the marks under the number returned (0: past the cap)."""
+    calls = state.graph_mark_calls
+    ref = None if instance is None else weakref.ref(instance)
+    key = (no, None if instance is None else id(instance), keys, scalars)
+    for call, facts in calls.items():  # a recompile of the same call: the same number
+        if facts[0] == key:
+            return call
+    if len(calls) >= MAX_CALLS:
+        return 0
+    call = len(calls) + 1
+    calls[call] = (key, ref)
+    return call
+
+
+# Dynamo calls it while tracing instead of tracing into it, and puts its result in the graph
+_noted: Callable[..., int] = torch.compiler.assume_constant_result(_note)  # type: ignore[no-untyped-call]
+
+
+def _fake(tensors: list[torch.Tensor], call: int, which: int) -> None:
     return None
 
 
-def _mark(tensors: list[torch.Tensor], names: str, no: int, which: int) -> None:
-    """The mark as compiled code runs it: nothing unless this thread captures a CUDA graph.
-    ``names``: the tensors' parameter names, comma-separated (the begin mark's only)."""
+def _mark(tensors: list[torch.Tensor], call: int, which: int) -> None:
+    """The mark as compiled code runs it: nothing unless this thread captures a CUDA graph."""
     capturing = state.graph_capturing
     if not capturing:  # a warm-up run, mode="default", eager replays of inductor's code
         return
@@ -117,7 +154,7 @@ def _mark(tensors: list[torch.Tensor], names: str, no: int, which: int) -> None:
         if rec is None:
             return
         if which == BEGIN:  # pushed even when not kept: the end mark pops its own begin's
-            rec.marks.append(_begin(rec, tensors, names, no))
+            rec.marks.append(_begin(rec, tensors, call))
         elif rec.marks:
             cap = rec.marks.pop()
             if cap is not None:
@@ -126,18 +163,29 @@ def _mark(tensors: list[torch.Tensor], names: str, no: int, which: int) -> None:
         _log.internal_error("graph-mark", exc)
 
 
-def _begin(rec: Any, tensors: list[torch.Tensor], names: str, no: int) -> Capture | None:
+def _begin(rec: Any, tensors: list[torch.Tensor], call: int) -> Capture | None:
     """The begin mark during a capture: a template opened for the graph (None: not kept)."""
+    facts = state.graph_mark_calls.get(call)
+    if facts is None:
+        return None
+    (no, _, keys, scalars), ref = facts
     site = state.graph_mark_sites.get(no)
-    kwargs = dict(zip(names.split(","), tensors, strict=False))
+    kwargs: dict[str, Any] = dict(scalars)
+    kwargs.update(zip(keys, tensors, strict=False))
     device = _args.tensor_device((), kwargs)
     if site is None or device is None or device.type != "cuda" \
             or not _device.stream_capturing(device):
         return None
+    instance = None if ref is None else ref()
+    if site.kind == "method" and instance is None:  # its extractor would miss the module
+        args: tuple[Any, ...] = ()
+        extract = False
+    else:
+        args, extract = (() if instance is None else (instance,)), True
     # nesting among compiled calls only: an eager span around the compiled code is no call of
     # the graph (open_template keeps a parent only when it is one)
     outer = next((c for c in reversed(rec.marks) if c is not None), None)
     cap = Capture()
-    _graph_calls.open_template(cap, rec, site, (), kwargs, None, device,
-                               None if outer is None else outer.capture_id, extract=False)
+    _graph_calls.open_template(cap, rec, site, args, kwargs, None, device,
+                               None if outer is None else outer.capture_id, extract=extract)
     return cap
