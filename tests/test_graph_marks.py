@@ -248,3 +248,16 @@ def test_dynamic_numbers_neither_break_the_graph_nor_reach_the_note(as_cuda: Non
         assert torch.allclose(compiled(x), step(x))
     assert any(facts[3] == (("is_causal", True),) for facts, _ in
                state.graph_mark_calls.values())
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_marks_leave_training_alone(as_cuda: None, backend: str) -> None:
+    """A marked call in a compiled training step: the forward and the gradients unchanged."""
+    grads = []
+    for fn in (_step, _plain_step):
+        _dynamo.reset()
+        x = X.clone().requires_grad_(True)
+        torch.compile(fn, backend=backend)(x).sum().backward()
+        assert x.grad is not None
+        grads.append(x.grad)
+    assert torch.equal(grads[0], grads[1])
