@@ -261,3 +261,28 @@ def test_marks_leave_training_alone(as_cuda: None, backend: str) -> None:
         assert x.grad is not None
         grads.append(x.grad)
     assert torch.equal(grads[0], grads[1])
+
+
+@attnscope.trace
+def as_dict(q: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"out": torch.nn.functional.scaled_dot_product_attention(q, q, q)}
+
+
+def test_the_end_mark_reads_a_results_nested_tensors(as_cuda: None) -> None:
+    """A result that is no tensor (a dict, a ModelOutput): the end mark still reads the output,
+    so nothing can run it before the attention."""
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return as_dict(x)["out"].cos()
+
+    captured: list[torch.fx.GraphModule] = []
+    inner = _dynamo.lookup_backend("aot_eager")
+
+    def spy(gm: torch.fx.GraphModule, example: Any) -> Any:
+        captured.append(gm)
+        return inner(gm, example)
+
+    torch.compile(step, backend=spy, fullgraph=True)(X)
+    (gm,) = captured
+    (end,) = [n for n in gm.graph.nodes if "graph_mark" in str(n.target) and n.args[2] == 1]
+    (sdpa,) = [n for n in gm.graph.nodes if "scaled_dot_product" in str(n.target)]
+    assert sdpa in end.args[0]

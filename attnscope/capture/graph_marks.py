@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_leaves as _leaves
 
 from .. import _log
 from .._state import state
@@ -98,7 +99,9 @@ def traced_call(no: int, names: tuple[str, ...], fn: Callable[..., Any], args: t
     mark = torch.ops.attnscope.graph_mark.default
     mark(tensors, call, BEGIN)
     result = fn(*args, **kwargs)
-    out, _, _ = _split(result if isinstance(result, tuple) else (result,), {}, ())
+    # every tensor of the result (a tuple, a dict, a ModelOutput): the end mark runs after all;
+    # with none, after the inputs at least
+    out = [t for t in _leaves(result) if isinstance(t, torch.Tensor)] or tensors
     mark(out, call, END)
     return result
 
