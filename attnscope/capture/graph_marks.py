@@ -12,7 +12,7 @@ kernels it does not fuse: a pointwise first step of the call (a scaling of q) th
 fuses into the kernel making its input runs before the begin mark.
 
 What the marks cannot carry (the module of an instrumented layer, ``is_causal``) is noted once
-while Dynamo traces (``_noted``, its number a constant of the graph), so the template's facts
+while Dynamo traces (``_note``, its number a constant of the graph), so the template's facts
 are those a hand-captured call has; numbers are not noted (see :func:`_constant`).
 
 When the compiled code runs, a mark does nothing unless its thread captures a CUDA graph
@@ -79,6 +79,9 @@ def define() -> bool:
         torch.library.register_fake(OP_NAME, _fake, lib=lib)
         # an ordered effect: kept though it returns nothing, never reordered against another
         torch.library._register_effectful_op(OP_NAME, EffectType.ORDERED, lib=lib)
+        # Dynamo calls _note while tracing instead of tracing into it, and puts its result in
+        # the graph; marked here, once Dynamo is loaded: torch.compiler's decorator imports it
+        torch.compiler.assume_constant_result(_note)  # type: ignore[no-untyped-call]
         state.graph_mark_op = lib  # the library keeps the op registered
     except Exception as exc:  # compiled code is traced as before: call through, no marks
         _log.internal_error("graph-mark", exc)
@@ -95,7 +98,7 @@ def traced_call(no: int, names: tuple[str, ...], fn: Callable[..., Any], args: t
             or (tensors[0].device.type != "cuda" and not AS_CUDA):
         return fn(*args, **kwargs)
     instance = args[0] if args and isinstance(args[0], torch.nn.Module) else None
-    call = _noted(no, instance, tuple(keys), tuple(scalars))  # a constant of the graph
+    call = _note(no, instance, tuple(keys), tuple(scalars))  # a constant of the graph
     mark = torch.ops.attnscope.graph_mark.default
     mark(tensors, call, BEGIN)
     result = fn(*args, **kwargs)
@@ -126,7 +129,7 @@ def _split(args: tuple[Any, ...], kwargs: dict[str, Any], names: tuple[str, ...]
 def _constant(value: Any) -> bool:
     """None, a bool or a str, as Dynamo evaluates the test. Numbers are left out: under dynamic
     shapes an int or a float may be a SymInt or SymFloat that Dynamo's ``type()`` calls int or
-    float, and ``_noted`` could not take it (a graph break in the user's code); a SymBool is
+    float, and ``_note`` could not take it (a graph break in the user's code); a SymBool is
     never ``True`` itself."""
     return value is None or value is True or value is False or type(value) is str
 
@@ -147,9 +150,6 @@ def _note(no: int, instance: Any, keys: tuple[str, ...], scalars: tuple[tuple[st
     calls[call] = (key, ref)
     return call
 
-
-# Dynamo calls it while tracing instead of tracing into it, and puts its result in the graph
-_noted: Callable[..., int] = torch.compiler.assume_constant_result(_note)  # type: ignore[no-untyped-call]
 
 
 def _fake(tensors: list[torch.Tensor], call: int, which: int) -> None:
