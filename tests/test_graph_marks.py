@@ -52,7 +52,8 @@ def _step(x: torch.Tensor) -> torch.Tensor:
 
 
 def _method_step(x: torch.Tensor) -> torch.Tensor:
-    return _METHOD(x.sin(), x, x).cos()
+    out: torch.Tensor = _METHOD(x.sin(), x, x)
+    return out.cos()
 
 
 def _causal_step(x: torch.Tensor) -> torch.Tensor:
@@ -135,7 +136,7 @@ def test_inductor_keeps_the_marks_around_the_attention_kernel(as_cuda: None) -> 
 
 
 def _captured_replay(gpu: FakeGpu, step: Any) -> tuple[Any, list[Any]]:
-    compiled = torch.compile(step, backend="aot_eager")
+    compiled: Any = torch.compile(step, backend="aot_eager")
     with capture_spans() as spans:
         compiled(X)  # compiled, not captured (a warm-up run): the marks do nothing
         assert gpu.recorded == 0 and not gpu.capture
@@ -257,7 +258,8 @@ def test_marks_leave_training_alone(as_cuda: None, backend: str) -> None:
     for fn in (_step, _plain_step):
         _dynamo.reset()
         x = X.clone().requires_grad_(True)
-        torch.compile(fn, backend=backend)(x).sum().backward()
+        loss: Any = torch.compile(fn, backend=backend)(x).sum()
+        loss.backward()
         assert x.grad is not None
         grads.append(x.grad)
     assert torch.equal(grads[0], grads[1])
@@ -286,3 +288,30 @@ def test_the_end_mark_reads_a_results_nested_tensors(as_cuda: None) -> None:
     (end,) = [n for n in gm.graph.nodes if "graph_mark" in str(n.target) and n.args[2] == 1]
     (sdpa,) = [n for n in gm.graph.nodes if "scaled_dot_product" in str(n.target)]
     assert sdpa in end.args[0]
+
+
+def test_inductor_finds_no_node_that_would_make_cudagraph_trees_skip_the_graph(
+        as_cuda: None) -> None:
+    """torch's own test of a post-grad graph before cudagraph trees capture it (ops tagged
+    cudagraph_unsafe, forbidden ops, unbacked sizes) passes on a marked graph; the marks'
+    effect tokens lower to nothing, so no CPU tensor enters the graph either."""
+    from torch._inductor import config
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+    from torch._inductor.utils import get_first_incompatible_cudagraph_node
+
+    seen: list[Any] = []
+
+    class Spy(CustomGraphPass):
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            seen.append([str(n.target) for n in graph.nodes])
+            assert graph.owning_module is not None
+            seen.append(get_first_incompatible_cudagraph_node(graph.owning_module))
+
+        def uuid(self) -> str:
+            return "attnscope-test-graph-marks"
+
+    with config.patch(post_grad_custom_post_pass=Spy(), force_disable_caches=True):
+        torch.compile(_step, backend="inductor")(X)
+    targets, incompatible = seen
+    assert sum("with_effects" in t for t in targets) == 2  # both marks reach inductor
+    assert incompatible is None
