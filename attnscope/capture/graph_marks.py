@@ -52,7 +52,6 @@ AS_CUDA = False
 MAX_CALLS = 4096
 
 
-
 def number(site: CallSite) -> int:
     """The number a wrapper's marks carry for ``site`` (taken at wrap time, outside Dynamo)."""
     no = id(site)  # unique while the site lives; the entry goes with it
@@ -137,19 +136,22 @@ def _constant(value: Any) -> bool:
 def _note(no: int, instance: Any, keys: tuple[str, ...], scalars: tuple[tuple[str, Any], ...]
           ) -> int:
     """Run once while Dynamo traces (its result is a constant of the graph): the call's facts
-    that are no tensor, kept for the marks under the number returned (0: past the cap)."""
-    calls = state.graph_mark_calls
-    ref = None if instance is None else weakref.ref(instance)
-    key = (no, None if instance is None else id(instance), keys, scalars)
-    for call, facts in calls.items():  # a recompile of the same call: the same number
-        if facts[0] == key:
-            return call
-    if len(calls) >= MAX_CALLS:
+    that are no tensor, kept for the marks under the number returned (0: not kept). Never
+    raises: an exception here would be the user's compile failing."""
+    try:
+        calls = state.graph_mark_calls
+        key = (no, None if instance is None else id(instance), keys, scalars)
+        for call, (facts, ref) in calls.items():  # a recompile of the same call: its number
+            if facts == key and (ref is None or ref() is instance):
+                return call
+        if len(calls) >= MAX_CALLS:
+            return 0
+        call = len(calls) + 1
+        calls[call] = (key, None if instance is None else weakref.ref(instance))
+        return call
+    except Exception as exc:  # number 0: the call runs in the graph untimed
+        _log.internal_error("graph-mark", exc)
         return 0
-    call = len(calls) + 1
-    calls[call] = (key, ref)
-    return call
-
 
 
 def _fake(tensors: list[torch.Tensor], call: int, which: int) -> None:
