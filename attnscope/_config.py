@@ -69,6 +69,9 @@ class Config:
     record_command_args: bool = False
     """The resource's ``process.command_args``: the whole command line, or (False) only the
     executable and the script or module (docs/attributes.md)."""
+    compiled_graph_marks: bool = False
+    """Mark instrumented calls on CUDA tensors in ``torch.compile``'d code, so that CUDA graphs
+    of it (``mode="reduce-overhead"``) time them (docs/profiling.md). Read while Dynamo traces."""
 
 
 DEFAULT_OVERHEAD_BUDGET = 0.01
@@ -119,6 +122,7 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "trigger_dir": ("ATTNSCOPE_TRIGGER_DIR", str),
     "run_id": ("ATTNSCOPE_RUN_ID", str),
     "record_command_args": ("ATTNSCOPE_RECORD_COMMAND_ARGS", _parse_bool),
+    "compiled_graph_marks": ("ATTNSCOPE_COMPILED_GRAPH_MARKS", _parse_bool),
 }
 
 
@@ -230,6 +234,7 @@ def validate(cfg: Config) -> Config:
     _check_bool("reset_peak_memory_stats", cfg.reset_peak_memory_stats)
     _check_bool("live_trigger", cfg.live_trigger)
     _check_bool("record_command_args", cfg.record_command_args)
+    _check_bool("compiled_graph_marks", cfg.compiled_graph_marks)
     if not 0.5 <= check_rate("slow_call_quantile", cfg.slow_call_quantile):
         raise ValueError(f"attnscope: slow_call_quantile must be in [0.5, 1] (1: off), "
                          f"got {shown(cfg.slow_call_quantile)}")

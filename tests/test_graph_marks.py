@@ -71,6 +71,7 @@ gpu = _replay_tests.gpu  # the fake GPU and graph class, as test_graph_replay dr
 @pytest.fixture
 def as_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(graph_marks, "AS_CUDA", True)
+    attnscope.configure(compiled_graph_marks=True)
     _dynamo.reset()
     yield
     _dynamo.reset()
@@ -111,6 +112,21 @@ def test_cpu_tensors_get_no_marks(fresh: None, backend: str, step: Any) -> None:
     assert traced == plain  # the same graph as without attnscope
     assert not any("graph_mark" in t for t in traced)
     assert torch.equal(out, ref)
+
+
+def test_cuda_calls_get_no_marks_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off by default: outside a capture a mark still costs host time per call and step."""
+    monkeypatch.setattr(graph_marks, "AS_CUDA", True)
+    assert attnscope.configure().compiled_graph_marks is False
+    _dynamo.reset()
+    traced, _ = _targets(_step, "aot_eager")
+    assert not any("graph_mark" in t for t in traced)
+    attnscope.configure(compiled_graph_marks=True)
+    assert state.sampler.graph_marks is True
+    _dynamo.reset()
+    traced, _ = _targets(_step, "aot_eager")
+    assert sum("graph_mark" in t for t in traced) == 2
+    _dynamo.reset()
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

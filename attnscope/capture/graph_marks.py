@@ -2,8 +2,10 @@
 
 Under ``torch.compile`` the wrappers' Python does not run when the compiled code does, so a
 CUDA graph that cudagraph trees (``mode="reduce-overhead"``) capture from it would hold no
-traced call. While Dynamo traces a wrapped call whose tensors are CUDA, :func:`traced_call`
-puts one custom op before the call and one after it into the compiled graph
+traced call. With ``compiled_graph_marks`` on (off by default: outside a capture each mark
+still costs a few µs of host time per call and step, not yet measured on a GPU), while Dynamo
+traces a wrapped call whose tensors are CUDA, :func:`traced_call` puts one custom op before the
+call and one after it into the compiled graph
 (``attnscope::graph_mark``, registered as an ordered side effect so that no pass drops or swaps
 them; they read the call's inputs and its outputs, so the first runs once the inputs exist and
 the second once the outputs do; they change no value). On CPU tensors nothing is added. What
@@ -94,7 +96,8 @@ def traced_call(no: int, names: tuple[str, ...], fn: Callable[..., Any], args: t
     CUDA. ``no``: the site's number (:func:`number`); ``names``: its parameter names."""
     tensors, keys, scalars = _split(args, kwargs, names)
     if state.graph_mark_op is None or not tensors \
-            or (tensors[0].device.type != "cuda" and not AS_CUDA):
+            or (tensors[0].device.type != "cuda" and not AS_CUDA) \
+            or not state.sampler.graph_marks:
         return fn(*args, **kwargs)
     instance = args[0] if args and isinstance(args[0], torch.nn.Module) else None
     call = _note(no, instance, tuple(keys), tuple(scalars))  # a constant of the graph

@@ -271,6 +271,7 @@ class Sampler:
         self.warmup = cfg.warmup_calls
         self.seed = cfg.seed
         self.reset_peak = cfg.reset_peak_memory_stats
+        self.graph_marks = cfg.compiled_graph_marks  # read by compiled code's tracing only
         self.bucket = TokenBucket(cfg.profile_max_per_minute, self._clock)
         budget, self.rate_budgeted, self.profile_budgeted = budgeted(cfg)
         self.budget = OverheadBudget(budget, clock=self._clock)  # 1.0: the wrapper skips it

@@ -52,7 +52,7 @@ def test_each_sampled_replay_of_a_compiled_step_times_every_attention_layer() ->
     decode = Decode(model)
     attnscope.instrument(model)
     try:
-        with capture_spans() as spans:
+        with capture_spans(compiled_graph_marks=True) as spans:
             step = _compiled(decode)
             out = _run(step, WARMUP + 1)
             assert torch.equal(out, plain)  # what the compiled graph computes is unchanged
@@ -87,7 +87,7 @@ def test_unsampled_replays_of_a_compiled_step_record_nothing() -> None:
     decode = Decode(model)
     attnscope.instrument(model)
     try:
-        with capture_spans(sample_rate=0.0) as spans:
+        with capture_spans(sample_rate=0.0, compiled_graph_marks=True) as spans:
             out = _run(_compiled(decode), WARMUP + 5)
     finally:
         attnscope.uninstrument(model)
@@ -103,7 +103,7 @@ def test_a_compiled_step_without_cuda_graphs_is_not_timed_by_marks() -> None:
     try:
         torch._dynamo.reset()
         step = torch.compile(decode.step)
-        with capture_spans(sample_rate=0.0) as spans:
+        with capture_spans(sample_rate=0.0, compiled_graph_marks=True) as spans:
             _run(step, WARMUP + 2)
     finally:
         attnscope.uninstrument(model)
