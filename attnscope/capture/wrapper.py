@@ -52,6 +52,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 Active = tuple[Capture, "contextvars.Token[int | None]", int]
 
 _perf_ns = time.perf_counter_ns
+# Clock pairs read further apart than this (the thread was preempted) are read again, this often
+_CLOCK_GAP_NS, _CLOCK_TRIES = 20_000, 3
 # A context key, not process state: the innermost sampled call, so children know their parent.
 current: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "attnscope_current_capture", default=None
@@ -321,8 +323,14 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
     _retain.keep_summary(cap)  # last: a capture given up before this holds no budget
     # Both clocks back to back: the span ends at start_epoch + wall, and a gap between the
     # two reads would end it early (a profiled call's last operators fell outside its span).
-    cap.start_epoch_ns = time.time_ns()
-    cap.start_perf_ns = _perf_ns()
+    # A thread preempted between them (ms on a loaded machine: a layer's k, v and o
+    # projections were left on its parent) reads both again.
+    for _ in range(_CLOCK_TRIES):
+        before = _perf_ns()
+        cap.start_epoch_ns = time.time_ns()
+        cap.start_perf_ns = _perf_ns()
+        if cap.start_perf_ns - before <= _CLOCK_GAP_NS:
+            break
     return True
 
 
