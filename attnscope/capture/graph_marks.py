@@ -94,10 +94,10 @@ def traced_call(no: int, names: tuple[str, ...], fn: Callable[..., Any], args: t
                 kwargs: dict[str, Any]) -> Any:
     """``fn(*args, **kwargs)`` as Dynamo traces it, between two marks when its first tensor is
     CUDA. ``no``: the site's number (:func:`number`); ``names``: its parameter names."""
+    if state.graph_mark_op is None or not state.sampler.graph_marks:
+        return fn(*args, **kwargs)  # off (the default): Dynamo traces nothing of ours
     tensors, keys, scalars = _split(args, kwargs, names)
-    if state.graph_mark_op is None or not tensors \
-            or (tensors[0].device.type != "cuda" and not AS_CUDA) \
-            or not state.sampler.graph_marks:
+    if not tensors or (tensors[0].device.type != "cuda" and not AS_CUDA):
         return fn(*args, **kwargs)
     instance = args[0] if args and isinstance(args[0], torch.nn.Module) else None
     call = _note(no, instance, tuple(keys), tuple(scalars))  # a constant of the graph
