@@ -16,7 +16,7 @@ def _bash_blocks(text: str) -> list[str]:
 def test_the_two_lines_are_there_and_ci_runs_the_test_line_verbatim() -> None:
     blocks = _bash_blocks(README)
     demo = [b for b in blocks if b.endswith("attnscope demo")]
-    tests = [b for b in blocks if b.endswith("python -m pytest -n auto")]
+    tests = [b for b in blocks if b.endswith("python -m pytest -n auto --dist loadfile")]
     assert len(demo) == 1 and len(tests) == 1, blocks
     assert tests[0] in (ROOT / ".ci" / "run").read_text().splitlines()
 
