@@ -205,17 +205,7 @@ def test_a_compiled_llama_layer_keeps_its_extractors_facts(gpu: FakeGpu, as_cuda
     """An instrumented transformers layer in compiled code: its module is noted while Dynamo
     traces (not a tensor: the marks cannot carry it), so the template has the layer's facts as
     a hand-captured one has them (test_graph_replay's cache-length test)."""
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=64)
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    cache = transformers.StaticCache(config=cfg, max_cache_len=32)
-    with torch.no_grad():
-        model(input_ids=torch.arange(8)[None], **_replay_tests._cache_arg(model, cache),
-              use_cache=True)
+    model, cache = _replay_tests.prefilled_llama(layers=2)
     ids, position = torch.tensor([[9]]), torch.tensor([8])
 
     def step() -> torch.Tensor:

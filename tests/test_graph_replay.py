@@ -376,12 +376,12 @@ def test_install_patches_torchs_cudagraph_once_and_uninstall_restores_it() -> No
         graphs.install(cls)
 
 
-def test_a_layers_cache_length_is_not_taken_from_the_capture(gpu: FakeGpu) -> None:
-    """A decode graph is replayed over advancing positions: the length the layer's cache had at
-    capture is not the replay's, so the layer's figures that need it are marked, not guessed."""
+
+def prefilled_llama(layers: int) -> tuple[Any, Any]:
+    """A tiny sdpa Llama and its static cache, prefilled with 8 tokens (a decode step's start)."""
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=1, num_attention_heads=4,
+                                   num_hidden_layers=layers, num_attention_heads=4,
                                    num_key_value_heads=2, max_position_embeddings=64)
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
@@ -389,6 +389,12 @@ def test_a_layers_cache_length_is_not_taken_from_the_capture(gpu: FakeGpu) -> No
     cache = transformers.StaticCache(config=cfg, max_cache_len=32)
     with torch.no_grad():
         model(input_ids=torch.arange(8)[None], **_cache_arg(model, cache), use_cache=True)
+    return model, cache
+
+def test_a_layers_cache_length_is_not_taken_from_the_capture(gpu: FakeGpu) -> None:
+    """A decode graph is replayed over advancing positions: the length the layer's cache had at
+    capture is not the replay's, so the layer's figures that need it are marked, not guessed."""
+    model, cache = prefilled_llama(layers=1)
     attnscope.instrument(model)
     try:
         with capture_spans() as spans:
