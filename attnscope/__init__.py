@@ -11,15 +11,15 @@ from ._version import __version__
 if _TYPE_CHECKING:  # the names as the type checker sees them; at run time see __getattr__
     from ._api import configure, flush, sampling, shutdown, stats, step, trace
     from ._config import Config
-    from .capture.batch import batch
-    from .capture.block import Span, span
-    from .instrumentation.model import (
+    from ._capture.batch import batch
+    from ._capture.block import Span, span
+    from ._instrument.model import (
         instrument,
         instrumented_modules,
         register_attention,
         uninstrument,
     )
-    from .instrumentation.sdpa import instrument_sdpa, uninstrument_sdpa
+    from ._instrument.sdpa import instrument_sdpa, uninstrument_sdpa
 
 # Where each public name lives. The library imports torch (seconds), so `import attnscope`
 # imports none of them: a process that only reads `attnscope.cli` (the console script, `attnscope
@@ -28,14 +28,14 @@ if _TYPE_CHECKING:  # the names as the type checker sees them; at run time see _
 # the exit hook) the same whichever name is used first.
 # No public name may be the name of a subpackage: importing ``attnscope.<pkg>.<module>`` binds
 # ``attnscope.<pkg>`` to the package, and __getattr__ is then never asked for the function.
-_MODEL = ".instrumentation.model"
+_MODEL = "._instrument.model"
 _HOMES = {
     "configure": "._api", "flush": "._api", "sampling": "._api", "shutdown": "._api",
     "stats": "._api", "step": "._api", "trace": "._api", "Config": "._config",
-    "Span": ".capture.block", "span": ".capture.block", "batch": ".capture.batch",
+    "Span": "._capture.block", "span": "._capture.block", "batch": "._capture.batch",
     "instrument": _MODEL,
     "instrumented_modules": _MODEL, "register_attention": _MODEL, "uninstrument": _MODEL,
-    "instrument_sdpa": ".instrumentation.sdpa", "uninstrument_sdpa": ".instrumentation.sdpa",
+    "instrument_sdpa": "._instrument.sdpa", "uninstrument_sdpa": "._instrument.sdpa",
 }
 
 __all__ = [

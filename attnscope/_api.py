@@ -1,9 +1,9 @@
 """The public entry points: ``configure``, ``trace``, ``flush``, ``shutdown``, ``stats``,
-``sampling`` and ``step`` (``span`` lives in :mod:`attnscope.capture.block`).
+``sampling`` and ``step`` (``span`` lives in :mod:`attnscope._capture.block`).
 
 This is the one module that knows both sides: it hands the capture side the function that starts
 the worker, and the worker the profiler's warm-up. Of the worker side only its light front
-(:mod:`attnscope.worker.loop`: a queue and a thread) is imported here; the rest (the OpenTelemetry
+(:mod:`attnscope._worker.loop`: a queue and a thread) is imported here; the rest (the OpenTelemetry
 SDK, exporters, psutil) is imported by the worker's own thread when it starts, never by
 ``import attnscope`` nor by the calling thread of the first sampled call.
 """
@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from . import _exit_status, _log, _nothing_sampled, _state
 from ._config import Config, check_rate, from_env, shown, validate
 from ._state import state
-from .capture import profiler_session, wrapper
-from .capture.args import check_attributes
-from .capture.sampling import force as _force
-from .worker import loop, spare
+from ._capture import profiler_session, wrapper
+from ._capture.args import check_attributes
+from ._capture.sampling import force as _force
+from ._worker import loop, spare
 
 if TYPE_CHECKING:
-    from .worker.loop import Worker
+    from ._worker.loop import Worker
 
 __all__ = ["configure", "current", "restore", "reset_defaults", "trace", "flush", "shutdown",
            "stats", "sampling", "step"]

@@ -209,7 +209,7 @@ def _check_exporter(value: Any) -> ExporterSetting | None:
         if name.lower() in EXPORTER_NAMES:
             return name.lower()
         if any(name.startswith(p) and len(name) > len(p) for p in EXPORTER_PREFIXES):
-            from .export.files import check_target  # no directory, device or link: ValueError
+            from ._export.files import check_target  # no directory, device or link: ValueError
 
             check_target(name.split(":", 1)[1], "exporter")
             return name
@@ -344,7 +344,7 @@ def from_env(environ: Mapping[str, str] | None = None, *, strict: bool = True,
                     f"attnscope: environment variable {var}={value!r} is invalid for {field}"
                 ) from None
             # An unusable ATTNSCOPE_EXPORTER is not ignored: the export pipeline sends spans
-            # nowhere in its place and says so in one line (export/destinations.py); "ignoring"
+            # nowhere in its place and says so in one line (_export/destinations.py); "ignoring"
             # here would be a second line, and untrue.
             if warn is not None and field != "exporter":
                 var = _ENV[field][0] if field in _ENV else field

@@ -23,7 +23,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from ._state import state
-from .capture import sampling as _sampling
+from ._capture import sampling as _sampling
 
 __all__ = ["LOGGER_NAME", "internal_error", "warn_once", "info_once", "debug_once", "error_count",
            "logger"]

@@ -30,13 +30,13 @@ def write_empty_file(cfg: Config) -> None:
         if isinstance(exporter, str):
             if not exporter.startswith(EXPORTER_PREFIXES):
                 return
-            from .export.destinations import make_exporter
+            from ._export.destinations import make_exporter
 
             made = make_exporter(exporter)
             if made is not None:
                 made.force_flush()
                 made.shutdown()  # releases the file for a worker that starts later
-        elif type(exporter).__module__.startswith("attnscope.export."):
+        elif type(exporter).__module__.startswith("attnscope._export."):
             exporter.force_flush()  # the application's instance: flushed, left open
     except Exception as exc:
         _log.internal_error("empty-file", exc)

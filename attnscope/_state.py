@@ -20,12 +20,12 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .capture.grants import Grants
-from .capture.sampling import CallSite, Sampler
+from ._capture.grants import Grants
+from ._capture.sampling import CallSite, Sampler
 
 if TYPE_CHECKING:
     from ._config import Config
-    from .record.capture import Capture, ProfileSession
+    from ._record.capture import Capture, ProfileSession
 
 __all__ = ["State", "ProfilerState", "Delivery", "state", "reset", "after_fork", "submit",
            "end_block", "COUNT_KEYS", "GRAPH_COUNT_KEYS", "span_counts", "take_bytes",
@@ -175,7 +175,7 @@ class State:
         self.fork_held = False
         self.atexit_registered = False
         # worker.loop.shutdown, kept by worker.at_exit.register: a forked child's os._exit
-        # exports through it (worker/at_exit.py)
+        # exports through it (_worker/at_exit.py)
         self.exit_flush: Callable[..., bool] | None = None
         self.exiting = False  # the exit flush has begun: no new worker (it could not export)
         # an exporter instance the application gave, kept across a reconfigure that rebuilds

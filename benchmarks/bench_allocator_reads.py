@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.cuda.memory as cuda_memory
 
-from attnscope.capture import device
+from attnscope._capture import device
 
 _ARRAYS = ("allocation", "segment", "active", "inactive_split", "allocated_bytes",
            "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes")

@@ -31,11 +31,11 @@ import torch
 
 import attnscope
 from attnscope._state import state
-from attnscope.capture import args as _args
-from attnscope.capture import device as _device
-from attnscope.capture import graphs
-from attnscope.capture.device import CudaEventPool
-from attnscope.worker import cuda as _cuda
+from attnscope._capture import args as _args
+from attnscope._capture import device as _device
+from attnscope._capture import graphs
+from attnscope._capture.device import CudaEventPool
+from attnscope._worker import cuda as _cuda
 
 CALLS = 8  # attention calls in the captured step
 SHAPE = (8, 16, 1024, 64)  # the SDPA call (bf16 on CUDA)

@@ -32,7 +32,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 import attnscope
-from attnscope.worker import loop as _worker
+from attnscope._worker import loop as _worker
 
 
 class Discard(SpanExporter):

@@ -4,7 +4,7 @@
     python benchmarks/bench_mask_reduce.py --device cuda   # the calling thread's launches
     python benchmarks/bench_mask_reduce.py --before REV    # the "before" column from REV
 
-"before": the reductions of ``attnscope/record/reduce.py`` as it was at ``--before`` (default
+"before": the reductions of ``attnscope/_record/reduce.py`` as it was at ``--before`` (default
 5579ee0, the last commit before issue 37 goal 2), run on the mask's device behind the call and
 their nine counts copied to the host, as ``capture.hostread`` did. "after": today's
 ``hostread.to_host`` on an instrumented layer's capture, the first call given this mask: its
@@ -35,8 +35,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attnscope.capture import hostread, retain
-from attnscope.record.capture import ATTENTION_KEY, AttentionFacts, Capture, HostCopy
+from attnscope._capture import hostread, retain
+from attnscope._record.capture import ATTENTION_KEY, AttentionFacts, Capture, HostCopy
 
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,11 +53,16 @@ class _Ops(TorchDispatchMode):
 
 
 def _baseline(rev: str) -> types.ModuleType:
-    """``record/reduce.py`` as it was at ``rev`` (self-contained: it imports only torch)."""
-    source = subprocess.run(["git", "show", f"{rev}:attnscope/record/reduce.py"], cwd=_ROOT,
-                            check=True, capture_output=True, text=True).stdout
+    """The mask reductions as they were at ``rev`` (self-contained: they import only torch)."""
+    for path in ("attnscope/_record/reduce.py", "attnscope/record/reduce.py"):  # renamed since
+        shown = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=_ROOT, capture_output=True,
+                               text=True)
+        if shown.returncode == 0:
+            break
+    else:
+        raise SystemExit(f"no mask reductions at {rev}")
     module = types.ModuleType(f"reduce_at_{rev}")
-    exec(compile(source, f"{rev}:attnscope/record/reduce.py", "exec"), module.__dict__)
+    exec(compile(shown.stdout, f"{rev}:{path}", "exec"), module.__dict__)
     return module
 
 

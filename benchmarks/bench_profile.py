@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 import attnscope
 from attnscope._state import state
-from attnscope.capture import profiler_session as _profile
+from attnscope._capture import profiler_session as _profile
 from attnscope.testing import capture_spans
 
 _COLD_SNIPPET = """
@@ -96,7 +96,7 @@ class _OwnCost:
     """
 
     def __init__(self) -> None:
-        from attnscope.capture.sampling import OverheadBudget
+        from attnscope._capture.sampling import OverheadBudget
 
         self.values: list[int] = []
 

@@ -22,7 +22,7 @@ import torch
 
 import attnscope
 from attnscope.testing import capture_spans
-from attnscope.worker.derived import INEXACT_REASONS
+from attnscope._worker.derived import INEXACT_REASONS
 
 transformers = pytest.importorskip("transformers")
 from tests.support import arch_sweep as sweep  # noqa: E402

@@ -16,7 +16,7 @@ import pytest
 
 import attnscope
 from attnscope import _state
-from attnscope.capture.sampling import OverheadBudget
+from attnscope._capture.sampling import OverheadBudget
 
 ROOT = pathlib.Path(attnscope.__file__).parent
 # Lines of code: docstrings, comments and blank lines are not counted (a cap on them would
@@ -95,34 +95,34 @@ def _bad_imports(sides: tuple[str, ...], banned: tuple[str, ...]) -> dict[str, l
 
 def test_capture_never_imports_the_worker_side_or_the_sdk() -> None:
     # The calling thread hands one plain record to submit(): it never loads what builds spans.
-    assert not _bad_imports(("capture",), ("attnscope.worker", "attnscope.export",
-                                           "attnscope.instrumentation", "attnscope._api",
+    assert not _bad_imports(("_capture",), ("attnscope._worker", "attnscope._export",
+                                           "attnscope._instrument", "attnscope._api",
                                            "opentelemetry.sdk"))
 
 
 def test_worker_never_imports_the_capture_side() -> None:
     # What both sides read is in record/; the worker reaches nothing else of the calling side.
-    assert not _bad_imports(("worker",), ("attnscope.capture",))
+    assert not _bad_imports(("_worker",), ("attnscope._capture",))
 
 
 def test_record_imports_neither_side() -> None:
     # Both sides import record/, so record/ importing either would be a circle, or would load
     # the SDK on the calling thread.
-    assert not _bad_imports(("record",), ("attnscope.capture", "attnscope.worker",
-                                          "attnscope.export", "attnscope.instrumentation",
+    assert not _bad_imports(("_record",), ("attnscope._capture", "attnscope._worker",
+                                          "attnscope._export", "attnscope._instrument",
                                           "attnscope._api", "attnscope._state",
                                           "opentelemetry.sdk"))
 
 
 def test_the_layering_checks_catch_a_crossing() -> None:
-    RAW["attnscope.worker._probe"] = {"attnscope.capture.wrapper"}
-    RAW["attnscope.capture._probe"] = {"attnscope.worker.loop"}
+    RAW["attnscope._worker._probe"] = {"attnscope._capture.wrapper"}
+    RAW["attnscope._capture._probe"] = {"attnscope._worker.loop"}
     try:
-        assert _bad_imports(("worker",), ("attnscope.capture",)) == {
-            "attnscope.worker._probe": ["attnscope.capture.wrapper"]}
-        assert "attnscope.capture._probe" in _bad_imports(("capture",), ("attnscope.worker",))
+        assert _bad_imports(("_worker",), ("attnscope._capture",)) == {
+            "attnscope._worker._probe": ["attnscope._capture.wrapper"]}
+        assert "attnscope._capture._probe" in _bad_imports(("_capture",), ("attnscope._worker",))
     finally:
-        del RAW["attnscope.worker._probe"], RAW["attnscope.capture._probe"]
+        del RAW["attnscope._worker._probe"], RAW["attnscope._capture._probe"]
 
 
 def test_no_import_cycles() -> None:

@@ -232,8 +232,8 @@ def test_nothing_sampled_in_a_block_emits_nothing() -> None:
 
 
 def _cap_with(mask: torch.Tensor, rows: tuple[Any, ...], sq: int, past: int) -> Any:
-    from attnscope.record.block import Block
-    from attnscope.record.capture import ATTENTION_KEY, AttentionFacts, Capture
+    from attnscope._record.block import Block
+    from attnscope._record.capture import ATTENTION_KEY, AttentionFacts, Capture
 
     f = AttentionFacts(mask.shape[0], sq)
     f.cached, f.past, f.mask = True, past, mask
@@ -249,8 +249,8 @@ def test_a_device_masks_row_counts_travel_as_pinned_copies_and_split_the_same(
     """CPU-testable core of the CUDA path: the calling thread enqueues the per-row counts of a
     device mask (``reduce.row_numbers``) before the mask goes; the worker splits the call from
     those copies exactly as it splits a host mask's."""
-    from attnscope.capture import hostread
-    from attnscope.worker import apportion, derive
+    from attnscope._capture import hostread
+    from attnscope._worker import apportion, derive
 
     keys = past + sq
     pad = torch.ones(3, keys, dtype=torch.bool)

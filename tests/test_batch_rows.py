@@ -1,4 +1,4 @@
-"""attnscope.capture.batch: the rows a block declares, nested, per task, and misuse logged."""
+"""attnscope._capture.batch: the rows a block declares, nested, per task, and misuse logged."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from attnscope.capture.batch import batch, current_rows, rows_for
+from attnscope._capture.batch import batch, current_rows, rows_for
 
 
 def _span() -> otel_trace.Span:

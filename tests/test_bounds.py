@@ -19,7 +19,7 @@ from opentelemetry.trace import StatusCode
 import attnscope
 from attnscope import _state
 from attnscope._state import state
-from attnscope.capture import retain
+from attnscope._capture import retain
 from attnscope.testing import capture_spans
 
 

@@ -15,7 +15,7 @@ import attnscope
 from attnscope import _calibration
 from attnscope.cli import main
 from attnscope.testing import capture_spans
-from attnscope.worker import roofline
+from attnscope._worker import roofline
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ import torch
 
 import attnscope
 from attnscope import _state
-from attnscope.capture import retain, wrapper
+from attnscope._capture import retain, wrapper
 
 OFFSET = 10**18  # the fake epoch clock: the fake perf clock plus this
 

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from attnscope.capture import profiler_session
+from attnscope._capture import profiler_session
 
 # Blocks allocated before any session, freed one per profiled call: c10's allocator reports each
 # such free while memory profiling is on (the first one, and every 1,000th, counted per process).
@@ -21,7 +21,7 @@ _PROGRAM = textwrap.dedent(
     import ctypes, os, sys
     import torch
     import attnscope
-    from attnscope.capture import profiler_session
+    from attnscope._capture import profiler_session
 
     made_before = [torch.randn(256, 256) for _ in range(6)]
     attnscope.configure(sample_rate=1.0, warmup_calls=0, profile_rate=1.0,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from attnscope.worker import cuda
+from attnscope._worker import cuda
 
 
 def test_relaxed_mode_is_asked_for_with_the_runtime_call() -> None:

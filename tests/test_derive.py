@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 import attnscope
-from attnscope.capture.args import summarize
+from attnscope._capture.args import summarize
 from attnscope.testing import capture_spans
-from attnscope.worker.derive import attention_flops, causal_pairs, count_tokens, derive
+from attnscope._worker.derive import attention_flops, causal_pairs, count_tokens, derive
 from tests.support.helpers import attrs, brute_force_flops
 
 
@@ -173,7 +173,7 @@ def test_a_mask_not_read_marks_the_call_inexact_and_a_read_one_does_not() -> Non
 
 
 def test_a_mask_over_the_keeping_budget_marks_the_call_inexact() -> None:
-    from attnscope.record.capture import TensorMeta
+    from attnscope._record.capture import TensorMeta
 
     q = torch.zeros(1, 2, 4, 8)
     big = TensorMeta((1, 1, 4, 4), torch.bool, torch.device("cpu"))  # what retain keeps instead
@@ -183,8 +183,8 @@ def test_a_mask_over_the_keeping_budget_marks_the_call_inexact() -> None:
 
 
 def test_a_layer_call_whose_cache_length_was_not_read_says_so() -> None:
-    from attnscope.record.capture import AttentionFacts
-    from attnscope.worker.derive import derive_attention
+    from attnscope._record.capture import AttentionFacts
+    from attnscope._worker.derive import derive_attention
 
     facts = AttentionFacts(2, 1)
     facts.heads, facts.head_dim, facts.cached = 4, 8, True
@@ -200,7 +200,7 @@ def test_a_layer_call_whose_cache_length_was_not_read_says_so() -> None:
 @pytest.mark.parametrize(("sq", "skv", "cap"), [(8, 8, 4), (1, 9, 4), (3, 9, 4), (5, 5, 8),
                                                 (6, 10, 1), (4, 4, 4)])
 def test_capped_pairs_match_a_brute_force_count(sq: int, skv: int, cap: int) -> None:
-    from attnscope.worker.narrowed import capped_pairs
+    from attnscope._worker.narrowed import capped_pairs
 
     past = skv - sq
     assert capped_pairs(sq, skv, cap, True) == sum(min(past + q + 1, cap) for q in range(sq))
@@ -210,7 +210,7 @@ def test_capped_pairs_match_a_brute_force_count(sq: int, skv: int, cap: int) -> 
 def test_block_capped_pairs_match_the_indexers_own_selection() -> None:
     """Qwen4-exp's indexer, per query over ``v`` visible keys: the top ``min(topk, v // r)``
     whole blocks of ``r`` and the ``v % r`` keys past them (transformers' loop, counted)."""
-    from attnscope.worker.narrowed import capped_pairs
+    from attnscope._worker.narrowed import capped_pairs
 
     for r, topk, skv in itertools.product((1, 2, 3, 4), (1, 2, 3), range(1, 23)):
         def kept(v: int, r: int = r, topk: int = topk) -> int:
@@ -232,8 +232,8 @@ def test_a_config_window_without_a_mask_holds_where_the_kernel_applies_it(
     takes no mask and applies the window itself; an unknown implementation keeps the window."""
     from types import SimpleNamespace
 
-    from attnscope.instrumentation.facts import TRAITS_KEY, LayerTraits
-    from attnscope.record.capture import ATTENTION_KEY, AttentionFacts
+    from attnscope._instrument.facts import TRAITS_KEY, LayerTraits
+    from attnscope._record.capture import ATTENTION_KEY, AttentionFacts
 
     facts = AttentionFacts(2, 8)
     facts.heads, facts.kv_heads, facts.head_dim, facts.causal, facts.window = 4, 4, 8, True, 4

@@ -18,8 +18,8 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
 import attnscope
 from attnscope import _config
-from attnscope.export import destinations as _destinations
-from attnscope.export import pipeline as _provider
+from attnscope._export import destinations as _destinations
+from attnscope._export import pipeline as _provider
 from tests.e2e.otlp_fakes import GRPCCollector, HTTPCollector
 
 
@@ -281,8 +281,8 @@ def test_file_exporters_given_as_objects_count_as_local_at_exit(tmp_path: Path) 
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
     from attnscope._config import Config
-    from attnscope.export import pipeline
-    from attnscope.export.jaeger_json import JaegerJSONFileExporter
+    from attnscope._export import pipeline
+    from attnscope._export.jaeger_json import JaegerJSONFileExporter
 
     class Remote(SpanExporter):
         def export(self, spans: Any) -> SpanExportResult:
@@ -323,7 +323,7 @@ def test_by_default_the_resource_keeps_the_program_only(argv: list[str],
 _COMMAND_PROGRAM = """
 import json
 from attnscope import _api
-from attnscope.export.destinations import resource_attributes
+from attnscope._export.destinations import resource_attributes
 print(json.dumps(resource_attributes(_api.current())["process.command_args"]))
 # SECRET-IN-PROGRAM
 """

@@ -15,11 +15,11 @@ import torch
 import attnscope
 from attnscope import _log
 from attnscope._state import state
-from attnscope.capture import args, device
-from attnscope.capture.device import CudaEventPool
-from attnscope.record.capture import DeviceMemory
+from attnscope._capture import args, device
+from attnscope._capture.device import CudaEventPool
+from attnscope._record.capture import DeviceMemory
 from attnscope.testing import capture_spans
-from attnscope.worker import cuda as worker_cuda
+from attnscope._worker import cuda as worker_cuda
 
 from .support.helpers import attrs
 

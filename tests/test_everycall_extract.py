@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from attnscope.instrumentation.transformers import _argument_groups, _reader
+from attnscope._instrument.transformers import _argument_groups, _reader
 
 _NAMES = ("self", "hidden_states", "position_embeddings", "attention_mask", "past_key_values")
 

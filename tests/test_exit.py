@@ -310,7 +310,7 @@ def test_exit_gives_an_endpoint_that_refuses_no_export_wait(
     import socket
     from types import SimpleNamespace
 
-    from attnscope.worker import at_exit
+    from attnscope._worker import at_exit
 
     caplog.set_level(logging.WARNING, logger="attnscope")
     assert at_exit.export_window(SimpleNamespace(local=True, exporter=None)) is None  # a file
@@ -331,12 +331,12 @@ def test_the_exit_flush_is_given_that_window(monkeypatch: pytest.MonkeyPatch) ->
     from types import SimpleNamespace
 
     from attnscope._state import state
-    from attnscope.worker import at_exit
+    from attnscope._worker import at_exit
 
     pipeline = _otlp_pipeline(_closed_port())
     monkeypatch.setattr(state, "exit_wait_s", 1.5)
     monkeypatch.setattr(state, "exiting", state.exiting)  # put back after: _at_exit sets it
-    monkeypatch.setattr("attnscope.export.pipeline.report_undelivered", lambda pipeline: None)
+    monkeypatch.setattr("attnscope._export.pipeline.report_undelivered", lambda pipeline: None)
     given: list[tuple[float, float | None]] = []
     worker = state.worker
     # not monkeypatch: the suite's own shutdown after the test must not find the stand-in

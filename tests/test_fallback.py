@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import profile
 
-from attnscope.worker import fallback
-from attnscope.record.capture import TensorMeta
-from attnscope.worker.fallback import Inputs, Verdict, assess, from_summary
+from attnscope._worker import fallback
+from attnscope._record.capture import TensorMeta
+from attnscope._worker.fallback import Inputs, Verdict, assess, from_summary
 
 
 def _ran(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: Any) -> str:
@@ -173,7 +173,7 @@ def test_fallbacks_are_counted_per_series() -> None:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from attnscope.export import metrics as _metrics
+    from attnscope._export import metrics as _metrics
 
     reader = InMemoryMetricReader()
     record = _metrics._instruments_for(MeterProvider(metric_readers=[reader])).record
@@ -195,7 +195,7 @@ def test_a_profiled_sdpa_call_records_strides_and_the_sdpa_kernel_context() -> N
     forced-math call on a shape flash takes, and a transposed key (last-dimension stride != 1),
     are named fallbacks on their spans; a timed call records neither."""
     import attnscope
-    from attnscope.record.capture import SDPA_CONTEXT_KEY
+    from attnscope._record.capture import SDPA_CONTEXT_KEY
     from attnscope.testing import capture_spans
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

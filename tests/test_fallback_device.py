@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import torch
 
-from attnscope.record.capture import INNER_SDPA_KEY, SDPA_CONTEXT_KEY, TensorMeta
-from attnscope.worker import fallback
-from attnscope.worker.fallback import Inputs, Verdict, assess
+from attnscope._record.capture import INNER_SDPA_KEY, SDPA_CONTEXT_KEY, TensorMeta
+from attnscope._worker import fallback
+from attnscope._worker.fallback import Inputs, Verdict, assess
 
 _CUDA0 = torch.device("cuda", 0)
 _ALL = ("flash", "efficient", "math", "cudnn")

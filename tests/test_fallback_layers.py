@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnscope
-from attnscope.capture import inner_sdpa
-from attnscope.record.capture import INNER_SDPA_KEY
+from attnscope._capture import inner_sdpa
+from attnscope._record.capture import INNER_SDPA_KEY
 from attnscope.testing import capture_spans
 
 transformers = pytest.importorskip("transformers")

@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnscope
-from attnscope.record.capture import TensorMeta
+from attnscope._record.capture import TensorMeta
 from attnscope.testing import capture_spans
-from attnscope.worker import fallback
-from attnscope.worker.fallback import Verdict
+from attnscope._worker import fallback
+from attnscope._worker.fallback import Verdict
 
 
 def _warned(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:

@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 
 import attnscope
-from attnscope.capture import inner_sdpa
+from attnscope._capture import inner_sdpa
 from attnscope.testing import capture_spans
-from attnscope.worker import fallback
+from attnscope._worker import fallback
 
 PROFILED = {"profile_rate": 1.0, "profile_max_per_minute": 1e6}
 _ROOT = str(Path(__file__).parent.parent)

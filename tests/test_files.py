@@ -1,4 +1,4 @@
-"""The file exporters' safety rules (attnscope.export.files): what they refuse, what a failing
+"""The file exporters' safety rules (attnscope._export.files): what they refuse, what a failing
 disk does to export()/force_flush(), permissions, and one writer per file (issue 10, items 4-5)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import attnscope
-from attnscope.export import files
+from attnscope._export import files
 from attnscope.exporters import (
     JaegerJSONFileExporter,
     OTLPJSONFileExporter,

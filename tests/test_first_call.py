@@ -38,14 +38,14 @@ during = [name for thread, name in imports[before:] if thread == "MainThread"]
 flushed = attnscope.flush(timeout_s=60)
 stats = attnscope.stats()
 worker_side = sorted({{thread for thread, name in imports
-                      if name in ("attnscope.worker.engine", "opentelemetry.sdk.trace")}})
+                      if name in ("attnscope._worker.engine", "opentelemetry.sdk.trace")}})
 print(json.dumps({{"during": during, "flushed": flushed, "emitted": stats["emitted"],
                   "captured": stats["captured"], "worker_side_by": worker_side,
                   "worker_thread": [t.name for t in threading.enumerate()
                                     if t.name.startswith("attnscope-worker")]}}))
 """
 
-_WORKER_SIDE = ("attnscope.worker.engine", "attnscope.export", "opentelemetry.sdk", "grpc",
+_WORKER_SIDE = ("attnscope._worker.engine", "attnscope._export", "opentelemetry.sdk", "grpc",
                 "psutil")
 
 

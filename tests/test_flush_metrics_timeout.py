@@ -13,7 +13,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 
 from attnscope import _log
-from attnscope.export.pipeline import _flush_metrics
+from attnscope._export.pipeline import _flush_metrics
 
 
 class _SlowReader(PeriodicExportingMetricReader):

@@ -12,7 +12,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 import attnscope
-from attnscope.export import metrics as _metrics
+from attnscope._export import metrics as _metrics
 from attnscope.testing import capture_spans
 from tests.support.helpers import base_name
 

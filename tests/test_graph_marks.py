@@ -17,8 +17,8 @@ import torch
 
 import attnscope
 from attnscope._state import state
-from attnscope.capture import graph_marks, graphs
-from attnscope.record import graphs as record_graphs
+from attnscope._capture import graph_marks, graphs
+from attnscope._record import graphs as record_graphs
 from attnscope.testing import capture_spans
 
 from .support.helpers import attrs

@@ -136,5 +136,5 @@ def test_the_module_table_names_real_modules_and_issue_35s_new_ones() -> None:
     named = {name for row in rows for name in re.findall(r"`([^`]+\.py)`", row.split("|")[1])}
     package = root / "attnscope"
     assert [n for n in sorted(named) if not (package / n).is_file()] == []
-    new = {"_safe_files.py", "capture/fork_exit.py", "cli/_ending.py", "cli/run/_status.py"}
+    new = {"_safe_files.py", "_capture/fork_exit.py", "cli/_ending.py", "cli/run/_status.py"}
     assert new <= named, new - named

@@ -145,7 +145,7 @@ def test_an_endpoint_that_is_not_a_url_sends_nowhere(
 
 def test_a_metrics_endpoint_that_is_not_a_url_exports_no_metrics(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnscope.export import destinations
+    from attnscope._export import destinations
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://[::1")
     assert destinations._otlp_metric_exporter("otlp-http") is None
@@ -185,7 +185,7 @@ def test_a_malformed_limit_loses_no_span(tmp_path: Path, setting: str) -> None:
 
 def test_a_malformed_limit_takes_the_default_it_would_have(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnscope.export.otel_env import span_limits
+    from attnscope._export.otel_env import span_limits
 
     assert span_limits() is None  # nothing set: the SDK reads the variables itself
     monkeypatch.setenv("OTEL_ATTRIBUTE_COUNT_LIMIT", "50")
@@ -223,7 +223,7 @@ def test_a_jaeger_file_reopened_through_a_linked_directory_keeps_its_spans(
 
 
 def test_same_path_compares_files_not_spellings(tmp_path: Path) -> None:
-    from attnscope.export.files import same_path
+    from attnscope._export.files import same_path
 
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "f").write_text("x")
@@ -267,7 +267,7 @@ def test_a_malformed_variable_gets_one_attnscope_line(
 
 def test_the_sdk_lines_pass_when_the_application_configured_their_logger(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    from attnscope.export import otlp_status
+    from attnscope._export import otlp_status
 
     logger = logging.getLogger("opentelemetry.util.re")
     monkeypatch.setattr(logger, "level", logging.WARNING)  # the application asked for them

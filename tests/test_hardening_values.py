@@ -57,7 +57,7 @@ def test_flush_with_an_endless_timeout_exports(tmp_path: Path, kind: str,
 
 def test_an_ordinary_timeout_is_passed_on_unchanged(monkeypatch: pytest.MonkeyPatch,
                                                     tmp_path: Path) -> None:
-    from attnscope.worker import loop
+    from attnscope._worker import loop
 
     seen: list[object] = []
     real = loop.flush

@@ -13,7 +13,7 @@ import torch
 from transformers import BatchEncoding
 
 import attnscope
-from attnscope.record.capture import MAX_VALUE, attribute_value
+from attnscope._record.capture import MAX_VALUE, attribute_value
 from attnscope.testing import capture_spans
 
 IDS = torch.tensor([[8123, 7777, 6543]])

@@ -121,7 +121,7 @@ def test_an_applications_provider_counts_nothing_on_either_side() -> None:
 @pytest.mark.internal_errors("pipeline")
 def test_without_a_pipeline_every_span_is_handed_on_and_dropped(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnscope.export import pipeline
+    from attnscope._export import pipeline
 
     def broken(cfg: Any) -> Any:
         raise RuntimeError("no pipeline")

@@ -21,9 +21,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import attnscope
 from attnscope._state import Delivery, state
-from attnscope.record.capture import Capture
-from attnscope.worker import loop, spans
-from attnscope.worker.emit import DirectEmitter, Emitter
+from attnscope._record.capture import Capture
+from attnscope._worker import loop, spans
+from attnscope._worker.emit import DirectEmitter, Emitter
 
 _ACCOUNTED = ("emitted", "dropped_queue_full", "dropped_trace_cap", "worker_errors", "pending")
 

@@ -14,9 +14,9 @@ import types
 import pytest
 import torch
 
-from attnscope.record import reduce
-from attnscope.record.capture import ATTENTION_KEY, MODEL_KEY, AttentionFacts, HostCopy, ModelFacts
-from attnscope.worker import derive
+from attnscope._record import reduce
+from attnscope._record.capture import ATTENTION_KEY, MODEL_KEY, AttentionFacts, HostCopy, ModelFacts
+from attnscope._worker import derive
 
 
 def test_only_host_tensors_are_readable_on_the_worker() -> None:
@@ -104,7 +104,7 @@ class _Event:
 
 
 def test_a_timer_with_copies_is_ready_once_its_third_event_has_passed() -> None:
-    from attnscope.capture.device import CudaEventPool
+    from attnscope._capture.device import CudaEventPool
 
     made: list[_Event] = []
 
@@ -140,10 +140,10 @@ def test_a_traced_call_on_the_device_reads_its_mask_from_the_copy(
 
     import attnscope
     from attnscope._state import state
-    from attnscope.capture import args, hostread
-    from attnscope.capture.device import CudaEventPool
+    from attnscope._capture import args, hostread
+    from attnscope._capture.device import CudaEventPool
     from attnscope.testing import capture_spans
-    from attnscope.worker import cuda as worker_cuda
+    from attnscope._worker import cuda as worker_cuda
 
     cuda0 = torch.device("cuda", 0)
     monkeypatch.setattr(args, "tensor_device", lambda a, k: cuda0)

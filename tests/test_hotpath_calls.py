@@ -18,9 +18,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import attnscope
 from attnscope import _state
 from attnscope._state import state
-from attnscope.capture import args as _args
-from attnscope.capture import wrapper
-from attnscope.record.capture import TensorMeta
+from attnscope._capture import args as _args
+from attnscope._capture import wrapper
+from attnscope._record.capture import TensorMeta
 
 SETTINGS: dict[str, Any] = {"sample_rate": 1.0, "warmup_calls": 0, "overhead_budget": 1.0,
                             "profile_rate": 0.0, "metrics": False}

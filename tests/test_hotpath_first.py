@@ -13,7 +13,7 @@ import time
 import pytest
 
 from attnscope._state import state
-from attnscope.worker import spare
+from attnscope._worker import spare
 
 
 class _SlowSpare:

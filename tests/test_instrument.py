@@ -17,7 +17,7 @@ from torch import nn
 import attnscope
 from attnscope import instrumented_modules
 from attnscope.testing import capture_spans
-from attnscope.worker import derive as _inspect
+from attnscope._worker import derive as _inspect
 
 
 class TinyAttention(nn.Module):

@@ -24,7 +24,7 @@ _TESTS = textwrap.dedent(
 
     import attnscope
     from attnscope import _log
-    from attnscope.worker import engine
+    from attnscope._worker import engine
 
 
     def test_undeclared():

@@ -22,7 +22,7 @@ import torch
 
 import attnscope
 from attnscope._state import state
-from attnscope.capture import wrapper
+from attnscope._capture import wrapper
 from attnscope.testing import capture_spans
 
 _PACKAGE = str(Path(attnscope.__file__).parent)

@@ -18,7 +18,7 @@ import torch
 
 import attnscope
 from attnscope._state import state
-from attnscope.capture import wrapper
+from attnscope._capture import wrapper
 from attnscope.testing import capture_spans
 
 

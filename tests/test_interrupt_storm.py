@@ -22,7 +22,7 @@ _SCRIPT = textwrap.dedent(
     import torch
     import attnscope
     from attnscope._state import state
-    from attnscope.capture import wrapper
+    from attnscope._capture import wrapper
 
     attnscope.configure(exporter="none", sample_rate=1.0, warmup_calls=0, overhead_budget=1.0,
                         profile_rate=0.5, profile_max_per_minute=1_000_000)

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import attnscope
-from attnscope.capture import profiler_session as _profile
+from attnscope._capture import profiler_session as _profile
 from attnscope.testing import capture_spans
-from attnscope.worker.profiles import kernels as _kernels
-from attnscope.worker.profiles.kernels import RawEvent
+from attnscope._worker.profiles import kernels as _kernels
+from attnscope._worker.profiles.kernels import RawEvent
 
 from .support.helpers import naive, traced_spans
 

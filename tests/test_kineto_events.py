@@ -18,12 +18,12 @@ import torch.nn.functional as F
 from torch._C._autograd import DeviceType
 
 import attnscope
-from attnscope.capture import profiler_session as _profile
-from attnscope.record.capture import PROFILE_MARKER
+from attnscope._capture import profiler_session as _profile
+from attnscope._record.capture import PROFILE_MARKER
 from attnscope.testing import capture_spans
-from attnscope.worker.profiles import kernels as _kernels
-from attnscope.worker.profiles import opstats
-from attnscope.worker.profiles.kernels import RawEvent
+from attnscope._worker.profiles import kernels as _kernels
+from attnscope._worker.profiles import opstats
+from attnscope._worker.profiles.kernels import RawEvent
 
 from .support.helpers import attrs, traced_spans
 

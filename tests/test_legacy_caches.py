@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import attnscope
-from attnscope.instrumentation.transformers import _past_length
+from attnscope._instrument.transformers import _past_length
 from attnscope.testing import capture_spans
 from tests.support.helpers import base_name
 
@@ -180,7 +180,7 @@ class _OldGPTNeoAttention(torch.nn.Module):
 @pytest.mark.parametrize("buffer_kind", ["global", "local"])
 def test_gpt_neo_local_window_without_attention_type(layer_id: int | None,
                                                      buffer_kind: str) -> None:
-    from attnscope.instrumentation.transformers import _window
+    from attnscope._instrument.transformers import _window
 
     module = _OldGPTNeoAttention(buffer_kind, layer_id)
     # layer_id indexes the config's attention_layers; without it the buffer is all there is
@@ -189,8 +189,8 @@ def test_gpt_neo_local_window_without_attention_type(layer_id: int | None,
 
 
 def test_modernbert_local_layer_reads_its_sliding_window_mask() -> None:
-    from attnscope.record.capture import AttentionFacts
-    from attnscope.instrumentation.transformers import hidden_state_extractor
+    from attnscope._record.capture import AttentionFacts
+    from attnscope._instrument.transformers import hidden_state_extractor
 
     def facts(local: tuple[int, int]) -> Any:
         module = torch.nn.Module()

@@ -16,7 +16,7 @@ import torch
 import attnscope
 from attnscope.cli import main
 from attnscope.testing import capture_spans
-from attnscope.worker import control
+from attnscope._worker import control
 
 
 @attnscope.trace

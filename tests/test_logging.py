@@ -13,8 +13,8 @@ import torch
 
 import attnscope
 from attnscope import _log, _nothing_sampled
-from attnscope.capture import profiler_session as profiler
-from attnscope.export import otlp_status
+from attnscope._capture import profiler_session as profiler
+from attnscope._export import otlp_status
 from attnscope.testing import capture_spans
 
 # Runs every warning path attnscope has in a fresh process: a bad environment value read on first
@@ -28,7 +28,7 @@ _EVERY_WARNING = textwrap.dedent(
     SETUP
     import torch
     import attnscope
-    from attnscope.capture import args
+    from attnscope._capture import args
 
     def boom(*a, **k):
         raise RuntimeError("injected")

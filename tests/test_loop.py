@@ -9,8 +9,8 @@ import pytest
 
 import attnscope
 from attnscope._state import state
-from attnscope.worker import loop
-from attnscope.worker.loop import Worker
+from attnscope._worker import loop
+from attnscope._worker.loop import Worker
 
 SETTINGS: dict[str, Any] = {"sample_rate": 1.0, "warmup_calls": 0, "overhead_budget": 1.0,
                             "profile_rate": 0.0, "metrics": False, "exporter": "none"}

@@ -22,9 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attnscope.capture import hostread
-from attnscope.record import reduce
-from attnscope.record.capture import (ATTENTION_KEY, MODEL_KEY, AttentionFacts, Capture, HostCopy,
+from attnscope._capture import hostread
+from attnscope._record import reduce
+from attnscope._record.capture import (ATTENTION_KEY, MODEL_KEY, AttentionFacts, Capture, HostCopy,
                                       ModelFacts, TensorMeta)
 
 LIMIT = 6  # issue 37 goal 2: launches per sampled masked call
@@ -296,7 +296,7 @@ def test_an_inference_mode_mask_is_copied_every_time(on_device: None) -> None:
 
 
 def test_an_empty_device_mask_is_left_unread_as_an_empty_host_mask(on_device: None) -> None:
-    from attnscope.worker.masks import counts_of
+    from attnscope._worker.masks import counts_of
 
     mask = torch.zeros(2, 1, 16, 0, dtype=torch.bool)
     f = _layer(mask, 16, None)

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import attnscope
-from attnscope.capture import device
-from attnscope.capture import profiler_session as profiler
+from attnscope._capture import device
+from attnscope._capture import profiler_session as profiler
 from attnscope.testing import capture_spans
-from attnscope.worker import derive
+from attnscope._worker import derive
 
 from .support.helpers import attrs
 

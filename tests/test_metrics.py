@@ -20,10 +20,10 @@ from opentelemetry.sdk.metrics.export import (
 import attnscope
 from attnscope import _config, _log
 from attnscope._state import state
-from attnscope.export import metrics as _metrics
-from attnscope.export import pipeline as _provider
+from attnscope._export import metrics as _metrics
+from attnscope._export import pipeline as _provider
 from attnscope.testing import capture_spans
-from attnscope.worker import engine as _engine
+from attnscope._worker import engine as _engine
 
 
 @pytest.fixture(autouse=True)
@@ -369,7 +369,7 @@ def test_the_metrics_answer_is_seen_after_a_traces_failure_logged_just_before() 
     import grpc
     from opentelemetry.exporter.otlp.proto.grpc import exporter as grpc_exporter
 
-    from attnscope.export import otlp_status as reporting
+    from attnscope._export import otlp_status as reporting
 
     reporting.install_log_filter()
     logger = logging.getLogger(grpc_exporter.__name__)

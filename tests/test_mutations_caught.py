@@ -18,10 +18,10 @@ from torch import nn
 
 import attnscope
 from attnscope._config import Config
-from attnscope.record.capture import TIER_NONE, TIER_TIMING
-from attnscope.capture.sampling import CallSite, Sampler
+from attnscope._record.capture import TIER_NONE, TIER_TIMING
+from attnscope._capture.sampling import CallSite, Sampler
 from attnscope.testing import capture_spans
-from attnscope.worker import loop as _loop
+from attnscope._worker import loop as _loop
 
 # ---- 1. instrument() FLOPs with a value head size different from the key head size ------------
 
@@ -313,9 +313,9 @@ def test_a_child_behind_thousands_of_spans_still_finds_its_parent_dropped() -> N
     True; seen in tests/reliability/test_concurrency.py under load)."""
     from types import SimpleNamespace
 
-    from attnscope.record.capture import Capture
-    from attnscope.worker.emit import Emitter
-    from attnscope.worker.spans import Result, SpanBuilder
+    from attnscope._record.capture import Capture
+    from attnscope._worker.emit import Emitter
+    from attnscope._worker.spans import Result, SpanBuilder
 
     class Counting(Emitter):
         def emit(self, *args: object, **kwargs: object) -> None:

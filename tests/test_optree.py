@@ -12,11 +12,11 @@ import torch
 import torch.nn.functional as F
 
 import attnscope
-from attnscope.capture import profiler_session as _profile
+from attnscope._capture import profiler_session as _profile
 from attnscope.testing import capture_spans
-from attnscope.worker.profiles import kernels as _kernels
-from attnscope.worker.profiles import optree
-from attnscope.worker.profiles.kernels import RawEvent
+from attnscope._worker.profiles import kernels as _kernels
+from attnscope._worker.profiles import optree
+from attnscope._worker.profiles.kernels import RawEvent
 
 from .support.helpers import attrs, children_of, descendants_of, sdpa, traced_spans
 
@@ -314,7 +314,7 @@ def test_ops_hang_under_the_innermost_attnscope_span() -> None:
 
 
 def test_core_tflops_from_the_derived_flops(monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnscope.worker.profiles import session as profile
+    from attnscope._worker.profiles import session as profile
 
     report = _kernels.KernelReport({"core_ns": 2_000_000, "kernel.count": 1}, [])
     monkeypatch.setattr(_kernels, "from_kineto", lambda result, marker, **kw: [])
@@ -486,7 +486,7 @@ def _profiled_layer_result(attn: str, seq: int) -> tuple[Any, Any, Any]:
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_projections_are_labelled_from_a_real_profile(attn: str) -> None:
-    from attnscope.record.capture import PROFILE_MARKER
+    from attnscope._record.capture import PROFILE_MARKER
 
     result, layer, span = _profiled_layer_result(attn, 16)
     events = _kernels.from_kineto(result, PROFILE_MARKER)

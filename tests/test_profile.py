@@ -14,11 +14,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnscope
 from attnscope._state import state
-from attnscope.capture import profiler_session as _profile
-from attnscope.record.capture import PROFILE_MARKER, Capture
+from attnscope._capture import profiler_session as _profile
+from attnscope._record.capture import PROFILE_MARKER, Capture
 from attnscope.testing import capture_spans
-from attnscope.worker.profiles import kernels as _kernels
-from attnscope.worker.profiles.kernels import RawEvent
+from attnscope._worker.profiles import kernels as _kernels
+from attnscope._worker.profiles.kernels import RawEvent
 
 from .support.helpers import attrs, naive, sdpa
 from .support.helpers import children_of as _children
@@ -390,7 +390,7 @@ def test_ctrl_c_between_the_sessions_start_and_the_call_releases_the_profiler(
     """A KeyboardInterrupt landing in attnscope's own code after the session started and before
     the user's call ran (CI: 1 of 5 SIGINTs in a profiled loop left the lock held and kineto on)
     propagates and stops the session."""
-    from attnscope.capture import retain, wrapper
+    from attnscope._capture import retain, wrapper
 
     fired: list[bool] = []
 
@@ -585,7 +585,7 @@ schedule = torch.profiler.schedule(wait=0, warmup=2, active=1, repeat=1)
 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
                             on_trace_ready=lambda p: got.append(len(p.events()))) as user:
     import attnscope
-    from attnscope.capture import profiler_session as _profile
+    from attnscope._capture import profiler_session as _profile
     from attnscope.testing import capture_spans
     assert _profile.warm_up() is False  # the user's prepared session is seen
     f = attnscope.trace(lambda q: torch.nn.functional.scaled_dot_product_attention(q, q, q))

@@ -20,12 +20,9 @@ def test_all_is_the_public_surface() -> None:
     for name in attnscope.__all__:
         assert getattr(attnscope, name) is not None
     public_modules = {n for n in dir(attnscope) if not n.startswith("_")}
-    # Public on purpose: testing, exporters, cli. The packages of the layout (capture, record,
-    # worker, export, instrumentation) are internal, as docs/architecture.md says; everything
-    # else is __all__.
-    assert public_modules - set(attnscope.__all__) <= {
-        "testing", "exporters", "cli", "annotations", "capture", "record", "worker", "export",
-        "instrumentation"}
+    # Public on purpose: testing, exporters, cli. The packages of the layout (_capture, _record,
+    # _worker, _export, _instrument) are private by name; everything else is __all__.
+    assert public_modules - set(attnscope.__all__) <= {"testing", "exporters", "cli", "annotations"}
 
 
 def test_stats_span_count_keys_are_pinned() -> None:

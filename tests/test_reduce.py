@@ -14,10 +14,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnscope.capture import hostread
-from attnscope.record import reduce
-from attnscope.record.capture import AttentionFacts, Capture, HostCopy, ModelFacts
-from attnscope.worker.masks import (
+from attnscope._capture import hostread
+from attnscope._record import reduce
+from attnscope._record.capture import AttentionFacts, Capture, HostCopy, ModelFacts
+from attnscope._worker.masks import (
     MaskCounts,
     MaskReading,
     band_pairs,

@@ -1,4 +1,4 @@
-"""The roofline arithmetic and the device-peak table (attnscope/worker/roofline.py)."""
+"""The roofline arithmetic and the device-peak table (attnscope/_worker/roofline.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 import attnscope
 from attnscope.testing import capture_spans
-from attnscope.worker import roofline
-from attnscope.worker.roofline import device_peaks_for, dtype_peak_tflops, evaluate
+from attnscope._worker import roofline
+from attnscope._worker.roofline import device_peaks_for, dtype_peak_tflops, evaluate
 from tests.support.helpers import attrs
 
 
@@ -173,7 +173,7 @@ def test_fraction_histogram_per_module_class_and_phase() -> None:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from attnscope.export import metrics as _metrics
+    from attnscope._export import metrics as _metrics
 
     reader = InMemoryMetricReader()
     record = _metrics._instruments_for(MeterProvider(metric_readers=[reader])).record

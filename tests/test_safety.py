@@ -13,9 +13,9 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 import attnscope
 from attnscope import _log, _state
-from attnscope.capture import args, sampling, wrapper
+from attnscope._capture import args, sampling, wrapper
 from attnscope.testing import capture_spans
-from attnscope.worker import derive, spans
+from attnscope._worker import derive, spans
 
 
 def attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -21,9 +21,9 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 import attnscope
 from attnscope._config import Config
 from attnscope._state import state
-from attnscope.capture import sampling as _sampling
-from attnscope.record.capture import TIER_NONE, TIER_PROFILE, TIER_TIMING
-from attnscope.capture.sampling import (
+from attnscope._capture import sampling as _sampling
+from attnscope._record.capture import TIER_NONE, TIER_PROFILE, TIER_TIMING
+from attnscope._capture.sampling import (
     CallSite,
     OverheadBudget,
     Sampler,
@@ -314,7 +314,7 @@ _PROCESS = textwrap.dedent(
     import json, sys
     import attnscope
     from attnscope._state import state
-    from attnscope.capture import sampling as _sampling
+    from attnscope._capture import sampling as _sampling
     attnscope.configure(exporter="none", sample_rate=0.1, warmup_calls=0, profile_rate=0.2,
                         profile_max_per_minute=1000, overhead_budget=1.0, seed=int(sys.argv[1]))
     site = _sampling.CallSite("model.layers.3.self_attn", "attn")
@@ -399,7 +399,7 @@ def _slow_attnscope(monkeypatch: pytest.MonkeyPatch) -> None:
     moves 1 µs per reading (the call itself spans one step, attnscope's work around it two or
     more), and every reading of the sampler's clock is two seconds on, so every sampled call
     closes a budget window. Far over a 1% budget, whatever the machine's load."""
-    from attnscope.capture import wrapper
+    from attnscope._capture import wrapper
 
     ticks = iter(range(time.perf_counter_ns(), 1 << 62, 1_000))
     monkeypatch.setattr(wrapper, "_perf_ns", lambda: next(ticks))

@@ -62,8 +62,8 @@ def test_worker_export_and_metrics_spell_no_attribute_name() -> None:
     otel = {"code.function.name", "host.name"}  # OpenTelemetry's names, also resource keys
     full -= otel
     keys = {a.key for a in schema.ATTRIBUTES if "." in a.key or "_" in a.key} - full - otel
-    for path in [*ROOT.joinpath("worker").rglob("*.py"), *ROOT.joinpath("export").rglob("*.py")]:
-        # worker/derived.py maps its dataclass's field names (some spelled like keys) to the schema
+    for path in [*ROOT.joinpath("_worker").rglob("*.py"), *ROOT.joinpath("_export").rglob("*.py")]:
+        # _worker/derived.py maps its dataclass's field names (some spelled like keys) to the schema
         names = full if path.name == "derived.py" else full | keys
         tree = ast.parse(path.read_text())
         exported = {id(c) for node in tree.body if isinstance(node, ast.Assign)

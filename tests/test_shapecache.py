@@ -30,10 +30,10 @@ from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, TraceFlags, T
 
 import attnscope
 from attnscope._state import state
-from attnscope.record.capture import TIER_TIMING, AttentionFacts, Capture, HostCopy, TensorMeta
-from attnscope.export import metrics as _metrics
-from attnscope.worker import emit, engine, shapecache
-from attnscope.worker.latency import Escalator
+from attnscope._record.capture import TIER_TIMING, AttentionFacts, Capture, HostCopy, TensorMeta
+from attnscope._export import metrics as _metrics
+from attnscope._worker import emit, engine, shapecache
+from attnscope._worker.latency import Escalator
 
 SETTINGS: dict[str, Any] = {"sample_rate": 1.0, "warmup_calls": 0, "overhead_budget": 1.0,
                             "profile_rate": 0.0, "metrics": False}

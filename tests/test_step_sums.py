@@ -72,9 +72,9 @@ def test_a_forward_without_a_mask_counts_every_row_whole() -> None:
 def test_a_device_masks_step_sums_travel_as_a_pinned_copy(monkeypatch: pytest.MonkeyPatch) -> None:
     """CPU-testable core of the CUDA path: the calling thread enqueues the two sums of a device
     padding mask; the worker reads them as it reads a host mask's."""
-    from attnscope.capture import hostread
-    from attnscope.record.capture import MODEL_KEY, Capture, HostCopy, ModelFacts
-    from attnscope.worker import derive
+    from attnscope._capture import hostread
+    from attnscope._record.capture import MODEL_KEY, Capture, HostCopy, ModelFacts
+    from attnscope._worker import derive
 
     def facts() -> ModelFacts:
         f = ModelFacts(3, 1)
@@ -96,7 +96,7 @@ def test_a_device_masks_step_sums_travel_as_a_pinned_copy(monkeypatch: pytest.Mo
 
 
 def test_a_steps_rank_span_sums_its_forwards_and_their_layers() -> None:
-    from attnscope.worker.steps import rank_name
+    from attnscope._worker.steps import rank_name
 
     model = _model()
     with capture_spans() as spans, torch.no_grad():

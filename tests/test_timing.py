@@ -12,13 +12,13 @@ import torch
 
 import attnscope
 from attnscope._state import state
-from attnscope.capture import args, device
-from attnscope.capture.device import CudaEventPool, DeviceTimer
-from attnscope.record.capture import DeviceMemory
+from attnscope._capture import args, device
+from attnscope._capture.device import CudaEventPool, DeviceTimer
+from attnscope._record.capture import DeviceMemory
 from attnscope.testing import capture_spans
-from attnscope.worker import cuda as worker_cuda
-from attnscope.worker import loop
-from attnscope.worker.resolve import Resolver
+from attnscope._worker import cuda as worker_cuda
+from attnscope._worker import loop
+from attnscope._worker.resolve import Resolver
 
 from .support.helpers import attrs
 
@@ -290,7 +290,7 @@ def test_timer_type_satisfies_protocol() -> None:
 def test_span_covers_the_call_however_long_set_up_takes(monkeypatch: pytest.MonkeyPatch) -> None:
     """The span's start and its length come from two clocks read back to back: set-up between
     them (slowed down here) must not end the span before the call did."""
-    from attnscope.capture import retain
+    from attnscope._capture import retain
 
     kept = retain.keep_summary
 

@@ -1,6 +1,6 @@
 """``attnscope trigger``: ask a running process to profile its next sampled calls.
 
-Writes the control file the process's worker reads (``attnscope.worker.control``; the security
+Writes the control file the process's worker reads (``attnscope._worker.control``; the security
 model is in docs/live.md): nothing is sent over a network and no signal is delivered. The
 process picks the request up at its worker's next wake-up (at most a second after a sampled call).
 A process whose worker has not advertised itself in the directory (``<pid>.worker``: a process
@@ -13,7 +13,7 @@ import argparse
 import os
 from typing import Any
 
-from ..worker import control
+from .._worker import control
 from ._errors import CLIError, positive_int
 
 __all__ = ["register"]

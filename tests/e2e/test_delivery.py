@@ -95,7 +95,7 @@ def test_an_invalid_otel_variable_falls_back_and_is_named_once(
 @pytest.mark.parametrize("grpc", [True, False])
 def test_an_invalid_endpoint_sends_nowhere(monkeypatch: pytest.MonkeyPatch, grpc: bool) -> None:
     # not the default endpoint: spans would go where the user did not ask (issue 35 §14)
-    from attnscope.export.destinations import NowhereExporter, make_exporter
+    from attnscope._export.destinations import NowhereExporter, make_exporter
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://[::1")
     exporter: Any = make_exporter("otlp-grpc" if grpc else "otlp-http")
@@ -105,13 +105,13 @@ def test_an_invalid_endpoint_sends_nowhere(monkeypatch: pytest.MonkeyPatch, grpc
 @pytest.mark.internal_errors("pipeline")
 def test_spans_of_a_pipeline_that_could_not_be_built_are_counted(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnscope.export import pipeline
+    from attnscope._export import pipeline
 
     def broken(cfg: Any) -> Any:
         raise RuntimeError("no pipeline today")
 
     monkeypatch.setattr(pipeline, "build", broken)
-    from attnscope.worker import loop
+    from attnscope._worker import loop
 
     monkeypatch.setattr(loop.Worker.__init__, "__defaults__", (broken, None))
     attnscope.configure(sample_rate=1.0, warmup_calls=0, profile_rate=0.0)

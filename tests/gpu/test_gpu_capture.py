@@ -16,7 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnscope
 from attnscope._state import state
-from attnscope.capture import profiler_session as _profile
+from attnscope._capture import profiler_session as _profile
 from attnscope.testing import capture_spans
 
 from ..support.helpers import attrs, naive, sdpa

@@ -61,7 +61,7 @@ def test_the_reductions_give_the_same_counts_on_the_device() -> None:
 
     The inputs reach the device before "error" is set: a copy from pageable host memory is a
     synchronising call of the test's own (issue 36 §3), not of the reductions."""
-    from attnscope.record import reduce
+    from attnscope._record import reduce
 
     torch.manual_seed(0)
     sq, skv, buffer = 6, 10, 16

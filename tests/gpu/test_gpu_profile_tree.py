@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import attnscope
-from attnscope.capture import profiler_session as _profile
+from attnscope._capture import profiler_session as _profile
 from attnscope.testing import capture_spans
 
 from ..support.helpers import attrs, descendants_of, traced_spans

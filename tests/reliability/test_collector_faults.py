@@ -409,7 +409,7 @@ def test_queue_given_up_at_shutdown_is_counted_dropped(monkeypatch: pytest.Monke
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
     from attnscope._state import Delivery
-    from attnscope.export.pipeline import _CountingBatchSpanProcessor, _CountingExporter
+    from attnscope._export.pipeline import _CountingBatchSpanProcessor, _CountingExporter
 
     release = threading.Event()
     entered = threading.Event()

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 import attnscope
-from attnscope.capture import profiler_session as _profiler
-from attnscope.worker import derive
+from attnscope._capture import profiler_session as _profiler
+from attnscope._worker import derive
 from tests.reliability.harness import (
     FLOAT_SENTINEL,
     INT_SENTINEL,
@@ -125,7 +125,7 @@ def test_sentinel_never_in_logs(caplog: pytest.LogCaptureFixture, monkeypatch: p
     figures.set("7 privacy: logs", "the traffic above with internal errors injected on the "
                 "worker (derive) and at capture (argument summary), logger at DEBUG",
                 "sentinel in every tensor and argument")
-    from attnscope.capture import args as _args
+    from attnscope._capture import args as _args
 
     def failing_derive(summary: Any, instance: Any = None) -> Any:
         raise RuntimeError("injected worker failure")

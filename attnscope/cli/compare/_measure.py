@@ -21,7 +21,7 @@ import torch
 import attnscope
 
 from ... import _api
-from ...capture import profiler_session as profiler
+from ..._capture import profiler_session as profiler
 from ._impls import SDPA_BACKENDS, Impl, repeat_kv, sdpa_repeating
 
 __all__ = ["Spec", "TOLERANCE", "Probe", "make_inputs", "reference", "errors", "session",

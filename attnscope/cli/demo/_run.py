@@ -21,8 +21,8 @@ import torch.nn.functional as F
 import attnscope
 
 from ... import _api
-from ...capture import profiler_session as profiler
-from ...export.jaeger_json import JaegerJSONFileExporter
+from ..._capture import profiler_session as profiler
+from ..._export.jaeger_json import JaegerJSONFileExporter
 from ..render.writer import check_output, write_text
 from ..report import render_terminal
 from ..summary import summarize

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from ... import _log
-from ...instrumentation import torch_nn
+from ..._instrument import torch_nn
 
 __all__ = ["Session", "patch_transformers", "start"]
 

@@ -49,7 +49,7 @@ from ... import _log
 
 __all__ = ["FLUSH_S", "watch"]
 
-FLUSH_S = 5.0  # attnscope's exit bound (worker/at_exit.py): a child gets the same
+FLUSH_S = 5.0  # attnscope's exit bound (_worker/at_exit.py): a child gets the same
 _EXIT_PRIORITY = 10  # Finalize priorities >= 0 run first in util._exit_function
 _HANDOVER_S = 0.5  # how long the wakeup reader leaves a SIGTERM to the main thread's handler
 _ONCE = _thread.allocate_lock()  # held by whichever of the two took the SIGTERM: one flush

@@ -75,8 +75,8 @@ class RunExporter:
     def _exporters(self) -> list[Any]:
         with self._lock:
             if self._pid != os.getpid():
-                from ...export.jaeger_json import JaegerJSONFileExporter
-                from ...export.otlp_json import OTLPJSONFileExporter
+                from ..._export.jaeger_json import JaegerJSONFileExporter
+                from ..._export.otlp_json import OTLPJSONFileExporter
 
                 tag = process_tag(self._environ, os.getpid(), os.getppid())
                 self._inner = [

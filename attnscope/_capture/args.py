@@ -1,0 +1,110 @@
+"""The argument summary of a sampled call: shapes, dtypes, devices and scalars, never values.
+
+A tensor becomes a :class:`TensorMeta`; a mask tensor is kept by reference so that the worker can
+count unpadded tokens later; bools, numbers and None are kept; anything else is dropped.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from .. import _log
+from .._record.capture import MASK_NAMES, MAX_EXTRA, MAX_NAME, TensorMeta, attribute_value
+
+__all__ = ["summarize", "tensor_device", "param_names", "attribute_value", "add_attributes",
+           "check_attributes"]
+
+_MAX_POSITIONAL = 8
+_Tensor = torch.Tensor
+_Meta = TensorMeta
+_meta_new = tuple.__new__  # TensorMeta(...) without NamedTuple's __new__ wrapper
+_SCALARS = (bool, int, float)
+
+
+def summarize(args: Sequence[Any], kwargs: Mapping[str, Any],
+              names: Sequence[str]) -> list[tuple[str, Any]]:
+    """``(name, value)`` pairs for the worker, cheap enough for the calling thread.
+
+    One loop, no call per argument: it was half of a timed call's own time (three tensors: 4.2
+    µs of thread CPU through a helper and :meth:`TensorMeta.of` each, 2.7 µs inline, on a loaded
+    2-core machine; ``benchmarks/bench_hotpath.py``)."""
+    out: list[tuple[str, Any]] = []
+    n = len(names)
+    i = 0
+    for value in args[:_MAX_POSITIONAL] if len(args) > _MAX_POSITIONAL else args:
+        if isinstance(value, _Tensor):
+            key = names[i] if i < n else f"arg{i}"
+            # a nested tensor's shape is () (TensorMeta.of); built without the classmethod
+            out.append((key, value if key in MASK_NAMES else _meta_new(_Meta, (
+                () if value.is_nested else tuple(value.shape), value.dtype, value.device))))
+        elif value is None or isinstance(value, _SCALARS):
+            out.append((names[i] if i < n else f"arg{i}", value))
+        i += 1
+    if kwargs:
+        for key, value in kwargs.items():
+            if isinstance(value, _Tensor):
+                out.append((key, value if key in MASK_NAMES else _meta_new(_Meta, (
+                    () if value.is_nested else tuple(value.shape), value.dtype, value.device))))
+            elif value is None or isinstance(value, _SCALARS):
+                out.append((key, value))
+    return out
+
+
+def tensor_device(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """The device of the first tensor argument, without summarising the others."""
+    for value in args[:_MAX_POSITIONAL]:
+        if isinstance(value, _Tensor):
+            return value.device
+    for value in kwargs.values():
+        if isinstance(value, _Tensor):
+            return value.device
+    return None
+
+
+def param_names(fn: Callable[..., Any], self_first: bool = False,
+                bound: bool = False) -> tuple[str, ...]:
+    """Positional parameter names of ``fn``.
+
+    ``self_first``: the names as the instance's method sees its arguments, ``self`` first (added
+    when ``fn`` is ``bound`` or does not name it).
+    """
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        names: tuple[str, ...] = ()
+    else:
+        names = tuple(p.name for p in params
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    if self_first and (bound or names[:1] != ("self",)):
+        return ("self", *names)
+    return names
+
+
+def check_attributes(attributes: Any, where: str) -> None:
+    """``attributes=`` of ``trace``/``span``: None or a mapping of name to value, else a
+    ``TypeError`` here, at the call that misused (docs/attributes.md)."""
+    if attributes is not None and type(attributes) is not dict \
+            and not isinstance(attributes, Mapping):
+        raise TypeError(f"{where} needs attributes as a dict of name to value, got "
+                        f"{type(attributes).__name__}")
+
+
+def add_attributes(into: dict[str, Any], attributes: Mapping[Any, Any], prefix: str = "") -> None:
+    """User attributes into ``into``: names (``prefix`` + ``str(key)``) cut to ``MAX_NAME``, values
+    as :func:`attribute_value`, at most ``MAX_EXTRA`` names. Never raises: one whose own code
+    raises (a key's ``__str__``, a value's ``shape``, the mapping's ``items()``) is an internal
+    error, left out."""
+    try:
+        for key, value in attributes.items():
+            try:
+                name = (prefix + str(key))[:MAX_NAME]
+                if name in into or len(into) < MAX_EXTRA:
+                    into[name] = attribute_value(value)
+            except Exception as exc:
+                _log.internal_error("attributes", exc)
+    except Exception as exc:
+        _log.internal_error("attributes", exc)

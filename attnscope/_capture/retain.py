@@ -1,0 +1,78 @@
+"""The tensors a capture keeps by reference, within a byte budget.
+
+The worker counts real tokens in an attention mask (and generated tokens in a ``generate()``
+output) after the call; until then the capture holds the tensor. A 4-D mask of a long context is
+hundreds of MB on the device: tracing must not keep such a tensor alive, raising the very memory
+peak it reports. So a capture keeps a tensor only if it (its whole storage, for a view) is at most
+``KEEP_TENSOR_BYTES`` and all
+captures together stay within ``attnscope._state.KEEP_TOTAL_BYTES``; any other is replaced by its
+:class:`TensorMeta` (shape, dtype, device) and the span carries no count that needed its values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import _state
+from .._record.capture import AttentionFacts, Capture, ModelFacts, TensorMeta
+
+__all__ = ["KEEP_TENSOR_BYTES", "keep", "keep_summary", "release", "drop", "meta"]
+
+KEEP_TENSOR_BYTES = 16 << 20
+_PLAIN = frozenset((int, float, bool, type(None)))
+
+
+def _size(value: torch.Tensor) -> int:
+    try:  # a view keeps its whole storage alive (a slice of a model's static causal mask)
+        return max(value.nelement() * value.element_size(), value.untyped_storage().nbytes())
+    except Exception:  # no plain storage (nested, meta, a subclass): keep nothing of its values
+        return KEEP_TENSOR_BYTES + 1
+
+
+def keep(cap: Capture, value: Any) -> Any:
+    """``value`` if ``cap`` may keep it by reference, else its TensorMeta (non-tensors as given)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    size = _size(value)
+    if size <= KEEP_TENSOR_BYTES and _state.take_bytes(size):
+        cap.kept_bytes += size
+        return value
+    return TensorMeta.of(value)
+
+
+def keep_summary(cap: Capture) -> None:
+    """Apply the budget to every tensor the capture's summary holds (masks, facts' masks)."""
+    summary = cap.summary
+    for i, (key, value) in enumerate(summary):
+        kind = type(value)
+        # most of a summary: shapes and scalars (isinstance(x, torch.Tensor) on a non-tensor goes
+        # through torch's own __instancecheck__, ~0.3 µs a value)
+        if kind is TensorMeta or kind in _PLAIN:
+            continue
+        # facts first: an instrumented layer's summary is one AttentionFacts (the two are disjoint)
+        if isinstance(value, (AttentionFacts, ModelFacts)):
+            if value.mask is not None:
+                value.mask = keep(cap, value.mask)
+        elif isinstance(value, torch.Tensor):
+            summary[i] = (key, keep(cap, value))
+
+
+def drop(cap: Capture, value: torch.Tensor) -> None:
+    """``cap`` stops keeping ``value`` (kept by :func:`keep`): its bytes go back to the budget."""
+    size = min(_size(value), cap.kept_bytes)
+    cap.kept_bytes -= size
+    _state.give_bytes(size)
+
+
+def meta(cap: Capture, value: torch.Tensor) -> TensorMeta:
+    """``value``'s metadata in its place: :func:`drop` it and keep what no value tells."""
+    drop(cap, value)
+    return TensorMeta.of(value)
+
+
+def release(cap: Capture) -> None:
+    """The capture no longer needs its tensors (built, dropped, or never handed over)."""
+    kept, cap.kept_bytes = cap.kept_bytes, 0
+    _state.give_bytes(kept)

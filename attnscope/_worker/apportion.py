@@ -1,0 +1,374 @@
+"""Each sampled call of a ``batch`` block split by row, and the request spans the block ends with.
+
+A call's FLOPs are the work of its padded shape (what the kernel computes). Per row they split
+into **useful** FLOPs, the row's real queries times the keys each of them attends to (read from
+the call's mask, the layer's causality and window applied), and **padding** FLOPs, the rest of
+that row's share of the call: for every call split here, Σ rows (useful + padding) = the call's
+FLOPs, exactly. A row's share is the call's FLOPs over its rows when the call counted the padded
+shape's pairs (a band: each row has the same), or the pairs the mask shows in that row when the
+call counted the mask's pairs one by one. A padding row (``None``) is all padding.
+
+A fused kernel does not time rows apart, so each row's time is an **estimate**: at prefill the
+row's share of the call's FLOPs, at decode its share of the KV cache read, which in a padded
+batch is the same for every row (each row's cache is read whole). Figures of sampled calls are
+scaled to all calls by 1 / the call's sample rate (``all_calls.*``: estimates too).
+
+A call is left unsplit (counted in ``calls_unapportioned``) when its rows are not the block's,
+its mask is on a device or not kept (per-row counts are read on the worker, from a host mask
+only, today; cross-attention over padded keys keeps none), or its FLOPs are not a per-row sum
+this module can reproduce (a chunked layer over left padding): never a guessed split. A call
+nested in another attention call of the same block (an SDPA call inside an instrumented layer)
+is left to the outer one, counted once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from opentelemetry.trace import Link, SpanContext
+
+from .. import _log
+from .. import _schema as schema
+from .._record.block import Block, rows_for
+from .._instrument.facts import TRAITS_KEY, LayerTraits
+from .._record.capture import (ATTENTION_KEY, MASK_NAMES, AttentionFacts, Capture, HostCopy,
+                              find_qkv)
+from .._record.reduce import row_numbers
+from .derived import sig4
+
+__all__ = ["RowCall", "observe", "emit_block", "split_rows", "mask_rows", "read_rows",
+           "SPAN_NAME"]
+
+SPAN_NAME = "attnscope.request"
+_MAX_CALLS = 65_536  # call records one block keeps; later calls are counted unapportioned
+_MAX_LINKS = 32  # links from a request span to the batched calls it shared (the first ones)
+_FLOPS, _PHASE, _BATCH = schema.FLOPS.name, schema.PHASE.name, schema.BATCH_SIZE.name
+_SQ, _SKV, _CAUSAL = schema.SEQ_LEN_Q.name, schema.SEQ_LEN_KV.name, schema.CAUSAL.name
+_WINDOW, _KV_READ, _EXACT = (schema.SLIDING_WINDOW.name, schema.KV_BYTES_READ.name,
+                             schema.EXACT.name)
+_LINK = schema.LINK.name
+_NOT_KEPT = object()  # a call whose keys a mask hid that the call's facts do not keep
+_PREFILL = (schema.REQUEST_PREFILL_CALLS.name, schema.REQUEST_PREFILL_FLOPS.name,
+            schema.REQUEST_PREFILL_NS.name)
+_DECODE = (schema.REQUEST_DECODE_CALLS.name, schema.REQUEST_DECODE_FLOPS.name,
+           schema.REQUEST_DECODE_NS.name)
+
+
+class RowCall:
+    """One call's figures per row (lists indexed by row), or why it was not split."""
+
+    __slots__ = ("capture_id", "parent_id", "phase", "rate", "tokens", "useful", "padding",
+                 "time_ns", "kv_bytes", "exact", "reason")
+
+    def __init__(self, capture_id: int, parent_id: int | None, reason: str | None = None) -> None:
+        self.capture_id = capture_id
+        self.parent_id = parent_id
+        self.phase: str | None = None
+        self.rate = 1.0
+        self.tokens: list[int] = []
+        self.useful: list[int] = []
+        self.padding: list[int] = []
+        self.time_ns: list[float] = []
+        self.kv_bytes: list[int] | None = None
+        self.exact = True
+        self.reason = reason  # None: split
+
+
+class _Acc:
+    __slots__ = ("calls", "attention_ids")
+
+    def __init__(self) -> None:
+        self.calls: list[RowCall] = []
+        self.attention_ids: set[int] = set()
+
+
+def mask_rows(mask: torch.Tensor, ignores: bool, batch: int, heads: int, sq: int, skv: int,
+              causal: bool, window: int | None
+              ) -> tuple[list[int], list[int], list[int] | None] | None:
+    """Per batch row of a host mask: (real query tokens, useful pairs, pairs the mask shows).
+
+    Useful pairs: over the query heads, each real query (one whose own key some query of its row
+    sees) times the keys it sees, the mask and the layer's causality and window together. Shown
+    pairs: the mask's visible pairs as stored (None for a 2-D padding mask, which shows none).
+    None for a mask of another layout. Reads the mask's values: the worker's, CPU tensors only.
+    """
+    m = mask.detach()
+    if m.is_cuda or m.is_meta:
+        return None
+    numbers = row_numbers(m, ignores, batch, heads, sq, skv, window if causal else None)
+    return None if numbers is None else read_rows(numbers.tolist(), batch, causal)
+
+
+def read_rows(numbers: list[list[int]], batch: int, causal: bool
+              ) -> tuple[list[int], list[int], list[int] | None]:
+    """:func:`row_numbers`' lists as (tokens, useful pairs, shown pairs) per row of ``batch``,
+    the causal or the plain reading."""
+    tokens, useful = (numbers[0], numbers[1]) if causal else (numbers[2], numbers[3])
+    shown: list[int] | None = numbers[4] if numbers[4][0] >= 0 else None
+    if len(tokens) == 1 and batch > 1:
+        tokens, useful = tokens * batch, useful * batch
+        shown = None if shown is None else shown * batch
+    return tokens, useful, shown
+
+
+def _facts(cap: Capture) -> tuple[Any, bool, int, int, int, int | None, Any] | None:
+    """(mask, its polarity, query heads, FLOPs per pair, cores, chunk, a CUDA mask's per-row
+    counts) of an attention call."""
+    summary = dict(cap.summary)
+    f = summary.get(ATTENTION_KEY)
+    if isinstance(f, AttentionFacts):
+        if not f.heads or not f.head_dim:
+            return None
+        traits = summary.get(TRAITS_KEY)
+        cores = traits.cores if isinstance(traits, LayerTraits) else 1
+        chunk = traits.chunk if isinstance(traits, LayerTraits) else None
+        if isinstance(traits, LayerTraits) and traits.band is not None:
+            return None  # blocked layouts (LongT5): no per-row reading of their masks
+        per_pair = 2 * (f.head_dim + (f.head_dim_v or f.head_dim)) * cores
+        # cross-attention over masked keys keeps no mask (keys_masked): its padding is unknown,
+        # and calling all of it useful would be a guess (``_read``: "mask_unread")
+        mask = _NOT_KEPT if f.mask is None and f.keys_masked else f.mask
+        return mask, f.mask_ignores, f.heads, per_pair, cores, chunk, f.row_counts
+    qkv = find_qkv(cap.summary)
+    if qkv is None:
+        return None
+    q, _, v = qkv
+    mask = next((summary[n] for n in MASK_NAMES if n in summary), None)
+    ignores = "key_padding_mask" in summary and mask is summary["key_padding_mask"]
+    return mask, ignores, q.shape[1], 2 * (q.shape[3] + v.shape[3]), 1, None, None
+
+
+def split_rows(cap: Capture, shape: dict[str, Any], rows: tuple[Any, ...],
+               time_ns: float | None, device_reads: bool = True) -> RowCall:
+    """The call's figures per row of ``rows`` (see the module docstring). ``device_reads``:
+    the call's events passed, so its pinned copies can be read."""
+    call = RowCall(cap.capture_id, cap.parent_id)
+    flops, batch = shape.get(_FLOPS), shape.get(_BATCH)
+    sq, skv = shape.get(_SQ), shape.get(_SKV)
+    facts = _facts(cap)
+    if facts is None or type(flops) is not int or type(batch) is not int or batch < 1 \
+            or type(sq) is not int or type(skv) is not int:
+        call.reason = "no_figures"
+        return call
+    if rows_for(rows, batch) is None:
+        call.reason = "rows_mismatch"
+        return call
+    mask, ignores, heads, per_pair, _, chunk, copied = facts
+    if mask is None:
+        tokens, useful, shown = [sq] * batch, None, None
+    else:
+        read = _read(mask, copied, ignores, batch, heads, sq, skv, shape, device_reads)
+        if isinstance(read, str):
+            call.reason = read
+            return call
+        tokens, pairs, shown = read
+        useful = [per_pair * p for p in pairs]
+    if shown is not None and per_pair * sum(shown) == flops:
+        totals = [per_pair * s for s in shown]
+    elif flops % batch == 0 and chunk is None:
+        totals = [flops // batch] * batch
+    else:
+        call.reason = "not_per_row"
+        return call
+    if useful is None:
+        useful = list(totals)
+    for i, row in enumerate(rows):
+        if row is None:  # a padding row: all of its share is padding
+            tokens[i], useful[i] = 0, 0
+    padding = [t - u for t, u in zip(totals, useful, strict=True)]
+    if min(padding) < 0:  # the mask shows more than the call counted: no honest split
+        call.reason = "not_per_row"
+        return call
+    phase = shape.get(_PHASE)
+    call.phase = phase if isinstance(phase, str) else None
+    call.rate = cap.sample_rate if cap.sample_rate and cap.sample_rate > 0 else 1.0
+    call.tokens, call.useful, call.padding = tokens, useful, padding
+    call.exact = shape.get(_EXACT) is not False
+    if time_ns is not None:
+        if call.phase == "decode":
+            call.time_ns = [time_ns / batch] * batch
+        else:
+            call.time_ns = [time_ns * t / flops if flops else time_ns / batch for t in totals]
+    kv = shape.get(_KV_READ)
+    if type(kv) is int and call.phase == "decode":
+        call.kv_bytes = _split(kv, useful if sum(useful) else [1] * batch)
+    return call
+
+
+def _read(mask: Any, copied: Any, ignores: bool, batch: int, heads: int, sq: int, skv: int,
+          shape: dict[str, Any], device_reads: bool
+          ) -> tuple[list[int], list[int], list[int] | None] | str:
+    """A call's mask per row (:func:`mask_rows`, or the copies of a CUDA mask's counts), or
+    why there is no reading."""
+    causal = shape.get(_CAUSAL) is True
+    if isinstance(mask, torch.Tensor):
+        read = mask_rows(mask, ignores, batch, heads, sq, skv, causal, shape.get(_WINDOW))
+    elif isinstance(copied, HostCopy):
+        if not device_reads:  # the call's events timed out: the copies may not have landed
+            return "mask_unread"
+        flat = copied.read()
+        width = copied.plan[1]
+        read = read_rows([flat[i * width:(i + 1) * width] for i in range(5)], batch, causal)
+    else:  # a mask over the keeping budget, or a device mask's call-level counts only
+        return "mask_unread"
+    return "mask_layout" if read is None else read
+
+
+def _split(total: int, weights: list[int]) -> list[int]:
+    """``total`` in integer parts proportional to ``weights`` that sum to it (largest remainder)."""
+    whole = sum(weights)
+    parts = [total * w // whole for w in weights]
+    rest = total - sum(parts)
+    order = sorted(range(len(weights)), key=lambda i: -(total * weights[i] % whole))
+    for i in order[:rest]:
+        parts[i] += 1
+    return parts
+
+
+def observe(cap: Capture, shape: dict[str, Any], time_ns: float | None,
+            attrs: dict[str, Any], device_reads: bool = True) -> None:
+    """Split one call of a ``batch`` block into its block's record; the call's own span
+    (``attrs``) gains ``attnscope.padding_fraction`` when it was split."""
+    block = cap.rows
+    if not isinstance(block, Block) or _FLOPS not in shape:
+        return  # not an attention call (a model's forward, generate): nothing to split
+    acc = block.acc
+    if not isinstance(acc, _Acc):
+        acc = block.acc = _Acc()
+    acc.attention_ids.add(cap.capture_id)
+    if len(acc.calls) >= _MAX_CALLS:
+        acc.calls.append(RowCall(cap.capture_id, cap.parent_id, "over_bound"))
+        return
+    call = split_rows(cap, shape, block.rows, time_ns, device_reads)
+    acc.calls.append(call)
+    flops = shape[_FLOPS]
+    if call.reason is None and flops:
+        attrs[schema.PADDING_FRACTION.name] = sig4(sum(call.padding) / flops)
+
+
+class _Request:
+    __slots__ = ("row", "calls", "tokens", "useful", "padding", "time_ns", "kv_bytes",
+                 "all_flops", "all_time_ns", "phases", "inexact", "links", "timed")
+
+    def __init__(self, row: int) -> None:
+        self.row = row
+        self.calls = self.tokens = self.useful = self.padding = self.kv_bytes = 0
+        self.time_ns = self.all_flops = self.all_time_ns = 0.0
+        self.phases: dict[str, list[float]] = {}  # phase -> [calls, flops, time_ns]
+        self.inexact = False
+        self.links: list[int] = []
+        self.timed = True
+
+
+def emit_block(engine: Any, block: Block) -> int:
+    """One ``attnscope.request`` span per request of an ended block; returns how many."""
+    acc = block.acc
+    calls = acc.calls if isinstance(acc, _Acc) else []
+    nested = acc.attention_ids if isinstance(acc, _Acc) else set()
+    # an attention call inside another of the block's (SDPA in a layer) is the outer one's work
+    calls = [c for c in calls if c.parent_id is None or c.parent_id not in nested]
+    unsplit = sum(1 for c in calls if c.reason is not None)
+    # a request's identity: its id string, or its span's ids (a SpanContext's trace state is
+    # not hashable); the same request in several rows is one request
+    requests: dict[Any, _Request] = {}
+    indices: dict[Any, list[int]] = {}
+    parents: dict[Any, SpanContext | None] = {}
+    for i, row in enumerate(block.rows):
+        if row is None:
+            continue
+        key = row if isinstance(row, str) else (row.trace_id, row.span_id)
+        if key not in requests:
+            requests[key] = _Request(i)
+            parents[key] = block.parent if isinstance(row, str) else row
+        indices.setdefault(key, []).append(i)
+    for call in calls:
+        if call.reason is not None:
+            continue
+        for key, req in requests.items():
+            _add(req, call, indices[key])
+    builder = engine.builder
+    end = block.end_epoch_ns or block.start_epoch_ns
+    made = 0
+    for key, req in requests.items():
+        attrs = _attributes(block, req, len(calls), unsplit, block.lost)
+        parent = parents[key]
+        if isinstance(key, str):
+            attrs[schema.REQUEST_ID.name] = key
+        links = []
+        for capture_id in req.links:
+            sc = builder.context_of(capture_id)
+            if isinstance(sc, SpanContext) and sc.is_valid:
+                links.append(Link(sc, {_LINK: "batched_call"}))
+        try:
+            sc = builder.emitter.emit(SPAN_NAME, parent, attrs, block.start_epoch_ns, end,
+                                      links)
+            made += 1
+        except Exception as exc:
+            _log.internal_error("request-span", exc)
+            continue
+        if req.timed and req.calls:
+            engine.record_request(req.all_time_ns / 1e9, sc)
+    return made
+
+
+def _add(req: _Request, call: RowCall, indices: list[int]) -> None:
+    req.calls += 1
+    if len(req.links) < _MAX_LINKS:
+        req.links.append(call.capture_id)
+    tokens = sum(call.tokens[i] for i in indices)
+    useful = sum(call.useful[i] for i in indices)
+    padding = sum(call.padding[i] for i in indices)
+    req.tokens += tokens
+    req.useful += useful
+    req.padding += padding
+    req.all_flops += (useful + padding) / call.rate
+    t = 0.0
+    if call.time_ns:
+        t = sum(call.time_ns[i] for i in indices)
+        req.time_ns += t
+        req.all_time_ns += t / call.rate
+    else:
+        req.timed = False
+    if call.kv_bytes is not None:
+        req.kv_bytes += sum(call.kv_bytes[i] for i in indices)
+    if not call.exact:
+        req.inexact = True
+    if call.phase in ("prefill", "decode"):
+        phase = req.phases.setdefault(call.phase, [0, 0, 0.0])
+        phase[0] += 1
+        phase[1] += useful + padding
+        phase[2] += t
+
+
+def _attributes(block: Block, req: _Request, calls: int, unsplit: int,
+                lost: int) -> dict[str, Any]:
+    s = schema
+    attrs: dict[str, Any] = {
+        s.REQUEST_BATCH.name: block.block_id,
+        s.REQUEST_BATCH_SIZE.name: len(block.rows),
+        s.REQUEST_ROW.name: req.row,
+        s.REQUEST_SAMPLED_CALLS.name: req.calls,
+        s.REQUEST_CALLS_UNAPPORTIONED.name: unsplit,
+        s.REQUEST_TOKENS.name: req.tokens,
+        s.REQUEST_FLOPS.name: req.useful + req.padding,
+        s.REQUEST_USEFUL_FLOPS.name: req.useful,
+        s.REQUEST_PADDING_FLOPS.name: req.padding,
+        s.REQUEST_ALL_FLOPS.name: round(req.all_flops),
+    }
+    if lost:
+        attrs[s.REQUEST_CALLS_LOST.name] = lost
+    if req.kv_bytes:
+        attrs[s.REQUEST_KV_BYTES_READ.name] = req.kv_bytes
+    if req.calls and req.timed:
+        attrs[s.REQUEST_ATTENTION_NS.name] = round(req.time_ns)
+        attrs[s.REQUEST_ALL_ATTENTION_NS.name] = round(req.all_time_ns)
+    for phase, names in (("prefill", _PREFILL), ("decode", _DECODE)):
+        if phase in req.phases:
+            n, flops, t = req.phases[phase]
+            attrs[names[0]], attrs[names[1]] = int(n), int(flops)
+            if req.timed:
+                attrs[names[2]] = round(t)
+    if req.inexact:
+        attrs[s.REQUEST_EXACT.name] = False
+    return attrs

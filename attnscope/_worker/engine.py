@@ -1,0 +1,196 @@
+"""What the worker thread does with a capture, and the pipeline its spans leave through.
+
+This is the heavy half of the worker side: importing it brings in the OpenTelemetry SDK, the
+exporters (gRPC among them) and the profile parser, and building the pipeline can open a channel
+(together 100 ms and more). Only the worker's own thread imports it (:mod:`.loop` does, in the
+thread), so no calling thread ever pays for it, not even the first sampled call's.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.trace import NoOpTracer
+
+from .. import _log
+from .._config import Config
+from .._state import state
+from .._version import __version__
+from .._record.capture import Capture
+from .._export import metrics, pipeline
+from . import apportion, derive, emit
+from .derived import Derived, Measured
+from .profiles import session as profile
+from .shapecache import ShapeCache, summary_key
+from .spans import SpanBuilder, implementation_of, result_of, site_attributes
+
+if TYPE_CHECKING:
+    from .cuda import DeviceAccess
+    from .latency import Escalator
+
+__all__ = ["Engine", "MetricsBatch"]
+
+# At most this many built spans wait for their metrics (MetricsBatch): a bound on what is held and
+# on how late a value is recorded when captures arrive faster than the worker's batches end.
+_METRICS_BATCH_MAX = 1024
+_IMPLS_MAX = 4096  # modules whose implementation one batch keeps
+
+
+class Engine:
+    """The pipeline the worker built and the span builder over it; turns captures into spans."""
+
+    def __init__(self, cfg: Config,
+                 build: Callable[[Config], pipeline.Pipeline] | None = None) -> None:
+        self._cfg = cfg
+        self.metrics: MetricsBatch | None = None
+        # a call site's attributes, cleaned once (sites are weakly held: they live in user code)
+        self._sites: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+        self._shapes = ShapeCache()  # derive's attributes per summary of plain values (bounded)
+        # A module's configured implementation, read once per batch: the read goes through
+        # transformers' config __getattribute__ (four Python calls, a tenth of a layer span's
+        # build), for the same answer on every layer call of the batch. Holds the modules (by
+        # id, with the module, so an id is never another's) until the batch ends.
+        self._impls: dict[int, tuple[Any, str | None]] = {}
+        # what every span of one shape, site, tier and rate starts with (spans.capture_attributes)
+        self._bases: dict[tuple[Any, ...], Any] = {}
+        try:
+            built = (build or pipeline.build)(cfg)
+            record = metrics.recorder(cfg, built)
+            self.metrics = MetricsBatch(record) if record is not None else None
+            self.builder = SpanBuilder(
+                emit.for_pipeline(built, pipeline.INSTRUMENTATION_NAME, __version__),
+                cfg.max_spans_per_trace, self.metrics.add if self.metrics is not None else None)
+            self.pipeline = built
+        except Exception as exc:  # spans go nowhere, but captures are still drained and counted
+            _log.internal_error("pipeline", exc)
+            self.metrics = None
+            self.pipeline = pipeline.Pipeline(NoOpTracer(), None, owned=False)
+            self.builder = SpanBuilder(emit.NowhereEmitter(self.pipeline.delivery),
+                                       cfg.max_spans_per_trace)
+
+    def finish(self, cap: Capture, timed_out: bool, cuda: DeviceAccess,
+               escalator: Escalator) -> None:
+        """Derive what the capture says, parse its profile and hand its span to the builder."""
+        # derive's attributes for a summary of plain values, kept (.shapecache); else per call
+        key = summary_key(cap.summary, cap.instance) if cap.profile is None else None
+        shape = self._shapes.get(key) if key is not None else None
+        derived: Derived | None = None
+        if shape is None:
+            derived = self._derive(cap, timed_out, cuda)
+            shape = derived.attributes()
+            if key is not None:  # kept: shared by every span of this summary, never written
+                self._shapes.put(key, shape)
+        found = Measured()
+        if cap.timer is not None:
+            if not timed_out:
+                found.device_ns = cap.timer.elapsed_ns()
+            cap.timer.release()
+        if cap.memory is not None:
+            found.delta_bytes = cap.memory.delta_bytes
+            found.peak_bytes = cap.memory.peak_bytes
+        found.host_rss_bytes = derive.host_rss_bytes()
+        children: list[Any] = []
+        cfg = state.config or self._cfg  # in force now: profile_dir and max_kernel_spans at once
+        if cap.profile is not None:
+            found.profile, children = profile.finish(cap, cfg, derived)
+        # slow? arm the site; a granted call says why
+        found.trigger, found.slow_quantile = escalator.observe(
+            cap, found.device_ns, cfg.slow_call_quantile,
+            cfg.profile_rate > 0 and cfg.profile_max_per_minute > 0)
+        result = result_of(cap, shape, found, children, self._site_attrs(cap.site),
+                           self._implementation, self._bases)
+        if cap.rows is not None:  # inside attnscope.batch(): the call's share of each row
+            try:
+                apportion.observe(cap, shape, found.device_ns if found.device_ns is not None
+                                  else cap.wall_ns, result.attrs, not timed_out)
+            except Exception as exc:  # the call's span goes out unsplit
+                _log.internal_error("apportion", exc)
+        self.builder.add(result)
+
+    def end_block(self, block: Any) -> None:
+        """An ended ``batch`` block whose calls have all arrived: its request spans."""
+        apportion.emit_block(self, block)
+
+    def record_request(self, seconds: float, parent: Any) -> None:
+        """One request's estimated attention time, in the request span's trace (exemplars)."""
+        if self.metrics is not None:
+            self.metrics.request(seconds, parent)
+
+    def end_batch(self) -> None:
+        """The worker has taken what had arrived: record the metrics of the spans it built."""
+        self._impls.clear()  # a configuration changed meanwhile is read in the next batch
+        if self.metrics is not None:
+            self.metrics.drain()
+
+    def metrics_pending(self) -> bool:
+        """Spans built whose metrics are not recorded yet (``flush()`` waits for them)."""
+        return self.metrics is not None and bool(self.metrics.held)
+
+    @staticmethod
+    def _derive(cap: Capture, timed_out: bool, cuda: DeviceAccess) -> Derived:
+        if cap.timer is None:
+            return derive.derive(cap.summary, cap.instance)
+        with cuda.reading(cap.timer.device):
+            return derive.derive(cap.summary, cap.instance, device_reads=not timed_out)
+
+    def _implementation(self, instance: Any) -> str | None:
+        """:func:`.spans.implementation_of`, once per module per batch."""
+        found = self._impls.get(id(instance))
+        if found is None or found[0] is not instance:
+            if len(self._impls) >= _IMPLS_MAX:
+                self._impls.clear()
+            found = self._impls[id(instance)] = (instance, implementation_of(instance))
+        return found[1]
+
+    def _site_attrs(self, site: Any) -> dict[str, Any]:
+        found = self._sites.get(site)
+        if found is None:
+            found = self._sites[site] = site_attributes(site.attributes)
+        return found
+
+
+class MetricsBatch:
+    """Built spans' metrics, recorded a batch at a time rather than one span at a time.
+
+    Same values, labels and exemplar contexts, only later: at the end of the worker's batch (what
+    had arrived when it woke), or once ``_METRICS_BATCH_MAX`` spans wait. Measured with
+    ``benchmarks/bench_worker.py`` (worker CPU per span): interleaved with span building, the
+    recorder cost 15-21 µs a span; in a run of records, 10-11 µs, 7-8 of them the SDK's
+    ``Histogram.record`` (as in a tight loop) — the two long call chains most likely evicting each
+    other from the CPU's caches. Never held across the worker's sleep, and ``flush()`` waits for
+    what is held (:meth:`Engine.metrics_pending`).
+    """
+
+    __slots__ = ("record", "held")
+
+    def __init__(self, record: Callable[[Any, Any], None]) -> None:
+        self.record = record
+        self.held: list[tuple[Any, Any]] = []
+
+    def add(self, result: Any, span_context: Any) -> None:
+        held = self.held
+        held.append((result, span_context))
+        if len(held) >= _METRICS_BATCH_MAX:
+            self.drain()
+
+    def request(self, seconds: float, span_context: Any) -> None:
+        """A request's estimated attention time: recorded at once (one per request, not per
+        call)."""
+        instruments = getattr(self.record, "__self__", None)
+        record = getattr(instruments, "record_request", None)
+        if record is not None:
+            record(seconds, span_context)
+
+    def drain(self) -> None:
+        held = self.held
+        if not held:
+            return
+        record = self.record
+        try:
+            for result, span_context in held:
+                record(result, span_context)  # catches and logs its own errors
+        finally:
+            # cleared after, not before: flush() sees the batch pending until it is recorded
+            held.clear()

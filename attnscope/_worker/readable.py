@@ -1,0 +1,272 @@
+"""What a person reads on a span: ``attnscope.summary`` and the ``kernel.top`` list (worker side).
+
+The exact attributes stay as they are (machines read them: ``attnscope report``/``diff``, backends);
+these strings only repeat them in units, one line per span, so that Jaeger's tag list reads at a
+glance. They are built once per emitted span, so they are plain f-strings over the attributes
+already computed: ``attnscope.cli.render.units`` (the CLI's formatter, the same rules) costs about
+three times as much per value, which the worker would pay on every span.
+
+Numbers have 3 significant digits and never print in exponent form (``999.7 µs`` is ``1 ms``,
+``12345 s`` is ``12345 s``, not ``1.23e+04 s``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeGuard
+
+from .. import _schema as schema
+from .._record.capture import MAX_NAME
+
+__all__ = ["Summaries", "duration", "si", "flop_rate", "binary_bytes", "call_summary",
+           "op_summary", "top_list", "shapes", "compact_shapes"]
+
+MAX_SUMMARY = 256  # a span's strings are cut there anyway (emit.MAX_STRING)
+
+_SI = ((999.5e12, 1e15, "P"), (999.5e9, 1e12, "T"), (999.5e6, 1e9, "G"), (999.5e3, 1e6, "M"),
+       (999.5, 1e3, "k"))
+_BIN = ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
+_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64",
+           "float8_e4m3fn": "fp8e4m3", "float8_e5m2": "fp8e5m2"}
+_PHASES = frozenset(("prefill", "decode"))
+
+_WALL, _DEVICE_NS = schema.WALL_NS.name, schema.DEVICE_NS.name
+_FLOPS, _TFLOPS, _TOKENS = schema.FLOPS.name, schema.TFLOPS.name, schema.TOKENS.name
+_IMPL, _BACKEND, _PHASE = schema.IMPLEMENTATION.name, schema.BACKEND.name, schema.PHASE.name
+_BATCH, _HEADS, _KV_HEADS = schema.BATCH_SIZE.name, schema.NUM_HEADS.name, schema.NUM_KV_HEADS.name
+_SEQ_Q, _SEQ_KV, _HEAD_DIM = schema.SEQ_LEN_Q.name, schema.SEQ_LEN_KV.name, schema.HEAD_DIM.name
+_DTYPE, _REPEATED = schema.DTYPE.name, schema.KV_REPEATED_FROM.name
+_TIER, _PROFILED_BY, _SLOW = schema.TIER.name, schema.PROFILED_BY.name, schema.SLOW.name
+_EXACT, _REASON = schema.EXACT.name, schema.INEXACT_REASON.name
+_PEAK, _RSS = schema.PEAK_BYTES.name, schema.HOST_RSS_BYTES.name
+_IN, _OUT = schema.INPUT_TOKENS.name, schema.OUTPUT_TOKENS.name
+_SELF_NS, _FOLDED = schema.KERNEL_SELF_NS.name, schema.KERNEL_FOLDED.name
+_SHAPES = schema.KERNEL_INPUT_SHAPES.name
+
+
+def _num(v: float) -> str:
+    text = f"{v:.3g}"
+    return f"{v:.0f}" if "e" in text else text
+
+
+def duration(ns: float) -> str:
+    """Nanoseconds in a unit: ``850 ns``, ``12.3 µs``, ``4.56 ms``, ``1.23 s``."""
+    if ns >= 999.5e6:
+        return f"{_num(ns / 1e9)} s"  # the one unit with no larger one: 12345 s, never 1.23e+04
+    if ns >= 999.5e3:
+        return f"{ns / 1e6:.3g} ms"  # below 999.5 of a unit: never an exponent
+    if ns >= 999.5:
+        return f"{ns / 1e3:.3g} µs"
+    return f"{ns:.0f} ns"
+
+
+def si(value: float, unit: str) -> str:
+    """A value with an SI prefix and its unit: ``8.45 MFLOP``, ``1.69 GFLOP/s``, ``512 FLOP``."""
+    magnitude = abs(value)
+    for edge, scale, prefix in _SI:
+        if magnitude >= edge:
+            return f"{_num(value / scale)} {prefix}{unit}"
+    return f"{_num(value)} {unit}"
+
+
+def flop_rate(tflops: float) -> str:
+    """A rate given in TFLOP/s with its prefix: ``1.69 GFLOP/s``, ``312 TFLOP/s``."""
+    if tflops >= 999.5:
+        return f"{_num(tflops / 1e3)} PFLOP/s"
+    if tflops >= 0.9995:
+        return f"{tflops:.3g} TFLOP/s"
+    if tflops >= 0.9995e-3:
+        return f"{tflops * 1e3:.3g} GFLOP/s"
+    if tflops >= 0.9995e-6:
+        return f"{tflops * 1e6:.3g} MFLOP/s"
+    if tflops >= 0.9995e-9:
+        return f"{tflops * 1e9:.3g} kFLOP/s"
+    return f"{_num(tflops * 1e12)} FLOP/s"
+
+
+def binary_bytes(n: float) -> str:
+    """Bytes in KiB/MiB/GiB: ``417 KiB``, ``1.5 GiB``, ``512 B``."""
+    for scale, unit in _BIN:
+        if n >= scale:
+            return f"{_num(n / scale)} {unit}"
+    return f"{n:.0f} B"
+
+
+def _int(value: Any) -> TypeGuard[int]:
+    return type(value) is int
+
+
+def shapes(attrs: dict[str, Any]) -> str | None:
+    """The query's and keys' shapes as ``q[B,H,Sq,D] k[B,Hkv,Skv,D] bf16`` (that order, whatever
+    the tensors' layout), from the call's attributes; None without the query's four."""
+    b, h, sq, d = attrs.get(_BATCH), attrs.get(_HEADS), attrs.get(_SEQ_Q), attrs.get(_HEAD_DIM)
+    if not (_int(b) and _int(h) and _int(sq) and _int(d)):
+        return None
+    text = f"q[{b},{h},{sq},{d}]"
+    hk, skv = attrs.get(_KV_HEADS), attrs.get(_SEQ_KV)
+    if _int(hk) and _int(skv):
+        text += f" k[{b},{hk},{skv},{d}]"
+    dtype = attrs.get(_DTYPE)
+    if isinstance(dtype, str):
+        text += " " + _DTYPES.get(dtype, dtype)
+    return text
+
+
+_KEEP = 512  # texts kept per kind (bounded: cleared when full)
+
+
+class Summaries:
+    """``attnscope.summary`` of call spans, for one span builder.
+
+    Most of a summary is what the call's shape decides (FLOPs, phase, tokens, shapes: derive's
+    attributes, kept per summary by the worker) with the implementation and backend: those texts
+    are kept, so a span pays for its time and its FLOP rate, one look-up and one f-string. The
+    RSS (read at most every 250 ms, a new value at nearly every read) ends the summary, its text
+    kept for the last reading only.
+    """
+
+    __slots__ = ("_kept", "_rss")
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[Any, ...], tuple[Any, Any, str, str]] = {}
+        # the last RSS reading and its text: RSS is the marks' last part, added per span and not
+        # part of the kept texts' key (each new reading missed every kept text: in a traced
+        # generate() 9 spans in 10 rebuilt their texts; issue 37 goal 4)
+        self._rss: tuple[int | None, str] = (None, "")
+
+    def call(self, attrs: dict[str, Any], kept: tuple[Any, Any] | None = None) -> str:
+        """The summary of a call span: its time (the one ``tflops`` divides by: device time when
+        measured, else wall time), FLOPs, FLOP rate (``tflops``), implementation and backend,
+        phase and tokens, shapes and what marks the call, joined by `` · ``.
+
+        ``kept``: (derive's attributes, the site's attributes) the span was made of, when nothing
+        else of the call can change those figures (no ``span()`` attributes): the same two
+        objects, with the same marks, give the same texts.
+        """
+        get = attrs.get
+        texts: tuple[Any, Any, str, str] | None = None
+        if kept is not None:
+            shape, site = kept
+            key = (id(shape), id(site), get(_IMPL), get(_BACKEND), get(_TIER),
+                   get(_REPEATED), get(_PROFILED_BY), get(_SLOW), get(_PEAK))
+            # an entry holds its two objects: while it is kept, their ids are no other object's
+            texts = self._kept.get(key)
+        if texts is None:
+            flops, rest = _static_parts(attrs)
+            texts = (None, None, flops, rest + _marks(attrs))
+            if kept is not None:
+                if len(self._kept) >= _KEEP:
+                    self._kept.clear()
+                self._kept[key] = texts = (shape, site, flops, texts[3])
+        # inline, no helper calls: this is what every span pays (a function call costs about a
+        # tenth of it); the units and edges are those of duration() and flop_rate()
+        ns = get(_DEVICE_NS)
+        if type(ns) is int and ns > 0:
+            basis = " device"
+        else:
+            ns, basis = get(_WALL), " wall"
+        if type(ns) is not int:
+            busy = "—"
+        elif ns >= 999.5e3:
+            busy = f"{ns / 1e6:.3g} ms{basis}" if ns < 999.5e6 else f"{duration(ns)}{basis}"
+        elif ns >= 999.5:
+            busy = f"{ns / 1e3:.3g} µs{basis}"
+        else:
+            busy = f"{ns} ns{basis}"
+        t = get(_TFLOPS)
+        if type(t) is not float or not 0.9995e-9 <= t < 999.5:
+            rate = "" if type(t) is not float or not -1e300 < t < 1e300 else " · " + flop_rate(t)
+        elif t >= 0.9995:
+            rate = f" · {t:.3g} TFLOP/s"
+        elif t >= 0.9995e-3:
+            rate = f" · {t * 1e3:.3g} GFLOP/s"
+        elif t >= 0.9995e-6:
+            rate = f" · {t * 1e6:.3g} MFLOP/s"
+        else:
+            rate = f" · {t * 1e9:.3g} kFLOP/s"
+        rss, memory = get(_RSS), ""
+        if _int(rss):
+            if rss != self._rss[0]:
+                self._rss = (rss, " · RSS " + binary_bytes(rss))
+            memory = self._rss[1]
+        text = f"{busy}{texts[2]}{rate}{texts[3]}{memory}"
+        return text if len(text) <= MAX_SUMMARY else text[:MAX_SUMMARY]
+
+
+def call_summary(attrs: dict[str, Any]) -> str:
+    """:meth:`Summaries.call` without kept texts (one span)."""
+    return Summaries().call(attrs)
+
+
+def _static_parts(attrs: dict[str, Any]) -> tuple[str, str]:
+    """(FLOPs; implementation, backend, phase and tokens, shapes, not exact) of a call."""
+    flops = attrs.get(_FLOPS)
+    parts: list[str] = []
+    for key in (_IMPL, _BACKEND):
+        value = attrs.get(key)
+        if isinstance(value, str) and value:
+            parts.append(value)
+    phase, tokens = attrs.get(_PHASE), attrs.get(_TOKENS)
+    if _int(tokens):
+        parts.append(f"{phase} {tokens} tok" if phase in _PHASES else f"{tokens} tok")
+    elif phase in _PHASES:
+        parts.append(str(phase))
+    prompt, made = attrs.get(_IN), attrs.get(_OUT)
+    if _int(prompt):
+        parts.append(f"prompt {prompt} tok")
+    if _int(made):
+        parts.append(f"generated {made} tok")
+    shape = shapes(attrs)
+    if shape is not None:
+        parts.append(shape)
+    if attrs.get(_EXACT) is False:
+        parts.append(f"not exact: {attrs.get(_REASON)}")
+    return (" · " + si(flops, "FLOP") if _int(flops) else ""), "".join(" · " + p for p in parts)
+
+
+def _marks(attrs: dict[str, Any]) -> str:
+    """What sets the call apart: repeated K/V, its profile, slow; its peak memory (each part with
+    its leading " · "). The RSS, last, :meth:`Summaries.call` adds."""
+    parts: list[str] = []
+    repeated = attrs.get(_REPEATED)
+    if _int(repeated):
+        parts.append(f"K/V repeated from {repeated} heads")
+    if attrs.get(_TIER) == "profile":
+        parts.append("profiled")
+    elif attrs.get(_PROFILED_BY) == "enclosing":
+        parts.append("timed inside an enclosing call's profile")
+    if attrs.get(_SLOW) is True:
+        parts.append("slow")
+    peak = attrs.get(_PEAK)
+    if _int(peak):
+        parts.append("peak " + binary_bytes(peak))
+    return "".join(" · " + p for p in parts)
+
+
+def compact_shapes(text: str) -> str:
+    """``kernel.input_shapes`` as ``[2,64] [384,256]`` (its own form; a nested list such as
+    ``[[2, 64], [384, 256]]``, from an older parser or a test, is rewritten to it)."""
+    if text.startswith("[[") and text.endswith("]]"):
+        return text.replace(" ", "")[1:-1].replace("],[", "] [")
+    return text
+
+
+def op_summary(attrs: dict[str, Any], duration_ns: int) -> str:
+    """``attnscope.summary`` of an operator span: its time, own time, folded ops, input shapes."""
+    parts = [duration(duration_ns)]
+    own = attrs.get(_SELF_NS)
+    if _int(own) and own != duration_ns:
+        parts.append("own " + duration(own))
+    folded = attrs.get(_FOLDED)
+    if _int(folded) and folded:
+        parts.append(f"{folded} folded")
+    shape = attrs.get(_SHAPES)
+    if isinstance(shape, str) and shape:
+        parts.append(compact_shapes(shape))
+    return " · ".join(parts)[:MAX_SUMMARY]
+
+
+def top_list(names: Sequence[Any], times: Sequence[Any]) -> list[str]:
+    """``kernel.top``: ``kernel.top_names`` and ``kernel.top_ns`` as ``"name: time"`` entries."""
+    pairs = zip(names, times, strict=False)
+    return [f"{str(name)[:MAX_NAME]}: {duration(ns)}" for name, ns in pairs if _int(ns)]

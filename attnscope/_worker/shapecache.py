@@ -1,0 +1,104 @@
+"""What :func:`.derive.derive` finds for a call of plain arguments, kept per argument summary.
+
+A traced function called with the same shapes over and over (every decode step, every layer)
+gets the same heads, tokens and FLOPs each time: derive reads nothing but the summary's shapes,
+dtypes, devices and scalars. Deriving them again, and turning them into attribute names and
+values, was a third of the worker's time per span. So the worker keeps, per summary, the span
+attributes derive's result becomes (names prefixed, floats rounded, values bounded), and adds
+only what belongs to the one call (its times, memory, the slow-call mark).
+
+Kept: a summary of nothing but :class:`TensorMeta` and exact ``int``/``float``/``bool``/``None``
+values, without a module instance (derive reads its attributes, which may change); and an
+instrumented layer's :class:`AttentionFacts` whose fields are all such values (derive reads
+nothing else of that call: no mask kept, a cache length that is an int). Layers of one model
+called at one cache length share an entry. A mask kept by reference or a device copy is read per
+call.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .._record.capture import ATTENTION_KEY, AttentionFacts, TensorMeta
+
+__all__ = ["MAX_ENTRIES", "ShapeCache", "Shared", "summary_key"]
+
+MAX_ENTRIES = 512  # summaries kept per worker; the oldest is forgotten first
+_SCALARS = frozenset((int, float, bool, type(None)))
+# what a layer's facts may hold and still be kept: immutable values (a tensor hashes by identity)
+_FACT_TYPES = _SCALARS | {str, TensorMeta, torch.dtype, torch.device}
+_FACT_FIELDS = operator.attrgetter(*AttentionFacts.__slots__)
+# derive's result as span attributes (``derived.Derived.attributes``): read, never written
+Shared = dict[str, Any]
+
+
+def summary_key(summary: Sequence[tuple[str, Any]], instance: Any) -> tuple[Any, ...] | None:
+    """A hashable key equal for two summaries derive treats alike; None: not cacheable.
+
+    A scalar's type is part of the key: ``True == 1 == 1.0`` (and they hash alike), but derive
+    reads a ``bool`` as causality and an ``int`` not."""
+    if len(summary) == 1 and summary[0][0] == ATTENTION_KEY:
+        return _facts_key(summary[0][1])
+    if instance is not None:
+        return None
+    parts: list[Any] = []
+    for name, value in summary:
+        kind = type(value)
+        if kind is TensorMeta:
+            parts.append((name, value))
+        elif kind in _SCALARS:
+            parts.append((name, kind, value))
+        else:
+            return None
+    return tuple(parts)
+
+
+def _facts_key(facts: Any) -> tuple[Any, ...] | None:
+    """An instrumented layer's facts as a key (derive reads them alone, not the instance)."""
+    if type(facts) is not AttentionFacts:
+        return None
+    try:
+        values = _FACT_FIELDS(facts)
+    except AttributeError:  # a field never set
+        return None
+    kinds = tuple(map(type, values))
+    if not _FACT_TYPES.issuperset(kinds):
+        return None
+    return (ATTENTION_KEY, values, kinds)
+
+
+class ShapeCache:
+    """One worker's summaries → span attributes (bounded: ``MAX_ENTRIES``, oldest out first)."""
+
+    def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
+        self.max_entries = max_entries
+        self._found: dict[tuple[Any, ...], Shared] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: tuple[Any, ...]) -> Shared | None:
+        """What is kept for ``key``: not to be changed (every span of the summary shares it)."""
+        try:
+            found = self._found.get(key)
+        except TypeError:  # an unhashable shape (a symbolic size): never kept
+            return None
+        if found is not None:
+            self.hits += 1
+        return found
+
+    def put(self, key: tuple[Any, ...], shared: Shared) -> None:
+        self.misses += 1
+        found = self._found
+        try:
+            found[key] = shared
+        except TypeError:
+            return
+        if len(found) > self.max_entries:
+            del found[next(iter(found))]
+
+    def __len__(self) -> int:
+        return len(self._found)
