@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from . import _exit_status, _log, _nothing_sampled, _state
+from . import _exit_status, _log, _nothing_sampled
 from ._config import Config, check_rate, from_env, shown, validate
-from ._state import state
+from ._runtime import runtime
 from ._capture import profiler_session, wrapper
 from ._capture.args import check_attributes
 from ._capture.sampling import force as _force
@@ -51,12 +51,12 @@ def _warn(key: str, message: str, fields: dict[str, Any]) -> None:
 
 def current() -> Config:
     """The effective configuration; built from the environment on first use (never raises)."""
-    cfg = state.config
+    cfg = runtime.config.current
     if cfg is None:
-        with state.config_lock:
-            if state.config is None:
+        with runtime.config.lock:
+            if runtime.config.current is None:
                 _set(from_env(strict=False, warn=_warn))
-            cfg = state.config
+            cfg = runtime.config.current
     assert cfg is not None  # for mypy: _set always assigns
     return cfg
 
@@ -95,8 +95,9 @@ def configure(
     unknown = set(settings) - {f.name for f in dataclasses.fields(Config)}
     if unknown:
         raise ValueError(f"attnscope: unknown setting(s): {', '.join(sorted(unknown))}")
-    with state.config_lock:
-        base = state.config if state.config is not None else from_env(strict=True)
+    with runtime.config.lock:
+        current = runtime.config.current
+        base = current if current is not None else from_env(strict=True)
         if any(v is None for v in settings.values()):
             # the default as at import: an invalid environment value is warned about and skipped
             defaults = from_env(strict=False, warn=_warn)
@@ -110,20 +111,20 @@ def configure(
 
 def restore(cfg: Config) -> None:
     """Put back a configuration returned by :func:`current` (tests, ``capture_spans``)."""
-    with state.config_lock:
+    with runtime.config.lock:
         _set(cfg)
 
 
 def reset_defaults() -> None:
     """Stop the worker and forget all state; the next use reads the environment again (tests)."""
     shutdown(timeout_s=5.0)
-    _state.reset()
+    runtime.reset()
 
 
 def _set(cfg: Config) -> None:
     """Apply ``cfg``: the sampler takes it; a running worker whose pipeline changed stops."""
-    previous, state.config = state.config, cfg
-    state.sampler.apply(cfg)
+    previous, runtime.config.current = runtime.config.current, cfg
+    runtime.sampler.apply(cfg)
     # kineto's first session on torch's thread (no stderr)
     profiler_session.warm_up_on_main_thread(cfg)
     if previous is not None and any(
@@ -135,11 +136,12 @@ def _set(cfg: Config) -> None:
         # through it, so the old one's shutdown must not shut it down (later spans all failed)
         kept = exporter is previous.exporter and exporter is not None \
             and not isinstance(exporter, str)
-        state.kept_exporter = exporter if kept else None
+        runtime.worker.kept_exporter = (
+            exporter if kept and not isinstance(exporter, str) else None)
         try:
             shutdown(timeout_s=5.0)
         finally:
-            state.kept_exporter = None
+            runtime.worker.kept_exporter = None
 
 
 def _start_worker() -> Worker | None:
@@ -147,7 +149,7 @@ def _start_worker() -> Worker | None:
     return loop.start(current(), on_start=profiler_session.on_worker_start)
 
 
-_state.set_worker_starter(_start_worker)
+runtime.worker.set_starter(_start_worker)
 
 
 # ---- trace -----------------------------------------------------------------------------------
@@ -225,7 +227,7 @@ def sampling(force: bool = True, profile: bool = False) -> Iterator[None]:
     ``profile=True`` also asks for the profile tier, still limited by ``profile_max_per_minute``.
     """
     token = _force.set((bool(force), bool(profile)))
-    sampler = state.sampler
+    sampler = runtime.sampler
     sampler.force_enter()
     try:
         yield
@@ -238,14 +240,14 @@ class _Step:
     """Declares the current step; usable as a plain call or a context manager."""
 
     def __init__(self, step_no: int | None) -> None:
-        self._previous = state.sampler.step_no
-        state.sampler.set_step(step_no)
+        self._previous = runtime.sampler.step_no
+        runtime.sampler.set_step(step_no)
 
     def __enter__(self) -> _Step:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        state.sampler.set_step(self._previous)
+        runtime.sampler.set_step(self._previous)
 
 
 def step(n: int | None) -> _Step:
@@ -278,7 +280,8 @@ def _bounded(timeout_s: Any) -> Any:
 def flush(timeout_s: float = 5.0) -> bool:
     """Export everything captured so far; False if ``timeout_s`` ran out first (``math.inf``:
     wait as long as it takes). Never raises."""
-    if state.worker is None and not state.retiring:  # nothing captured, or all exported
+    # nothing captured, or all exported
+    if runtime.worker.current is None and not runtime.worker.retiring:
         if _nothing_sampled.nothing_sampled():
             # a file exporter's file exists after flush()
             _nothing_sampled.write_empty_file(current())
@@ -293,7 +296,7 @@ def flush(timeout_s: float = 5.0) -> bool:
 def shutdown(timeout_s: float = 5.0) -> bool:
     """Flush and stop the worker (also done at exit); a later traced call starts a new one.
     ``timeout_s`` as for :func:`flush`."""
-    if state.worker is None:
+    if runtime.worker.current is None:
         return True
     try:
         return loop.shutdown(_bounded(timeout_s))
@@ -304,7 +307,7 @@ def shutdown(timeout_s: float = 5.0) -> bool:
 
 def stats() -> dict[str, Any]:
     """Live numbers: configured and effective rates, measured overhead, span and drop counts."""
-    s = state.sampler
+    s = runtime.sampler
     out: dict[str, Any] = {
         "sample_rate": s.rate,
         "effective_sample_rate": s.effective_rate,
@@ -316,13 +319,13 @@ def stats() -> dict[str, Any]:
         "profile_granted": s.profile_granted,
         "internal_errors": _log.error_count(),
     }
-    out.update(_state.span_counts())  # every key, also before the first sampled call
+    out.update(runtime.span_counts())  # every key, also before the first sampled call
     # "profiled": calls that really ran under the profiler; "profile_skipped_<reason>": calls
     # granted the profile tier that were timed instead.
     profiled = profiler_session.stats()
     out.update({k if k == "profiled" else "profile_" + k: v for k, v in profiled.items()})
-    out.update(state.grants.stats())  # slow calls and on-demand triggers (docs/live.md)
-    out.update(state.graph_counts)  # CUDA graph replays (docs/profiling.md#cuda-graphs)
+    out.update(runtime.grants.stats())  # slow calls and on-demand triggers (docs/live.md)
+    out.update(runtime.graphs.counts)  # CUDA graph replays (docs/profiling.md#cuda-graphs)
     return out
 
 

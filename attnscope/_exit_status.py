@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 
-from ._state import state
+from ._runtime import runtime
 
 __all__ = ["at_exit", "main_ended_by_ctrl_c"]
 
@@ -56,12 +56,12 @@ def at_exit() -> None:
 
     attnscope's own threads may still import after this hook (the spare worker thread
     ``configure()`` starts imports the worker side, and the SDK, on its own): that would clear the
-    flag again. Their imports run under ``state.import_lock``: it is taken here (waiting at most
-    ``_IMPORT_WAIT_S`` for one in progress) and kept, so none starts before the process ends.
+    flag again. Their imports run under ``runtime.worker.import_lock``: it is taken here (waiting at
+    most ``_IMPORT_WAIT_S`` for one in progress) and kept, so none starts before the process ends.
     """
     try:
         if main_ended_by_ctrl_c():
-            state.import_lock.acquire(timeout=_IMPORT_WAIT_S)
+            runtime.worker.import_lock.acquire(timeout=_IMPORT_WAIT_S)
             try:
                 exec("raise KeyboardInterrupt", {})  # noqa: S102  (sets the flag; see above)
             except KeyboardInterrupt:

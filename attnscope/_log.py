@@ -10,6 +10,10 @@ first line actually logged, not at import.
 
 Everything attnscope does around a user's call reports failures through :func:`internal_error`:
 counted, logged once per stage (then at most once a minute), and the call proceeds.
+
+A leaf: it imports nothing of attnscope, so every module may log. Its own process state (the rate
+limits and the error counts) is :data:`limits`, which the runtime resets and renews after a fork
+(:mod:`attnscope._runtime`).
 """
 
 from __future__ import annotations
@@ -17,16 +21,14 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import threading
 import time
 import traceback
 from collections.abc import MutableMapping
 from typing import Any
 
-from ._state import state
-from ._capture import sampling as _sampling
-
-__all__ = ["LOGGER_NAME", "internal_error", "warn_once", "info_once", "debug_once", "error_count",
-           "logger"]
+__all__ = ["LOGGER_NAME", "LogLimits", "internal_error", "warn_once", "info_once", "debug_once",
+           "error_count", "limits", "logger"]
 
 LOGGER_NAME = "attnscope"
 # One line per key per interval, so a failing hot loop cannot flood the application's logs.
@@ -35,13 +37,34 @@ _LOG_INTERVAL_S = 60.0
 logger = logging.getLogger(LOGGER_NAME)
 
 
+class LogLimits:
+    """When each key last logged (the rate limit) and the internal errors counted per stage."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every key and count (tests, through the runtime's reset)."""
+        self.lock = threading.Lock()
+        self.last_logged: dict[str, float] = {}
+        self.errors_by_stage: dict[str, int] = {}
+
+    def after_fork(self) -> None:
+        """A new lock: another parent thread may have held this one at the fork."""
+        self.lock = threading.Lock()
+
+
+# The one instance; the runtime (attnscope._runtime) resets it and renews its lock after a fork.
+limits = LogLimits()
+
+
 def _should_log(key: str) -> bool:
     now = time.monotonic()
-    with state.log_lock:
-        last = state.last_logged.get(key)
+    with limits.lock:
+        last = limits.last_logged.get(key)
         if last is not None and now - last < _LOG_INTERVAL_S:
             return False
-        state.last_logged[key] = now
+        limits.last_logged[key] = now
         return True
 
 
@@ -99,8 +122,8 @@ def _emit(level: int, message: str, fields: dict[str, Any]) -> None:
 def internal_error(stage: str, exc: BaseException) -> None:
     """Count an internal failure in ``stage`` and log it (rate-limited). Never raises."""
     try:
-        with state.log_lock:
-            state.errors_by_stage[stage] = state.errors_by_stage.get(stage, 0) + 1
+        with limits.lock:
+            limits.errors_by_stage[stage] = limits.errors_by_stage.get(stage, 0) + 1
         if _should_log("error:" + stage):
             error = repr(exc)[:300]
             _emit(logging.WARNING, f"attnscope internal error in {stage}: {error}; the call "
@@ -134,16 +157,7 @@ def _once(level: int, key: str, message: str, fields: dict[str, object]) -> None
 
 def error_count(stage: str | None = None) -> int:
     """Internal errors counted so far (all stages, or one)."""
-    with state.log_lock:
+    with limits.lock:
         if stage is None:
-            return sum(state.errors_by_stage.values())
-        return state.errors_by_stage.get(stage, 0)
-
-
-def _say_warning(key: str, message: str, fields: dict[str, Any]) -> None:
-    warn_once(key, message, **fields)
-
-
-# The sampler's overhead budget lives below this module (this module's state imports it): it
-# says "sampling fewer calls than configured" through here.
-_sampling.OverheadBudget.say = staticmethod(_say_warning)
+            return sum(limits.errors_by_stage.values())
+        return limits.errors_by_stage.get(stage, 0)

@@ -12,15 +12,15 @@ from typing import Any
 
 from . import _log
 from ._config import EXPORTER_PREFIXES, Config
-from ._state import state
+from ._runtime import runtime
 
 __all__ = ["at_exit", "nothing_sampled", "write_empty_file"]
 
 
 def nothing_sampled() -> bool:
     """No call of this process was sampled and no worker ever ran."""
-    return (state.worker is None and state.sampler.sampled == 0
-            and not state.retired_counts.get("captured", 0))
+    return (runtime.worker.current is None and runtime.sampler.sampled == 0
+            and not runtime.worker.retired_counts.get("captured", 0))
 
 
 def write_empty_file(cfg: Config) -> None:
@@ -45,7 +45,7 @@ def write_empty_file(cfg: Config) -> None:
 def at_exit() -> None:
     """Registered at import; runs after the worker's exit hook. Never raises."""
     try:
-        cfg = state.config
+        cfg = runtime.config.current
         if cfg is None or not cfg.enabled or not nothing_sampled():
             return
         write_empty_file(cfg)

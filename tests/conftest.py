@@ -40,15 +40,15 @@ def _clean_attnscope(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for var in list(os.environ):
         if var.startswith(_OURS) and var not in ("ATTNSCOPE_EXPORTER", "ATTNSCOPE_METRICS"):
             monkeypatch.delenv(var, raising=False)
-    from attnscope._state import state
+    from attnscope._runtime import runtime
 
     _api.reset_defaults()  # stops the worker, resets every piece of attnscope's state
     _api.current()
     # register_attention() classes outlive reset (they are user code's): a test's go with it
-    registered = dict(state.attention_registry)
+    registered = dict(runtime.instrumentation.attention_registry)
     yield
-    state.attention_registry.clear()
-    state.attention_registry.update(registered)
+    runtime.instrumentation.attention_registry.clear()
+    runtime.instrumentation.attention_registry.update(registered)
     _api.reset_defaults()
     _api.current()
 
@@ -83,11 +83,11 @@ def _internal_error_guard(request: pytest.FixtureRequest,
     """
     from attnscope import _api
     from attnscope._log import LOGGER_NAME
-    from attnscope._state import state
+    from attnscope._runtime import runtime
 
     handler = _InternalErrorRecords()
     logger = logging.getLogger(LOGGER_NAME)
-    before = dict(state.errors_by_stage)
+    before = dict(runtime.log.errors_by_stage)
     logger.addHandler(handler)
     try:
         yield handler.records
@@ -97,7 +97,7 @@ def _internal_error_guard(request: pytest.FixtureRequest,
         _api.shutdown(timeout_s=5.0)
     finally:
         logger.removeHandler(handler)
-    counted = {stage: n - before.get(stage, 0) for stage, n in state.errors_by_stage.items()
+    counted = {stage: n - before.get(stage, 0) for stage, n in runtime.log.errors_by_stage.items()
                if n > before.get(stage, 0)}
     unexpected = _unexpected(request, counted, handler.records)
     if unexpected:

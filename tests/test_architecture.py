@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 import attnscope
-from attnscope import _state
+from attnscope import _log
+from attnscope._runtime import runtime
 from attnscope._capture.sampling import OverheadBudget
 
 ROOT = pathlib.Path(attnscope.__file__).parent
@@ -110,7 +111,7 @@ def test_record_imports_neither_side() -> None:
     # the SDK on the calling thread.
     assert not _bad_imports(("_record",), ("attnscope._capture", "attnscope._worker",
                                           "attnscope._export", "attnscope._instrument",
-                                          "attnscope._api", "attnscope._state",
+                                          "attnscope._api", "attnscope._runtime",
                                           "opentelemetry.sdk"))
 
 
@@ -190,11 +191,12 @@ _MUTABLE = (dict, list, set, deque, weakref.WeakSet, weakref.WeakKeyDictionary,
             weakref.WeakValueDictionary, type(threading.Lock()), type(threading.RLock()))
 
 
-def test_process_state_lives_in_state_only() -> None:
-    """No module but _state keeps a mutable global or rebinds one with ``global``."""
+def test_process_state_lives_in_the_runtime_only() -> None:
+    """No module keeps a mutable global or rebinds one with ``global``; the only objects with a
+    ``reset()`` and an ``after_fork()`` at module level are the runtime and the logger's limits
+    (the leaf ``_log`` owns them; the runtime resets them)."""
+    owned = {id(runtime), id(_log.limits)}
     for name, path in MODULES.items():
-        if name == "attnscope._state":
-            continue
         for node in ast.walk(ast.parse(path.read_text())):
             assert not isinstance(node, ast.Global), f"{name} rebinds a module global"
         if name.endswith("__main__"):
@@ -204,6 +206,8 @@ def test_process_state_lives_in_state_only() -> None:
             if attr.startswith("__") or attr.isupper() or attr.lstrip("_").isupper():
                 continue  # constants: UPPER_CASE by convention, never mutated
             assert not isinstance(value, _MUTABLE), f"{name}.{attr} is mutable process state"
+            if not isinstance(value, type) and hasattr(value, "after_fork"):
+                assert id(value) in owned, f"{name}.{attr} is process state outside the runtime"
 
 
 def _locks(obj: Any) -> dict[str, Any]:
@@ -212,11 +216,13 @@ def _locks(obj: Any) -> dict[str, Any]:
 
 
 def test_after_fork_makes_every_lock_new() -> None:
-    state = _state.state
-    holders = [state, state.profiler, state.sampler, state.sampler.bucket, state.sampler.budget]
+    # every component that keeps its object across a fork (grants and delivery are new objects)
+    holders = [runtime.config, runtime.span_sites, runtime.retention, runtime.worker,
+               runtime.metrics, runtime.instrumentation, runtime.log, runtime.profiler,
+               runtime.sampler, runtime.sampler.bucket, runtime.sampler.budget]
     before = [_locks(h) for h in holders]
     assert all(before)
-    _state.after_fork()
+    runtime.after_fork()
     for holder, old in zip(holders, before, strict=True):
         new = _locks(holder)
         assert set(new) == set(old)

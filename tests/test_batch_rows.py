@@ -78,7 +78,7 @@ def test_row_count_mismatch_is_logged_once(caplog: pytest.LogCaptureFixture) -> 
 
 def test_a_sampled_call_carries_the_rows_of_its_block(monkeypatch: pytest.MonkeyPatch) -> None:
     import attnscope
-    from attnscope import _state
+    from attnscope._runtime import runtime
 
     held: list[Any] = []
 
@@ -86,13 +86,13 @@ def test_a_sampled_call_carries_the_rows_of_its_block(monkeypatch: pytest.Monkey
         held.append(cap)
         return True
 
-    monkeypatch.setattr(_state, "submit", keep)
+    monkeypatch.setattr(runtime.worker, "submit", keep)
 
     @attnscope.trace(sample_rate=1.0)
     def call() -> None:
         pass
 
-    monkeypatch.setattr(_state, "end_block", held.append)
+    monkeypatch.setattr(runtime.worker, "end_block", held.append)
     with batch(rows=["a", None]):
         call()
         call()
@@ -104,10 +104,10 @@ def test_a_sampled_call_carries_the_rows_of_its_block(monkeypatch: pytest.Monkey
 
 
 def test_a_block_with_no_sampled_call_hands_nothing_over(monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnscope import _state
+    from attnscope._runtime import runtime
 
     ended: list[Any] = []
-    monkeypatch.setattr(_state, "end_block", ended.append)
+    monkeypatch.setattr(runtime.worker, "end_block", ended.append)
     with batch(rows=["a"]):
         pass
     assert ended == []

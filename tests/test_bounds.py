@@ -17,8 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 import attnscope
-from attnscope import _state
-from attnscope._state import state
+from attnscope._runtime import runtime
 from attnscope._capture import retain
 from attnscope.testing import capture_spans
 
@@ -41,11 +40,11 @@ PATHS = {"app_provider": capture_spans, "own_provider": own_provider}
 def test_runtime_decorations_leave_nothing_behind() -> None:
     """A trace(fn) per request (Dynamo not imported) kept every wrapper: +142 MB per 100k."""
     gc.collect()
-    before = len(state.dynamo_pending)
+    before = len(runtime.dynamo.pending)
     for i in range(2000):
         attnscope.trace(lambda x, i=i: x + i)(1)
     gc.collect()
-    assert len(state.dynamo_pending) <= before
+    assert len(runtime.dynamo.pending) <= before
 
 
 def test_span_names_are_capped_where_they_are_kept() -> None:
@@ -56,7 +55,7 @@ def test_span_names_are_capped_where_they_are_kept() -> None:
                 pass
         traced = attnscope.trace(name=huge)(lambda: None)
         traced()
-    assert all(len(name) <= 128 for name in state.span_sites)
+    assert all(len(name) <= 128 for name in runtime.span_sites.by_name)
     assert len(spans) == 21 and all(len(s.name) <= 128 for s in spans)
 
 
@@ -105,7 +104,7 @@ def test_exception_chain_type_and_module(path: str) -> None:
 
 def test_a_failed_call_does_not_keep_its_tensors_alive(monkeypatch: pytest.MonkeyPatch) -> None:
     held: list[Any] = []
-    monkeypatch.setattr(_state, "submit", lambda cap: held.append(cap) or True)
+    monkeypatch.setattr(runtime.worker, "submit", lambda cap: held.append(cap) or True)
     refs: list[weakref.ref[torch.Tensor]] = []
 
     @attnscope.trace(sample_rate=1.0)
@@ -171,7 +170,7 @@ def _sdpa_with_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def test_a_large_mask_is_not_kept_alive(monkeypatch: pytest.MonkeyPatch) -> None:
     """A sampled call kept the caller's mask until the worker ran (0.5-1 GB on a GPU)."""
     held: list[Any] = []
-    monkeypatch.setattr(_state, "submit", lambda cap: held.append(cap) or True)
+    monkeypatch.setattr(runtime.worker, "submit", lambda cap: held.append(cap) or True)
     traced = attnscope.trace(sample_rate=1.0)(_sdpa_with_mask)
     q = torch.randn(1, 1, 2100, 8)
     refs = []
@@ -186,12 +185,12 @@ def test_a_large_mask_is_not_kept_alive(monkeypatch: pytest.MonkeyPatch) -> None
     assert all(r() is None for r in refs)
     kept = [dict(cap.summary)["attn_mask"] for cap in held]
     assert [isinstance(m, torch.Tensor) for m in kept] == [False, True] * 3
-    assert state.kept_bytes == 3 * 2100 * 2100
+    assert runtime.retention.kept_bytes == 3 * 2100 * 2100
 
 
 def test_masks_kept_at_once_stay_within_the_total_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     held: list[Any] = []
-    monkeypatch.setattr(_state, "submit", lambda cap: held.append(cap) or True)
+    monkeypatch.setattr(runtime.worker, "submit", lambda cap: held.append(cap) or True)
     traced = attnscope.trace(sample_rate=1.0)(_sdpa_with_mask)
     q = torch.randn(1, 1, 3238, 8)
     for _ in range(10):  # 10.5 MB each: 6 fit in 64 MiB
@@ -204,7 +203,7 @@ def test_masks_kept_at_once_stay_within_the_total_budget(monkeypatch: pytest.Mon
     assert not isinstance(dict(held[-1].summary)["attn_mask"], torch.Tensor)
     for cap in held:
         retain.release(cap)
-    assert state.kept_bytes == 0
+    assert runtime.retention.kept_bytes == 0
 
 
 def test_kept_bytes_come_back_once_spans_are_built() -> None:
@@ -215,7 +214,7 @@ def test_kept_bytes_come_back_once_spans_are_built() -> None:
         mask[1, ..., 4:] = False
         for _ in range(20):
             traced(q, q, q, attn_mask=mask)
-    assert len(spans) == 20 and state.kept_bytes == 0
+    assert len(spans) == 20 and runtime.retention.kept_bytes == 0
     assert all(s.attributes["attnscope.tokens"] == 12 for s in spans)
 
 
@@ -225,7 +224,7 @@ def test_a_mask_over_budget_gives_no_token_count() -> None:
         attnscope.trace(_sdpa_with_mask)(q, q, q, attn_mask=torch.zeros(1, 1, 2100, 2100))
     (span,) = spans
     assert "attnscope.tokens" not in span.attributes and span.attributes["attnscope.flops"] > 0
-    assert state.kept_bytes == 0
+    assert runtime.retention.kept_bytes == 0
 
 
 def test_a_tensor_attribute_is_recorded_as_its_shape_and_dtype() -> None:

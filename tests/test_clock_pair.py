@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import attnscope
-from attnscope import _state
+from attnscope._runtime import runtime
 from attnscope._capture import retain, wrapper
 
 OFFSET = 10**18  # the fake epoch clock: the fake perf clock plus this
@@ -49,7 +49,7 @@ def test_a_preemption_between_the_two_start_reads_is_read_again(
     attnscope.configure(warmup_calls=0, overhead_budget=1.0, profile_rate=0.0)
     monkeypatch.setattr(wrapper, "_perf_ns", perf_ns)
     monkeypatch.setattr(wrapper, "time", fake_time)
-    monkeypatch.setattr(_state, "submit", submit)
+    monkeypatch.setattr(runtime.worker, "submit", submit)
     attention(torch.randn(1, 2, 4, 8))
     (cap,) = kept
     retain.release(cap)

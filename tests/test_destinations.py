@@ -372,14 +372,14 @@ def test_configure_turns_the_command_line_on_for_a_running_pipeline() -> None:
 
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from attnscope._state import state
+    from attnscope._runtime import runtime
 
     before, after = InMemorySpanExporter(), InMemorySpanExporter()
     attnscope.configure(exporter=before, record_command_args=False)
     _send_one()
-    running = state.worker
+    running = runtime.worker.current
     attnscope.configure(record_command_args=True)
-    assert state.worker is not running  # before: the running pipeline kept its resource
+    assert runtime.worker.current is not running  # before: the running pipeline kept its resource
     attnscope.configure(exporter=after)
     _send_one()
     first, second = (list(e.get_finished_spans()[0].resource.attributes["process.command_args"])

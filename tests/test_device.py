@@ -14,7 +14,7 @@ import torch
 
 import attnscope
 from attnscope import _log
-from attnscope._state import state
+from attnscope._runtime import runtime
 from attnscope._capture import args, device
 from attnscope._capture.device import CudaEventPool
 from attnscope._record.capture import DeviceMemory
@@ -106,7 +106,7 @@ def cuda_call(monkeypatch: pytest.MonkeyPatch, alloc: FakeAllocator) -> FakeAllo
     monkeypatch.setattr(args, "tensor_device", lambda args, kwargs: cuda0)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(state, "event_pool", CudaEventPool(make_event=FakeEvent))
+    monkeypatch.setattr(runtime.device, "event_pool", CudaEventPool(make_event=FakeEvent))
     # the worker's own device access (set_device, a side stream) is not what is tested here
     monkeypatch.setattr(worker_cuda.DeviceAccess, "prepare", lambda self, dev: None)
     monkeypatch.setattr(worker_cuda.DeviceAccess, "reading",
@@ -254,7 +254,7 @@ def test_unknown_stats_shape_turns_readings_off(monkeypatch: pytest.MonkeyPatch)
     assert device.memory_before(torch.device("cuda", 0), reset_peak=False) is None
     assert device.memory_before(torch.device("cuda", 0), reset_peak=False) is None
     assert len(calls) == 1
-    assert (0, "stats") in state.allocator_off
+    assert (0, "stats") in runtime.device.allocator_off
 
 
 def test_uninitialised_cuda_is_not_a_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -267,7 +267,7 @@ def test_uninitialised_cuda_is_not_a_refusal(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", uninitialised)
     for _ in range(3):
         assert device.memory_before(torch.device("cuda", 0), reset_peak=False) is None
-    assert len(calls) == 3 and not state.allocator_off
+    assert len(calls) == 3 and not runtime.device.allocator_off
 
 
 def test_refusal_is_per_device(alloc: FakeAllocator) -> None:

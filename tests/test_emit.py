@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 import attnscope
-from attnscope._state import state
+from attnscope._runtime import runtime
 from attnscope._worker.emit import DirectEmitter, SdkEmitter
 
 SETTINGS: dict[str, Any] = {"sample_rate": 1.0, "warmup_calls": 0, "overhead_budget": 1.0,
@@ -61,7 +61,7 @@ def _run_owned() -> tuple[list[ReadableSpan], Any]:
     attnscope.configure(exporter=exporter, **SETTINGS)
     _workload()
     assert attnscope.flush(timeout_s=10)
-    emitter = state.worker.builder.emitter
+    emitter = runtime.worker.current.builder.emitter
     return list(exporter.get_finished_spans()), emitter
 
 
@@ -72,7 +72,7 @@ def _run_app_provider() -> tuple[list[ReadableSpan], Any]:
     attnscope.configure(tracer_provider=provider, **SETTINGS)
     _workload()
     assert attnscope.flush(timeout_s=10)
-    emitter = state.worker.builder.emitter
+    emitter = runtime.worker.current.builder.emitter
     return list(exporter.get_finished_spans()), emitter
 
 
@@ -116,7 +116,7 @@ def test_direct_path_asks_the_providers_sampler(monkeypatch: pytest.MonkeyPatch)
     attnscope.configure(exporter=exporter, **SETTINGS)
     _workload()
     assert attnscope.flush(timeout_s=10)
-    assert isinstance(state.worker.builder.emitter, DirectEmitter)
+    assert isinstance(runtime.worker.current.builder.emitter, DirectEmitter)
     assert exporter.get_finished_spans() == ()
     assert otel_trace.get_tracer_provider() is not None  # the global provider was left alone
 

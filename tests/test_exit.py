@@ -153,16 +153,16 @@ def test_spans_of_non_daemon_threads_after_main_returned_are_exported(tmp_path: 
 
 def test_no_worker_starts_once_the_exit_flush_began() -> None:
     import attnscope
-    from attnscope._state import state
+    from attnscope._runtime import runtime
 
     @attnscope.trace
     def f(x: int) -> int:
         return x + 1
 
     attnscope.configure(sample_rate=1.0, warmup_calls=0)
-    state.exiting = True
+    runtime.worker.exiting = True
     assert f(1) == 2
-    assert state.worker is None
+    assert runtime.worker.current is None
 
 
 # ---- an uncaught Ctrl-C ends the process by SIGINT (issue 20) ---------------------------------
@@ -238,11 +238,11 @@ _CTRL_C_IMPORT_IN_FLIGHT = textwrap.dedent(
     import atexit, threading, time
     atexit.register(time.sleep, 2.0)
     import attnscope
-    from attnscope._state import state
+    from attnscope._runtime import runtime
     attnscope.configure(exporter="none")
     holding = threading.Event()
     def slow_import():
-        with state.import_lock:
+        with runtime.worker.import_lock:
             holding.set()
             time.sleep(1.0)
             exec("x = 1")  # what creating a dataclass does
@@ -330,19 +330,20 @@ def test_exit_gives_an_endpoint_that_refuses_no_export_wait(
 def test_the_exit_flush_is_given_that_window(monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
-    from attnscope._state import state
+    from attnscope._runtime import runtime
     from attnscope._worker import at_exit
 
     pipeline = _otlp_pipeline(_closed_port())
-    monkeypatch.setattr(state, "exit_wait_s", 1.5)
-    monkeypatch.setattr(state, "exiting", state.exiting)  # put back after: _at_exit sets it
+    monkeypatch.setattr(runtime.worker, "exit_wait_s", 1.5)
+    # put back after: _at_exit sets it
+    monkeypatch.setattr(runtime.worker, "exiting", runtime.worker.exiting)
     monkeypatch.setattr("attnscope._export.pipeline.report_undelivered", lambda pipeline: None)
     given: list[tuple[float, float | None]] = []
-    worker = state.worker
+    worker = runtime.worker.current
     # not monkeypatch: the suite's own shutdown after the test must not find the stand-in
-    state.worker = SimpleNamespace(engine=SimpleNamespace(pipeline=pipeline))  # type: ignore[assignment]
+    runtime.worker.current = SimpleNamespace(engine=SimpleNamespace(pipeline=pipeline))  # type: ignore[assignment]
     try:
         at_exit._at_exit(lambda timeout_s, export_s: given.append((timeout_s, export_s)) or True)
     finally:
-        state.worker = worker
+        runtime.worker.current = worker
     assert given == [(at_exit._EXIT_TIMEOUT_S - 1.5, at_exit._EXIT_REFUSED_S)]

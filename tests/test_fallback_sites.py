@@ -98,11 +98,11 @@ def test_the_sites_warned_are_bounded_and_the_overflow_said_once(
 
 
 def test_the_bound_follows_logs_own_reset() -> None:
-    from attnscope import _state
+    from attnscope._runtime import runtime
 
     warned = fallback._Warned(1)
     assert warned.admit("a") and warned.admit("a") and not warned.admit("b")
-    _state.reset()  # a new rate-limit memory: the keys handed to the old one are forgotten
+    runtime.reset()  # a new rate-limit memory: the keys handed to the old one are forgotten
     assert warned.admit("b") and not warned.admit("a")
 
 

@@ -233,7 +233,7 @@ _traced_attn = attnscope.trace(name="attn")(_attn)
 def _sweep_arming() -> None:
     """Interrupt each line of ``inner_sdpa.arm`` in turn, in a profiled traced call; print OK, or
     the first line after which something was left behind."""
-    from attnscope._state import state
+    from attnscope._runtime import runtime
 
     original = F.scaled_dot_product_attention
     q = torch.randn(1, 2, 8, 16)
@@ -258,9 +258,9 @@ def _sweep_arming() -> None:
             left = [what for what, bad in (
                 ("F.scaled_dot_product_attention not the original",
                  F.scaled_dot_product_attention is not original),
-                ("sdpa_lock held", state.sdpa_lock.locked()),
+                ("sdpa_lock held", runtime.instrumentation.sdpa_lock.locked()),
                 ("recorder armed", bool(inner_sdpa._ARMED)),
-                ("profiler session open", state.profiler.session_lock.locked())) if bad]
+                ("profiler session open", runtime.profiler.session_lock.locked())) if bad]
             if left:
                 print("BROKEN", at, left, flush=True)
                 return

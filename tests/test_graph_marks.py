@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import attnscope
-from attnscope._state import state
+from attnscope._runtime import runtime
 from attnscope._capture import graph_marks, graphs
 from attnscope._record import graphs as record_graphs
 from attnscope.testing import capture_spans
@@ -122,7 +122,7 @@ def test_cuda_calls_get_no_marks_unless_asked(monkeypatch: pytest.MonkeyPatch) -
     traced, _ = _targets(_step, "aot_eager")
     assert not any("graph_mark" in t for t in traced)
     attnscope.configure(compiled_graph_marks=True)
-    assert state.sampler.graph_marks is True
+    assert runtime.sampler.graph_marks is True
     _dynamo.reset()
     traced, _ = _targets(_step, "aot_eager")
     assert sum("graph_mark" in t for t in traced) == 2
@@ -254,7 +254,7 @@ def test_dynamic_numbers_neither_break_the_graph_nor_reach_the_note(as_cuda: Non
         x = torch.randn(1, 2, length, 8)
         assert torch.allclose(compiled(x), step(x))
     assert any(facts[3] == (("is_causal", True),) for facts, _ in
-               state.graph_mark_calls.values())
+               runtime.graphs.mark_calls.values())
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

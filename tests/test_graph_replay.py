@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import attnscope
-from attnscope._state import state
+from attnscope._runtime import runtime
 from attnscope._capture import args, device, graphs
 from attnscope._capture.device import CudaEventPool
 from attnscope._record import graphs as record_graphs
@@ -105,7 +105,8 @@ def gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGpu]:
     monkeypatch.setattr(args, "tensor_device",
                         lambda a, k: cuda0 if real(a, k) is not None else None)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: fake.capture is not None)
-    monkeypatch.setattr(state, "event_pool", CudaEventPool(make_event=lambda: FakeEvent(fake)))
+    monkeypatch.setattr(runtime.device, "event_pool",
+                        CudaEventPool(make_event=lambda: FakeEvent(fake)))
 
     def before(dev: Any, reset: bool) -> DeviceMemory:
         assert fake.capture is None, "no allocator reading during a capture"
@@ -282,25 +283,25 @@ def test_a_mask_captured_into_a_graph_is_not_read(gpu: FakeGpu) -> None:
     assert a["attnscope.exact"] is False
     assert a["attnscope.inexact_reason"] == "mask_not_kept"
     assert a["attnscope.flops"] == 4 * 1 * 2 * 16 * 16 * 8  # from the shapes: an upper bound
-    assert state.kept_bytes == 0  # the template keeps no tensor alive
+    assert runtime.retention.kept_bytes == 0  # the template keeps no tensor alive
 
 
 def test_nothing_is_sampled_or_allocated_during_the_capture(gpu: FakeGpu) -> None:
     with capture_spans():
         graph = gpu.graph_class()  # type: ignore[attr-defined]
         graph.capture_begin()
-        sampled = state.sampler.sampled
+        sampled = runtime.sampler.sampled
         attention(Q, Q, Q)
         attention(Q, Q, Q)
         assert attention.__wrapped__  # type: ignore[attr-defined]
         key = f"{attention.__module__}.attention:"  # not another test file's "attention"
-        site = next(s for s in list(state.sampler._sites) if s.key == key)
+        site = next(s for s in list(runtime.sampler._sites) if s.key == key)
         assert site.countdown == 1  # the capture's next call comes to the wrapper too
         graph.capture_end()
-        assert state.sampler.sampled == sampled  # templates are not samples
+        assert runtime.sampler.sampled == sampled  # templates are not samples
         assert len(gpu.capture or graph.nodes) == 4  # two external pairs, nothing else
         assert site.countdown == 0  # every site draws afresh after the capture
-        assert state.graph_capturing == {}
+        assert runtime.graphs.capturing == {}
 
 
 def test_a_failed_capture_keeps_no_record(gpu: FakeGpu) -> None:
@@ -317,7 +318,7 @@ def test_a_failed_capture_keeps_no_record(gpu: FakeGpu) -> None:
             gpu.finish_all()
     finally:
         graphs.uninstall(cls)
-    assert graphs.record_of(graph) is None and state.graph_capturing == {}
+    assert graphs.record_of(graph) is None and runtime.graphs.capturing == {}
     assert spans == []
 
 
@@ -355,7 +356,7 @@ def test_install_patches_torchs_cudagraph_once_and_uninstall_restores_it() -> No
     before = {name: cls.__dict__[name] for name in ("capture_begin", "capture_end", "replay")}
     try:
         attnscope.trace(lambda x: x)  # a call site made while torch is loaded installs it
-        assert cls in state.graph_hooks
+        assert cls in runtime.graphs.hooks
         for name, original in before.items():
             assert cls.__dict__[name] is not original
             assert cls.__dict__[name].__wrapped__ is original

@@ -131,9 +131,9 @@ def test_an_endpoint_that_is_not_a_url_sends_nowhere(
                             metrics=False)
         _traffic()
         attnscope.flush(10)
-        from attnscope._state import state
+        from attnscope._runtime import runtime
 
-        pipeline = state.worker.engine.pipeline
+        pipeline = runtime.worker.current.engine.pipeline
         # before: an OTLP exporter sending to localhost:4317 / 4318
         assert type(pipeline.exporter).__name__ == "NowhereExporter"
         assert pipeline.destination == "nowhere"

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import attnscope
-from attnscope._state import Delivery, state
+from attnscope._runtime import Delivery, runtime
 from attnscope._record.capture import Capture
 from attnscope._worker import loop, spans
 from attnscope._worker.emit import DirectEmitter, Emitter
@@ -230,7 +230,7 @@ def test_a_ctrl_c_at_any_line_of_submit_leaves_no_count_wrong(full: bool) -> Non
 
     f(0)
     assert attnscope.flush(timeout_s=10)
-    worker = state.worker
+    worker = runtime.worker.current
     assert worker is not None
     if full:
         worker.max_queue = 0  # every capture is dropped
@@ -262,7 +262,7 @@ def test_capture_queue_overflow_is_one_warning(caplog: pytest.LogCaptureFixture)
 
     f(0)
     assert attnscope.flush(timeout_s=10)
-    worker = state.worker
+    worker = runtime.worker.current
     assert worker is not None
     worker.max_queue = 0
     with caplog.at_level(logging.WARNING, logger="attnscope"):

@@ -139,7 +139,7 @@ def test_a_traced_call_on_the_device_reads_its_mask_from_the_copy(
     import contextlib
 
     import attnscope
-    from attnscope._state import state
+    from attnscope._runtime import runtime
     from attnscope._capture import args, hostread
     from attnscope._capture.device import CudaEventPool
     from attnscope.testing import capture_spans
@@ -150,7 +150,7 @@ def test_a_traced_call_on_the_device_reads_its_mask_from_the_copy(
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", lambda device=None: {})
-    monkeypatch.setattr(state, "event_pool", CudaEventPool(make_event=_PassedEvent))
+    monkeypatch.setattr(runtime.device, "event_pool", CudaEventPool(make_event=_PassedEvent))
     monkeypatch.setattr(worker_cuda.DeviceAccess, "prepare", lambda self, dev: None)
     monkeypatch.setattr(worker_cuda.DeviceAccess, "reading",
                         lambda self, dev: contextlib.nullcontext())
@@ -172,7 +172,8 @@ def test_a_traced_call_on_the_device_reads_its_mask_from_the_copy(
         assert attnscope.flush(10)
     assert len(spans) == 2 and len(copied) == 1
     assert [s.attributes["attnscope.tokens"] for s in spans] == [7, 7]
-    assert state.kept_bytes == 0  # the mask's bytes went back to the budget at the call's end
+    # the mask's bytes went back to the budget at the call's end
+    assert runtime.retention.kept_bytes == 0
 
 
 class _PassedEvent(_Event):

@@ -16,8 +16,7 @@ import torch
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import attnscope
-from attnscope import _state
-from attnscope._state import state
+from attnscope._runtime import runtime
 from attnscope._capture import args as _args
 from attnscope._capture import wrapper
 from attnscope._record.capture import TensorMeta
@@ -124,7 +123,7 @@ def test_the_worker_reads_a_modules_implementation_once_per_batch(
             caps.append(cap)
             return True
 
-        patch.setattr(_state, "submit", keep)
+        patch.setattr(runtime.worker, "submit", keep)
         with torch.inference_mode():
             model(ids)
     attn = model.model.layers[0].self_attn
@@ -132,7 +131,7 @@ def test_the_worker_reads_a_modules_implementation_once_per_batch(
     assert len(layer) == 1
     counting = _CountingConfig(attn.config)
     attn.config = counting
-    worker = state.worker
+    worker = runtime.worker.current
     assert worker is not None and worker.engine is not None
     engine = worker.engine
     exporter.clear()

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from attnscope._state import state
+from attnscope._runtime import runtime
 from attnscope._worker import spare
 
 
@@ -35,8 +35,8 @@ class _SlowSpare:
 def slow(monkeypatch: pytest.MonkeyPatch) -> type[_SlowSpare]:
     _SlowSpare.made = []
     monkeypatch.setattr(spare, "Spare", _SlowSpare)
-    monkeypatch.setattr(state, "spare_thread", None)
-    monkeypatch.setattr(state, "worker", None)
+    monkeypatch.setattr(runtime.worker, "spare", None)
+    monkeypatch.setattr(runtime.worker, "current", None)
     return _SlowSpare
 
 
@@ -44,7 +44,7 @@ def test_preload_returns_once_the_worker_side_is_imported(slow: type[_SlowSpare]
     spare.preload()
     assert len(slow.made) == 1
     assert slow.made[0].loaded.is_set()  # before: configure() returned while it still imported
-    assert state.spare_thread is slow.made[0]
+    assert runtime.worker.spare is slow.made[0]
 
 
 def test_preload_waits_no_longer_than_its_bound(slow: type[_SlowSpare],

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import attnscope
-from attnscope._state import state
+from attnscope._runtime import runtime
 from attnscope._capture import wrapper
 from attnscope.testing import capture_spans
 
@@ -84,7 +84,7 @@ def _run(body: Callable[[], Any], at: int | None) -> _Interrupt:
 def _broken() -> list[str]:
     """What an interrupted call left behind, after the worker caught up."""
     problems = []
-    p = state.profiler
+    p = runtime.profiler
     if p.active is not None or p.session_lock.locked():
         problems.append("profiler session left open")
     if torch.autograd.profiler._is_profiler_enabled or torch._C._autograd._profiler_enabled():

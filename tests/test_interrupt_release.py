@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import attnscope
-from attnscope._state import state
+from attnscope._runtime import runtime
 from attnscope._capture import wrapper
 from attnscope.testing import capture_spans
 
@@ -46,7 +46,7 @@ class _InterruptAfterRelease:
 
 @pytest.fixture
 def interrupting_lock() -> Iterator[_InterruptAfterRelease]:
-    p = state.profiler
+    p = runtime.profiler
     real = p.session_lock
     fake = _InterruptAfterRelease(real)
     p.session_lock = fake  # type: ignore[assignment]
@@ -71,7 +71,7 @@ def test_a_ctrl_c_right_after_the_lock_is_released_releases_once(
         with pytest.raises(KeyboardInterrupt):  # the user's Ctrl-C, and nothing else
             traced(q)
         assert interrupting_lock.fired == 1
-        p = state.profiler
+        p = runtime.profiler
         assert p.active is None and not p.session_lock.locked()
         assert not torch._C._autograd._profiler_enabled()
         assert wrapper.current.get() is None

@@ -21,7 +21,7 @@ _SCRIPT = textwrap.dedent(
     import os, random, signal, threading, time
     import torch
     import attnscope
-    from attnscope._state import state
+    from attnscope._runtime import runtime
     from attnscope._capture import wrapper
 
     attnscope.configure(exporter="none", sample_rate=1.0, warmup_calls=0, overhead_budget=1.0,
@@ -67,7 +67,7 @@ _SCRIPT = textwrap.dedent(
             inside[0] = False
             interrupted += 1
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    p = state.profiler
+    p = runtime.profiler
     assert p.active is None and not p.session_lock.locked(), "session left open"
     assert not torch._C._autograd._profiler_enabled(), "kineto left on"
     assert wrapper.current.get() is None, "a capture left current"

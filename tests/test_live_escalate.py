@@ -13,7 +13,7 @@ import torch
 
 import attnscope
 from attnscope._record import buckets as _buckets
-from attnscope._state import state
+from attnscope._runtime import runtime
 from attnscope._capture import decision, grants
 from attnscope._capture import profiler_session as profiler
 from attnscope._record.capture import TensorMeta
@@ -175,18 +175,18 @@ def test_buckets_separate_prefill_and_decode_and_round_sizes() -> None:
 
 def test_an_armed_site_restores_its_countdown() -> None:
     site = CallSite("k", "n")
-    state.sampler.register(site)
-    site.gen = state.sampler.gen
+    runtime.sampler.register(site)
+    site.gen = runtime.sampler.gen
     site.countdown = 40
-    assert state.grants.arm(site, (1, 1), link=5, quantile=0.99)  # one 1-D tensor of size 1
+    assert runtime.grants.arm(site, (1, 1), link=5, quantile=0.99)  # one 1-D tensor of size 1
     assert site.countdown == 1 and site.grant is not None
-    assert not state.grants.arm(site, (1,), link=6, quantile=0.99)  # one grant at a time
-    tier, rate, grant = decision.decide(state.sampler, state.grants, site, None)
+    assert not runtime.grants.arm(site, (1,), link=6, quantile=0.99)  # one grant at a time
+    tier, rate, grant = decision.decide(runtime.sampler, runtime.grants, site, None)
     assert (tier, rate) == (0, 1.0) and grant is site.grant and site.countdown == 1
-    tier, chosen = grants.settle(state.grants, state.sampler, site, grant, [], tier)
+    tier, chosen = grants.settle(runtime.grants, runtime.sampler, site, grant, [], tier)
     assert chosen is None and tier == 0  # another bucket: call through, still armed
-    tier, rate, grant = decision.decide(state.sampler, state.grants, site, None)
-    tier, chosen = grants.settle(state.grants, state.sampler, site, grant,
+    tier, rate, grant = decision.decide(runtime.sampler, runtime.grants, site, None)
+    tier, chosen = grants.settle(runtime.grants, runtime.sampler, site, grant,
                                  [("x", TensorMeta((1,), torch.float32, None))], tier)
     assert chosen is grant and tier == 2
     assert site.grant is None and site.countdown == 38  # 40, less the two armed calls

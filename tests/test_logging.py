@@ -15,6 +15,7 @@ import attnscope
 from attnscope import _log, _nothing_sampled
 from attnscope._capture import profiler_session as profiler
 from attnscope._export import otlp_status
+from attnscope._runtime import runtime
 from attnscope.testing import capture_spans
 
 # Runs every warning path attnscope has in a fresh process: a bad environment value read on first
@@ -98,7 +99,7 @@ def test_records_carry_the_fields(caplog: pytest.LogCaptureFixture) -> None:
 def test_profile_skips_are_debug(caplog: pytest.LogCaptureFixture,
                                  monkeypatch: pytest.MonkeyPatch) -> None:
     caplog.set_level(logging.DEBUG, logger="attnscope")
-    monkeypatch.setattr(attnscope._state.state.profiler, "warm_cpu", False)
+    monkeypatch.setattr(runtime.profiler, "warm_cpu", False)
     monkeypatch.setattr(profiler, "warm_up_async", lambda cuda=None: None)
 
     @attnscope.trace

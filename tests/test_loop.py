@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import attnscope
-from attnscope._state import state
+from attnscope._runtime import runtime
 from attnscope._worker import loop
 from attnscope._worker.loop import Worker
 
@@ -24,9 +24,9 @@ def f(x: int) -> int:
 def _asleep() -> None:
     """Wait until the worker has gone back to sleep (after a flush it still finishes its loop)."""
     deadline = time.monotonic() + 10
-    while not state.worker._sleeping and time.monotonic() < deadline:
+    while not runtime.worker.current._sleeping and time.monotonic() < deadline:
         time.sleep(0.001)
-    assert state.worker._sleeping
+    assert runtime.worker.current._sleeping
 
 
 def _count_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -59,7 +59,7 @@ def test_one_wake_per_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert attnscope.flush(timeout_s=5)
     _asleep()  # asleep again
     wakes = [0]
-    event = state.worker._wake
+    event = runtime.worker.current._wake
     real_set = event.set
 
     def counting_set() -> None:

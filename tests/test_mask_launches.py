@@ -174,9 +174,9 @@ def test_a_traced_functions_mask_enqueues_at_most_six_operations(on_device: None
 
 def test_a_copy_over_the_keeping_budget_is_not_made(on_device: None,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnscope import _state
+    from attnscope._runtime import runtime
 
-    monkeypatch.setattr(_state, "take_bytes", lambda n: False)
+    monkeypatch.setattr(runtime.retention, "take", lambda n: False)
     f = _layer(_padded(2, 16, 16, True), 16, 0)
     cap = Capture()
     cap.summary = [(ATTENTION_KEY, f)]

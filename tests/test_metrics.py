@@ -19,7 +19,7 @@ from opentelemetry.sdk.metrics.export import (
 
 import attnscope
 from attnscope import _config, _log
-from attnscope._state import state
+from attnscope._runtime import runtime
 from attnscope._export import metrics as _metrics
 from attnscope._export import pipeline as _provider
 from attnscope.testing import capture_spans
@@ -170,7 +170,7 @@ def test_dropped_spans_and_internal_errors_are_counted(
     before = errors.value
     assert before >= 1
     # Counters never go down when the counts they read restart.
-    state.errors_by_stage.clear()  # as if the count had restarted
+    runtime.log.errors_by_stage.clear()  # as if the count had restarted
     (errors,) = _points(_metrics_by_name(reader)["attnscope.internal_errors"])
     assert errors.value == before
     for _ in range(before + 2):
@@ -199,7 +199,7 @@ def test_skipped_profiles_are_counted_by_reason(
     monkeypatch: pytest.MonkeyPatch, meter_provider: MeterProvider, reader: InMemoryMetricReader
 ) -> None:
     counts = {"profiled": 4, "skipped_busy": 0, "skipped_warming": 0}
-    monkeypatch.setattr(state.profiler, "counts", counts)
+    monkeypatch.setattr(runtime.profiler, "counts", counts)
     _metrics._instruments_for(meter_provider)
 
     def skipped() -> dict[str, int]:
@@ -304,7 +304,7 @@ def test_own_meter_provider_is_shut_down_with_the_worker(monkeypatch: pytest.Mon
     q = torch.randn(1, 1, 4, 4)
     attention(q, q, q)
     assert attnscope.flush(timeout_s=5.0)  # the worker builds its pipeline on its own thread
-    worker = state.worker
+    worker = runtime.worker.current
     assert worker is not None and worker.pipeline.meter_owned
     calls: list[Any] = []
     mp = worker.pipeline.meter_provider
@@ -323,7 +323,7 @@ def test_prometheus_reader_serves_the_histogram(monkeypatch: pytest.MonkeyPatch)
 
     port = free_port()
     monkeypatch.setattr(otel_metrics, "get_meter_provider", otel_metrics.NoOpMeterProvider)
-    monkeypatch.setattr(state, "prometheus_started", False)
+    monkeypatch.setattr(runtime.metrics, "prometheus_started", False)
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", "prometheus")
     monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_HOST", "127.0.0.1")
     monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_PORT", str(port))
@@ -346,8 +346,8 @@ def test_effective_rates_and_overhead_are_gauges(
     q = torch.randn(1, 1, 4, 4)
     with capture_spans(meter_provider=meter_provider, sample_rate=0.5, profile_rate=0.2,
                        overhead_budget=0.01):
-        state.sampler.budget.scale = 0.25  # as if the budget had cut the rates
-        state.sampler.budget.last_ratio = 0.02
+        runtime.sampler.budget.scale = 0.25  # as if the budget had cut the rates
+        runtime.sampler.budget.last_ratio = 0.02
         with attnscope.sampling(force=True):  # one capture, so the worker (and metrics) start
             attention(q, q, q)
         attnscope.flush()

@@ -19,7 +19,7 @@ from torch import nn
 import attnscope
 from attnscope._config import Config
 from attnscope._record.capture import TIER_NONE, TIER_TIMING
-from attnscope._capture.sampling import CallSite, Sampler
+from attnscope._capture.sampling import CallSite, Sampler, decide
 from attnscope.testing import capture_spans
 from attnscope._worker import loop as _loop
 
@@ -265,7 +265,7 @@ def test_warmup_is_exact_while_another_context_forces_sampling() -> None:
             if site.countdown > 0:
                 tiers.append(TIER_NONE)
                 continue
-            tiers.append(s.decide(site)[0])
+            tiers.append(decide(s, site)[0])
     finally:
         s.force_exit()
     assert tiers == [TIER_NONE] * warmup + [TIER_TIMING] * 3

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnscope
-from attnscope._state import state
+from attnscope._runtime import runtime
 from attnscope._capture import profiler_session as _profile
 from attnscope._record.capture import PROFILE_MARKER, Capture
 from attnscope.testing import capture_spans
@@ -33,7 +33,7 @@ Q = torch.randn(2, 4, 64, 32)
 def _warm() -> Iterator[None]:
     assert _profile.warm_up(), "the profiler must warm up on CPU"
     yield
-    assert state.profiler.active is None and not state.profiler.session_lock.locked(), \
+    assert runtime.profiler.active is None and not runtime.profiler.session_lock.locked(), \
         "a session leaked"
 
 
@@ -281,7 +281,7 @@ def test_two_threads_one_profiles_the_other_times() -> None:
 def test_kineto_refusal_falls_back_to_timing(monkeypatch: pytest.MonkeyPatch) -> None:
     # refused once: the session prepared before the refusal is finished by enabling it then (on
     # torch 2.11 a prepared session left behind makes every later prepare fail)
-    enable, refused = state.profiler.entry_points["enable"], []
+    enable, refused = runtime.profiler.entry_points["enable"], []
 
     def refuse(*args: Any) -> Any:
         if not refused:
@@ -289,7 +289,7 @@ def test_kineto_refusal_falls_back_to_timing(monkeypatch: pytest.MonkeyPatch) ->
             raise RuntimeError("kineto says no")
         return enable(*args)
 
-    monkeypatch.setitem(state.profiler.entry_points, "enable", refuse)
+    monkeypatch.setitem(runtime.profiler.entry_points, "enable", refuse)
     before = _skips()
     with capture_spans(**PROFILE) as spans:
         out = sdpa(Q, Q, Q)
@@ -304,8 +304,8 @@ def test_kineto_refusal_falls_back_to_timing(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_cuda_refusal_at_warm_up_leaves_cpu_profiling_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(state.profiler.broken, True, "RuntimeError('no CUPTI')")
-    monkeypatch.setattr(state.profiler, "warm_cuda", True)
+    monkeypatch.setitem(runtime.profiler.broken, True, "RuntimeError('no CUPTI')")
+    monkeypatch.setattr(runtime.profiler, "warm_cuda", True)
     before = _skips()
     cap = Capture()
     assert _profile.start(cap, torch.device("cuda", 0)) is False and cap.profile is None
@@ -318,7 +318,7 @@ def test_cuda_refusal_at_warm_up_leaves_cpu_profiling_on(monkeypatch: pytest.Mon
 def test_cold_profiler_times_the_call_and_warms_up_elsewhere(
         monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[Any] = []
-    monkeypatch.setattr(state.profiler, "warm_cpu", False)
+    monkeypatch.setattr(runtime.profiler, "warm_cpu", False)
     monkeypatch.setattr(_profile, "warm_up_async", lambda cuda=None: asked.append(cuda))
     before = _skips()
     with capture_spans(**PROFILE) as spans:
@@ -357,7 +357,7 @@ def _interrupted_then_profiled() -> None:
     with capture_spans(**PROFILE) as spans:
         with pytest.raises(KeyboardInterrupt):
             sdpa(Q, Q, Q)
-        assert not state.profiler.session_lock.locked()
+        assert not runtime.profiler.session_lock.locked()
         assert not torch._C._autograd._profiler_enabled()
         sdpa(Q, Q, Q)
     assert [attrs(p)["attnscope.tier"] for p in _parents(spans)][-1] == "profile"
@@ -369,7 +369,7 @@ def test_ctrl_c_inside_start_or_stop_releases_the_profiler(
 ) -> None:
     """A KeyboardInterrupt landing while attnscope starts or stops a session propagates, and
     leaves neither the lock held nor kineto running: the next call is profiled again."""
-    real = state.profiler.entry_points[entry_point]
+    real = runtime.profiler.entry_points[entry_point]
     fired: list[bool] = []
 
     def interrupted(*args: Any) -> Any:
@@ -379,7 +379,7 @@ def test_ctrl_c_inside_start_or_stop_releases_the_profiler(
             raise KeyboardInterrupt
         return result
 
-    monkeypatch.setitem(state.profiler.entry_points, entry_point, interrupted)
+    monkeypatch.setitem(runtime.profiler.entry_points, entry_point, interrupted)
     _interrupted_then_profiled()
 
 
@@ -618,7 +618,7 @@ def test_a_users_profiler_waits_for_a_long_profiled_call_on_another_thread(
     import time
 
     monkeypatch.setattr(_profile, "_USER_WAIT_S", 0.1)
-    p = state.profiler
+    p = runtime.profiler
     p.session_lock.acquire()  # attnscope's session of a long call, on another thread
     released_at: list[float] = []
 

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 import attnscope
-from attnscope import _log, _state
+from attnscope import _log
+from attnscope._runtime import runtime
 from attnscope._capture import args, sampling, wrapper
 from attnscope.testing import capture_spans
 from attnscope._worker import derive, spans
@@ -33,10 +34,10 @@ def _boom(*_: Any, **__: Any) -> Any:
 STAGES: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "inspection": lambda mp: mp.setattr(args, "summarize", _boom),
     "capture": lambda mp: mp.setattr(wrapper, "_open", _boom),
-    "capture-end": lambda mp: mp.setattr(_state, "submit", _boom),
+    "capture-end": lambda mp: mp.setattr(runtime.worker, "submit", _boom),
     "worker-derive": lambda mp: mp.setattr(derive, "derive", _boom),
     "worker-build": lambda mp: mp.setattr(spans.SpanBuilder, "add", _boom),
-    "sampler": lambda mp: mp.setattr(sampling.Sampler, "decide", _boom),
+    "sampler": lambda mp: mp.setattr(sampling, "decide", _boom),
 }
 
 

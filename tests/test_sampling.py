@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 import attnscope
 from attnscope._config import Config
-from attnscope._state import state
+from attnscope._runtime import runtime
 from attnscope._capture import sampling as _sampling
 from attnscope._record.capture import TIER_NONE, TIER_PROFILE, TIER_TIMING
 from attnscope._capture.sampling import (
@@ -49,7 +49,7 @@ def _run(sampler: Sampler, site: CallSite, calls: int) -> list[int]:
         if site.countdown > 0:
             tiers.append(TIER_NONE)
             continue
-        tiers.append(sampler.decide(site)[0])
+        tiers.append(_sampling.decide(sampler, site)[0])
     return tiers
 
 
@@ -240,8 +240,8 @@ def test_effective_rate_goes_on_the_span(monkeypatch: pytest.MonkeyPatch) -> Non
         return x
 
     with capture_spans(sample_rate=1.0, overhead_budget=0.01) as spans:
-        state.sampler.budget.scale = 0.5
-        state.sampler._invalidate()
+        runtime.sampler.budget.scale = 0.5
+        runtime.sampler._invalidate()
         for i in range(400):
             f(i)
         attnscope.flush(timeout_s=5)
@@ -313,12 +313,12 @@ _PROCESS = textwrap.dedent(
     """
     import json, sys
     import attnscope
-    from attnscope._state import state
+    from attnscope._runtime import runtime
     from attnscope._capture import sampling as _sampling
     attnscope.configure(exporter="none", sample_rate=0.1, warmup_calls=0, profile_rate=0.2,
                         profile_max_per_minute=1000, overhead_budget=1.0, seed=int(sys.argv[1]))
     site = _sampling.CallSite("model.layers.3.self_attn", "attn")
-    state.sampler.register(site)
+    runtime.sampler.register(site)
     picked = []
     for step in range(200):
         attnscope.step(step)
@@ -326,7 +326,7 @@ _PROCESS = textwrap.dedent(
             site.countdown -= 1
             if site.countdown > 0:
                 continue
-            tier, _ = state.sampler.decide(site)
+            tier, _ = _sampling.decide(runtime.sampler, site)
             if tier:
                 picked.append([step, call, tier])
     print(json.dumps(picked))
@@ -359,10 +359,10 @@ def test_rank_and_world_size_from_the_environment(monkeypatch: pytest.MonkeyPatc
 
 def test_step_as_context_manager_restores() -> None:
     with attnscope.step(5):
-        assert state.sampler.step_no == 5
-    assert state.sampler.step_no is None
+        assert runtime.sampler.step_no == 5
+    assert runtime.sampler.step_no is None
     attnscope.step(9)
-    assert state.sampler.step_no == 9
+    assert runtime.sampler.step_no == 9
     attnscope.step(None)
 
 
@@ -374,19 +374,19 @@ def test_unsampled_calls_touch_only_the_countdown() -> None:
         return x
 
     site = f.__attnscope_site__  # type: ignore[attr-defined]
-    original = _sampling.Sampler.decide
+    original = _sampling.decide
 
-    def spy(self: Sampler, s: CallSite, forced: bool | None = None) -> tuple[int, float]:
+    def spy(sampler: Sampler, s: CallSite, forced: bool | None = None) -> tuple[int, float]:
         calls.append(s)
-        return original(self, s, forced)
+        return original(sampler, s, forced)
 
     with capture_spans(sample_rate=0.0):
-        _sampling.Sampler.decide = spy  # type: ignore[method-assign]
+        _sampling.decide = spy
         try:
             for _ in range(1000):
                 f(torch.zeros(1))
         finally:
-            _sampling.Sampler.decide = original  # type: ignore[method-assign]
+            _sampling.decide = original
         assert site.countdown > 1 << 40
     assert len(calls) == 1  # the first call sets the site up; rate 0 never comes back
 
@@ -409,7 +409,7 @@ def _slow_attnscope(monkeypatch: pytest.MonkeyPatch) -> None:
         clock.now += 2.0
         return clock.now
 
-    monkeypatch.setattr(state.sampler, "_clock", seconds)
+    monkeypatch.setattr(runtime.sampler, "_clock", seconds)
 
 
 def test_an_explicit_sample_rate_samples_every_call_under_a_tripped_budget(
@@ -456,12 +456,12 @@ def test_the_environment_is_an_explicit_rate_too(monkeypatch: pytest.MonkeyPatch
 
     _api.reset_defaults()
     _api.current()
-    assert (state.sampler.rate_budgeted, state.sampler.profile_budgeted) == (False, False)
-    assert state.sampler.budget.budget == 1.0
+    assert (runtime.sampler.rate_budgeted, runtime.sampler.profile_budgeted) == (False, False)
+    assert runtime.sampler.budget.budget == 1.0
     monkeypatch.setenv("ATTNSCOPE_OVERHEAD_BUDGET", "0.02")
     _api.reset_defaults()
     _api.current()
-    assert (state.sampler.budget.budget, state.sampler.rate_budgeted) == (0.02, True)
+    assert (runtime.sampler.budget.budget, runtime.sampler.rate_budgeted) == (0.02, True)
 
 
 def test_throttling_is_said_once_with_the_setting_that_lifts_it(
@@ -481,7 +481,7 @@ def test_throttling_is_said_once_with_the_setting_that_lifts_it(
     assert len(said) == 1, [r.getMessage() for r in caplog.records]
     assert said[0].levelno == logging.WARNING
     assert "overhead_budget=1.0 (ATTNSCOPE_OVERHEAD_BUDGET=1)" in said[0].getMessage()
-    assert state.sampler.effective_rate < 1.0
+    assert runtime.sampler.effective_rate < 1.0
 
 
 def test_no_line_when_the_budget_never_lowers_a_rate(caplog: pytest.LogCaptureFixture) -> None:

@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace.sampling import (
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, TraceFlags, TraceState
 
 import attnscope
-from attnscope._state import state
+from attnscope._runtime import runtime
 from attnscope._record.capture import TIER_TIMING, AttentionFacts, Capture, HostCopy, TensorMeta
 from attnscope._export import metrics as _metrics
 from attnscope._worker import emit, engine, shapecache
@@ -111,7 +111,7 @@ def _spans(monkeypatch: pytest.MonkeyPatch, keep: bool) -> list[ReadableSpan]:
         _models()
         assert attnscope.flush(timeout_s=10)
         if keep:
-            assert state.worker.engine._shapes.hits > 0
+            assert runtime.worker.current.engine._shapes.hits > 0
         spans = list(exporter.get_finished_spans())
         attnscope.shutdown()
     return spans
@@ -139,7 +139,7 @@ def test_worker_keeps_plain_summaries_only_and_reuses_them() -> None:
     attnscope.configure(exporter=exporter, **SETTINGS)
     _workload()
     assert attnscope.flush(timeout_s=10)
-    kept = state.worker.engine._shapes
+    kept = runtime.worker.current.engine._shapes
     # the plain summaries of one round: all but the masked call's and the instance's (the block's
     # inner call has the summary of the one before it)
     assert len(kept) == 8

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import attnscope
-from attnscope._state import state
+from attnscope._runtime import runtime
 from attnscope._capture import args, device
 from attnscope._capture.device import CudaEventPool, DeviceTimer
 from attnscope._record.capture import DeviceMemory
@@ -186,7 +186,8 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGpu]:
     cuda0 = torch.device("cuda", 0)
     monkeypatch.setattr(args, "tensor_device", lambda args, kwargs: cuda0)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(state, "event_pool", CudaEventPool(make_event=lambda: FakeEvent(gpu)))
+    monkeypatch.setattr(runtime.device, "event_pool",
+                        CudaEventPool(make_event=lambda: FakeEvent(gpu)))
     readings = iter(range(1000))
 
     def before(dev: Any, reset: bool) -> DeviceMemory:
@@ -236,7 +237,7 @@ def test_worker_waits_for_device_time_without_blocking(fake_cuda: FakeGpu) -> No
                                                         rel=1e-3)
     assert a["attnscope.memory.delta_bytes"] == 256
     assert a["attnscope.memory.peak_bytes"] == 4096
-    assert len(state.event_pool) == 1  # the pair went back to the pool
+    assert len(runtime.device.event_pool) == 1  # the pair went back to the pool
 
 
 def test_device_time_never_arrives_span_still_emitted(fake_cuda: FakeGpu,
@@ -265,7 +266,7 @@ def test_cuda_graph_capture_passes_through(fake_cuda: FakeGpu,
 def test_torch_compile_tracing_passes_through(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     # Tracing needs Dynamo imported; attnscope asks is_compiling() only from then on.
-    monkeypatch.setattr(state, "dynamo_loaded", True)
+    monkeypatch.setattr(runtime.dynamo, "loaded", True)
 
     class Attn(torch.nn.Module):
         @attnscope.trace

@@ -3,9 +3,9 @@
 The block is a :class:`Block` in a context variable; each sampled call reads it once onto its
 Capture (``Capture.rows``) and counts itself in it as it is handed over. The worker splits each
 such call's figures by row into ``Block.acc`` (:mod:`attnscope._worker.apportion`); when the block
-ends the calling thread stamps its end and hands the block over (``_state.end_block``), and the
-worker emits one ``attnscope.request`` span per request row once every call counted has arrived.
-A block in which no call was sampled costs nothing at its end.
+ends the calling thread stamps its end and hands the block over (``runtime.worker.end_block``),
+and the worker emits one ``attnscope.request`` span per request row once every call counted has
+arrived. A block in which no call was sampled costs nothing at its end.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 
 from .. import _log
-from .. import _state
+from .._runtime import runtime
 from .._record.block import Block, rows_for
 
 __all__ = ["Row", "Block", "batch", "current_rows", "rows_for"]
@@ -91,7 +91,7 @@ def batch(rows: Sequence[object]) -> Iterator[None]:
             block.end_epoch_ns = time.time_ns()
             if block.sampled:  # else nothing reached the worker: nothing to emit
                 try:
-                    _state.end_block(block)
+                    runtime.worker.end_block(block)
                 except Exception as exc:  # never out of the user's block
                     _log.internal_error("batch-end", exc)
 

@@ -8,7 +8,7 @@ from typing import Any
 from .. import _log
 from .. import _schema as schema
 from .._config import shown
-from .._state import state
+from .._runtime import runtime
 from .args import add_attributes, attribute_value, check_attributes
 from .._record.capture import MAX_NAME
 from .sampling import CallSite
@@ -20,20 +20,20 @@ _SPAN_SITES_MAX = 10_000  # distinct names, each at most MAX_NAME characters: ab
 
 
 def _span_site(name: str) -> CallSite:
-    site = state.span_sites.get(name)
+    site = runtime.span_sites.by_name.get(name)
     if site is not None:
         return site
-    with state.span_sites_lock:
-        site = state.span_sites.get(name)
+    with runtime.span_sites.lock:
+        site = runtime.span_sites.by_name.get(name)
         if site is None:
-            if len(state.span_sites) >= _SPAN_SITES_MAX:
+            if len(runtime.span_sites.by_name) >= _SPAN_SITES_MAX:
                 _log.warn_once("span-names", "attnscope: too many distinct span() names; "
                                "later ones share one sampling state", limit=_SPAN_SITES_MAX)
-                return state.span_sites.setdefault(
+                return runtime.span_sites.by_name.setdefault(
                     "\x00overflow", CallSite("span:\x00overflow", name))
             site = CallSite(key="span:" + name, name=name, param_names=(), kind="block")
-            state.sampler.register(site)
-            state.span_sites[name] = site
+            runtime.sampler.register(site)
+            runtime.span_sites.by_name[name] = site
         return site
 
 

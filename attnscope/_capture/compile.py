@@ -4,7 +4,7 @@ Dynamo would otherwise trace the countdown and recompile whenever it changes. Pl
 wrappers are registered with ``torch.compiler.substitute_in_graph``, which needs Dynamo loaded;
 importing it ourselves costs about a second, so registration waits until the program imports it:
 a post-import hook registers pending wrappers the moment ``torch._dynamo`` is imported (usually
-inside the program's first ``torch.compile``), and sets ``state.dynamo_loaded`` so method
+inside the program's first ``torch.compile``), and sets ``runtime.dynamo.loaded`` so method
 wrappers start asking ``is_compiling()``.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from .. import _log
-from .._state import state
+from .._runtime import runtime
 from . import graph_marks as _graph_marks
 from .sampling import CallSite
 
@@ -50,7 +50,7 @@ def hide_from_dynamo(wrapper: Callable[..., Any], fn: Callable[..., Any],
     """Make torch.compile inline ``fn`` where it meets ``wrapper`` (now, or once Dynamo loads);
     with ``site``, between the marks a CUDA graph of the compiled code captures
     (:mod:`.graph_marks`)."""
-    state.dynamo_pending[wrapper] = fn if site is None else _marked(fn, site)
+    runtime.dynamo.pending[wrapper] = fn if site is None else _marked(fn, site)
     register_when_dynamo_loads()
 
 
@@ -72,7 +72,7 @@ def _call_through(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def register_pending() -> None:
     """Register waiting wrappers once ``torch._dynamo`` is imported. Never raises."""
-    pending = state.dynamo_pending
+    pending = runtime.dynamo.pending
     if not pending or "torch._dynamo" not in sys.modules:
         return
     try:
@@ -130,7 +130,7 @@ class _ThenRegister(importlib.abc.Loader):
         return self._loader.create_module(spec)
 
     def exec_module(self, module: types.ModuleType) -> None:
-        state.dynamo_loaded = True  # method wrappers start asking is_compiling() from now on
+        runtime.dynamo.loaded = True  # method wrappers start asking is_compiling() from now on
         try:
             self._loader.exec_module(module)
         finally:
@@ -145,16 +145,16 @@ class _ThenRegister(importlib.abc.Loader):
 def register_when_dynamo_loads() -> None:
     """Register pending wrappers now if Dynamo is loaded, else right after it is imported."""
     if "torch._dynamo" in sys.modules:
-        state.dynamo_loaded = True
+        runtime.dynamo.loaded = True
         _graph_marks.define()
         register_pending()
-    elif state.dynamo_hook is None:
-        state.dynamo_hook = _AfterDynamoImport()
-        sys.meta_path.insert(0, state.dynamo_hook)
+    elif runtime.dynamo.hook is None:
+        runtime.dynamo.hook = _AfterDynamoImport()
+        sys.meta_path.insert(0, runtime.dynamo.hook)
 
 
 def _forget_dynamo_hook() -> None:
-    hook, state.dynamo_hook = state.dynamo_hook, None
+    hook, runtime.dynamo.hook = runtime.dynamo.hook, None
     if hook is not None:
         try:
             sys.meta_path.remove(hook)

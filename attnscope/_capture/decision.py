@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .._record.capture import TIER_NONE, TIER_PROFILE
 from .grants import ARMED_CALLS, Grant, Grants, on_demand
+from . import sampling as _sampling
 from .sampling import CallSite, Sampler
 
 __all__ = ["Decision", "decide"]
@@ -33,7 +34,7 @@ def decide(sampler: Sampler, grants: Grants, site: CallSite, forced: bool | None
        tier none call then goes through). After ``ARMED_CALLS`` armed calls it lapses.
     3. **forced**: ``span(sample=...)`` or an open ``force()`` block: captured or not, at rate
        1.0; the profile tier when the block asks for it and a token is left.
-    4. **rate and warm-up** (:meth:`Sampler.decide`): the site's own rate, else the configured
+    4. **rate and warm-up** (:func:`.sampling.decide`): the site's own rate, else the configured
        rate scaled down by the **overhead budget**; a site's first ``warmup_calls`` calls are never
        sampled unless it has its own rate. The next countdown is drawn here.
     5. **parent**: under an OpenTelemetry span that is not sampled, not captured (unless the site
@@ -49,7 +50,7 @@ def decide(sampler: Sampler, grants: Grants, site: CallSite, forced: bool | None
     """
     grant = site.grant
     if grant is None or grant.done:
-        tier, rate = sampler.decide(site, forced)
+        tier, rate = _sampling.decide(sampler, site, forced)
         grant = None
     else:
         tier, rate, grant = _armed(sampler, grants, site, grant, forced)
@@ -65,12 +66,12 @@ def _armed(sampler: Sampler, grants: Grants, site: CallSite, grant: Grant,
     """Step 2 of :func:`decide`: a call of a site armed with a slow-call grant."""
     if not sampler.enabled or site.disabled:
         grants.end(site, grant, "slow_lapsed")
-        tier, rate = sampler.decide(site, forced)
+        tier, rate = _sampling.decide(sampler, site, forced)
         return tier, rate, None
     grant.calls += 1
     grant.left -= 1
     if grant.left <= 0 or site.gen != sampler.gen or sampler.force_blocks or forced is not None:
-        tier, rate = sampler.decide(site, forced)  # the call the sampler would see
+        tier, rate = _sampling.decide(sampler, site, forced)  # the call the sampler would see
         grant.left = site.countdown
     else:
         tier, rate = TIER_NONE, 1.0

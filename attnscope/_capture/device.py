@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .. import _log
-from .._state import state
+from .._runtime import runtime
 from .._record.capture import DeviceMemory
 
 __all__ = ["Event", "DeviceTimer", "CudaEventPool", "stream_capturing", "memory_before",
@@ -191,7 +191,7 @@ def memory_before(device: Any, reset_peak: bool) -> DeviceMemory | None:
     except Exception as exc:
         _log.internal_error("allocator", exc)
         return None
-    off = state.allocator_off
+    off = runtime.device.allocator_off
     if (index, _STATS) in off:
         return None
     reset = reset_peak and (index, _RESET) not in off and _reset_peak(index, device)
@@ -255,7 +255,7 @@ def _reset_peak(index: int, device: Any) -> bool:
 
 
 def _turn_off(index: int, what: str, device: Any, exc: Exception) -> None:
-    state.allocator_off.add((index, what))
+    runtime.device.allocator_off.add((index, what))
     if what == _STATS:
         message = ("attnscope: the CUDA allocator gives no memory statistics on this device (a "
                    "pluggable allocator?); its spans carry no memory attributes, "

@@ -24,7 +24,7 @@ import ctypes
 import os
 
 from .. import _log
-from .._state import state
+from .._runtime import runtime
 
 __all__ = ["arm"]
 
@@ -33,11 +33,11 @@ def arm() -> None:
     """In a forked child: end through ``_exit`` after C stdio is flushed, if kineto ran. Never
     raises."""
     try:
-        if not state.profiler.kineto_ran:
+        if not runtime.profiler.kineto_ran:
             return
         # the parent's kineto threads do not exist here: a session in this child would be the
         # first of a half-copied profiler, so the profile tier stays off (calls are timed)
-        state.profiler.broken[False] = state.profiler.broken[True] = "forked child"
+        runtime.profiler.broken[False] = runtime.profiler.broken[True] = "forked child"
         libc = ctypes.CDLL(None)
         on_exit = getattr(libc, "on_exit", None)
         if on_exit is None or not hasattr(libc, "fcloseall"):

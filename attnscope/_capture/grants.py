@@ -21,115 +21,19 @@ grant stands in the order of a call's decision: :func:`attnscope._capture.decisi
 
 from __future__ import annotations
 
-import fnmatch
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 from .._record.buckets import bucket as bucket_of
 from .._record.capture import TIER_PROFILE, TIER_TIMING
+from .._runtime.grants import MAX_TRIGGER_CALLS, ON_DEMAND, SLOW, Grant, Grants
 from .sampling import CallSite, Sampler
 
 __all__ = ["Grant", "Grants", "settle", "on_demand", "SLOW", "ON_DEMAND", "ARMED_CALLS",
            "MAX_TRIGGER_CALLS"]
 
-SLOW = "slow_call"
-ON_DEMAND = "on_demand"
 # Calls an armed site may make without matching the grant's bucket before the grant lapses.
 ARMED_CALLS = 256
-# The most calls one trigger can ask for.
-MAX_TRIGGER_CALLS = 10_000
-
-
-class Grant:
-    """One profile-tier grant: why (``kind``), for which shape bucket, linked to which capture."""
-
-    __slots__ = ("kind", "bucket", "link", "quantile", "left", "calls", "done")
-
-    def __init__(self, kind: str, bucket: tuple[int, ...] | None = None, link: int | None = None,
-                 quantile: float | None = None) -> None:
-        self.kind = kind
-        self.bucket = bucket
-        self.link = link  # capture id of the slow call (its span is linked from the profiled one)
-        self.quantile = quantile
-        self.left = 0  # the site's countdown when it was armed, less the armed calls since
-        self.calls = 0
-        self.done = False
-
-
-class Grants:
-    """The process's grants and their counts (``attnscope.stats()``). On ``_state.state``."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.trigger_left = 0
-        self.trigger_pattern = "*"
-        self.trigger: bool = False  # read without the lock on the sampled path
-        self._matches: dict[str, bool] = {}
-        self.counts = {"on_demand_granted": 0, "slow_calls": 0, "slow_granted": 0,
-                       "slow_lapsed": 0}
-
-    def after_fork(self) -> None:
-        self.lock = threading.Lock()
-
-    def stats(self) -> dict[str, int]:
-        with self.lock:
-            return {"on_demand_remaining": self.trigger_left, **self.counts}
-
-    # -- worker thread ----------------------------------------------------------------------
-    def set_trigger(self, calls: int, pattern: str) -> None:
-        """Profile the next ``calls`` sampled calls of sites whose name or key match ``pattern``
-        (replacing any earlier trigger)."""
-        with self.lock:
-            self.trigger_left = max(0, min(int(calls), MAX_TRIGGER_CALLS))
-            self.trigger_pattern = pattern or "*"
-            self._matches = {}
-            self.trigger = self.trigger_left > 0
-
-    def arm(self, site: Any, bucket: tuple[int, ...], link: int, quantile: float) -> bool:
-        """After a slow call at ``site``: its next call in ``bucket`` gets the profile tier.
-        False when the site is already armed or not capturing."""
-        with self.lock:
-            self.counts["slow_calls"] += 1
-            if site.grant is not None or site.disabled:
-                return False
-            grant = Grant(SLOW, bucket, link, quantile)
-            grant.left = site.countdown
-            site.grant = grant
-        site.countdown = 1  # a plain int write: the next call leaves the fast path
-        return True
-
-    # -- calling thread (sampled path only) ---------------------------------------------------
-    def take_trigger(self, site: CallSite) -> bool:
-        with self.lock:
-            if self.trigger_left <= 0:
-                self.trigger = False
-                return False
-            match = self._matches.get(site.key)
-            if match is None:
-                pattern = self.trigger_pattern
-                match = (fnmatch.fnmatchcase(site.name, pattern)
-                         or fnmatch.fnmatchcase(site.key, pattern))
-                if len(self._matches) < 4096:
-                    self._matches[site.key] = match
-            if not match:
-                return False
-            self.trigger_left -= 1
-            self.trigger = self.trigger_left > 0
-            self.counts["on_demand_granted"] += 1
-            return True
-
-    def end(self, site: CallSite, grant: Grant, outcome: str | None) -> None:
-        """The grant is used (``outcome`` a count key) or lapsed: the saved countdown goes back."""
-        with self.lock:
-            if grant.done:
-                return
-            grant.done = True
-            if outcome is not None:
-                self.counts[outcome] += 1
-            if site.grant is grant:
-                site.grant = None
-                site.countdown = max(1, grant.left) if not site.disabled else site.countdown
 
 
 def settle(grants: Grants, sampler: Sampler, site: CallSite, grant: Grant,

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from .. import _log
-from .._state import state
+from .._runtime import runtime
 from .._record.capture import (TIER_TIMING, AttentionFacts, Capture, ModelFacts, TensorMeta,
                               error_info, next_id)
 from .._record.graphs import MAX_PARENTS, GraphRecord
@@ -67,12 +67,12 @@ def open_template(cap: Capture, rec: GraphRecord, site: CallSite, args: tuple[An
         rec.device = device
     if rec.full():
         rec.over_cap += 1
-        state.graph_counts["graph_calls_over_cap"] += 1
+        runtime.graphs.counts["graph_calls_over_cap"] += 1
     else:
         rec.ids.add(cap.capture_id)
-        pool = state.event_pool
+        pool = runtime.device.event_pool
         if pool is None:
-            pool = state.event_pool = _device.CudaEventPool()
+            pool = runtime.device.event_pool = _device.CudaEventPool()
         cap.timer = pool.external(device)
         cap.timer.record_start()
     cap.start_epoch_ns = time.time_ns()
@@ -83,7 +83,7 @@ def real_parent(parent: int | None) -> int | None:
     """The parent of a call sampled as usual while its thread captures a graph: the first
     enclosing capture that is not kept for the graph (those never reach the worker: a child
     would wait for them in the span builder)."""
-    rec = state.graph_capturing.get(threading.get_ident())
+    rec = runtime.graphs.capturing.get(threading.get_ident())
     if rec is None:
         return parent
     parents = rec.parents

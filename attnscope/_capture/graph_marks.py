@@ -35,7 +35,7 @@ import torch
 from torch.utils._pytree import tree_leaves as _leaves
 
 from .. import _log
-from .._state import state
+from .._runtime import runtime
 from .._record.capture import Capture
 from . import args as _args
 from . import device as _device
@@ -57,7 +57,7 @@ MAX_CALLS = 4096
 def number(site: CallSite) -> int:
     """The number a wrapper's marks carry for ``site`` (taken at wrap time, outside Dynamo)."""
     no = id(site)  # unique while the site lives; the entry goes with it
-    state.graph_mark_sites[no] = site
+    runtime.graphs.mark_sites[no] = site
     return no
 
 
@@ -68,7 +68,7 @@ def define() -> bool:
     a dispatcher call to a Python function, 3.1 µs against custom_op's 14.3 µs on a loaded
     2-core CPU (torch.add of 4 floats: 1.6 µs), paid twice per marked call wherever compiled
     code runs without a capture."""
-    if state.graph_mark_op is not None:
+    if runtime.graphs.mark_op is not None:
         return True
     try:
         from torch._library.effects import EffectType
@@ -83,7 +83,7 @@ def define() -> bool:
         # Dynamo calls _note while tracing instead of tracing into it, and puts its result in
         # the graph; marked here, once Dynamo is loaded: torch.compiler's decorator imports it
         torch.compiler.assume_constant_result(_note)  # type: ignore[no-untyped-call]
-        state.graph_mark_op = lib  # the library keeps the op registered
+        runtime.graphs.mark_op = lib  # the library keeps the op registered
     except Exception as exc:  # compiled code is traced as before: call through, no marks
         _log.internal_error("graph-mark", exc)
         return False
@@ -94,7 +94,7 @@ def traced_call(no: int, names: tuple[str, ...], fn: Callable[..., Any], args: t
                 kwargs: dict[str, Any]) -> Any:
     """``fn(*args, **kwargs)`` as Dynamo traces it, between two marks when its first tensor is
     CUDA. ``no``: the site's number (:func:`number`); ``names``: its parameter names."""
-    if state.graph_mark_op is None or not state.sampler.graph_marks:
+    if runtime.graphs.mark_op is None or not runtime.sampler.graph_marks:
         return fn(*args, **kwargs)  # off (the default): Dynamo traces nothing of ours
     tensors, keys, scalars = _split(args, kwargs, names)
     if not tensors or (tensors[0].device.type != "cuda" and not AS_CUDA):
@@ -142,7 +142,7 @@ def _note(no: int, instance: Any, keys: tuple[str, ...], scalars: tuple[tuple[st
     that are no tensor, kept for the marks under the number returned (0: not kept). Never
     raises: an exception here would be the user's compile failing."""
     try:
-        calls = state.graph_mark_calls
+        calls = runtime.graphs.mark_calls
         key = (no, None if instance is None else id(instance), keys, scalars)
         for call, (facts, ref) in calls.items():  # a recompile of the same call: its number
             if facts == key and (ref is None or ref() is instance):
@@ -163,7 +163,7 @@ def _fake(tensors: list[torch.Tensor], call: int, which: int) -> None:
 
 def _mark(tensors: list[torch.Tensor], call: int, which: int) -> None:
     """The mark as compiled code runs it: nothing unless this thread captures a CUDA graph."""
-    capturing = state.graph_capturing
+    capturing = runtime.graphs.capturing
     if not capturing:  # a warm-up run, mode="default", eager replays of inductor's code
         return
     try:
@@ -182,11 +182,11 @@ def _mark(tensors: list[torch.Tensor], call: int, which: int) -> None:
 
 def _begin(rec: Any, tensors: list[torch.Tensor], call: int) -> Capture | None:
     """The begin mark during a capture: a template opened for the graph (None: not kept)."""
-    facts = state.graph_mark_calls.get(call)
+    facts = runtime.graphs.mark_calls.get(call)
     if facts is None:
         return None
     (no, _, keys, scalars), ref = facts
-    site = state.graph_mark_sites.get(no)
+    site = runtime.graphs.mark_sites.get(no)
     kwargs: dict[str, Any] = dict(scalars)
     kwargs.update(zip(keys, tensors, strict=False))
     device = _args.tensor_device((), kwargs)

@@ -31,7 +31,7 @@ from typing import Any
 
 from .. import _log
 from .. import _schema as schema
-from .._state import state
+from .._runtime import runtime
 from .._record.graphs import GRAPH_KEY, REPLAY_NAME, GraphRecord
 from . import wrapper as _wrapper
 from .sampling import CallSite
@@ -49,12 +49,12 @@ def install(cls: Any = None) -> bool:
         cls = getattr(getattr(torch, "cuda", None), "CUDAGraph", None)
         if cls is None:
             return False
-    with state.registry_lock:
-        if cls in state.graph_hooks:
+    with runtime.instrumentation.registry_lock:
+        if cls in runtime.graphs.hooks:
             return False
         own = {name: cls.__dict__.get(name) for name in _METHODS}
         found = {name: getattr(cls, name) for name in _METHODS}
-        state.graph_hooks[cls] = own  # None: inherited, deleted again by uninstall()
+        runtime.graphs.hooks[cls] = own  # None: inherited, deleted again by uninstall()
         cls.capture_begin = _begin_hook(found["capture_begin"])
         cls.capture_end = _end_hook(found["capture_end"])
         cls.replay = _replay_hook(found["replay"])
@@ -66,8 +66,8 @@ def uninstall(cls: Any = None) -> bool:
     if cls is None:
         torch = sys.modules.get("torch")
         cls = getattr(getattr(torch, "cuda", None), "CUDAGraph", None)
-    with state.registry_lock:
-        own = state.graph_hooks.pop(cls, None)
+    with runtime.instrumentation.registry_lock:
+        own = runtime.graphs.hooks.pop(cls, None)
         if own is None:
             return False
         for name, method in own.items():
@@ -166,19 +166,19 @@ def _takes_self_only(fn: Callable[..., Any]) -> bool:
 
 def _began(graph: Any) -> None:
     graph.__dict__.pop(GRAPH_KEY, None)  # captured again: the old record no longer describes it
-    if not state.sampler.enabled:
+    if not runtime.sampler.enabled:
         return
     thread = threading.get_ident()
     rec = GraphRecord(None, thread)
-    state.graph_capturing[thread] = rec
-    state.sampler._invalidate()  # every site's next call enters the wrapper's decision
+    runtime.graphs.capturing[thread] = rec
+    runtime.sampler._invalidate()  # every site's next call enters the wrapper's decision
 
 
 def _ended(graph: Any, ok: bool) -> None:
-    rec = state.graph_capturing.pop(threading.get_ident(), None)
+    rec = runtime.graphs.capturing.pop(threading.get_ident(), None)
     if rec is None:
         return
-    state.sampler._invalidate()  # back to countdowns drawn afresh
+    runtime.sampler._invalidate()  # back to countdowns drawn afresh
     if not ok or not rec.templates:
         return
     rec.site = _replay_site(graph)
@@ -190,7 +190,7 @@ def _replay_site(graph: Any) -> CallSite:
     """The call site a graph's replays are sampled by: one per graph, registered like any."""
     site = CallSite(key=f"{REPLAY_NAME}:{id(graph)}", name=REPLAY_NAME, kind="function")
     site.attributes[schema.CODE_FUNCTION_NAME.name] = f"{type(graph).__qualname__}.replay"
-    state.sampler.register(site)
+    runtime.sampler.register(site)
     return site
 
 

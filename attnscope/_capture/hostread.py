@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from . import retain as _retain
-from .. import _state
+from .._runtime import runtime
 from .._record.capture import (MASK_NAMES, AttentionFacts, Capture, HostCopy, ModelFacts,
                                TensorMeta, find_qkv)
 from .._record.reduce import (Later, Shipment, enqueue_to_host, generated_numbers, land,
@@ -218,7 +218,7 @@ def _ids_copy(cap: Capture, new: torch.Tensor, eos: tuple[int, ...], sends: _Sen
 
 def _reserve(cap: Capture, n: int) -> bool:
     """Keep ``n`` bytes of host copies within the tensor-keeping budget, as kept tensors are."""
-    if not _state.take_bytes(n):
+    if not runtime.retention.take(n):
         return False
     cap.kept_bytes += n
     return True

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _log
-from .._state import state
+from .._runtime import runtime
 from .._record.capture import INNER_SDPA_KEY, SDPA_CONTEXT_KEY, TensorMeta
 from .args import summarize
 
@@ -77,7 +77,7 @@ def arm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
     # in a finally leaves it held (and the session's disarm() waiting on it for ever), while a
     # with's release runs whatever lands. The wait is for instrument_sdpa()/uninstrument_sdpa(),
     # which hold the lock for their assignments only, on profile-tier calls only.
-    with state.sdpa_lock:
+    with runtime.instrumentation.sdpa_lock:
         target[0] = F.scaled_dot_product_attention
         # noted before the swap: a Ctrl-C between the two leaves disarm() nothing to undo
         _ARMED.update(target=target, recorder=recorder)
@@ -90,7 +90,7 @@ def disarm() -> None:
     A function someone set meanwhile is left in place."""
     if not _ARMED:
         return
-    with state.sdpa_lock:
+    with runtime.instrumentation.sdpa_lock:
         if F.scaled_dot_product_attention is _ARMED.get("recorder"):
             F.scaled_dot_product_attention = _ARMED["target"][0]
         _ARMED.clear()
@@ -98,7 +98,8 @@ def disarm() -> None:
 
 def beneath(fn: Any) -> Any:
     """``fn``, or when ``fn`` is the armed recorder, the function it calls through to: what
-    ``F.scaled_dot_product_attention`` is once the session ends. Under ``state.sdpa_lock``."""
+    ``F.scaled_dot_product_attention`` is once the session ends. Under
+    ``runtime.instrumentation.sdpa_lock``."""
     if _ARMED and fn is _ARMED.get("recorder"):
         return _ARMED["target"][0]
     return fn
@@ -107,7 +108,7 @@ def beneath(fn: Any) -> Any:
 def put_beneath(fn: Any) -> bool:
     """While the recorder is in place, make ``fn`` what it calls through to and the session's
     end puts back (``instrument_sdpa()``/``uninstrument_sdpa()`` during a profiled call); False
-    when it is not in place. Under ``state.sdpa_lock``."""
+    when it is not in place. Under ``runtime.instrumentation.sdpa_lock``."""
     if _ARMED and F.scaled_dot_product_attention is _ARMED.get("recorder"):
         _ARMED["target"][0] = fn
         return True

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import _log
-from .._state import state
+from .._runtime import runtime
 from .._record.capture import PROFILE_MARKER, Capture, ProfileSession
 from . import fork_exit, inner_sdpa  # noqa: F401  (fork_exit: a forked child exits without kineto)
 
@@ -111,7 +111,7 @@ _cpp_warnings = _CppWarnings()
 
 def start(cap: Capture, device: Any) -> bool:
     """Start a profiler session for one call, as ``cap.profile``; False: time the call instead."""
-    p = state.profiler
+    p = runtime.profiler
     on_cuda = getattr(device, "type", None) == "cuda"
     if on_cuda in p.broken:
         _skip("error")
@@ -160,9 +160,9 @@ def start(cap: Capture, device: Any) -> bool:
 
 def stop(session: ProfileSession) -> None:
     """Stop the session started by :func:`start` (calling thread; parsing is the worker's)."""
-    if session.aborted or state.profiler.active is not session:
+    if session.aborted or runtime.profiler.active is not session:
         return
-    p = state.profiler
+    p = runtime.profiler
     try:
         if session.result is None:  # else a Ctrl-C landed after the disable: only release
             if session.marker is not None:
@@ -184,7 +184,7 @@ def stop(session: ProfileSession) -> None:
 
 
 def _release(disable: bool, prepared: bool = False) -> None:
-    p = state.profiler
+    p = runtime.profiler
     try:  # nothing nested: a nested try's first line is outside this one's finally
         _teardown(disable, prepared)
     finally:
@@ -204,7 +204,7 @@ def _teardown(disable: bool, prepared: bool = False) -> None:
 
 
 def _stop_session(disable: bool, prepared: bool) -> None:
-    p = state.profiler
+    p = runtime.profiler
     try:
         inner_sdpa.disarm()  # a profiled layer's SDPA recorder (capture.inner_sdpa)
     except Exception as exc:  # noqa: BLE001  (the lock is released whatever happens)
@@ -228,7 +228,7 @@ def _stop_session(disable: bool, prepared: bool) -> None:
 
 
 def _user_profiler_active() -> bool:
-    p = state.profiler
+    p = runtime.profiler
     try:
         return bool(p.torch.autograd.profiler._is_profiler_enabled
                     or p.torch._C._autograd._profiler_enabled())
@@ -248,13 +248,13 @@ def _whose_profiler(p: Any) -> str:
 
 def _sync_debug_on() -> bool:
     try:
-        return bool(state.profiler.torch.cuda.get_sync_debug_mode())
+        return bool(runtime.profiler.torch.cuda.get_sync_debug_mode())
     except Exception:
         return False
 
 
 def _skip(reason: str, exc: BaseException | None = None) -> None:
-    p = state.profiler
+    p = runtime.profiler
     with p.lock:
         p.counts["skipped_" + reason] += 1
     if exc is not None:
@@ -265,7 +265,7 @@ def _skip(reason: str, exc: BaseException | None = None) -> None:
 
 def stats() -> dict[str, int]:
     """Profiled sessions and profile-tier calls that were timed instead, by reason."""
-    p = state.profiler
+    p = runtime.profiler
     with p.lock:
         return dict(p.counts)
 
@@ -291,7 +291,7 @@ def warm_up_on_main_thread(cfg: Config) -> None:
     With CUDA it stays on the worker: the first session's activities decide whether kineto ever
     traces the GPU, and CUPTI's start-up is too slow for ``import``.
     """
-    p = state.profiler
+    p = runtime.profiler
     try:
         # once per process (under CUDA the worker's)
         if p.torch is not None or threading.current_thread() is not threading.main_thread():
@@ -309,7 +309,7 @@ def warm_up_on_main_thread(cfg: Config) -> None:
 
 def warm_up_async(cuda: bool | None = None) -> None:
     """Warm the profiler up on a helper thread (at most one at a time). Never raises."""
-    p = state.profiler
+    p = runtime.profiler
     try:
         with p.lock:
             if p.warming is not None and p.warming.is_alive():
@@ -328,7 +328,7 @@ def warm_up(cuda: bool | None = None) -> bool:
     ``cuda=None`` includes CUDA activity only when CUDA is already initialised (warming CUPTI
     must not create a CUDA context the program did not ask for). Never raises.
     """
-    p = state.profiler
+    p = runtime.profiler
     try:
         if not _load():
             return False
@@ -377,7 +377,7 @@ def warm_up(cuda: bool | None = None) -> bool:
 
 def _load() -> bool:
     """Import torch's profiler pieces, build the configs, install the hooks (once)."""
-    p = state.profiler
+    p = runtime.profiler
     if p.torch is not None:
         return True
     # Kineto prints two "USDT ... profiler_start/stop" lines per session at its default level;
@@ -414,7 +414,7 @@ def install_hooks() -> None:
     Runs at import (attnscope imports torch anyway): patching costs microseconds. A session that
     predates it is looked for only when torch's own flags say there may be one. Never raises.
     """
-    p = state.profiler
+    p = runtime.profiler
     if p.hooked:
         return
     try:
@@ -468,14 +468,14 @@ def _releasing(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         finally:
-            state.profiler.foreign = False
+            runtime.profiler.foreign = False
 
     return release
 
 
 def _claim_for_user() -> None:
     """A user's profiler is starting: make room for it, then keep attnscope's sessions out."""
-    p = state.profiler
+    p = runtime.profiler
     try:
         session = p.active
         if session is not None and p.owner == threading.get_ident():

@@ -5,7 +5,7 @@ output) after the call; until then the capture holds the tensor. A 4-D mask of a
 hundreds of MB on the device: tracing must not keep such a tensor alive, raising the very memory
 peak it reports. So a capture keeps a tensor only if it (its whole storage, for a view) is at most
 ``KEEP_TENSOR_BYTES`` and all
-captures together stay within ``attnscope._state.KEEP_TOTAL_BYTES``; any other is replaced by its
+captures together stay within ``attnscope._runtime.KEEP_TOTAL_BYTES``; any other is replaced by its
 :class:`TensorMeta` (shape, dtype, device) and the span carries no count that needed its values.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .. import _state
+from .._runtime import runtime
 from .._record.capture import AttentionFacts, Capture, ModelFacts, TensorMeta
 
 __all__ = ["KEEP_TENSOR_BYTES", "keep", "keep_summary", "release", "drop", "meta"]
@@ -36,7 +36,7 @@ def keep(cap: Capture, value: Any) -> Any:
     if not isinstance(value, torch.Tensor):
         return value
     size = _size(value)
-    if size <= KEEP_TENSOR_BYTES and _state.take_bytes(size):
+    if size <= KEEP_TENSOR_BYTES and runtime.retention.take(size):
         cap.kept_bytes += size
         return value
     return TensorMeta.of(value)
@@ -63,7 +63,7 @@ def drop(cap: Capture, value: torch.Tensor) -> None:
     """``cap`` stops keeping ``value`` (kept by :func:`keep`): its bytes go back to the budget."""
     size = min(_size(value), cap.kept_bytes)
     cap.kept_bytes -= size
-    _state.give_bytes(size)
+    runtime.retention.give(size)
 
 
 def meta(cap: Capture, value: torch.Tensor) -> TensorMeta:
@@ -75,4 +75,4 @@ def meta(cap: Capture, value: torch.Tensor) -> TensorMeta:
 def release(cap: Capture) -> None:
     """The capture no longer needs its tensors (built, dropped, or never handed over)."""
     kept, cap.kept_bytes = cap.kept_bytes, 0
-    _state.give_bytes(kept)
+    runtime.retention.give(kept)

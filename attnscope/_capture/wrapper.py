@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .. import _log, _state
+from .. import _log
 from .. import _schema as schema
-from .._state import state
+from .._runtime import runtime
 from . import args as _args
 from . import batch as _batch
 from . import compile as _compile
@@ -35,6 +35,7 @@ from . import hostread as _hostread
 from . import inner_sdpa as _inner_sdpa
 from . import profiler_session as _profiler
 from . import retain as _retain
+from . import sampling as _sampling
 from .._record.capture import (
     MAX_NAME,
     TIER_NONE,
@@ -81,8 +82,8 @@ def make_site(fn: Callable[..., Any], name: str | None, sample_rate: float | Non
     if attributes is not None:
         _args.add_attributes(site.attributes, attributes)
     site.attributes.setdefault(schema.CODE_FUNCTION_NAME.name, qualname)
-    state.sampler.register(site)
-    if not state.graph_hooks and "torch" in sys.modules:
+    runtime.sampler.register(site)
+    if not runtime.graphs.hooks and "torch" in sys.modules:
         _install_graph_hooks()
     return site
 
@@ -93,7 +94,7 @@ def _install_graph_hooks() -> None:
     try:
         importlib.import_module(__package__ + ".graphs").install()
     except Exception as exc:  # graphs stay invisible; calls are traced as before
-        state.graph_hooks[object] = {}  # tried: not again on every call
+        runtime.graphs.hooks[object] = {}  # tried: not again on every call
         _log.internal_error("graph-hooks", exc)
 
 
@@ -112,17 +113,17 @@ def enter(site: CallSite, args: tuple[Any, ...], kwargs: dict[str, Any],
     t_enter = _perf_ns()
     cap = None
     try:
-        if state.dynamo_loaded and _compile.is_compiling():
+        if runtime.dynamo.loaded and _compile.is_compiling():
             site.countdown = 1  # decide again on the next eager call
             _compile.register_pending()
             return None
-        capturing = state.graph_capturing
+        capturing = runtime.graphs.capturing
         if capturing:  # a CUDA graph captures somewhere: the countdown did not bring us here
             cap = _graph_call(site, args, kwargs, extra, capturing)
             if cap is not None:
                 return cap, current.set(cap.capture_id), t_enter
         # a slow-call grant comes back unsettled: _open settles it on the call's shapes
-        tier, rate, grant = _decision.decide(state.sampler, state.grants, site, forced)
+        tier, rate, grant = _decision.decide(runtime.sampler, runtime.grants, site, forced)
         if capturing:  # a draw above must not let the capture's next call of this site by
             site.countdown = 1
         if tier == TIER_NONE and grant is None:
@@ -165,14 +166,14 @@ def leave(site: CallSite, active: Active, error: BaseException | None, result: A
         if cap.timer is not None or cap.profile is not None or cap.memory is not None \
                 or error is not None or site.on_result is not None:
             _end(site, cap, error, result)
-        starting = state.worker is None
+        starting = runtime.worker.current is None
         t_submit = _perf_ns() if starting else 0
         block = cap.rows
         if block is not None:
             block.sampled += 1
-        if not _state.submit(cap):
+        if not runtime.worker.submit(cap):
             _lost(cap)
-        budget = state.sampler.budget
+        budget = runtime.sampler.budget
         if budget.budget < 1.0:  # 1.0: no budget (add() would return at once)
             t_done = _perf_ns()
             own = (cap.start_perf_ns - t_enter) + (t_done - cap.end_perf_ns)
@@ -256,7 +257,7 @@ def _unwind(cap: Capture, token: contextvars.Token[int | None]) -> None:
     finally:
         if not cap.counted:
             try:
-                if not _state.submit(cap):
+                if not runtime.worker.submit(cap):
                     _lost(cap)
             except Exception as exc:
                 _retain.release(cap)
@@ -270,16 +271,17 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
     Whatever it opened, :func:`_abandon` closes (the caller's, on any exception)."""
     cap.capture_id = next_id()
     cap.parent_id = current.get()
-    if state.graph_capturing:  # not under a call kept for a graph: that one is never a span
+    if runtime.graphs.capturing:  # not under a call kept for a graph: that one is never a span
         cap.parent_id = _graph_calls.real_parent(cap.parent_id)
     cap.rows = _batch.rows_var.get()  # the one read of batch() rows, on the sampled path only
     cap.site = site
     cap.name = site.name
     cap.sample_rate = rate
     cap.extra = extra
-    sampler = state.sampler
+    sampler = runtime.sampler
     cap.step_no = sampler.step_no
-    cap.otel_parent = sampler.parent_context()  # usually kept from the decision's parent step
+    # usually kept from the decision's parent step
+    cap.otel_parent = _sampling.parent_context(sampler)
     if site.kind == "method" and args:
         cap.instance = args[0]
     extractor = site.extractor
@@ -304,7 +306,7 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
         if not summary:  # nothing it recognised: the shapes of the arguments, as for @trace
             summary.extend(_args.summarize(args, kwargs, site.param_names))
     if grant is not None:
-        tier, cap.grant = _grants.settle(state.grants, sampler, site, grant, summary, tier)
+        tier, cap.grant = _grants.settle(runtime.grants, sampler, site, grant, summary, tier)
         if tier == TIER_NONE:  # an armed call outside the slow call's bucket: call through
             return False  # no CUDA event was taken for it
     if cuda:  # after the grant is settled: events only for a call that is captured
@@ -347,9 +349,9 @@ def _abandon(cap: Capture) -> None:
 
 def _event_timer(device: Any) -> Any:
     """An event pair from the process's pool (made on the first CUDA call)."""
-    pool = state.event_pool
+    pool = runtime.device.event_pool
     if pool is None:
-        pool = state.event_pool = _device.CudaEventPool()
+        pool = runtime.device.event_pool = _device.CudaEventPool()
     return pool.get(device)
 
 
@@ -368,7 +370,7 @@ def _device_counts(cap: Capture) -> None:
 def _site_error(site: CallSite, stage: str, exc: Exception) -> None:
     _log.internal_error(stage, exc)
     try:
-        if state.sampler.site_error(site):
+        if runtime.sampler.site_error(site):
             _log.warn_once(
                 "site-off:" + site.key,
                 "attnscope: too many internal errors at this call site; it is no longer traced",
@@ -452,15 +454,15 @@ def wrap(fn: F, site: CallSite, compile_check: bool | None = None) -> F:
     if compile_check is None:
         # Once Dynamo is loaded a registration would be held by Dynamo for good: a trace(fn) made
         # per request would leak; the check costs those wrappers an is_compiling() call instead.
-        compile_check = site.kind == "method" or state.dynamo_loaded
+        compile_check = site.kind == "method" or runtime.dynamo.loaded
     if compile_check:
         is_compiling = _compile.is_compiling_fn()
-        _compile.register_when_dynamo_loads()  # the import hook that sets state.dynamo_loaded
+        _compile.register_when_dynamo_loads()  # the import hook that sets runtime.dynamo.loaded
         mark_no, traced_call = _graph_marks.number(site), _graph_marks.traced_call
 
         @functools.wraps(fn)
         def checked_wrapper(*args: Any, **kwargs: Any) -> Any:
-            if state.dynamo_loaded and is_compiling():  # marks for compiled CUDA graphs
+            if runtime.dynamo.loaded and is_compiling():  # marks for compiled CUDA graphs
                 return traced_call(mark_no, site.param_names, fn, args, kwargs)
             site.countdown -= 1
             if site.countdown > 0:

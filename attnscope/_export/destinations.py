@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from .. import _dist, _log
 from .. import _schema as schema
 from .._config import EXPORTER_NAMES, Config, budgeted, validate
-from .._state import state
+from .._runtime import runtime
 from .._version import __version__
 from . import otlp_status
 from .otel_env import check_headers, exporter_kwargs, invalid_endpoint, reader_kwargs
@@ -424,11 +424,11 @@ def _prometheus_reader() -> Any:
                           "extra: pip install 'attnscope[prometheus]'")
         return None
     reader = reader_cls()
-    if not state.prometheus_started:
+    if not runtime.metrics.prometheus_started:
         host = os.environ.get("OTEL_EXPORTER_PROMETHEUS_HOST", "localhost")
         port = int(os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464"))
         start_http_server(port=port, addr=host)
-        state.prometheus_started = True
+        runtime.metrics.prometheus_started = True
     return reader
 
 

@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from .._log import internal_error, warn_once
-from .._state import state
+from .._runtime import runtime
 from . import files, jaeger_encode
 
 __all__ = ["JaegerJSONFileExporter"]
@@ -111,7 +111,7 @@ class JaegerJSONFileExporter(SpanExporter):
         self._claim = files.claim(requested, warn_once)
         self._path = self._claim.path
         # by (st_dev, st_ino): the same file reached through another spelling is the same file
-        if files.same_path(self._path, list(state.delivery.written_paths)):
+        if files.same_path(self._path, list(runtime.delivery.written_paths)):
             self._keep_existing()
 
     def attnscope_bind_delivery(self, report: Callable[[int, int], None]) -> None:
@@ -301,7 +301,7 @@ class JaegerJSONFileExporter(SpanExporter):
         except Exception as exc:
             self._report(exc)
             return False
-        state.delivery.written_paths.add(self._path)
+        runtime.delivery.written_paths.add(self._path)
         self._dirty = False
         self._settle(self._span_count - self._written, 0)
         self._written = self._span_count
@@ -320,7 +320,7 @@ class JaegerJSONFileExporter(SpanExporter):
             # written first, also without backups: a span counts as exported once in a file
             files.write_atomically(self._path, self._document().encode("ascii"))
             written = True
-            state.delivery.written_paths.add(self._path)
+            runtime.delivery.written_paths.add(self._path)
             self._settle(count - self._written, 0)
             if self._backups == 0:
                 self._dropped += count  # rotated out, as configured: not a failure

@@ -39,7 +39,7 @@ from opentelemetry.trace import NonRecordingSpan
 from .. import _log
 from .._config import Config
 from .. import _schema as schema
-from .._state import state
+from .._runtime import runtime
 from .._version import __version__
 from .destinations import meter_provider_for
 
@@ -78,18 +78,19 @@ _LABELS = tuple(a.name for a in (schema.MODULE_CLASS, schema.BACKEND, schema.DEV
 
 def _total(key: str, source: Any, value: int) -> int:
     """Process-lifetime total of a count that restarts (a new worker, a reset)."""
-    with state.metrics_lock:
-        last_ref, last_value = state.metric_last.get(key, (None, 0))
+    with runtime.metrics.lock:
+        last_ref, last_value = runtime.metrics.last.get(key, (None, 0))
         same = last_ref is not None and last_ref() is source
         delta = value - last_value if same and value >= last_value else value
-        state.metric_last[key] = (weakref.ref(source) if source is not None else _none_ref, value)
-        state.metric_totals[key] = state.metric_totals.get(key, 0) + max(0, delta)
-        return state.metric_totals[key]
+        runtime.metrics.last[key] = (weakref.ref(source) if source is not None else _none_ref,
+                                     value)
+        runtime.metrics.totals[key] = runtime.metrics.totals.get(key, 0) + max(0, delta)
+        return runtime.metrics.totals[key]
 
 
 def _current_total(key: str) -> int:
-    with state.metrics_lock:
-        return state.metric_totals.get(key, 0)
+    with runtime.metrics.lock:
+        return runtime.metrics.totals.get(key, 0)
 
 
 def _none_ref() -> Any:
@@ -106,7 +107,7 @@ def _observe_dropped(options: Any) -> Iterable[Any]:
     from opentelemetry.metrics import Observation
 
     try:
-        worker = state.worker
+        worker = runtime.worker.current
         counts: dict[str, int] = worker.drop_counts() if worker is not None else {}
         out = []
         for reason in _DROP_REASONS:
@@ -124,10 +125,10 @@ def _observe_profiles_skipped(options: Any) -> Iterable[Any]:
     from opentelemetry.metrics import Observation
 
     try:
-        with state.profiler.lock:
-            skips = {key[len("skipped_"):]: value for key, value in state.profiler.counts.items()
+        with runtime.profiler.lock:
+            skips = {key[len("skipped_"):]: value for key, value in runtime.profiler.counts.items()
                      if key.startswith("skipped_")}
-        return [Observation(_total("profiles_skipped:" + reason, state.profiler, value),
+        return [Observation(_total("profiles_skipped:" + reason, runtime.profiler, value),
                             {"reason": reason})
                 for reason, value in sorted(skips.items())]
     except Exception as exc:
@@ -139,7 +140,7 @@ def _observe_internal_errors(options: Any) -> Iterable[Any]:
     from opentelemetry.metrics import Observation
 
     try:
-        return [Observation(_total("internal_errors", state, _log.error_count()))]
+        return [Observation(_total("internal_errors", runtime, _log.error_count()))]
     except Exception:
         return []
 
@@ -149,7 +150,7 @@ def _observe_sampling(options: Any) -> Iterable[Any]:
     from opentelemetry.metrics import Observation
 
     try:
-        s = state.sampler
+        s = runtime.sampler
         return [Observation(s.effective_rate, {"tier": "timing"}),
                 Observation(s.effective_profile_rate, {"tier": "profile"})]
     except Exception as exc:
@@ -162,7 +163,7 @@ def _observe_overhead(options: Any) -> Iterable[Any]:
     from opentelemetry.metrics import Observation
 
     try:
-        return [Observation(state.sampler.budget.last_ratio)]
+        return [Observation(runtime.sampler.budget.last_ratio)]
     except Exception as exc:
         _log.internal_error("metrics.observe", exc)
         return []
@@ -417,13 +418,13 @@ def _count(value: Any) -> TypeGuard[int]:
 
 def _instruments_for(meter_provider: Any) -> _Instruments:
     """One set of instruments per provider: a restarted worker reuses them (no duplicates)."""
-    with state.metrics_lock:
+    with runtime.metrics.lock:
         try:
-            found: _Instruments | None = state.instruments.get(meter_provider)
+            found: _Instruments | None = runtime.metrics.instruments.get(meter_provider)
         except TypeError:  # not weak-referenceable: build each time
             return _Instruments(meter_provider)
         if found is None:
-            found = state.instruments[meter_provider] = _Instruments(meter_provider)
+            found = runtime.metrics.instruments[meter_provider] = _Instruments(meter_provider)
         return found
 
 

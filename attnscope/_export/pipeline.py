@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 from .. import _log
 from .._config import EXPORTER_PREFIXES, Config
-from .._state import Delivery, state
+from .._runtime import Delivery, runtime
 from .._version import __version__
 from . import otlp_status
 from .destinations import (
@@ -97,7 +97,7 @@ class _CountingExporter(SpanExporter):
         return result
 
     def shutdown(self, timeout_millis: float = 30_000) -> None:
-        if state.kept_exporter is not None and state.kept_exporter is self.inner:
+        if runtime.worker.kept_exporter is not None and runtime.worker.kept_exporter is self.inner:
             self.force_flush(int(timeout_millis))  # configure() keeps it for the next pipeline
             return
         try:
@@ -238,7 +238,7 @@ class Pipeline:
         self.meter_provider = meter_provider
         self.meter_owned = meter_owned
         self.processor: Any = None  # the span processor attnscope added to a provider it owns
-        self.delivery: Delivery = state.delivery  # process-wide: counts outlive pipelines
+        self.delivery: Delivery = runtime.delivery  # process-wide: counts outlive pipelines
         # spans leave through a file, the console or nowhere: exporting waits on no network
         self.local = False
         self.destination = "the application's tracer provider"  # where spans go, in words
@@ -348,7 +348,7 @@ def report_undelivered(pipeline: Pipeline | None) -> None:
     Without it a program that exits while its collector hangs, resets or answers 429/503 loses
     every span without a line. Never raises."""
     try:
-        delivery = state.delivery
+        delivery = runtime.delivery
         with delivery.lock:
             in_flight, failed = delivery.in_flight, delivery.export_failed
             dropped = delivery.export_queue_full + delivery.no_pipeline
@@ -356,7 +356,7 @@ def report_undelivered(pipeline: Pipeline | None) -> None:
         lost = in_flight + failed + dropped
         # "nothing is listening at ..." has said it already: a first run without a collector
         # gets that one line, not two
-        if lost <= 0 or "log:export-unreachable" in state.last_logged:
+        if lost <= 0 or "log:export-unreachable" in runtime.log.last_logged:
             return
         where = pipeline.destination if pipeline is not None else "no exporter"
         _log.warn_once(

@@ -20,7 +20,7 @@ import torch
 
 from .. import _log
 from .. import _schema as schema
-from .._state import state
+from .._runtime import runtime
 from .._capture.compile import register_when_dynamo_loads
 from . import torch_nn
 from . import transformers as hf
@@ -49,8 +49,8 @@ def register_attention(cls: type, extractor: UserExtractor | None = None) -> Non
         raise TypeError(f"register_attention expects an nn.Module subclass, got {cls!r}")
     if extractor is not None and not callable(extractor):
         raise TypeError(f"register_attention: extractor must be callable, got {extractor!r}")
-    with state.registry_lock:
-        state.attention_registry[cls] = extractor
+    with runtime.instrumentation.registry_lock:
+        runtime.instrumentation.attention_registry[cls] = extractor
 
 
 def _layer_index(path: str) -> int | None:

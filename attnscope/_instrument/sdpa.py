@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from .. import _log
 from .. import _schema as schema
-from .._state import state
+from .._runtime import runtime
 from .._capture import inner_sdpa, wrapper
 from .._capture.compile import register_when_dynamo_loads
 from .._capture.inner_sdpa import PARAMS as _PARAMS
@@ -29,8 +29,8 @@ def instrument_sdpa(sample_rate: float | None = None) -> None:
     """
     # Nothing that can run the program's code (a warning's or a log line's handlers) is done under
     # the lock: a profiled call's arming waits on it (capture.inner_sdpa).
-    with state.sdpa_lock:
-        already = state.sdpa_original is not None
+    with runtime.instrumentation.sdpa_lock:
+        already = runtime.instrumentation.sdpa_original is not None
         if not already:
             _instrument(sample_rate)
     if already:
@@ -45,7 +45,8 @@ def instrument_sdpa(sample_rate: float | None = None) -> None:
 
 
 def _instrument(sample_rate: float | None) -> None:
-    """Under ``state.sdpa_lock``: the wrapper, in place (or under a profiled call's recorder)."""
+    """Under ``runtime.instrumentation.sdpa_lock``: the wrapper, in place (or under a profiled
+    call's recorder)."""
     fn = inner_sdpa.beneath(F.scaled_dot_product_attention)  # not a profiled call's recorder
     site = wrapper.make_site(
         fn,
@@ -59,7 +60,7 @@ def _instrument(sample_rate: float | None) -> None:
     site.on_profile = _sdpa_context
     traced = wrapper.wrap(fn, site, compile_check=False)
     traced.__attnscope_site__ = site
-    state.sdpa_original = fn
+    runtime.instrumentation.sdpa_original = fn
     if not inner_sdpa.put_beneath(traced):  # else in place once that profiled call ends
         F.scaled_dot_product_attention = traced
 
@@ -67,16 +68,16 @@ def _instrument(sample_rate: float | None) -> None:
 def uninstrument_sdpa() -> None:
     """Put the original ``scaled_dot_product_attention`` back (no-op when not instrumented)."""
     replaced = False
-    with state.sdpa_lock:  # no log line under it: see instrument_sdpa()
-        if state.sdpa_original is None:
+    with runtime.instrumentation.sdpa_lock:  # no log line under it: see instrument_sdpa()
+        if runtime.instrumentation.sdpa_original is None:
             return
         current = inner_sdpa.beneath(F.scaled_dot_product_attention)
         if getattr(current, "__attnscope_site__", None) is not None:
-            if not inner_sdpa.put_beneath(state.sdpa_original):
-                F.scaled_dot_product_attention = state.sdpa_original
+            if not inner_sdpa.put_beneath(runtime.instrumentation.sdpa_original):
+                F.scaled_dot_product_attention = runtime.instrumentation.sdpa_original
         else:
             replaced = True
-        state.sdpa_original = None
+        runtime.instrumentation.sdpa_original = None
     if replaced:
         _log.warn_once(
             "sdpa-replaced",

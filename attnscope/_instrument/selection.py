@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .._state import state
+from .._runtime import runtime
 from .._record.capture import ATTENTION_KEY, AttentionFacts
 from . import Extractor, torch_nn
 from . import transformers as hf
@@ -43,7 +43,7 @@ def selected(path: str, include: tuple[str, ...] | None, exclude: tuple[str, ...
 
 
 def registered(module: torch.nn.Module) -> tuple[bool, UserExtractor | None]:
-    registry = state.attention_registry
+    registry = runtime.instrumentation.attention_registry
     for cls in type(module).__mro__:
         if cls in registry:
             return True, registry[cls]

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from .._state import state
+from .._runtime import runtime
 
 __all__ = ["register", "exit_exporting", "export_window"]
 
@@ -45,7 +45,7 @@ def register(shutdown: Callable[..., bool]) -> None:
     """
     import concurrent.futures.thread  # noqa: F401  (registers its exit hook now, before ours)
 
-    state.exit_flush = shutdown  # for a forked child's os._exit (exit_exporting)
+    runtime.worker.exit_flush = shutdown  # for a forked child's os._exit (exit_exporting)
 
     register = getattr(threading, "_register_atexit", None)
     if register is not None:
@@ -60,11 +60,11 @@ def _before_threads_join() -> None:
     """Wait (bounded) until the worker has built its pipeline; never raises (a hook of threading's
     shutdown that raised would skip the hooks after it and the joining of threads)."""
     try:
-        worker = state.worker
+        worker = runtime.worker.current
         if worker is not None:
             started = time.monotonic()
             worker.built.wait(_EXIT_TIMEOUT_S)
-            state.exit_wait_s = time.monotonic() - started
+            runtime.worker.exit_wait_s = time.monotonic() - started
     except BaseException:
         pass
 
@@ -72,12 +72,12 @@ def _before_threads_join() -> None:
 def _at_exit(shutdown: Callable[..., bool]) -> None:
     """Export what was captured, within what is left of ``_EXIT_TIMEOUT_S``; never raises. No
     worker starts after this (a daemon thread still tracing): it could not build a pipeline."""
-    state.exiting = True
+    runtime.worker.exiting = True
     try:
-        worker = state.worker
+        worker = runtime.worker.current
         pipeline = worker.engine.pipeline if worker is not None and worker.engine is not None \
             else None
-        shutdown(timeout_s=max(0.0, _EXIT_TIMEOUT_S - state.exit_wait_s),
+        shutdown(timeout_s=max(0.0, _EXIT_TIMEOUT_S - runtime.worker.exit_wait_s),
                  export_s=export_window(pipeline))
         if worker is not None and worker.engine is not None:  # spans lost at exit: one line
             from .._export.pipeline import report_undelivered
@@ -131,8 +131,9 @@ def exit_exporting() -> None:
         def _exit(status: int) -> NoReturn:
             """``os._exit``, after attnscope exported this process's spans (bounded)."""
             try:
-                shutdown = state.exit_flush
-                if shutdown is not None and state.worker is not None and not state.exiting:
+                shutdown = runtime.worker.exit_flush
+                if (shutdown is not None and runtime.worker.current is not None
+                        and not runtime.worker.exiting):
                     _at_exit(shutdown)
             except BaseException:  # noqa: BLE001  (the process ends whatever happened)
                 pass

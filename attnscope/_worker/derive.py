@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .._state import state
+from .._runtime import runtime
 from .._record.capture import (
     ATTENTION_KEY,
     MASK_NAMES,
@@ -508,15 +508,15 @@ def host_rss_bytes() -> int | None:
     the process's, not the call's, so a reading a fraction of a second old says the same.
     """
     now = time.monotonic()
-    if now - state.rss_read_at < _RSS_EVERY_S:
-        return state.rss_bytes
-    state.rss_read_at = now
+    if now - runtime.host.rss_read_at < _RSS_EVERY_S:
+        return runtime.host.rss_bytes
+    runtime.host.rss_read_at = now
     try:
-        if state.process is None:
+        if runtime.host.process is None:
             import psutil
 
-            state.process = psutil.Process()
-        state.rss_bytes = int(state.process.memory_info().rss)
+            runtime.host.process = psutil.Process()
+        runtime.host.rss_bytes = int(runtime.host.process.memory_info().rss)
     except Exception:
-        state.rss_bytes = None
-    return state.rss_bytes
+        runtime.host.rss_bytes = None
+    return runtime.host.rss_bytes

@@ -46,7 +46,7 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 
-from .._state import state
+from .._runtime import runtime
 from .._export.destinations import config_attributes
 from .._record.capture import MAX_NAME, MAX_VALUE, ErrorInfo
 
@@ -194,7 +194,7 @@ class DirectEmitter(Emitter):
         # them without building a new provider: each span takes the resource of the configuration
         # in force when it is emitted (one new Resource per change, not per span).
         self._built_resource = provider.resource
-        self._resource_cfg: Any = state.config
+        self._resource_cfg: Any = runtime.config.current
         self.processor = processor
         self.scope = InstrumentationScope(scope_name, version)
         # the SDK's own fixed-decision samplers, decided here once (else asked per span)
@@ -243,7 +243,7 @@ class DirectEmitter(Emitter):
             status = error_status(error)
         if sc.trace_flags.sampled:  # the batch processor takes (and counts) sampled spans only
             _count_handed(self.delivery)
-        if state.config is not self._resource_cfg:
+        if runtime.config.current is not self._resource_cfg:
             self._follow_config()
         self.processor.on_end(ReadableSpan(
             name=name, context=sc, parent=parent, resource=self.resource, attributes=attrs,
@@ -253,7 +253,7 @@ class DirectEmitter(Emitter):
     def _follow_config(self) -> None:
         """The resource for the configuration in force: the built one while its settings are
         unchanged (one Jaeger process), else the built one with the settings of now."""
-        cfg = self._resource_cfg = state.config
+        cfg = self._resource_cfg = runtime.config.current
         built = self._built_resource
         if cfg is None or not isinstance(built, Resource):
             return

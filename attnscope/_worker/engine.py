@@ -16,7 +16,7 @@ from opentelemetry.trace import NoOpTracer
 
 from .. import _log
 from .._config import Config
-from .._state import state
+from .._runtime import runtime
 from .._version import __version__
 from .._record.capture import Capture
 from .._export import metrics, pipeline
@@ -92,7 +92,8 @@ class Engine:
             found.peak_bytes = cap.memory.peak_bytes
         found.host_rss_bytes = derive.host_rss_bytes()
         children: list[Any] = []
-        cfg = state.config or self._cfg  # in force now: profile_dir and max_kernel_spans at once
+        # in force now: profile_dir and max_kernel_spans at once
+        cfg = runtime.config.current or self._cfg
         if cap.profile is not None:
             found.profile, children = profile.finish(cap, cfg, derived)
         # slow? arm the site; a granted call says why

@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import _log
 from .. import _schema as schema
-from .._state import state
+from .._runtime import runtime
 from .._record.capture import INNER_SDPA_KEY, SDPA_CONTEXT_KEY, TensorMeta, find_qkv
 
 __all__ = ["Inputs", "Verdict", "annotate", "annotate_implementation", "assess", "from_summary",
@@ -267,8 +267,8 @@ class _Warned:
 
     def admit(self, key: str) -> bool:
         """Whether ``key`` may be logged: known already, or room for one more."""
-        if self.owner is not state.last_logged:
-            self.owner, self.keys = state.last_logged, set()
+        if self.owner is not runtime.log.last_logged:
+            self.owner, self.keys = runtime.log.last_logged, set()
         if key in self.keys:
             return True
         if len(self.keys) >= self.limit:

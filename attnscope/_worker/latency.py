@@ -5,7 +5,7 @@ histogram of the call's time (device time when there is one, else wall time): ``
 buckets per doubling from 1 µs to about 18 minutes, counts halved every ``_HALF_LIFE`` samples so
 the estimate follows a service whose load drifts. A call beyond the ``slow_call_quantile`` of the
 estimate made *before* it (at least ``MIN_SAMPLES`` earlier calls) is slow: its span says so, and
-the site is armed (``state.grants``) so that its next call in the same shape bucket is profiled.
+the site is armed (``runtime.grants``) so that its next call in the same shape bucket is profiled.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import weakref
 from math import log
 from typing import Any
 
-from .._state import state
+from .._runtime import runtime
 from .._record import buckets as _buckets
 from .._record.capture import TIER_TIMING, Capture
 
@@ -110,7 +110,7 @@ class Escalator:
         if hist.added >= MIN_SAMPLES and ns > hist.threshold(quantile):
             slow = quantile
             if escalate:
-                state.grants.arm(cap.site, _buckets.bucket(cap.summary), cap.capture_id,
+                runtime.grants.arm(cap.site, _buckets.bucket(cap.summary), cap.capture_id,
                                  quantile)
         hist.add(ns)
         return None, slow

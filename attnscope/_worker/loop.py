@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _log
 from .._config import Config
-from .._state import give_bytes, span_counts, state
-from .._state import submit as submit_to_current
+from .._runtime import runtime
 from .._record.capture import Capture
 from . import at_exit, replays
 from .control import ControlFile
@@ -87,7 +86,7 @@ class Worker:
         self._hurry = threading.Event()
         self._sleeping = False
         self.built = threading.Event()  # set once the engine exists (its pipeline built or failed)
-        spare, state.spare_thread = state.spare_thread, None
+        spare, runtime.worker.spare = runtime.worker.spare, None
         if isinstance(spare, Spare) and spare.take(self._run):
             self.thread = spare.thread  # started by configure(): nothing to start on this call
         else:
@@ -132,7 +131,7 @@ class Worker:
         if stopped:
             # Taken for this worker just before it was replaced (configure(), shutdown()): the
             # next worker builds it, and its children already there find their parent.
-            return submit_to_current(cap)
+            return runtime.worker.submit(cap)
         if not accepted and cap.timer is not None:
             cap.timer.release()
         # Read after the append: a worker that saw an empty queue has already said it sleeps.
@@ -184,7 +183,7 @@ class Worker:
         time.sleep(_HAND_BACK_S)
         try:
             # importing the worker side and building the pipeline import modules: no fork meanwhile
-            with state.import_lock:
+            with runtime.worker.import_lock:
                 from .engine import Engine
 
                 self.engine = Engine(self._cfg, self._build)
@@ -232,11 +231,11 @@ class Worker:
 
     def _step(self) -> bool:
         worked = False
-        cfg = state.config or self._cfg  # both read from the configuration in force now
+        cfg = runtime.config.current or self._cfg  # both read from the configuration in force now
         if cfg.live_trigger:  # once a second at most, and only when awake anyway
             trigger = self.control.poll(cfg.trigger_dir)
             if trigger is not None:
-                state.grants.set_trigger(*trigger)
+                runtime.grants.set_trigger(*trigger)
         engine = self.engine
         if self.dropped_queue != self._drops_told:
             self._tell_drops()
@@ -327,7 +326,7 @@ class Worker:
             self.worker_errors += 1
             _log.internal_error("worker", exc)
         finally:
-            give_bytes(cap.kept_bytes)  # its tensors are let go with it
+            runtime.retention.give(cap.kept_bytes)  # its tensors are let go with it
             self.processed += 1
             if cap.rows is not None:
                 cap.rows.seen += 1
@@ -335,7 +334,7 @@ class Worker:
     def drop_counts(self) -> dict[str, int]:
         """Spans lost so far, by reason (read by the metrics callbacks)."""
         engine = self.engine
-        delivery = engine.pipeline.delivery if engine is not None else state.delivery
+        delivery = engine.pipeline.delivery if engine is not None else runtime.delivery
         return {
             "queue_full": self.dropped_queue,
             "trace_cap": engine.builder.stats.dropped_trace_cap if engine is not None else 0,
@@ -345,7 +344,7 @@ class Worker:
 
     def counts(self) -> dict[str, int]:
         """This worker's counters of :func:`attnscope.stats` (the export counts are the
-        process's: ``state.delivery``)."""
+        process's: ``runtime.delivery``)."""
         engine = self.engine
         with self._submit_lock:  # the two a submit changes together, read together
             captured, dropped = self.submitted, self.dropped_queue
@@ -403,15 +402,15 @@ def start(cfg: Config, on_start: Callable[[Config], None] | None = None) -> Work
     daemon thread still tracing) could not build its pipeline, as ``concurrent.futures`` refuses
     work by then: its captures are dropped and counted nowhere.
     """
-    with state.worker_lock:
-        if state.worker is None:
-            if state.exiting or not threading.main_thread().is_alive():
+    with runtime.worker.lock:
+        if runtime.worker.current is None:
+            if runtime.worker.exiting or not threading.main_thread().is_alive():
                 return None
-            state.worker = Worker(cfg, on_start=on_start)
-            if not state.atexit_registered:
+            runtime.worker.current = Worker(cfg, on_start=on_start)
+            if not runtime.worker.atexit_registered:
                 at_exit.register(shutdown)
-                state.atexit_registered = True
-        worker: Worker = state.worker
+                runtime.worker.atexit_registered = True
+        worker: Worker = runtime.worker.current
         return worker
 
 
@@ -419,13 +418,13 @@ def flush(timeout_s: float = 5.0) -> bool:
     """Process everything captured so far and flush the exporters, within ``timeout_s``."""
     deadline = time.monotonic() + max(0.0, timeout_s)
     ok = True
-    for retiring in list(state.retiring):  # replaced workers still building what they took
+    for retiring in list(runtime.worker.retiring):  # replaced workers still building what they took
         retiring.thread.join(max(0.0, deadline - time.monotonic()))
         ok = ok and not retiring.thread.is_alive()
-    worker: Worker | None = state.worker
+    worker: Worker | None = runtime.worker.current
     if worker is None:
         return ok
-    delivery = worker.pipeline.delivery if worker.engine is not None else state.delivery
+    delivery = worker.pipeline.delivery if worker.engine is not None else runtime.delivery
     lost_before = delivery.lost
     ok = worker.wait_idle(deadline) and ok
     engine = worker.engine  # built once the worker has processed anything
@@ -448,14 +447,14 @@ def shutdown(timeout_s: float = 5.0, export_s: float | None = None) -> bool:
     has become a span (the exit flush: a collector that is down costs exit no more than that).
     """
     deadline = time.monotonic() + max(0.0, timeout_s)
-    with state.worker_lock:
-        worker: Worker | None = state.worker
-        state.worker = None
+    with runtime.worker.lock:
+        worker: Worker | None = runtime.worker.current
+        runtime.worker.current = None
         if worker is not None:
-            state.retiring.append(worker)  # counted in stats() until its thread has ended
+            runtime.worker.retiring.append(worker)  # counted in stats() until its thread has ended
     if worker is None:
         return True
-    delivery = worker.pipeline.delivery if worker.engine is not None else state.delivery
+    delivery = worker.pipeline.delivery if worker.engine is not None else runtime.delivery
     lost_before = delivery.lost
     ok = worker.stop(deadline)
     engine = worker.engine
@@ -476,12 +475,13 @@ def shutdown(timeout_s: float = 5.0, export_s: float | None = None) -> bool:
 def _retire(worker: Worker) -> None:
     """A worker's thread has ended: its counts join the totals of every earlier worker."""
     counts = worker.counts()
-    with state.worker_lock:
-        if worker in state.retiring:
-            state.retiring.remove(worker)
+    with runtime.worker.lock:
+        if worker in runtime.worker.retiring:
+            runtime.worker.retiring.remove(worker)
         for key, value in counts.items():
             if key != "pending":
-                state.retired_counts[key] = state.retired_counts.get(key, 0) + value
+                retired = runtime.worker.retired_counts
+                retired[key] = retired.get(key, 0) + value
 
 
 def _shutdown_pipeline(built: Pipeline, deadline: float) -> None:
@@ -496,4 +496,4 @@ def _shutdown_pipeline(built: Pipeline, deadline: float) -> None:
 
 def stats() -> dict[str, int]:
     """Counts over every worker of this process: every key of ``COUNT_KEYS``."""
-    return span_counts()
+    return runtime.span_counts()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _log
 from .. import _schema as schema
-from .._state import state
+from .._runtime import runtime
 from .._record.capture import TIER_TIMING, Capture, next_id
 from .._record.graphs import GraphRecord
 
@@ -61,7 +61,7 @@ def finish(engine: Engine, cap: Capture, timed_out: bool, cuda: DeviceAccess,
         return 0
     rec, generation = cap.replay
     times = None if timed_out else read(cap, rec, generation)
-    counts = state.graph_counts
+    counts = runtime.graphs.counts
     counts["graph_replays_sampled"] += 1
     if times is None:
         counts["graph_replays_lost"] += 1

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from .. import _calibration
 from .. import _schema as schema
-from .._state import state
+from .._runtime import runtime
 from .derived import sig4
 
 __all__ = ["DevicePeaks", "Roofline", "add_configured", "add_to", "device_peaks_for",
@@ -181,7 +181,7 @@ def add_configured(attrs: dict[str, Any]) -> None:
     without it, the peaks ``attnscope calibrate`` measured for the call's device and dtype
     (``peak_source=calibrated``); else a CUDA call's device from the table (``table``), at its
     dtype's peak. Otherwise nothing is added."""
-    cfg = state.config
+    cfg = runtime.config.current
     configured = cfg.device_peaks if cfg is not None else None
     if configured is not None:
         add_to(attrs, configured, "configured")

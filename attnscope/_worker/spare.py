@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 
 from .. import _log
-from .._state import state
+from .._runtime import runtime
 
 __all__ = ["LOAD_WAIT_S", "Spare", "preload"]
 
@@ -50,7 +50,7 @@ class Spare:
 
     def _run(self) -> None:
         try:
-            with state.import_lock:  # no fork while a module is half imported
+            with runtime.worker.import_lock:  # no fork while a module is half imported
                 from . import engine  # noqa: F401
         except Exception as exc:  # the worker imports again when it runs, and says why
             _log.internal_error("preload", exc)
@@ -71,10 +71,10 @@ def preload(wait_s: float = LOAD_WAIT_S) -> None:
     most ``wait_s``, for it to have imported the worker side; never raises (a Ctrl-C while it
     waits goes through: the thread imports on)."""
     try:
-        with state.worker_lock:
-            if state.spare_thread is None and state.worker is None:
-                state.spare_thread = Spare()
-            spare = state.spare_thread
+        with runtime.worker.lock:
+            if runtime.worker.spare is None and runtime.worker.current is None:
+                runtime.worker.spare = Spare()
+            spare = runtime.worker.spare
     except Exception as exc:  # no thread now: the first sampled call starts one
         _log.internal_error("preload", exc)
         return

@@ -32,7 +32,7 @@ from opentelemetry.trace import SpanContext
 
 from .. import _dist
 from .. import _schema as schema
-from .._state import state
+from .._runtime import runtime
 from .emit import Emitter, OpenSpan
 from .run_id import RunId
 
@@ -68,7 +68,7 @@ def step_ids(run_id: str, step_no: int, rank: int) -> tuple[int, int, int]:
 def configured_run_id() -> str | None:
     """The ``run_id`` setting in force, else torchrun's (read when a step starts); None when
     neither gives one (then :class:`RunId` asks the process group's store)."""
-    cfg = state.config
+    cfg = runtime.config.current
     return _dist.run_id(cfg.run_id if cfg is not None else None)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import attnscope
-from attnscope._state import COUNT_KEYS, state
+from attnscope._runtime import COUNT_KEYS, runtime
 from tests.e2e.otlp_fakes import HTTPCollector
 
 CALLS = 20
@@ -31,7 +31,7 @@ def _http(monkeypatch: pytest.MonkeyPatch, collector: HTTPCollector, **env: str)
 
 
 def test_every_count_is_there_before_the_first_sampled_call() -> None:
-    assert state.worker is None
+    assert runtime.worker.current is None
     stats = attnscope.stats()
     for key in COUNT_KEYS:
         assert stats[key] == 0, key

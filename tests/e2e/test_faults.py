@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import attnscope
-from attnscope._state import state
+from attnscope._runtime import runtime
 from tests.e2e.otlp_fakes import GRPCCollector, HTTPCollector, free_port
 
 CALLS = 400
@@ -33,7 +33,7 @@ attention_traced = attnscope.trace(name="attention")(attention_plain)
 
 
 def _bsp_queue_len() -> int | None:
-    worker = state.worker
+    worker = runtime.worker.current
     if worker is None or worker.engine is None:  # no pipeline yet: its thread still builds it
         return None
     processors = getattr(getattr(worker.pipeline.provider, "_active_span_processor", None),
@@ -84,7 +84,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, exporter: str, endpoint: str,
         stats = attnscope.stats()
         max_pending = max(max_pending, stats.get("pending", 0))
         max_bsp = max(max_bsp, _bsp_queue_len() or 0)
-    worker = state.worker
+    worker = runtime.worker.current
     assert worker is not None and worker.built.wait(30)
     delivery = worker.pipeline.delivery
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import attnscope
-from attnscope._state import state
+from attnscope._runtime import runtime
 
 pytestmark = pytest.mark.e2e
 
@@ -24,7 +24,7 @@ def attention(q: torch.Tensor) -> Any:
 
 
 def _guard() -> Any:
-    worker = state.worker
+    worker = runtime.worker.current
     assert worker is not None
     readers = worker.pipeline.meter_provider._metric_readers
     (reader,) = readers
@@ -76,7 +76,7 @@ def test_otel_metrics_exporter_none_opens_no_metric_export(
                         profile_rate=0.0)
     attention(torch.randn(1, 2, 8, 4))
     assert attnscope.flush(timeout_s=10)
-    worker = state.worker
+    worker = runtime.worker.current
     assert worker is not None and worker.pipeline.meter_provider is None
     assert "metrics" not in caplog.text
     assert attnscope.stats()["exported"] >= 1

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnscope
-from attnscope._state import state
+from attnscope._runtime import runtime
 from attnscope._capture import profiler_session as _profile
 from attnscope.testing import capture_spans
 
@@ -76,7 +76,7 @@ def test_timing_tier_device_time_without_host_sync(q: torch.Tensor) -> None:
         assert 0 < a["attnscope.tflops"] < 5000
         assert a["attnscope.tokens_per_s"] > 0
         assert a["attnscope.memory.delta_bytes"] >= 0
-    assert len(state.event_pool or ()) >= 1  # pairs came back to the pool
+    assert len(runtime.device.event_pool or ()) >= 1  # pairs came back to the pool
 
 
 def test_users_peak_statistics_untouched(q: torch.Tensor) -> None:

@@ -408,7 +408,7 @@ def test_queue_given_up_at_shutdown_is_counted_dropped(monkeypatch: pytest.Monke
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-    from attnscope._state import Delivery
+    from attnscope._runtime import Delivery
     from attnscope._export.pipeline import _CountingBatchSpanProcessor, _CountingExporter
 
     release = threading.Event()

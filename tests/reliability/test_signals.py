@@ -39,7 +39,7 @@ _HEADER = textwrap.dedent(
     import json, os, signal, socket, sys, threading, time
     import torch
     import attnscope
-    from attnscope._state import state
+    from attnscope._runtime import runtime
 
     OUT = sys.argv[1]
     PROFILE = float(sys.argv[2])
@@ -56,9 +56,9 @@ _HEADER = textwrap.dedent(
     X = torch.randn(64, 64) / 8
 
     def profiler_state():
-        return {"lock_free": not state.profiler.session_lock.locked(),
+        return {"lock_free": not runtime.profiler.session_lock.locked(),
                 "kineto_off": not torch._C._autograd._profiler_enabled(),
-                "session": state.profiler.active is None}
+                "session": runtime.profiler.active is None}
 
     def say(tag, **fields):
         print(json.dumps({"tag": tag, **fields}), flush=True)
