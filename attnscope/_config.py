@@ -1,6 +1,6 @@
 """The frozen, validated :class:`Config` and its environment variables.
 
-Pure values and parsing, no state: the current configuration lives in :mod:`attnscope._state`
+Pure values and parsing, no state: the current configuration lives in :mod:`attnscope._runtime`
 and changes through :func:`attnscope.configure`. Invalid values raise ``ValueError`` naming the
 setting; ``from_env(strict=False)`` (the implicit configuration made on first use, inside a
 user's call) reports them through ``warn`` and falls back instead.

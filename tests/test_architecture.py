@@ -218,7 +218,8 @@ def _locks(obj: Any) -> dict[str, Any]:
 def test_after_fork_makes_every_lock_new() -> None:
     # every component that keeps its object across a fork (grants and delivery are new objects)
     holders = [runtime.config, runtime.span_sites, runtime.retention, runtime.worker,
-               runtime.metrics, runtime.instrumentation, runtime.log, runtime.profiler,
+               runtime.metrics, runtime.instrumentation, runtime.graphs, runtime.log,
+               runtime.profiler,
                runtime.sampler, runtime.sampler.bucket, runtime.sampler.budget]
     before = [_locks(h) for h in holders]
     assert all(before)

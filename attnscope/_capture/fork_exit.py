@@ -52,5 +52,5 @@ def arm() -> None:
         _log.internal_error("fork-exit", exc)
 
 
-if hasattr(os, "register_at_fork"):  # after _state's own handler: the child's state is fresh
+if hasattr(os, "register_at_fork"):  # after the runtime's handler: the child's state is fresh
     os.register_at_fork(after_in_child=arm)

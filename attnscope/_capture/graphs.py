@@ -49,7 +49,7 @@ def install(cls: Any = None) -> bool:
         cls = getattr(getattr(torch, "cuda", None), "CUDAGraph", None)
         if cls is None:
             return False
-    with runtime.instrumentation.registry_lock:
+    with runtime.graphs.lock:
         if cls in runtime.graphs.hooks:
             return False
         own = {name: cls.__dict__.get(name) for name in _METHODS}
@@ -66,7 +66,7 @@ def uninstall(cls: Any = None) -> bool:
     if cls is None:
         torch = sys.modules.get("torch")
         cls = getattr(getattr(torch, "cuda", None), "CUDAGraph", None)
-    with runtime.instrumentation.registry_lock:
+    with runtime.graphs.lock:
         own = runtime.graphs.hooks.pop(cls, None)
         if own is None:
             return False

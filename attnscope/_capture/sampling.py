@@ -104,7 +104,7 @@ def decide(sampler: Sampler, site: CallSite,
         # Another context forces capture, so every call here comes through: draw per call.
         site.countdown = 1
         site.calls += 1
-        rng = site.rng or sampler._rng
+        rng = site.rng or sampler.rng
         if forced_rate is None and site.calls <= sampler.warmup:
             return TIER_NONE, 0.0
         if rng.random() >= rate:
@@ -116,7 +116,7 @@ def decide(sampler: Sampler, site: CallSite,
                 return TIER_NONE, 0.0
             rng = refreshed
         else:
-            rng = site.rng or sampler._rng
+            rng = site.rng or sampler.rng
         # This call won the lottery; draw the next one (rate 1, every call: no draw to make).
         draw = 1 if rate >= 1.0 else geometric_draw(rate, rng.random)
         site.countdown = draw
@@ -132,7 +132,7 @@ def decide(sampler: Sampler, site: CallSite,
     if profile_rate > 0 and rng.random() < profile_rate and sampler.bucket.take():
         sampler.count(profile=True)
         return TIER_PROFILE, rate
-    with sampler._lock:  # sampler.count(profile=False), inlined: the most common sampled call
+    with sampler.lock:  # sampler.count(profile=False), inlined: the most common sampled call
         sampler.sampled += 1
     return TIER_TIMING, rate
 
@@ -143,13 +143,13 @@ def parent_context(sampler: Sampler) -> Any:
     context object seen (weakly: a dead one cannot match a new one at its address) and the
     second time costs one ``get_current()``."""
     ctx = otel_context.get_current()
-    seen, parent = sampler._parent
+    seen, parent = sampler.parent
     if seen is not None and seen() is ctx:
         return parent
     span_ctx = otel_trace.get_current_span(ctx).get_span_context()
     parent = span_ctx if span_ctx.is_valid else None
     try:
-        sampler._parent = (weakref.ref(ctx), parent)  # one tuple: readers on other threads
+        sampler.parent = (weakref.ref(ctx), parent)  # one tuple: readers on other threads
     except TypeError:  # a context type without weak references: asked every time
         pass
     return parent
@@ -165,7 +165,7 @@ def _refresh(sampler: Sampler, site: CallSite, rate: float) -> random.Random | N
         site.rng = random.Random(_site_seed(sampler.seed, sampler.step_no, site.key))
     else:
         site.rng = None
-    rng = site.rng or sampler._rng
+    rng = site.rng or sampler.rng
     skip = 0
     if site.forced_rate is None and site.calls < sampler.warmup:
         skip = sampler.warmup - site.calls

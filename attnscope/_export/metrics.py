@@ -27,7 +27,6 @@ bucket, the trace and span id of a sampled call: a p99 bucket links to its trace
 from __future__ import annotations
 
 import inspect
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple, TypeGuard
@@ -77,24 +76,12 @@ _LABELS = tuple(a.name for a in (schema.MODULE_CLASS, schema.BACKEND, schema.DEV
 
 
 def _total(key: str, source: Any, value: int) -> int:
-    """Process-lifetime total of a count that restarts (a new worker, a reset)."""
-    with runtime.metrics.lock:
-        last_ref, last_value = runtime.metrics.last.get(key, (None, 0))
-        same = last_ref is not None and last_ref() is source
-        delta = value - last_value if same and value >= last_value else value
-        runtime.metrics.last[key] = (weakref.ref(source) if source is not None else _none_ref,
-                                     value)
-        runtime.metrics.totals[key] = runtime.metrics.totals.get(key, 0) + max(0, delta)
-        return runtime.metrics.totals[key]
+    """Process-lifetime total of a count that restarts (:meth:`MetricTotals.add`)."""
+    return runtime.metrics.add(key, source, value)
 
 
 def _current_total(key: str) -> int:
-    with runtime.metrics.lock:
-        return runtime.metrics.totals.get(key, 0)
-
-
-def _none_ref() -> Any:
-    return None
+    return runtime.metrics.current(key)
 
 
 # Label combinations of the token total kept per meter provider (the labels are low-cardinality;

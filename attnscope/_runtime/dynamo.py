@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import weakref
 from collections.abc import Callable
+from importlib.abc import MetaPathFinder
 from typing import Any
 
 __all__ = ["DynamoWatch"]
@@ -22,7 +23,8 @@ class DynamoWatch:
         # of (a runtime trace(fn) per request) leaves no trace here
         self.pending: weakref.WeakKeyDictionary[Callable[..., Any], Callable[..., Any]] = (
             weakref.WeakKeyDictionary())
-        self.hook: Any = None  # the sys.meta_path finder that sees Dynamo's import
+        # the sys.meta_path finder that sees Dynamo's import
+        self.hook: MetaPathFinder | None = None
 
     def reset(self) -> None:
         """Nothing: every field is a process-lifetime fact."""

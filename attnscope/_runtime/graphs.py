@@ -3,6 +3,7 @@ the marks compiled code carries (attnscope._capture.graphs, .graph_marks)."""
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ class Graphs:
         self.reset()
 
     def reset(self) -> None:
+        self.lock = threading.Lock()  # installing and removing the hooks
         # thread ident -> the graph that thread is capturing; while it is not empty every call
         # site's countdown stays at 1 (capture.graphs)
         self.capturing: dict[int, GraphRecord] = {}
@@ -45,4 +47,5 @@ class Graphs:
         self.counts: dict[str, int] = dict.fromkeys(GRAPH_COUNT_KEYS, 0)
 
     def after_fork(self) -> None:
+        self.lock = threading.Lock()
         self.capturing = {}  # the parent's capturing threads do not exist here

@@ -16,7 +16,8 @@ class Instrumentation:
 
     def __init__(self) -> None:
         self.registry_lock = threading.Lock()
-        self.attention_registry: dict[type, Any] = {}  # class -> its extractor (or None)
+        # class -> its extractor (module, args, kwargs) -> facts, or None
+        self.attention_registry: dict[type, Callable[..., Any] | None] = {}
         self.sdpa_lock = threading.Lock()
         self.sdpa_original: Callable[..., Any] | None = None
 

@@ -12,10 +12,13 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import _log
 from .._config import Config, budgeted
+
+if TYPE_CHECKING:
+    from .grants import Grant
 
 __all__ = ["CallSite", "Sampler", "SpanSites", "TokenBucket", "OverheadBudget", "NEVER",
            "MAX_SITE_ERRORS", "FAST_PATH_NS"]
@@ -75,7 +78,7 @@ class CallSite:
                                   list[tuple[str, Any]]] | None = None
         # A profile-tier grant the worker armed this site with (capture.grants); read only on
         # the sampled path.
-        self.grant: Any = None
+        self.grant: Grant | None = None
 
 
 class TokenBucket:
@@ -190,18 +193,18 @@ class Sampler:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._sites: weakref.WeakSet[CallSite] = weakref.WeakSet()
-        self._lock = threading.Lock()
-        self._rng = random.Random()
+        self.lock = threading.Lock()
+        self.rng = random.Random()  # draws of sites without a step's own generator
         # (the last OpenTelemetry context seen, weakly; its valid span context or None), kept by
         # attnscope._capture.sampling.parent_context
-        self._parent: tuple[weakref.ref[Any] | None, Any] = (None, None)
+        self.parent: tuple[weakref.ref[Any] | None, Any] = (None, None)
         self.gen = 0
         self.step_no: int | None = None
         self.reset()
 
     def reset(self) -> None:
         """Defaults and zero counts; registered call sites are kept (they live in user code)."""
-        with self._lock:
+        with self.lock:
             self.force_blocks = 0
             self.step_no = None
             self.sampled = 0
@@ -210,13 +213,13 @@ class Sampler:
 
     def after_fork(self) -> None:
         """New locks: a forked child may have inherited them held."""
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self.bucket.after_fork()
         self.budget.after_fork()
 
     def count(self, profile: bool) -> None:
         """One sampled call (``profile``: in the profile tier)."""
-        with self._lock:
+        with self.lock:
             self.sampled += 1
             if profile:
                 self.profile_granted += 1
@@ -240,13 +243,13 @@ class Sampler:
 
     def _invalidate(self) -> None:
         """Make every site's next call enter decide()."""
-        with self._lock:
+        with self.lock:
             self.gen += 1
             for site in list(self._sites):
                 site.countdown = 0
 
     def register(self, site: CallSite) -> None:
-        with self._lock:
+        with self.lock:
             self._sites.add(site)
 
     def set_step(self, step_no: int | None) -> None:
@@ -254,12 +257,12 @@ class Sampler:
         self._invalidate()
 
     def force_enter(self) -> None:
-        with self._lock:
+        with self.lock:
             self.force_blocks += 1
         self._invalidate()
 
     def force_exit(self) -> None:
-        with self._lock:
+        with self.lock:
             self.force_blocks = max(0, self.force_blocks - 1)
             last = self.force_blocks == 0
         if last:

@@ -145,5 +145,5 @@ def exit_exporting() -> None:
         pass
 
 
-if hasattr(os, "register_at_fork"):  # after _state's handler: the child's state is fresh
+if hasattr(os, "register_at_fork"):  # after the runtime's handler: the child's state is fresh
     os.register_at_fork(after_in_child=exit_exporting)

@@ -8,7 +8,6 @@ the call; no tensor value is ever recorded, only counts.
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -51,7 +50,6 @@ __all__ = ["derive", "causal_pairs", "window_pairs", "attention_flops", "count_t
 _Q_NAMES = ("query", "q", "query_states")
 _HIDDEN_NAMES = ("hidden_states", "hidden", "x", "inputs_embeds")
 _CAUSAL_NAMES = ("is_causal", "causal")
-_RSS_EVERY_S = 0.25
 
 
 # ---- exact counts -------------------------------------------------------------------------------
@@ -502,21 +500,5 @@ def _structure(f: AttentionFacts, reading: MaskReading | None, traits: LayerTrai
 
 
 def host_rss_bytes() -> int | None:
-    """Resident set size of this process, read at most every ``_RSS_EVERY_S``.
-
-    One read costs psutil a /proc read (tens of µs): as much as the rest of a span. The value is
-    the process's, not the call's, so a reading a fraction of a second old says the same.
-    """
-    now = time.monotonic()
-    if now - runtime.host.rss_read_at < _RSS_EVERY_S:
-        return runtime.host.rss_bytes
-    runtime.host.rss_read_at = now
-    try:
-        if runtime.host.process is None:
-            import psutil
-
-            runtime.host.process = psutil.Process()
-        runtime.host.rss_bytes = int(runtime.host.process.memory_info().rss)
-    except Exception:
-        runtime.host.rss_bytes = None
-    return runtime.host.rss_bytes
+    """Resident set size of this process (:meth:`attnscope._runtime.host.HostMemory.rss`)."""
+    return runtime.host.rss()

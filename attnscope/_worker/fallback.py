@@ -258,7 +258,7 @@ class _Warned:
     """The once-per-site keys handed to ``_log`` so far, at most ``limit`` of them: ``_log`` keeps
     a rate-limit entry per key for the process's life, so a program whose sites never stop
     changing (a model built per request) must not hand it new keys for ever. Forgotten with
-    ``_log``'s own memory (``attnscope._state.reset`` gives it a new dict). Worker thread only."""
+    ``_log``'s own memory (``runtime.reset()`` gives it a new dict). Worker thread only."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit

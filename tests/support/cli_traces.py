@@ -61,7 +61,7 @@ attnscope.configure(
 # the same calls in every run (a call inside a profiled one is never profiled, so unseeded runs
 # with no profiled attention call were not rare)
 from attnscope._runtime import runtime
-runtime.sampler._rng.seed(opts["seed"])
+runtime.sampler.rng.seed(opts["seed"])
 cfg = transformers.LlamaConfig(
     vocab_size=128, hidden_size=opts["hidden"], intermediate_size=2 * opts["hidden"],
     num_hidden_layers=opts["layers"], num_attention_heads=8, num_key_value_heads=2,
