@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 import attnscope
-from attnscope._state import state
+from attnscope._runtime import runtime
 from attnscope._capture import args as _args
 from attnscope._capture import device as _device
 from attnscope._capture import graphs
@@ -95,7 +95,7 @@ def _fake_cuda() -> Iterator[None]:
     patches: list[tuple[Any, str, Any]] = [
         (_args, "tensor_device", lambda a, k: cuda0),
         (torch.cuda, "is_current_stream_capturing", lambda: FakeGraph.capturing),
-        (state, "event_pool", CudaEventPool(make_event=_Event)),
+        (runtime.device, "event_pool", CudaEventPool(make_event=_Event)),
         (_device, "memory_before", lambda dev, reset: None),
         # the worker's own device set-up (set_device, a side stream): not on a CPU build
         (_cuda.DeviceAccess, "prepare", lambda self, dev: None),

@@ -131,9 +131,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     else:
         attnscope.configure(**destination)  # everything else: the defaults
     if args.calling_thread_only:
-        from attnscope import _state
+        from attnscope._runtime import runtime
 
-        _state.submit = lambda cap: True  # type: ignore[assignment]
+        runtime.worker.submit = lambda cap: True  # type: ignore[method-assign]
     attnscope.instrument(traced)
     if args.seq_len != 256:
         seq_len = args.seq_len
@@ -216,9 +216,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 def _worker_cpu() -> tuple[int, int] | None:
     """(the worker thread's CPU time in ns, captures it finished so far), or None where the
     platform or the worker does not say (its thread is attnscope's private business)."""
-    from attnscope import _state
+    from attnscope._runtime import runtime
 
-    worker = _state.state.worker
+    worker = runtime.worker.current
     ident = getattr(getattr(worker, "thread", None), "ident", None)
     try:
         clock = time.pthread_getcpuclockid(ident)  # type: ignore[arg-type]

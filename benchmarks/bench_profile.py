@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 import attnscope
-from attnscope._state import state
+from attnscope._runtime import runtime
 from attnscope._capture import profiler_session as _profile
 from attnscope.testing import capture_spans
 
@@ -106,7 +106,7 @@ class _OwnCost:
         OverheadBudget.add = add  # type: ignore[method-assign,assignment]
 
     def arm(self) -> None:
-        state.sampler.budget.budget = 0.5  # below 1: the wrapper reports each call's cost
+        runtime.sampler.budget.budget = 0.5  # below 1: the wrapper reports each call's cost
 
     def take(self) -> list[int]:
         out, self.values = self.values, []
@@ -142,7 +142,7 @@ def first_profiled(q: torch.Tensor, device: str, later_n: int) -> dict[str, Any]
         first_sampled = _timed(traced, device)  # starts the worker, which warms the profiler up
     first_sampled_own = own.take()[0]
     t0 = time.perf_counter()
-    while (not (state.profiler.warm_cuda if device == "cuda" else state.profiler.warm_cpu)
+    while (not (runtime.profiler.warm_cuda if device == "cuda" else runtime.profiler.warm_cpu)
            and time.perf_counter() - t0 < 60):
         if device == "cuda":
             _profile.warm_up_async(cuda=True)  # the worker warms CUDA only once CUDA is initialised

@@ -51,12 +51,16 @@ import attnscope
 def _worker() -> Any:
     """The running worker (also of attnscope versions before the reshaping, for A/B runs)."""
     try:
-        from attnscope._state import state
+        from attnscope._runtime import runtime
     except ImportError:
-        from attnscope import _worker as old  # type: ignore[attr-defined]
+        try:
+            from attnscope._state import state  # type: ignore[import-not-found]
+        except ImportError:
+            from attnscope import _worker as old  # type: ignore[attr-defined]
 
-        return old.get()
-    return state.worker
+            return old.get()
+        return state.worker
+    return runtime.worker.current
 
 
 class Keep(SpanExporter):
