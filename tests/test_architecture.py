@@ -6,6 +6,8 @@ import ast
 import importlib
 import io
 import pathlib
+import subprocess
+import sys
 import threading
 import tokenize
 import weakref
@@ -113,6 +115,33 @@ def test_record_imports_neither_side() -> None:
                                           "attnscope._export", "attnscope._instrument",
                                           "attnscope._api", "attnscope._runtime",
                                           "opentelemetry.sdk"))
+
+
+def test_log_is_a_leaf() -> None:
+    # Every module logs: _log importing any of ours would load that module everywhere.
+    assert sorted(i for i in RAW["attnscope._log"] if i.startswith("attnscope")) == []
+
+
+def test_the_runtime_imports_neither_side() -> None:
+    # Both sides import the runtime: it holds their state, never their code (nor OpenTelemetry).
+    assert not _bad_imports(("_runtime",), ("attnscope._capture", "attnscope._worker",
+                                            "attnscope._export", "attnscope._instrument",
+                                            "attnscope._api", "opentelemetry"))
+
+
+@pytest.mark.parametrize(("module", "absent"), [
+    ("attnscope._worker.derive", ("attnscope._capture",)),
+    ("attnscope._record.capture", ("attnscope._capture", "attnscope._worker")),
+    ("attnscope._record.reduce", ("attnscope._capture", "attnscope._worker")),
+    ("attnscope.cli.trigger", ("attnscope._capture", "opentelemetry")),
+])
+def test_a_module_loads_no_layer_above_it(module: str, absent: tuple[str, ...]) -> None:
+    # Transitively, at run time: what importing the module really loads, lazy imports aside.
+    code = (f"import sys, {module}; "
+            f"print(sorted(m for m in sys.modules if m.startswith({absent!r})))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stdout + done.stderr[-2000:]
 
 
 def test_the_layering_checks_catch_a_crossing() -> None:
