@@ -41,6 +41,11 @@ COUNT_KEYS = ("captured", "emitted", "dropped_queue_full", "dropped_trace_cap", 
               "export_dropped", "export_in_flight")
 
 
+# Components replaced by a new object rather than reset in place (see Runtime.reset).
+_NEW_ON_RESET = frozenset({"grants", "span_sites", "delivery"})
+_NEW_ON_FORK = frozenset({"grants", "delivery"})
+
+
 class Runtime:
     """attnscope's process state, one component per concept. One instance, :data:`runtime`."""
 
@@ -67,25 +72,24 @@ class Runtime:
         """Everything back to its state at import, but call sites, torch hooks and warm-up (tests).
 
         Stop the worker first (``attnscope.shutdown()``): a running one is forgotten, not
-        stopped. Grants, span() sites and export counts are new objects: a pipeline or a site
-        of before may still hold the old ones.
+        stopped. Every component is reached (none can be left out by a list to keep up to date):
+        those in ``_NEW_ON_RESET`` are new objects, a pipeline or a site of before may still
+        hold the old ones; every other one resets itself.
         """
-        self.grants = Grants()
-        self.span_sites = SpanSites()
-        self.delivery = Delivery()
-        for part in (self.config, self.sampler, self.profiler, self.device, self.retention,
-                     self.dynamo, self.graphs, self.instrumentation, self.worker, self.host,
-                     self.metrics, self.log):
-            part.reset()
+        for name, part in list(vars(self).items()):
+            if name in _NEW_ON_RESET:
+                setattr(self, name, type(part)())
+            else:
+                part.reset()
 
     def after_fork(self) -> None:
-        """In a forked child: no worker, no session, no warm-up thread, every lock new."""
-        self.grants = Grants()  # the parent's trigger and grants are the parent's
-        self.delivery = Delivery()  # the child counts its own spans
-        for part in (self.config, self.sampler, self.span_sites, self.profiler, self.device,
-                     self.retention, self.dynamo, self.graphs, self.instrumentation, self.worker,
-                     self.host, self.metrics, self.log):
-            part.after_fork()
+        """In a forked child: no worker, no session, no warm-up thread, every lock new. The
+        parent's grants and export counts are the parent's: the child gets new ones."""
+        for name, part in list(vars(self).items()):
+            if name in _NEW_ON_FORK:
+                setattr(self, name, type(part)())
+            else:
+                part.after_fork()
 
     def span_counts(self) -> dict[str, int]:
         """The span counts of ``attnscope.stats()`` (``COUNT_KEYS``): workers shut down, the
