@@ -11,7 +11,8 @@ Normalised (what is measured, random or the machine's), replaced by ``"#"`` (lis
   - times: every attribute whose key ends in ``_ns`` (``wall_ns``, ``kernel.top_ns``,
     ``request.attention_ns``, ...); span start/end times and ids are not written at all;
   - memory readings: keys starting with ``attnscope.memory.``;
-  - rates computed from times: ``attnscope.tflops``, ``tokens_per_s``, ``core_tflops``,
+  - rates computed from times: ``attnscope.tflops``, ``tokens_per_s``, ``core_tflops`` (also
+    written when absent because the profile measured ``core_ns`` as 0),
     ``roofline.achieved_tflops``, ``roofline.achieved_gbps``, ``roofline.fraction``,
     ``graph.attention_share``; and ``attnscope.kernel.top_names`` / ``kernel.top``
     (the five ops with the most measured time: which five, and their order, is measured);
@@ -27,9 +28,13 @@ Normalised (what is measured, random or the machine's), replaced by ``"#"`` (lis
 Everything else is kept verbatim. Spans have no stable ids: they are sorted by (scenario, parent
 path, name, the normalised record).
 
-Regenerate the golden (torch 2.13 on CPU, the dev venv's transformers):
-    PYTHONPATH=$PWD .venv/bin/python scripts/span_dump.py --out tests/golden/span_attributes.json
-Compare two trees: run it with PYTHONPATH=<tree> for each and diff the files.
+The golden (tests/golden/span_attributes.json, checked by tests/test_span_dump.py) is this
+script's output on the code before issue 39's redesign (39a2950), torch 2.13 on CPU and the dev
+venv's transformers; to make it again, from the repository's root:
+    git worktree add --detach ../before 39a2950
+    PYTHONPATH=../before python scripts/span_dump.py --out tests/golden/span_attributes.json
+(``PYTHONPATH=$PWD`` instead: this tree's code, for a change meant to alter spans.) Any two trees
+compare the same way: run it with ``PYTHONPATH=<tree>`` for each and diff the two files.
 """
 
 from __future__ import annotations
@@ -132,7 +137,13 @@ def normalised(key: str, value: Any) -> Any:
 
 
 def _attributes(attrs: Any) -> dict[str, Any]:
-    return {k: normalised(k, v) for k, v in sorted(dict(attrs or {}).items())}
+    raw = dict(attrs or {})
+    # core_tflops (FLOPs over core_ns) is left out when the profile measured the core at 0 ns,
+    # which the CPU profiler's microsecond clock does for a small core now and then: written as
+    # there whenever its FLOPs and core_ns are (its value is normalised anyway)
+    if raw.get("attnscope.core_ns") == 0 and isinstance(raw.get("attnscope.flops"), int):
+        raw.setdefault("attnscope.core_tflops", 0.0)
+    return {k: normalised(k, v) for k, v in sorted(raw.items())}
 
 
 def records(scenario: str, spans: list[Any]) -> list[dict[str, Any]]:
