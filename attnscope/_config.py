@@ -247,7 +247,7 @@ def _check_exporter(value: Any) -> ExporterSetting | None:
         if name.lower() in EXPORTER_NAMES:
             return name.lower()
         if any(name.startswith(p) and len(name) > len(p) for p in EXPORTER_PREFIXES):
-            from ._export.files import check_target  # no directory, device or link: ValueError
+            from ._safe_files import check_target  # no directory, device or link: ValueError
 
             check_target(name.split(":", 1)[1], "exporter")
             return name
