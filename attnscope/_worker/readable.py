@@ -18,7 +18,7 @@ from typing import Any, TypeGuard
 from .. import _schema as schema
 from .._record.capture import MAX_NAME
 
-__all__ = ["Summaries", "duration", "si", "flop_rate", "binary_bytes", "call_summary",
+__all__ = ["Summaries", "duration", "si", "flop_rate", "binary_bytes",
            "op_summary", "top_list", "shapes", "compact_shapes"]
 
 MAX_SUMMARY = 256  # a span's strings are cut there anyway (emit.MAX_STRING)
@@ -191,11 +191,6 @@ class Summaries:
             memory = self._rss[1]
         text = f"{busy}{texts[2]}{rate}{texts[3]}{memory}"
         return text if len(text) <= MAX_SUMMARY else text[:MAX_SUMMARY]
-
-
-def call_summary(attrs: dict[str, Any]) -> str:
-    """:meth:`Summaries.call` without kept texts (one span)."""
-    return Summaries().call(attrs)
 
 
 def _static_parts(attrs: dict[str, Any]) -> tuple[str, str]:
