@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import importlib as _importlib
-from typing import TYPE_CHECKING as _TYPE_CHECKING
-from typing import Any as _Any
+import typing as _typing
 
 from ._version import __version__
 
-if _TYPE_CHECKING:  # the names as the type checker sees them; at run time see __getattr__
+# the names as the type checker sees them; at run time see __getattr__ (spelt
+# `_typing.TYPE_CHECKING` so that lint-imports, too, reads these as imports that never run)
+if _typing.TYPE_CHECKING:
     from ._api import configure, flush, sampling, shutdown, stats, step, trace
     from ._config import Config
     from ._capture.batch import batch
@@ -62,7 +63,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> _Any:  # PEP 562: called only for names not bound yet
+def __getattr__(name: str) -> _typing.Any:  # PEP 562: called only for names not bound yet
     # rank and world_size are read when asked: torch.distributed may initialise after import.
     if name in ("rank", "world_size"):
         from . import _dist

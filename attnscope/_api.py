@@ -18,7 +18,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from . import _exit_status, _log, _nothing_sampled
 from ._config import Config, check_rate, from_env, shown, validate
@@ -29,6 +29,11 @@ from ._capture.sampling import force as _force
 from ._worker import loop, spare
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+    from typing_extensions import Unpack  # typing's own from Python 3.11
+
+    from ._config import ExporterSetting, OtherSettings
+    from ._stats import Stats
     from ._worker.loop import Worker
 
 __all__ = ["configure", "current", "restore", "reset_defaults", "trace", "flush", "shutdown",
@@ -77,10 +82,10 @@ def configure(
     *,
     service_name: str | None | _NotGiven = _NOT_GIVEN,
     sample_rate: float | None | _NotGiven = _NOT_GIVEN,
-    exporter: Any = _NOT_GIVEN,
-    tracer_provider: Any = _NOT_GIVEN,
+    exporter: ExporterSetting | None | _NotGiven = _NOT_GIVEN,
+    tracer_provider: TracerProvider | None | _NotGiven = _NOT_GIVEN,
     enabled: bool | None | _NotGiven = _NOT_GIVEN,
-    **settings: Any,
+    **other: Unpack[OtherSettings],
 ) -> Config:
     """Set attnscope's configuration; settings not given keep their current value, and ``None``
     puts one back to its default: its environment variable's value if set (read now), else the
@@ -89,6 +94,7 @@ def configure(
     Raises ``ValueError`` naming the setting when a value is invalid. See docs/configuration.md
     for every setting and its environment variable.
     """
+    settings: dict[str, Any] = dict(other)  # typed for the caller; checked below all the same
     named = {"service_name": service_name, "sample_rate": sample_rate, "exporter": exporter,
              "tracer_provider": tracer_provider, "enabled": enabled}
     settings.update({k: v for k, v in named.items() if v is not _NOT_GIVEN})
@@ -305,7 +311,7 @@ def shutdown(timeout_s: float = 5.0) -> bool:
         return False
 
 
-def stats() -> dict[str, Any]:
+def stats() -> Stats:
     """Live numbers: configured and effective rates, measured overhead, span and drop counts."""
     s = runtime.sampler
     out: dict[str, Any] = {
@@ -326,7 +332,7 @@ def stats() -> dict[str, Any]:
     out.update({k if k == "profiled" else "profile_" + k: v for k, v in profiled.items()})
     out.update(runtime.grants.stats())  # slow calls and on-demand triggers (docs/live.md)
     out.update(runtime.graphs.counts)  # CUDA graph replays (docs/profiling.md#cuda-graphs)
-    return out
+    return cast("Stats", out)  # its keys: tests/test_public_api.py pins them to Stats's
 
 
 # Read the environment now (never raising), so the sampler starts with it.

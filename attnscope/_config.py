@@ -13,15 +13,16 @@ import math
 import os
 import types
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, TypedDict, Union
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import TracerProvider
 
-__all__ = ["Config", "DEFAULT_OVERHEAD_BUDGET", "EXPORTER_NAMES", "EXPORTER_PREFIXES", "Warn",
-           "budgeted", "check_rate", "from_env", "shown", "validate"]
+__all__ = ["Config", "DEFAULT_OVERHEAD_BUDGET", "EXPORTER_NAMES", "EXPORTER_PREFIXES",
+           "ExporterSetting", "OtherSettings", "Settings", "Warn", "budgeted", "check_rate",
+           "from_env", "shown", "validate"]
 
 ExporterSetting = Union[str, "SpanExporter"]
 
@@ -72,6 +73,43 @@ class Config:
     compiled_graph_marks: bool = False
     """Mark instrumented calls on CUDA tensors in ``torch.compile``'d code, so that CUDA graphs
     of it (``mode="reduce-overhead"``) time them (docs/profiling.md). Read while Dynamo traces."""
+
+
+class OtherSettings(TypedDict, total=False):
+    """The settings :func:`attnscope.configure` takes as ``**other`` (those after its named
+    ones), each of its :class:`Config` field's type or None (None: back to the default)."""
+
+    profile_rate: float | None
+    profile_max_per_minute: float | None
+    warmup_calls: int | None
+    max_spans_per_trace: int | None
+    overhead_budget: float | None
+    max_kernel_spans: int | None
+    profile_dir: str | None
+    reset_peak_memory_stats: bool | None
+    queue_size: int | None
+    seed: int | None
+    metrics: bool | None
+    meter_provider: MeterProvider | None
+    slow_call_quantile: float | None
+    live_trigger: bool | None
+    trigger_dir: str | None
+    run_id: str | None
+    device_peaks: Mapping[str, float] | None
+    record_command_args: bool | None
+    compiled_graph_marks: bool | None
+
+
+class Settings(OtherSettings, total=False):
+    """Every keyword argument of :func:`attnscope.configure` (``configure(**settings)``): a key
+    per :class:`Config` field. For the type checker only: ``configure()`` validates at run time
+    whatever it is given (tests/test_public_api.py pins these to ``Config`` and ``configure``)."""
+
+    service_name: str | None
+    sample_rate: float | None
+    exporter: ExporterSetting | None
+    tracer_provider: TracerProvider | None
+    enabled: bool | None
 
 
 DEFAULT_OVERHEAD_BUDGET = 0.01
@@ -209,7 +247,7 @@ def _check_exporter(value: Any) -> ExporterSetting | None:
         if name.lower() in EXPORTER_NAMES:
             return name.lower()
         if any(name.startswith(p) and len(name) > len(p) for p in EXPORTER_PREFIXES):
-            from ._export.files import check_target  # no directory, device or link: ValueError
+            from ._safe_files import check_target  # no directory, device or link: ValueError
 
             check_target(name.split(":", 1)[1], "exporter")
             return name

@@ -9,6 +9,12 @@ file of the same directory, created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` under
 replaces a link itself, never what it points to; a link already at the name is refused all the
 same, so that the user hears of it (:class:`UnsafePath`).
 
+A trace file (``jaeger-json:``/``otlp-json:``, :mod:`attnscope._export.files`) must moreover be
+a regular file or not exist yet, in a directory that exists: :func:`check_target` when the
+exporter is configured, :func:`ensure_safe` before each write (``OSError`` for a directory, a
+device, a FIFO, a socket or a link at the name). Imports nothing of attnscope's: ``_config``
+checks a file exporter's path with it at ``configure()`` time.
+
 A directory attnscope fills with names of its own choosing (``attnscope run --out``,
 ``profile_dir``) must also be one nobody else can write in: owned by the user (or root), and
 not writable by every user unless it is sticky as ``/tmp`` is (there, others cannot replace or
@@ -25,13 +31,23 @@ import errno
 import os
 import secrets
 import stat
+from collections.abc import Callable
 
-__all__ = ["UnsafePath", "check_directory", "check_writable", "directory_problem",
+__all__ = ["UnsafePath", "check_directory", "check_target", "check_writable", "describe",
+           "directory_problem", "ensure_safe", "kind_of", "target_problem", "write_all",
            "write_bytes", "write_text"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 class UnsafePath(OSError):
@@ -81,24 +97,43 @@ def check_writable(directory: str | os.PathLike[str]) -> None:
     os.unlink(probe)
 
 
-def write_bytes(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o666) -> None:
+def write_bytes(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o666,
+                durable: bool = False, refuse: Callable[[str], None] | None = None) -> None:
     """``data`` as the whole content of ``path``: a new file beside it, then renamed onto it.
 
-    ``mode`` as for ``open()`` (the umask applies). :class:`UnsafePath` when a link is at
-    ``path``; any ``OSError`` of the write; nothing is left behind on failure."""
+    The one way attnscope writes a whole file. ``mode`` as for ``open()`` (the umask applies).
+    ``durable``: the new file is fsync'd before the rename (a trace file: a reader sees the old
+    one or the new one, never half of one). ``refuse(path)`` raises for what may not be at
+    ``path``, checked before the new file is made and again before the rename; by default a
+    link (:class:`UnsafePath`); :func:`ensure_safe` for a trace file. Any ``OSError`` of the
+    write; nothing is left behind on failure."""
     target = os.path.abspath(os.fspath(path))
+    check = _refuse_link if refuse is None else refuse
+    named = target if refuse is None else os.fspath(path)  # as the errors have always named it
+    check(named)
     directory, name = os.path.split(target)
     tmp = os.path.join(directory, f".{name[:64]}.{secrets.token_hex(8)}.tmp")
     fd = os.open(tmp, _NEW_FILE, mode)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        _refuse_link(target)
+        try:
+            write_all(fd, data)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        check(named)  # a rename would replace a directory entry of any kind
         os.replace(tmp, target)  # (a link planted since is replaced, never followed)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to ``fd`` (``os.write`` may write less than it is given)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def write_text(path: str | os.PathLike[str], text: str, *, mode: int = 0o666) -> None:
@@ -114,3 +149,62 @@ def _refuse_link(target: str) -> None:
     if stat.S_ISLNK(st.st_mode):
         raise UnsafePath(errno.ELOOP, "a symbolic link is there (attnscope does not write "
                          "through links)", target)
+
+
+# ---- trace files: regular files only -----------------------------------------------------
+
+
+def kind_of(mode: int) -> str | None:
+    """None for a regular file, else what a path of this ``st_mode`` is."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def describe(exc: BaseException) -> str:
+    """``ENOSPC: No space left on device`` for an OSError; the repr, bounded, otherwise."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        name = errno.errorcode.get(exc.errno, str(exc.errno))
+        return f"{name}: {exc.strerror or exc}"
+    return repr(exc)[:300]
+
+
+def target_problem(path: str) -> str | None:
+    """Why ``path`` cannot be a trace file, or None. Permissions are left to the writes."""
+    if not path:
+        return "the path is empty"
+    try:
+        kind = kind_of(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        directory = os.path.dirname(path) or "."
+        if not os.path.isdir(directory):
+            return (f"{path!r}: its directory does not exist or is not a directory "
+                    f"(attnscope creates no directories)")
+        return None
+    except OSError as exc:
+        return f"{path!r} cannot be used: {describe(exc)}"
+    if kind is None:
+        return None
+    return f"{path!r} is {kind}, not a regular file (attnscope writes regular files only)"
+
+
+def check_target(path: str, setting: str) -> None:
+    """Raise ``ValueError`` naming ``setting`` when ``path`` cannot be a trace file."""
+    problem = target_problem(path)
+    if problem is not None:
+        raise ValueError(f"attnscope: {setting}: {problem}")
+
+
+def ensure_safe(path: str) -> None:
+    """Raise ``OSError`` unless ``path`` is missing or a regular file.
+
+    Checked before each write.
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    kind = kind_of(mode)
+    if kind is not None:
+        code = errno.EISDIR if stat.S_ISDIR(mode) else errno.EEXIST
+        raise OSError(code, f"refused: it is {kind}, not a regular file", path)

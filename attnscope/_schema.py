@@ -204,6 +204,8 @@ ROOFLINE_PEAK_SOURCE = attribute("roofline.peak_source", "string", "",
                                  "where the peaks came from: configured, calibrated or table")
 
 # ---- batch(rows=...): a call's padding, and the attnscope.request span of each request row
+# the span's name: the worker emits it (_worker/apportion.py), the CLI reads it (cli/report)
+REQUEST_SPAN = "attnscope.request"
 PADDING_FRACTION = attribute("padding_fraction", "float", "1",
                              "share of the call's FLOPs spent on padding (inside batch())")
 REQUEST_ID = attribute("request.id", "string", "", "the request id the application gave")

@@ -1,9 +1,10 @@
 """The first sampled call of a process against the later ones, in fresh processes.
 
 The first sampled call starts attnscope's worker. The worker's side (the OpenTelemetry SDK, the
-exporters, the profile parser: ~100 ms of imports) must load on the worker's own thread, never on
-the call. Each run is a fresh interpreter that imports torch, warms the traced body up with plain
-calls, then makes ``--calls`` sampled calls and reports, in ms:
+exporters, the profile parser: what they cost to import is in docs/benchmarks.md, "The first
+sampled call") must load on the worker's own thread, never on the call. Each run is a fresh
+interpreter that imports torch, warms the traced body up with plain calls, then makes
+``--calls`` sampled calls and reports, in ms:
 
   first         the first sampled call (it starts the worker)
   later         the median of the later sampled calls (the steady state)
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--exporter", default="otlp", choices=("otlp", "none", "jaeger-json"))
-    # SDPA's q, k and v shape: the default takes ~1.5 ms on a CPU core, like bench_profile's
+    # SDPA's q, k and v shape: the default is bench_profile's (its time: docs/benchmarks.md)
     parser.add_argument("--shape", default="2,8,256,64")
     parser.add_argument("--generate", type=int, default=0,
                         help="new tokens: measure a model's first generate() instead")

@@ -14,11 +14,11 @@ usual set-up; ``--app-provider`` hands it the application's provider instead (``
 where spans go through the SDK's ``Tracer.start_span``.
 
 Full collections of the garbage collector are kept out of both sides: after the warm-up the
-heap is frozen (``gc.freeze()``). A full collection scans the whole heap (torch and the SDK: about
-65 ms here); left in, one lands in most rounds of 5000 spans, on whichever thread allocates when
-the threshold trips, usually the reference's (+13 µs per span on it), so the comparison measured
-where the collector happened to run. Young collections, which each side's own allocations cause,
-still run and are counted where they run.
+heap is frozen (``gc.freeze()``). A full collection scans the whole heap (torch and the SDK);
+left in, one lands in most rounds of 5000 spans, on whichever thread allocates when the threshold
+trips, usually the reference's, so the comparison measured where the collector happened to run
+(the figures: docs/benchmarks.md, "Metrics recorded a batch at a time"). Young collections, which
+each side's own allocations cause, still run and are counted where they run.
 
 Run: python benchmarks/bench_worker.py [--spans 5000] [--rounds 5] [--metrics [off|on|both]]
                                       [--app-provider]

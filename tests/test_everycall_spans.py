@@ -13,11 +13,16 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
 from attnscope._worker import readable
 from attnscope._worker.emit import DirectEmitter
-from attnscope._worker.readable import Summaries, call_summary
+from attnscope._worker.readable import Summaries
 
 _SHAPE = {"attnscope.flops": 4096, "attnscope.batch_size": 1, "attnscope.num_heads": 2,
           "attnscope.seq_len_q": 4, "attnscope.head_dim": 8}
 _SITE = {"attnscope.module": "m"}
+
+
+def call_summary(attrs: dict[str, Any]) -> str:
+    """A summary built afresh: :meth:`Summaries.call` without kept texts."""
+    return Summaries().call(attrs)
 
 
 def _attrs(wall: int, rss: Any) -> dict[str, Any]:

@@ -79,3 +79,54 @@ def test_no_public_name_is_hidden_by_a_submodule() -> None:
             "       if isinstance(getattr(attnscope, n), types.ModuleType)]\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def _annotation(value: object) -> str:
+    """An annotation as written (TypedDict keeps a string one as a ForwardRef)."""
+    return str(getattr(value, "__forward_arg__", value))
+
+
+def test_configure_is_typed_with_every_setting_of_config() -> None:
+    """``Settings``: a key per Config field, of the field's type or None (None: back to the
+    default), every one optional; ``configure()`` takes them as its named parameters (``<not
+    given>`` by default) and ``**other: Unpack[OtherSettings]``, the rest of them."""
+    import dataclasses
+    import inspect
+
+    from attnscope._config import Config, OtherSettings, Settings
+
+    fields = {f.name: str(f.type) for f in dataclasses.fields(Config)}
+    assert Settings.__optional_keys__ == set(fields) and not Settings.__required_keys__
+    for name, annotation in Settings.__annotations__.items():
+        written = fields[name]
+        assert _annotation(annotation) == (
+            written if written.endswith("| None") else f"{written} | None"), name
+    *named, other = inspect.signature(attnscope.configure).parameters.values()
+    assert other.kind is inspect.Parameter.VAR_KEYWORD
+    assert other.annotation == "Unpack[OtherSettings]"
+    assert {p.name for p in named} | OtherSettings.__optional_keys__ == set(fields)
+    assert not {p.name for p in named} & OtherSettings.__optional_keys__
+    for p in named:
+        assert p.kind is inspect.Parameter.KEYWORD_ONLY and repr(p.default) == "<not given>"
+        assert p.annotation.replace(" | _NotGiven", "") == _annotation(
+            Settings.__annotations__[p.name]), p.name
+
+
+def test_configure_still_checks_at_run_time() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="unknown setting"):
+        attnscope.configure(sample_rat=0.5)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="sample_rate"):
+        attnscope.configure(sample_rate="high")  # type: ignore[typeddict-item]
+    with pytest.raises(TypeError):
+        attnscope.configure(0.5)  # type: ignore[call-arg]
+
+
+def test_stats_is_typed_with_exactly_its_keys() -> None:
+    from attnscope._stats import Stats
+
+    stats = attnscope.stats()
+    assert set(Stats.__required_keys__) == set(stats) and not Stats.__optional_keys__
+    for key, annotation in Stats.__annotations__.items():
+        assert type(stats[key]).__name__ == _annotation(annotation), key  # type: ignore[literal-required]

@@ -16,19 +16,21 @@
   (``t.json`` -> ``t.1234.json``) and logs one warning. Without ``fcntl`` (Windows) there is no
   lock and no detection.
 
-This module is pure: it logs nothing itself (callers pass ``warn``), so ``_config`` can use
-:func:`check_target` at ``configure()`` time.
+This module is pure: it logs nothing itself (callers pass ``warn``). The rules of a single path
+and the one whole-file writer are :mod:`attnscope._safe_files`' (``_config`` checks a path with
+them at ``configure()`` time without importing the exporters); they are named here too.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import secrets
-import stat
 import weakref
 from collections.abc import Callable, Iterable
 from types import ModuleType
+
+from .._safe_files import check_target, describe, ensure_safe, kind_of, target_problem, \
+    write_all, write_bytes
 
 __all__ = ["Claim", "check_target", "claim", "describe", "ensure_safe", "open_append",
            "read_regular", "rotate", "same_file", "same_path", "write_all", "write_atomically"]
@@ -40,109 +42,22 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOCTTY = getattr(os, "O_NOCTTY", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO must fail to open, not block the worker
-_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
 _APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC | _NOCTTY | _NONBLOCK
 _LOCK = os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC | _NOCTTY | _NONBLOCK
 _READ = os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NOCTTY | _NONBLOCK
 _MODE = 0o666  # the kernel applies the umask
-_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISLNK, "a symbolic link"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISSOCK, "a socket"),
-)
 _LOCK_ATTEMPTS = 3
 _PER_PROCESS_NAMES = 8  # t.<pid>.json, t.<pid>-2.json, ...
-
-
-def _kind(mode: int) -> str | None:
-    """None for a regular file, else what the path is."""
-    if stat.S_ISREG(mode):
-        return None
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
-
-
-def _problem(path: str) -> str | None:
-    """Why ``path`` cannot be a trace file, or None. Permissions are left to the writes."""
-    if not path:
-        return "the path is empty"
-    try:
-        kind = _kind(os.lstat(path).st_mode)
-    except FileNotFoundError:
-        directory = os.path.dirname(path) or "."
-        if not os.path.isdir(directory):
-            return (f"{path!r}: its directory does not exist or is not a directory "
-                    f"(attnscope creates no directories)")
-        return None
-    except OSError as exc:
-        return f"{path!r} cannot be used: {describe(exc)}"
-    if kind is None:
-        return None
-    return f"{path!r} is {kind}, not a regular file (attnscope writes regular files only)"
-
-
-def check_target(path: str, setting: str) -> None:
-    """Raise ``ValueError`` naming ``setting`` when ``path`` cannot be a trace file."""
-    problem = _problem(path)
-    if problem is not None:
-        raise ValueError(f"attnscope: {setting}: {problem}")
-
-
-def ensure_safe(path: str) -> None:
-    """Raise ``OSError`` unless ``path`` is missing or a regular file.
-
-    Checked before each write.
-    """
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    kind = _kind(mode)
-    if kind is not None:
-        code = errno.EISDIR if stat.S_ISDIR(mode) else errno.EEXIST
-        raise OSError(code, f"refused: it is {kind}, not a regular file", path)
-
-
-def describe(exc: BaseException) -> str:
-    """``ENOSPC: No space left on device`` for an OSError; the repr, bounded, otherwise."""
-    if isinstance(exc, OSError) and exc.errno is not None:
-        name = errno.errorcode.get(exc.errno, str(exc.errno))
-        return f"{name}: {exc.strerror or exc}"
-    return repr(exc)[:300]
-
-
-def write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def write_atomically(path: str, data: bytes) -> None:
     """Write ``data`` to a new file beside ``path``, fsync it and rename it onto ``path``.
 
     A reader sees the old file or the new one, never half of one. A failure leaves the old file
-    and no temporary file behind, and raises.
+    and no temporary file behind, and raises (``OSError`` for anything but a regular file at
+    ``path``: :func:`ensure_safe`).
     """
-    ensure_safe(path)
-    directory, base = os.path.split(path)
-    tmp = os.path.join(directory, f".{base}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, _NEW_FILE, _MODE)
-    try:
-        try:
-            write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        ensure_safe(path)  # rename would replace a directory entry of any kind
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_bytes(path, data, mode=_MODE, durable=True, refuse=ensure_safe)
 
 
 def open_append(path: str) -> int:
@@ -197,7 +112,7 @@ def same_path(path: str, others: Iterable[str]) -> bool:
 
 
 def ensure_regular(fd: int, path: str) -> None:
-    kind = _kind(os.fstat(fd).st_mode)
+    kind = kind_of(os.fstat(fd).st_mode)
     if kind is not None:
         raise OSError(errno.EEXIST, f"refused: it is {kind}, not a regular file", path)
 
@@ -250,7 +165,7 @@ def claim(path: str, warn: Warn) -> Claim:
     names = [path, f"{stem}.{pid}{ext}"]
     names += [f"{stem}.{pid}-{n}{ext}" for n in range(2, _PER_PROCESS_NAMES + 1)]
     for name in names:
-        if _problem(name) is not None:
+        if target_problem(name) is not None:
             continue
         try:
             fd = _lock(fcntl, name + ".lock")

@@ -40,7 +40,7 @@ from .derived import sig4
 __all__ = ["RowCall", "observe", "emit_block", "split_rows", "mask_rows", "read_rows",
            "SPAN_NAME"]
 
-SPAN_NAME = "attnscope.request"
+SPAN_NAME = schema.REQUEST_SPAN
 _MAX_CALLS = 65_536  # call records one block keeps; later calls are counted unapportioned
 _MAX_LINKS = 32  # links from a request span to the batched calls it shared (the first ones)
 _FLOPS, _PHASE, _BATCH = schema.FLOPS.name, schema.PHASE.name, schema.BATCH_SIZE.name

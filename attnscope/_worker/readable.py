@@ -3,8 +3,9 @@
 The exact attributes stay as they are (machines read them: ``attnscope report``/``diff``, backends);
 these strings only repeat them in units, one line per span, so that Jaeger's tag list reads at a
 glance. They are built once per emitted span, so they are plain f-strings over the attributes
-already computed: ``attnscope.cli.render.units`` (the CLI's formatter, the same rules) costs about
-three times as much per value, which the worker would pay on every span.
+already computed: ``attnscope.cli.render.units`` (the CLI's formatter, the same rules) costs
+several times as much per value, which the worker would pay on every span (docs/benchmarks.md,
+"Goal 4, second pass").
 
 Numbers have 3 significant digits and never print in exponent form (``999.7 µs`` is ``1 ms``,
 ``12345 s`` is ``12345 s``, not ``1.23e+04 s``).
@@ -18,7 +19,7 @@ from typing import Any, TypeGuard
 from .. import _schema as schema
 from .._record.capture import MAX_NAME
 
-__all__ = ["Summaries", "duration", "si", "flop_rate", "binary_bytes", "call_summary",
+__all__ = ["Summaries", "duration", "si", "flop_rate", "binary_bytes",
            "op_summary", "top_list", "shapes", "compact_shapes"]
 
 MAX_SUMMARY = 256  # a span's strings are cut there anyway (emit.MAX_STRING)
@@ -158,8 +159,8 @@ class Summaries:
                 if len(self._kept) >= _KEEP:
                     self._kept.clear()
                 self._kept[key] = texts = (shape, site, flops, texts[3])
-        # inline, no helper calls: this is what every span pays (a function call costs about a
-        # tenth of it); the units and edges are those of duration() and flop_rate()
+        # inline, no helper calls: this is what every span pays (a function call is a good part
+        # of it: docs/benchmarks.md); the units and edges are those of duration() and flop_rate()
         ns = get(_DEVICE_NS)
         if type(ns) is int and ns > 0:
             basis = " device"
@@ -191,11 +192,6 @@ class Summaries:
             memory = self._rss[1]
         text = f"{busy}{texts[2]}{rate}{texts[3]}{memory}"
         return text if len(text) <= MAX_SUMMARY else text[:MAX_SUMMARY]
-
-
-def call_summary(attrs: dict[str, Any]) -> str:
-    """:meth:`Summaries.call` without kept texts (one span)."""
-    return Summaries().call(attrs)
 
 
 def _static_parts(attrs: dict[str, Any]) -> tuple[str, str]:

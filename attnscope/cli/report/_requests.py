@@ -34,8 +34,7 @@ from ..traces import SpanRow
 __all__ = ["REQUEST_SPAN", "RequestStats", "BatchStats", "Requests", "requests_of",
            "requests_json", "print_requests", "requests_html"]
 
-# attnscope.request.* (the worker's names; attnscope/_schema.py is to hold them)
-REQUEST_SPAN = "attnscope.request"  # worker.apportion.SPAN_NAME (the CLI does not import torch)
+REQUEST_SPAN = schema.REQUEST_SPAN  # the name the worker emits (_schema: no torch imported)
 _P = schema.PREFIX + "request."
 _ID, _BATCH, _BATCH_SIZE, _TOKENS = (schema.REQUEST_ID.name, schema.REQUEST_BATCH.name,
                                      schema.REQUEST_BATCH_SIZE.name, schema.REQUEST_TOKENS.name)
