@@ -232,14 +232,12 @@ def test_a_config_window_without_a_mask_holds_where_the_kernel_applies_it(
     takes no mask and applies the window itself; an unknown implementation keeps the window."""
     from types import SimpleNamespace
 
-    from attnscope._instrument.facts import TRAITS_KEY, LayerTraits
-    from attnscope._record.capture import ATTENTION_KEY, AttentionFacts
+    from attnscope._record.capture import AttentionFacts, Facts, LayerTraits
 
     facts = AttentionFacts(2, 8)
     facts.heads, facts.kv_heads, facts.head_dim, facts.causal, facts.window = 4, 4, 8, True, 4
     instance = SimpleNamespace(config=SimpleNamespace(_attn_implementation=impl))
-    out = derive([(ATTENTION_KEY, facts), (TRAITS_KEY, LayerTraits(config_window=True))],
-                 instance)
+    out = derive([], instance, facts=Facts(facts, LayerTraits(config_window=True)))
     assert out.sliding_window == window
     i, j = torch.arange(8).unsqueeze(1), torch.arange(8).unsqueeze(0)
     seen = (j <= i) & ((j > i - window) if window else True)  # a causal band of the window

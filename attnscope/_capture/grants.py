@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._record.buckets import bucket as bucket_of
-from .._record.capture import TIER_PROFILE, TIER_TIMING
+from .._record.capture import NO_FACTS, TIER_PROFILE, TIER_TIMING, Facts
+from .._record.handles import SiteHandle
 from .sampling import CallSite, Sampler
 
 __all__ = ["Grant", "Grants", "settle", "on_demand", "SLOW", "ON_DEMAND", "ARMED_CALLS",
@@ -86,12 +87,13 @@ class Grants:
             self._matches = {}
             self.trigger = self.trigger_left > 0
 
-    def arm(self, site: Any, bucket: tuple[int, ...], link: int, quantile: float) -> bool:
+    def arm(self, site: SiteHandle, bucket: tuple[int, ...], link: int, quantile: float) -> bool:
         """After a slow call at ``site``: its next call in ``bucket`` gets the profile tier.
-        False when the site is already armed or not capturing."""
+        False when the site is already armed or not capturing. The worker's one way to change a
+        call site: under the lock, and the countdown a plain int write."""
         with self.lock:
             self.counts["slow_calls"] += 1
-            if site.grant is not None or site.disabled:
+            if not isinstance(site, CallSite) or site.grant is not None or site.disabled:
                 return False
             grant = Grant(SLOW, bucket, link, quantile)
             grant.left = site.countdown
@@ -133,12 +135,13 @@ class Grants:
 
 
 def settle(grants: Grants, sampler: Sampler, site: CallSite, grant: Grant,
-           summary: Sequence[tuple[str, Any]], tier: int) -> tuple[int, Grant | None]:
+           summary: Sequence[tuple[str, Any]], tier: int,
+           facts: Facts = NO_FACTS) -> tuple[int, Grant | None]:
     """A slow-call grant meets a call's recorded shapes: the profile tier when they are in the
     grant's bucket (and the token bucket allows), else the tier the sampler chose."""
     if grant.kind != SLOW:
         return tier, grant
-    if grant.done or bucket_of(summary) != grant.bucket:
+    if grant.done or bucket_of(summary, facts) != grant.bucket:
         return tier, None
     if tier == TIER_PROFILE or sampler.bucket.take():
         grants.end(site, grant, "slow_granted")

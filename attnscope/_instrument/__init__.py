@@ -14,8 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .._record.facts import Facts
+
 __all__ = ["Extractor"]
 
-# Runs on the calling thread of a sampled call: (module, args incl. the module, kwargs) -> summary
-# additions. Must read shapes and ints only: no tensor values, no device synchronisation.
-Extractor = Callable[[Any, tuple[Any, ...], dict[str, Any]], list[tuple[str, Any]]]
+# Runs on the calling thread of a sampled call: (module, args incl. the module, kwargs) -> the
+# call's facts, None when it recognises nothing (the arguments' shapes are summarised instead).
+# Must read shapes and ints only: no tensor values, no device synchronisation.
+Extractor = Callable[[Any, tuple[Any, ...], dict[str, Any]], Facts | None]

@@ -7,36 +7,13 @@ then its ``config``, under the attribute names used across model families.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
-__all__ = ["TRAITS_KEY", "LayerTraits", "attention_cores", "bidirectional_model", "blocked_band",
+from .._record.facts import LayerTraits
+
+__all__ = ["LayerTraits", "attention_cores", "bidirectional_model", "blocked_band",
            "chunk_size", "compressed_keys", "head_info", "key_selection", "layer_traits",
            "pos_int"]
-
-# The summary entry, beside an instrumented layer's facts, of what its structure adds to them
-# (read once, when instrumenting): a layer with none of these traits has no such entry.
-TRAITS_KEY = "attention.traits"
-
-
-class LayerTraits(NamedTuple):
-    """What a layer's own structure says beyond its facts, for derive on the worker."""
-
-    chunk: int | None = None  # chunked attention (Llama 4): :func:`chunk_size`
-    band: tuple[int, int] | None = None  # blocked local attention (LongT5): :func:`blocked_band`
-    # an encoder layer (``is_decoder=False``) given a cache (BERT-style models run as causal LMs
-    # without ``is_decoder=True``): bidirectional, so a one-query step is not called causal
-    bidirectional: bool = False
-    # the layer's window is its config's only (no attribute of its own): a model applies such a
-    # window in the mask it builds, so a mask that could show it and does not says it is not
-    # applied (Moshi sets config.sliding_window and never uses it)
-    config_window: bool = False
-    # attention cores one call of the layer runs over the same queries and keys: differential
-    # attention (DiffLlama) runs two, one per half of V (:func:`attention_cores`)
-    cores: int = 1
-    # compressed KV entries appended to the window's keys (DeepSeek V4): (rate, top-k) of
-    # :func:`compressed_keys`, and the tokens its cache had seen before the call (set per call)
-    compressed: tuple[int, int] | None = None
-    seen: int | None = 0  # None: the cache does not say
 
 _K_PROJ = ("k_proj", "key", "k", "wk", "to_k", "k_lin", "key_proj")
 _HEADS = ("num_heads", "num_attention_heads", "n_heads", "n_head", "num_q_heads")

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from .._record.capture import ATTENTION_KEY, MODEL_KEY, AttentionFacts, ModelFacts
+from .._record.facts import AttentionFacts, Facts, ModelFacts
 from . import Extractor
-from .facts import TRAITS_KEY, head_info, key_selection, layer_traits, pos_int
+from .facts import head_info, key_selection, layer_traits, pos_int
 
 __all__ = [
     "generate_facts",
@@ -235,13 +235,13 @@ def _kv_shared(module: Any, extract: Extractor) -> Extractor:
     if vars(module).get("is_kv_shared_layer") is not True or kind is None:
         return extract
 
-    def shared(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    def shared(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Facts | None:
         out = extract(instance, args, kwargs)
         states = kwargs.get("shared_kv_states")
         # transformers' KVSharingDict is a UserDict (no dict: FSDP2 leaves it alone)
         keys = states.get(kind) if isinstance(states, Mapping) else None
-        if out and isinstance(out[0][1], AttentionFacts):
-            facts = out[0][1]
+        if out is not None and out.attention is not None:
+            facts = out.attention
             key = keys[0] if isinstance(keys, (tuple, list)) and keys else None
             if isinstance(key, torch.Tensor) and key.ndim == 4 and facts.cached:
                 facts.past = key.shape[-2] - facts.seq_q
@@ -355,15 +355,12 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
     module_cross = getattr(module, "is_cross_attention", False) is True
     masked_where_true = type(module).__name__ in _MASKED_WHERE_TRUE
     traits, with_cache_only, compressed = _traits_of(module, bidirectional, window)
-    extra = [(TRAITS_KEY, traits)] if traits is not None else []
 
-    def extract(
-        instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> list[tuple[str, Any]]:
+    def extract(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Facts | None:
         # every argument the facts may need, in one pass: reading one that is not needed is free
         hidden, source, cache, use_cache, causal_mask, mask, call_idx, offset = read(args, kwargs)
         if not isinstance(hidden, torch.Tensor) or hidden.ndim < 2:
-            return []
+            return None
         facts = _facts_of(hidden.shape, time_first)
         facts.heads, facts.kv_heads, facts.head_dim, facts.head_dim_v = dims
         facts.dtype, facts.device = hidden.dtype, hidden.device
@@ -380,7 +377,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
             facts.keys_masked = mask is not None
         elif module_cross:
             facts.seq_kv = None  # cross-attention with cached source keys: length unknown here
-            return []
+            return None
         else:
             flag = kwargs.get("is_causal")
             causal = flag if isinstance(flag, bool) else getattr(instance, "is_causal", False)
@@ -396,10 +393,10 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
             facts.key_cap, facts.key_block = key_cap, key_block
             if compressed and traits is not None:  # its entries follow the tokens seen
                 seen = 0 if cache is None else _tokens_seen(cache, idx)
-                return [(ATTENTION_KEY, facts), (TRAITS_KEY, traits._replace(seen=seen))]
-            if extra and (facts.cached or not with_cache_only):
-                return [(ATTENTION_KEY, facts), *extra]
-        return [(ATTENTION_KEY, facts)]
+                return Facts(facts, traits._replace(seen=seen))
+            if traits is not None and (facts.cached or not with_cache_only):
+                return Facts(facts, traits)
+        return Facts(facts)
 
     return _kv_shared(module, extract)
 
@@ -413,13 +410,11 @@ def _pooled_query_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
     heads, kv_heads, head_dim, head_dim_v = head_info(module)
     read = _reader(names, (("query",), ("key",), ("attention_inputs",)))
 
-    def extract(
-        instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> list[tuple[str, Any]]:
+    def extract(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Facts | None:
         query, key, inputs = read(args, kwargs)
         if not isinstance(query, torch.Tensor) or query.ndim != 3 or not isinstance(
                 key, torch.Tensor) or key.ndim != 3:
-            return []
+            return None
         facts = AttentionFacts(query.shape[0], query.shape[1])
         facts.heads, facts.kv_heads = heads, kv_heads
         facts.head_dim, facts.head_dim_v = head_dim, head_dim_v
@@ -429,7 +424,7 @@ def _pooled_query_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
         elif isinstance(inputs, (tuple, list)) and len(inputs) > 2 and isinstance(
                 inputs[2], torch.Tensor):
             facts.mask = inputs[2]  # (batch, keys), 1 = real
-        return [(ATTENTION_KEY, facts)]
+        return Facts(facts)
 
     return extract
 
@@ -438,11 +433,9 @@ def model_extractor(model: Any, names: tuple[str, ...]) -> Extractor:
     """Extractor for a whole model's forward: batch, prompt tokens (padding excluded), cache."""
     get = _lookup(names)
 
-    def extract(
-        instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> list[tuple[str, Any]]:
+    def extract(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Facts | None:
         facts = _model_facts(get, args, kwargs)
-        return [] if facts is None else [(MODEL_KEY, facts)]
+        return None if facts is None else Facts(model=facts)
 
     return extract
 

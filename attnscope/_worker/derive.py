@@ -10,22 +10,24 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from .._state import state
 from .._record.capture import (
-    ATTENTION_KEY,
     MASK_NAMES,
-    MODEL_KEY,
+    NO_FACTS,
     AttentionFacts,
+    Facts,
     HostCopy,
+    HostKind,
+    LayerTraits,
     ModelFacts,
     TensorMeta,
     find_qkv,
 )
-from .._instrument.facts import TRAITS_KEY, LayerTraits, head_info
+from .._instrument.facts import head_info
 from . import narrowed
 from .forward import as_int as _as_int
 from .forward import derive_model, host_readable
@@ -109,25 +111,23 @@ def _find(summary: Mapping[str, Any], names: Sequence[str]) -> Any:
 
 
 def derive(summary_list: Sequence[tuple[str, Any]], instance: Any = None,
-           device_reads: bool = True) -> Derived:
-    """The attention facts of a call (:class:`.derived.Derived`), from its summary.
+           device_reads: bool = True, facts: Facts = NO_FACTS) -> Derived:
+    """The attention facts of a call (:class:`.derived.Derived`), from an ``instrument()``
+    extractor's ``facts`` when it has them, else from its argument summary.
 
     No device tensor is read here (that would be a host sync on the worker): the calling thread
     left counts in pinned memory instead (:class:`HostCopy`), read unless ``device_reads=False``
     (the call's events timed out: the copies may not have landed).
     """
-    summary_list = [(k, _unread(v, device_reads)) for k, v in summary_list]
-    summary = dict(summary_list)
-    facts = summary.get(ATTENTION_KEY)
-    if isinstance(facts, AttentionFacts):
-        traits = summary.get(TRAITS_KEY)
-        traits = traits if isinstance(traits, LayerTraits) else None
-        return derive_attention(facts, traits, traits is not None and traits.config_window
+    if facts.attention is not None:
+        traits = facts.traits
+        return derive_attention(_unread_facts(facts.attention, device_reads), traits,
+                                traits is not None and traits.config_window
                                 and _builds_masks(instance))
-    model = summary.get(MODEL_KEY)
-    if isinstance(model, ModelFacts):
-        return derive_model(model)
-    return _derive_arguments(summary, summary_list, instance)
+    if facts.model is not None:
+        return derive_model(_unread_facts(facts.model, device_reads))
+    summary_list = [(k, _unread(v, device_reads)) for k, v in summary_list]
+    return _derive_arguments(dict(summary_list), summary_list, instance)
 
 
 def _derive_arguments(summary: dict[str, Any], summary_list: Sequence[tuple[str, Any]],
@@ -242,7 +242,7 @@ def _tokens(out: Derived, mask: Any, batch: int, sq: int, ignores: bool = False)
     if isinstance(mask, TensorMeta):  # a mask over the keeping budget: padding unknown
         return
     if isinstance(mask, HostCopy):
-        tokens = positions_tokens(mask, batch, sq) if mask.kind == "positions" else None
+        tokens = positions_tokens(mask, batch, sq) if mask.kind is HostKind.POSITIONS else None
     elif not isinstance(mask, torch.Tensor):
         out.tokens = batch * sq
         return
@@ -274,19 +274,27 @@ _UNREAD = TensorMeta((), None, None)  # a value not read: counts that need it ar
 
 def _unread(value: Any, device_reads: bool) -> Any:
     """``value`` with what the worker must not read (device tensors; pinned copies when the
-    events timed out) replaced by metadata. The capture's own facts are never written."""
+    events timed out) replaced by metadata."""
     if isinstance(value, torch.Tensor):
         return TensorMeta.of(value) if value.is_cuda else value
     if isinstance(value, HostCopy):
         return value if device_reads else _UNREAD
-    if isinstance(value, (AttentionFacts, ModelFacts)):
-        fields = [(name, getattr(value, name, None)) for name in ("mask", "past", "output")]
-        changed = [(name, _unread(v, device_reads)) for name, v in fields
-                   if isinstance(v, (torch.Tensor, HostCopy))]
-        if any(new is not getattr(value, name) for name, new in changed):
-            value = copy.copy(value)
-            for name, new in changed:
-                setattr(value, name, new)
+    return value
+
+
+_Facts = TypeVar("_Facts", AttentionFacts, ModelFacts)
+
+
+def _unread_facts(value: _Facts, device_reads: bool) -> _Facts:
+    """The facts with their values as :func:`_unread` leaves them: a copy when any changed (the
+    capture's own facts are never written)."""
+    fields = [(name, getattr(value, name, None)) for name in ("mask", "past", "output")]
+    changed = [(name, _unread(v, device_reads)) for name, v in fields
+               if isinstance(v, (torch.Tensor, HostCopy))]
+    if any(new is not getattr(value, name) for name, new in changed):
+        value = copy.copy(value)
+        for name, new in changed:
+            setattr(value, name, new)
     return value
 
 
