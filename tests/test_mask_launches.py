@@ -296,7 +296,7 @@ def test_an_inference_mode_mask_is_copied_every_time(on_device: None) -> None:
 
 
 def test_an_empty_device_mask_is_left_unread_as_an_empty_host_mask(on_device: None) -> None:
-    from attnscope._worker.masks import counts_of
+    from attnscope._attention.masks import counts_of
 
     mask = torch.zeros(2, 1, 16, 0, dtype=torch.bool)
     f = _layer(mask, 16, None)

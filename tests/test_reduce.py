@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from attnscope._capture import hostread
 from attnscope._record import reduce
 from attnscope._record.capture import AttentionFacts, Capture, Facts, HostCopy, ModelFacts
-from attnscope._worker.masks import (
+from attnscope._attention.masks import (
     MaskCounts,
     MaskReading,
     band_pairs,

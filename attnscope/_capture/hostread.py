@@ -314,7 +314,7 @@ def _mask_copy(cap: Capture, mask: torch.Tensor, ignores: bool, batch: int, head
     int, a callable reading a device cache length on the worker, or None (the mask's last axis).
     Over the budget: the mask's metadata, and None."""
     plan = plan_mask(tuple(mask.shape), batch, heads, sq, skv if isinstance(skv, int) else None)
-    if mask.numel() == 0:  # nothing to read, as for an empty host mask (worker.masks.counts_of)
+    if mask.numel() == 0:  # nothing to read, as for an empty host mask (_attention.masks.counts_of)
         _retain.drop(cap, mask)
         return HostCopy(None, HostKind.UNREAD, plan), None
     shipped = _shipped(cap, mask, ignores, skv if isinstance(skv, int) else None, sends)

@@ -20,7 +20,9 @@ import torch
 
 from .._record.facts import AttentionFacts, Facts, ModelFacts
 from . import Extractor
-from .facts import head_info, key_selection, layer_traits, pos_int
+from .._attention.families.base import pos_int
+from .._attention.families.deepseek_v4 import tokens_seen
+from .facts import head_info, key_selection, layer_traits
 
 __all__ = [
     "generate_facts",
@@ -186,21 +188,6 @@ def _past_length(cache: Any, layer_idx: int | None, cross: bool = False) -> Any:
     if isinstance(length, torch.Tensor):
         return int(length) if length.device.type == "cpu" else length.detach().clone()
     return length if isinstance(length, int) else None
-
-
-def _tokens_seen(cache: Any, layer_idx: int | None) -> int | None:
-    """Tokens a layer's cache entry has taken in before the call (a sliding-window entry's
-    ``cumulative_length``, not the keys it still holds), or None where it does not say."""
-    layers = getattr(cache, "layers", None)
-    if not isinstance(layers, list) or layer_idx is None or layer_idx >= len(layers):
-        return None
-    layer = layers[layer_idx]
-    if not getattr(layer, "is_initialized", True):
-        return 0
-    seen = getattr(layer, "cumulative_length_int", None)  # static: the int mirror of its tensor
-    if seen is None:
-        seen = getattr(layer, "cumulative_length", None)
-    return seen if isinstance(seen, int) and not isinstance(seen, bool) else None
 
 
 def _sliding_held(layer: Any) -> int | None:
@@ -392,7 +379,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
             facts.mask_ignores = masked_where_true or time_first  # FSMT: True = padding
             facts.key_cap, facts.key_block = key_cap, key_block
             if compressed and traits is not None:  # its entries follow the tokens seen
-                seen = 0 if cache is None else _tokens_seen(cache, idx)
+                seen = 0 if cache is None else tokens_seen(cache, idx)
                 return Facts(facts, traits._replace(seen=seen))
             if traits is not None and (facts.cached or not with_cache_only):
                 return Facts(facts, traits)

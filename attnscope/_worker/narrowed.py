@@ -1,14 +1,16 @@
 """FLOPs of layers that attend to other keys than their mask shows: Doge's cap on the keys a
-query keeps, DeepSeek-V4's compressed KV entries after the window's keys (:func:`.derive.
-derive_attention` calls these once the mask's reading is done)."""
+query keeps, DeepSeek-V4's compressed KV entries after the window's keys (their count:
+``_attention.families.deepseek_v4``); :func:`.derive.derive_attention` calls these once the
+mask's reading is done."""
 
 from __future__ import annotations
 
+from .._attention.families.deepseek_v4 import compressed_pairs
+from .._attention.masks import MaskReading
 from .._record.capture import AttentionFacts
 from .derived import Derived
-from .masks import MaskReading
 
-__all__ = ["capped_pairs", "cap_keys", "compressed_pairs", "add_compressed", "narrows"]
+__all__ = ["capped_pairs", "cap_keys", "add_compressed", "narrows"]
 
 
 def narrows(f: AttentionFacts, skv: int) -> bool:
@@ -56,17 +58,6 @@ def cap_keys(out: Derived, f: AttentionFacts, reading: MaskReading | None, real:
         return
     pairs = f.batch * f.heads * capped_pairs(f.seq_q, skv, f.key_cap, causal, f.key_block)
     out.flops = 2 * pairs * (f.head_dim + dv)
-
-
-def compressed_pairs(seen: int, sq: int, rate: int, topk: int = 0) -> int:
-    """Compressed entries the queries at positions ``seen .. seen + sq - 1`` see, summed: the
-    query at ``p`` sees the ``(p + 1) // rate`` windows closed by then, at most ``topk``
-    (0: no cap)."""
-    def upto(n: int) -> int:  # sum of min(p // rate, topk) for p = 1 .. n, in closed form
-        capped = n if not topk else min(n, topk * rate - 1)
-        q, rem = divmod(capped, rate)
-        return rate * q * (q - 1) // 2 + q * (rem + 1) + topk * (n - capped)
-    return upto(seen + sq) - upto(seen)
 
 
 def add_compressed(out: Derived, f: AttentionFacts, compressed: tuple[int, int], seen: int | None,

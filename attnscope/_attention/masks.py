@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .._record.capture import HostCopy, HostKind
+from .._record.facts import HostCopy, HostKind
 from .._record.reduce import MASKED_BELOW, FIELDS, MaskPlan, attend, mask_numbers, plan_mask
 
 __all__ = ["MaskReading", "MaskCounts", "band_pairs", "pairs_upto", "counts_of", "read_counts",
