@@ -200,7 +200,7 @@ def test_a_layer_call_whose_cache_length_was_not_read_says_so() -> None:
 @pytest.mark.parametrize(("sq", "skv", "cap"), [(8, 8, 4), (1, 9, 4), (3, 9, 4), (5, 5, 8),
                                                 (6, 10, 1), (4, 4, 4)])
 def test_capped_pairs_match_a_brute_force_count(sq: int, skv: int, cap: int) -> None:
-    from attnscope._worker.narrowed import capped_pairs
+    from attnscope._attention.families.kept_keys import capped_pairs
 
     past = skv - sq
     assert capped_pairs(sq, skv, cap, True) == sum(min(past + q + 1, cap) for q in range(sq))
@@ -210,7 +210,7 @@ def test_capped_pairs_match_a_brute_force_count(sq: int, skv: int, cap: int) -> 
 def test_block_capped_pairs_match_the_indexers_own_selection() -> None:
     """Qwen4-exp's indexer, per query over ``v`` visible keys: the top ``min(topk, v // r)``
     whole blocks of ``r`` and the ``v % r`` keys past them (transformers' loop, counted)."""
-    from attnscope._worker.narrowed import capped_pairs
+    from attnscope._attention.families.kept_keys import capped_pairs
 
     for r, topk, skv in itertools.product((1, 2, 3, 4), (1, 2, 3), range(1, 23)):
         def kept(v: int, r: int = r, topk: int = topk) -> int:

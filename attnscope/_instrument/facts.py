@@ -13,8 +13,7 @@ from .._attention.families import detected_traits
 from .._attention.families.base import pos_int
 from .._record.facts import LayerTraits
 
-__all__ = ["LayerTraits", "bidirectional_model", "head_info", "key_selection", "layer_traits",
-           "pos_int"]
+__all__ = ["LayerTraits", "bidirectional_model", "head_info", "layer_traits", "pos_int"]
 
 _K_PROJ = ("k_proj", "key", "k", "wk", "to_k", "k_lin", "key_proj")
 _HEADS = ("num_heads", "num_attention_heads", "n_heads", "n_head", "num_q_heads")
@@ -94,23 +93,6 @@ def bidirectional_model(model: Any) -> bool:
     masked LM run through ``generate`` keeps its bidirectional mask over the cache)."""
     config = getattr(model, "config", None)
     return getattr(config, "causal", None) is False and getattr(config, "is_encoder", None) is True
-
-
-def key_selection(module: Any) -> tuple[int | None, int]:
-    """(keys kept per query at most, the block they are kept in) of a layer that keeps some of
-    the keys its mask allows by their values: Doge's dynamic mask keeps its top
-    ``keep_window_size``; Qwen4-exp's indexer the top ``block_topk`` blocks of ``compress_ratio``
-    visible keys, and the ones past the last whole block. How many does not depend on values.
-    (None, 1): a layer that keeps every key its mask allows. Read once, when instrumenting."""
-    cap = pos_int(vars(module).get("keep_window_size"))
-    if cap is not None:
-        return cap, 1
-    indexer = getattr(module, "_modules", {}).get("indexer")
-    blocks = pos_int(getattr(indexer, "block_topk", None))
-    block = pos_int(getattr(indexer, "compress_ratio", None))
-    if blocks is None or block is None or pos_int(getattr(indexer, "token_budget", None)) is None:
-        return None, 1
-    return blocks * block, block
 
 
 def layer_traits(module: Any, bidirectional: bool = False,

@@ -20,9 +20,11 @@ import torch
 
 from .._record.facts import AttentionFacts, Facts, ModelFacts
 from . import Extractor
+from .._attention.families import fsmt, funnel, mpt
 from .._attention.families.base import pos_int
 from .._attention.families.deepseek_v4 import tokens_seen
-from .facts import head_info, key_selection, layer_traits
+from .._attention.families.kept_keys import key_selection
+from .facts import head_info, layer_traits
 
 __all__ = [
     "generate_facts",
@@ -52,17 +54,7 @@ _SOURCE = ("key_value_states", "encoder_hidden_states")
 _MASK = ("attention_mask", "mask")
 _LOCAL_MASK = "sliding_window_mask"
 _CAUSAL_MASK = ("causal_attention_mask",)
-# Layers whose boolean mask is True where a pair is masked (the worker reads the others' polarity
-# from the mask's diagonal).
-_MASKED_WHERE_TRUE = ("MptAttention",)
 _HIDDEN = ("hidden_states", "hidden", "x", "query")
-# Modules whose attention takes time-first tensors (seq, batch, width) and its cache as
-# ``layer_state``: FSMT's.
-_TIME_FIRST = frozenset({"transformers.models.fsmt.modeling_fsmt"})
-# Modules whose attention takes (query, key, value, attention_inputs) hidden states, the query
-# pooled below the keys in the first layer of a block, the padding mask third of
-# ``attention_inputs``: Funnel's.
-_POOLED_QUERY = frozenset({"transformers.models.funnel.modeling_funnel"})
 
 
 def _has_projections(module: torch.nn.Module) -> bool:
@@ -320,7 +312,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
 
     ``names``: the forward's positional parameter names, ``self`` first.
     """
-    if type(module).__module__ in _POOLED_QUERY:
+    if funnel.pooled_query(module):
         return _pooled_query_extractor(module, names)
     dims = head_info(module)
     layer_idx = _layer_idx(module)
@@ -328,7 +320,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
     # index comes with each call
     index_per_call = layer_idx is None and "layer_idx" in names
     offset_per_call = layer_idx is not None and any(n in names for n in _CACHE_OFFSET)
-    time_first = type(module).__module__ in _TIME_FIRST
+    time_first = fsmt.time_first(module)
     read = _mask_of_mapping(module, _reader(names, _argument_groups(
         module, names, time_first, index_per_call, offset_per_call)))
     # use_cache=True starts no cache in an encoder layer (transformers hands it to Pegasus',
@@ -340,7 +332,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
     takes_cache = any(name in names for name in _CACHE)
     (key_cap, key_block), window = key_selection(module), _window(module)
     module_cross = getattr(module, "is_cross_attention", False) is True
-    masked_where_true = type(module).__name__ in _MASKED_WHERE_TRUE
+    masked_where_true = mpt.masked_where_true(module)
     traits, with_cache_only, compressed = _traits_of(module, bidirectional, window)
 
     def extract(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Facts | None:
@@ -389,29 +381,14 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
 
 
 def _pooled_query_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
-    """Funnel's attention: ``(query, key, value, attention_inputs)``, bidirectional, no cache. A
-    query pooled below its keys (a block's first layer) attends to every key, as cross-attention
-    does: its FLOPs are all ``Sq x Skv`` pairs and its tokens the pooled queries (the padding
-    mask is the keys'); other layers' queries are their keys, whose padding mask gives the
-    tokens."""
-    heads, kv_heads, head_dim, head_dim_v = head_info(module)
+    """Funnel's attention: ``(query, key, value, attention_inputs)``, bidirectional, no cache
+    (:func:`.._attention.families.funnel.pooled_facts`)."""
+    dims = head_info(module)
     read = _reader(names, (("query",), ("key",), ("attention_inputs",)))
 
     def extract(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Facts | None:
         query, key, inputs = read(args, kwargs)
-        if not isinstance(query, torch.Tensor) or query.ndim != 3 or not isinstance(
-                key, torch.Tensor) or key.ndim != 3:
-            return None
-        facts = AttentionFacts(query.shape[0], query.shape[1])
-        facts.heads, facts.kv_heads = heads, kv_heads
-        facts.head_dim, facts.head_dim_v = head_dim, head_dim_v
-        facts.dtype, facts.device = query.dtype, query.device
-        if key.shape[1] != query.shape[1]:
-            facts.seq_kv = key.shape[1]
-        elif isinstance(inputs, (tuple, list)) and len(inputs) > 2 and isinstance(
-                inputs[2], torch.Tensor):
-            facts.mask = inputs[2]  # (batch, keys), 1 = real
-        return Facts(facts)
+        return funnel.pooled_facts(query, key, inputs, dims)
 
     return extract
 

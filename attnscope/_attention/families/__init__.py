@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import deepseek_v4, diffllama, llama4, longt5
+from . import deepseek_v4, diffllama, fsmt, funnel, kept_keys, llama4, longt5, mpt
 from .base import Family
 
 __all__ = ["FAMILIES", "Family", "detected_traits"]
@@ -27,10 +27,15 @@ FAMILIES: tuple[Family, ...] = (
     longt5.FAMILY,
     diffllama.FAMILY,
     deepseek_v4.FAMILY,
+    kept_keys.FAMILY,
+    funnel.FAMILY,
+    fsmt.FAMILY,
+    mpt.FAMILY,
 )
 
 
 def detected_traits(module: Any) -> dict[str, Any]:
-    """Each family's detector on ``module``: ``{LayerTraits field: value}`` (a field's default
-    where the layer is not of that family)."""
-    return {family.trait: family.detect(module) for family in FAMILIES}
+    """The detectors of the families that carry a trait, on ``module``: ``{LayerTraits field:
+    value}`` (a field's default where the layer is not of that family)."""
+    return {family.trait: family.detect(module) for family in FAMILIES
+            if family.trait is not None}

@@ -12,17 +12,18 @@ __all__ = ["Family", "pos_int"]
 class Family(NamedTuple):
     """One model family whose attention layers differ from the plain one.
 
-    ``detect(module)`` runs once per layer, when instrumenting, and returns the value of the
-    :class:`~attnscope._record.facts.LayerTraits` field named ``trait`` (the field's default: the
-    layer is not of this family); the worker hands that value to the family's rule. ``models``:
-    the transformers model types of the architecture sweep (``tests/test_arch_sweep.py``) that
-    exercise it.
+    ``detect(module)`` runs once per layer, when instrumenting. With a ``trait`` it returns the
+    value of that :class:`~attnscope._record.facts.LayerTraits` field (the field's default: the
+    layer is not of this family), which the worker hands to the family's rule; without one it
+    says whether the family's extractor tweak applies (its module's functions, called by
+    ``_instrument.transformers``). ``models``: the transformers model types of the architecture
+    sweep that exercise it (``tests/test_arch_sweep.py``, ``tests/test_arch_families.py``).
     """
 
     name: str
-    trait: str
-    detect: Callable[[Any], Any]
     models: tuple[str, ...]
+    detect: Callable[[Any], Any]
+    trait: str | None = None
 
 
 def pos_int(value: Any) -> int | None:

@@ -57,4 +57,4 @@ def compressed_pairs(seen: int, sq: int, rate: int, topk: int = 0) -> int:
     return upto(seen + sq) - upto(seen)
 
 
-FAMILY = Family("DeepSeek V4 compressed keys", "compressed", compressed_keys, ("deepseek_v4",))
+FAMILY = Family("DeepSeek V4 compressed keys", ("deepseek_v4",), compressed_keys, "compressed")

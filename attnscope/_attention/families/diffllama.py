@@ -30,4 +30,4 @@ def cores_flops(flops: int, cores: int) -> int:
     return flops * cores
 
 
-FAMILY = Family("DiffLlama differential attention", "cores", attention_cores, ("diffllama",))
+FAMILY = Family("DiffLlama differential attention", ("diffllama",), attention_cores, "cores")

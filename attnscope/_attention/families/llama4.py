@@ -59,4 +59,4 @@ def chunked_flops(batch: int, heads: int, sq: int, skv: int, dk: int, dv: int, c
     return 2 * heads * pairs * dims, True
 
 
-FAMILY = Family("Llama 4 chunked attention", "chunk", chunk_size, ("llama4_text",))
+FAMILY = Family("Llama 4 chunked attention", ("llama4_text",), chunk_size, "chunk")

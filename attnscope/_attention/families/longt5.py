@@ -53,4 +53,4 @@ def banded(batch: int, heads: int, sq: int, skv: int, dk: int, dv: int, band: tu
     return Banded(2 * batch * heads * keys * (dk + dv), 2 * radius + 1, tokens)
 
 
-FAMILY = Family("LongT5 blocked local attention", "band", blocked_band, ("longt5",))
+FAMILY = Family("LongT5 blocked local attention", ("longt5",), blocked_band, "band")
