@@ -20,7 +20,7 @@ import torch
 
 from .._record.facts import AttentionFacts, Facts, ModelFacts
 from . import Extractor
-from .._attention.families import fsmt, funnel, mpt
+from .._attention.families import fsmt, funnel, gemma3n, gpt_neo, mpt
 from .._attention.families.base import pos_int
 from .._attention.families.deepseek_v4 import tokens_seen
 from .._attention.families.kept_keys import key_selection
@@ -207,53 +207,24 @@ def _layer_idx(module: Any) -> int | None:
 
 
 def _kv_shared(module: Any, extract: Extractor) -> Extractor:
-    """``extract`` for a KV-shared layer (Gemma 3n: ``is_kv_shared_layer``), which attends the
-    keys the last layer of its kind stored this call (``shared_kv_states[layer_type]``), never
-    its own cache slot: the keys before this call's tokens are the cache length."""
-    kind = vars(module).get("layer_type")
-    if vars(module).get("is_kv_shared_layer") is not True or kind is None:
+    """``extract`` for a KV-shared layer (Gemma 3n: :mod:`.._attention.families.gemma3n`)."""
+    kind = gemma3n.shared_kind(module)
+    if kind is None:
         return extract
 
     def shared(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Facts | None:
         out = extract(instance, args, kwargs)
-        states = kwargs.get("shared_kv_states")
-        # transformers' KVSharingDict is a UserDict (no dict: FSDP2 leaves it alone)
-        keys = states.get(kind) if isinstance(states, Mapping) else None
-        if out is not None and out.attention is not None:
-            facts = out.attention
-            key = keys[0] if isinstance(keys, (tuple, list)) and keys else None
-            if isinstance(key, torch.Tensor) and key.ndim == 4 and facts.cached:
-                facts.past = key.shape[-2] - facts.seq_q
-            elif facts.cached:  # its own slot is not what it attends: unknown (cache_unread)
-                facts.past = "not read"
+        gemma3n.shared_past(out, kwargs, kind)
         return out
 
     return shared
 
 
-def _gpt_neo_kind(module: Any, config: Any) -> Any:
-    """GPT-Neo's "local"/"global": on the layer (transformers 5), else in the config's
-    ``attention_layers`` at its ``layer_id`` (4.48 to 4.57 checked), else (4.44: no ``layer_id``)
-    only in the causal buffer, whose local band was cut ``window_size`` below the diagonal."""
-    kind = vars(module).get("attention_type")
-    layers = getattr(config, "attention_layers", None)
-    if kind is not None or not isinstance(layers, (list, tuple)):
-        return kind
-    layer = _layer_idx(module)
-    if layer is not None:
-        return layers[layer] if layer < len(layers) else None
-    bias, window = module._buffers.get("bias"), pos_int(getattr(config, "window_size", None))
-    if not isinstance(bias, torch.Tensor) or bias.dtype != torch.bool or bias.ndim != 4:
-        return None
-    if window is None or window >= bias.shape[-1] or bias.device.type == "meta":
-        return None
-    return "global" if bool(bias[0, 0, window, 0]) else "local"  # once, when instrumenting
-
-
 def _config_window(module: Any, window: int | None) -> bool:
     """``window`` (:func:`_window`'s) is the config's, the module declaring none of its own."""
     return (window is not None and "sliding_window" not in vars(module)
-            and _gpt_neo_kind(module, getattr(module, "config", None)) not in ("local", "global"))
+            and gpt_neo.layer_kind(module, getattr(module, "config", None), _layer_idx(module))
+            not in ("local", "global"))
 
 
 def _window(module: Any) -> int | None:
@@ -268,9 +239,9 @@ def _window(module: Any) -> int | None:
             return None
     if "sliding_window" in vars(module):  # per-layer setting; None means full attention
         return pos_int(module.sliding_window)
-    kind = _gpt_neo_kind(module, config)
+    kind = gpt_neo.layer_kind(module, config, _layer_idx(module))
     if kind in ("local", "global"):  # GPT-Neo: "local" layers see their last window_size keys
-        return pos_int(getattr(config, "window_size", None)) if kind == "local" else None
+        return gpt_neo.local_window(kind, config)
     if getattr(config, "use_sliding_window", True) is False:
         return None
     return pos_int(getattr(config, "sliding_window", None)) if config is not None else None

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import deepseek_v4, diffllama, fsmt, funnel, kept_keys, llama4, longt5, mpt
+from . import (deepseek_v4, diffllama, fsmt, funnel, gemma3n, gpt_neo, kept_keys, llama4, longt5,
+               mpt)
 from .base import Family
 
 __all__ = ["FAMILIES", "Family", "detected_traits"]
@@ -31,6 +32,8 @@ FAMILIES: tuple[Family, ...] = (
     funnel.FAMILY,
     fsmt.FAMILY,
     mpt.FAMILY,
+    gpt_neo.FAMILY,
+    gemma3n.FAMILY,
 )
 
 
