@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .. import _state
-from .._record.capture import Capture, TensorMeta
+from .._record.capture import NO_FACTS, Capture, TensorMeta
 
 __all__ = ["KEEP_TENSOR_BYTES", "keep", "keep_summary", "release", "drop", "meta"]
 
@@ -45,9 +45,10 @@ def keep(cap: Capture, value: Any) -> Any:
 def keep_summary(cap: Capture) -> None:
     """Apply the budget to every tensor the capture's summary holds (masks, facts' masks)."""
     # facts first: an instrumented layer has facts and an empty summary (the two are disjoint)
-    for facts in (cap.facts.attention, cap.facts.model):
-        if facts is not None and facts.mask is not None:
-            facts.mask = keep(cap, facts.mask)
+    if cap.facts is not NO_FACTS:  # a traced function's call: nothing to look at here
+        for facts in (cap.facts.attention, cap.facts.model):
+            if facts is not None and facts.mask is not None:
+                facts.mask = keep(cap, facts.mask)
     summary = cap.summary
     for i, (key, value) in enumerate(summary):
         kind = type(value)

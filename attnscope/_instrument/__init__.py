@@ -2,7 +2,8 @@
 
 ``model`` is ``instrument()`` / ``uninstrument()`` / ``register_attention()``, over ``selection``
 (which modules of a model are attention layers) and ``patching`` (how one module is wrapped and
-restored); ``facts`` reads head counts the same way for every library; ``torch_nn`` handles
+restored); ``facts`` reads head counts the same way for every library (what a model family's
+layers differ by is read by its module in ``_attention.families``); ``torch_nn`` handles
 ``nn.MultiheadAttention``; ``transformers`` recognises Hugging Face (and look-alike) attention
 modules by their structure; ``sdpa`` wraps ``torch.nn.functional.scaled_dot_product_attention``.
 None of them imports ``transformers``: modules are recognised by their attributes, so it stays an
