@@ -13,7 +13,7 @@ from .._attention.families import detected_traits
 from .._attention.families.base import pos_int
 from .._record.facts import LayerTraits
 
-__all__ = ["LayerTraits", "bidirectional_model", "head_info", "layer_traits", "pos_int"]
+__all__ = ["LayerTraits", "head_info", "layer_traits", "pos_int"]
 
 _K_PROJ = ("k_proj", "key", "k", "wk", "to_k", "k_lin", "key_proj")
 _HEADS = ("num_heads", "num_attention_heads", "n_heads", "n_head", "num_q_heads")
@@ -87,18 +87,11 @@ def head_info(module: Any) -> tuple[int | None, int | None, int | None, int | No
     return heads, kv_heads or heads, head_dim, head_dim_v
 
 
-def bidirectional_model(model: Any) -> bool:
-    """A model whose config says its layers attend both ways though it generates: XLM's and
-    FlauBERT's ``causal=False`` with ``is_encoder=True`` (their layers carry no ``is_decoder``; a
-    masked LM run through ``generate`` keeps its bidirectional mask over the cache)."""
-    config = getattr(model, "config", None)
-    return getattr(config, "causal", None) is False and getattr(config, "is_encoder", None) is True
-
-
 def layer_traits(module: Any, bidirectional: bool = False,
                  config_window: bool = False) -> LayerTraits | None:
     """The module's :class:`LayerTraits`, or None when it has none (most layers).
-    ``bidirectional``: its model says its layers attend both ways (:func:`bidirectional_model`);
+    ``bidirectional``: its model says its layers attend both ways
+    (:func:`.._attention.families.xlm.bidirectional_model`);
     ``config_window``: its window is its config's only."""
     encoder = getattr(module, "is_decoder", None) is False
     # each family's trait from its detector (_attention.families), the rest from here

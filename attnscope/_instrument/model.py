@@ -21,11 +21,11 @@ import torch
 from .. import _log
 from .. import _schema as schema
 from .._state import state
+from .._attention.families.xlm import bidirectional_model
 from .._capture.compile import register_when_dynamo_loads
 from .._record.facts import BLOCK_FACTS, Facts
 from . import Extractor, torch_nn
 from . import transformers as hf
-from .facts import bidirectional_model
 from .patching import is_instrumented, restore, wrap_forward, wrap_fused, wrap_generate
 from .selection import UserExtractor, extractor_for, patterns, selected, targets
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import (deepseek_v4, diffllama, fsmt, funnel, gemma3n, gpt_neo, kept_keys, llama4, longt5,
-               mpt)
+               mpt, xlm)
 from .base import Family
 
 __all__ = ["FAMILIES", "Family", "detected_traits"]
@@ -34,6 +34,7 @@ FAMILIES: tuple[Family, ...] = (
     mpt.FAMILY,
     gpt_neo.FAMILY,
     gemma3n.FAMILY,
+    xlm.FAMILY,
 )
 
 
