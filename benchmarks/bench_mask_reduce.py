@@ -36,7 +36,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnscope._capture import hostread, retain
-from attnscope._record.capture import ATTENTION_KEY, AttentionFacts, Capture, HostCopy
+from attnscope._record.capture import AttentionFacts, Capture, Facts, HostCopy
 
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -146,7 +146,7 @@ def main() -> None:
             f.cached, f.past, f.mask, f.heads = True, skv - sq, mask, 8
             cap = Capture()
             cap.kept_bytes = 0
-            cap.summary = [(ATTENTION_KEY, f)]
+            cap.facts = Facts(f)
             hostread.to_host(cap)
             _built.append(cap)
             return f.mask

@@ -200,7 +200,7 @@ def test_encoder_slow_path_keeps_the_attention_spans() -> None:
 def test_compressed_pairs_closed_form_matches_counting_each_query() -> None:
     """DeepSeek V4's compressed layers: the query at position p sees (p + 1) // rate entries,
     at most top-k; the closed form the worker uses against the sum query by query."""
-    from attnscope._worker.narrowed import compressed_pairs
+    from attnscope._attention.families.deepseek_v4 import compressed_pairs
 
     for seen in range(12):
         for sq in range(1, 10):

@@ -488,7 +488,7 @@ def test_gemma3n_kv_shared_layers_read_the_stored_keys_or_say_they_could_not() -
     extract = hidden_state_extractor(layer, tuple(inspect.signature(type(layer).forward)
                                                   .parameters))
     cache = transformers.DynamicCache(config=model.config)
-    summary = extract(layer, (), {"hidden_states": torch.zeros(2, 1, 32), "cache": cache,
-                                  "attention_mask": None})
-    out = derive(summary, layer)
+    facts = extract(layer, (), {"hidden_states": torch.zeros(2, 1, 32), "cache": cache,
+                                "attention_mask": None})
+    out = derive([], layer, facts=facts)
     assert out.exact is False and out.inexact_reason == "cache_unread"

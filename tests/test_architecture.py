@@ -144,6 +144,15 @@ def test_a_module_loads_no_layer_above_it(module: str, absent: tuple[str, ...]) 
     assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stdout + done.stderr[-2000:]
 
 
+def test_attention_math_imports_neither_side_nor_threads_nor_opentelemetry() -> None:
+    # _attention/ is pure arithmetic over a call's facts (FLOPs, masks, bytes, the families'
+    # detectors and rules): both the worker and instrument() import it, it imports record/ only.
+    assert not _bad_imports(("_attention",), ("attnscope._capture", "attnscope._worker",
+                                             "attnscope._export", "attnscope._instrument",
+                                             "attnscope._api", "attnscope._runtime",
+                                             "attnscope._log", "opentelemetry", "threading"))
+
+
 def test_the_layering_checks_catch_a_crossing() -> None:
     RAW["attnscope._worker._probe"] = {"attnscope._capture.wrapper"}
     RAW["attnscope._capture._probe"] = {"attnscope._worker.loop"}

@@ -232,14 +232,14 @@ def test_nothing_sampled_in_a_block_emits_nothing() -> None:
 
 
 def _cap_with(mask: torch.Tensor, rows: tuple[Any, ...], sq: int, past: int) -> Any:
-    from attnscope._record.block import Block
-    from attnscope._record.capture import ATTENTION_KEY, AttentionFacts, Capture
+    from attnscope._record.batches import BatchRecord
+    from attnscope._record.capture import AttentionFacts, Capture, Facts
 
     f = AttentionFacts(mask.shape[0], sq)
     f.cached, f.past, f.mask = True, past, mask
     f.heads, f.kv_heads, f.head_dim, f.causal = HEADS, 2, HEAD_DIM, True
     cap = Capture()
-    cap.capture_id, cap.summary, cap.rows = 1, [(ATTENTION_KEY, f)], Block(rows)
+    cap.capture_id, cap.facts, cap.rows = 1, Facts(f), BatchRecord(rows)
     return cap
 
 
@@ -259,14 +259,14 @@ def test_a_device_masks_row_counts_travel_as_pinned_copies_and_split_the_same(
     mask = (pad[:, None, None, :] & causal)  # (3, 1, sq, keys), as transformers builds it
     rows = ("a", "b", None)
     host = _cap_with(mask, rows, sq, past)
-    shape = derive.derive(host.summary).attributes()
+    shape = derive.derive(host.summary, facts=host.facts).attributes()
     expected = apportion.split_rows(host, shape, rows, 1000.0)
     assert expected.reason is None and sum(expected.useful) > 0
     monkeypatch.setattr(hostread, "_on_device", lambda v: isinstance(v, torch.Tensor))
     monkeypatch.setattr(hostread, "enqueue_to_host", lambda t: t.clone())
     device = _cap_with(mask, rows, sq, past)
     assert hostread.to_host(device)
-    f = device.summary[0][1]
+    f = device.facts.attention
     assert isinstance(f.mask, apportion.HostCopy) and f.row_counts.kind == "rows"
     got = apportion.split_rows(device, shape, rows, 1000.0)
     assert (got.reason, got.tokens, got.useful, got.padding) == (

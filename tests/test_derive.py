@@ -200,7 +200,7 @@ def test_a_layer_call_whose_cache_length_was_not_read_says_so() -> None:
 @pytest.mark.parametrize(("sq", "skv", "cap"), [(8, 8, 4), (1, 9, 4), (3, 9, 4), (5, 5, 8),
                                                 (6, 10, 1), (4, 4, 4)])
 def test_capped_pairs_match_a_brute_force_count(sq: int, skv: int, cap: int) -> None:
-    from attnscope._worker.narrowed import capped_pairs
+    from attnscope._attention.families.kept_keys import capped_pairs
 
     past = skv - sq
     assert capped_pairs(sq, skv, cap, True) == sum(min(past + q + 1, cap) for q in range(sq))
@@ -210,7 +210,7 @@ def test_capped_pairs_match_a_brute_force_count(sq: int, skv: int, cap: int) -> 
 def test_block_capped_pairs_match_the_indexers_own_selection() -> None:
     """Qwen4-exp's indexer, per query over ``v`` visible keys: the top ``min(topk, v // r)``
     whole blocks of ``r`` and the ``v % r`` keys past them (transformers' loop, counted)."""
-    from attnscope._worker.narrowed import capped_pairs
+    from attnscope._attention.families.kept_keys import capped_pairs
 
     for r, topk, skv in itertools.product((1, 2, 3, 4), (1, 2, 3), range(1, 23)):
         def kept(v: int, r: int = r, topk: int = topk) -> int:
@@ -232,14 +232,12 @@ def test_a_config_window_without_a_mask_holds_where_the_kernel_applies_it(
     takes no mask and applies the window itself; an unknown implementation keeps the window."""
     from types import SimpleNamespace
 
-    from attnscope._instrument.facts import TRAITS_KEY, LayerTraits
-    from attnscope._record.capture import ATTENTION_KEY, AttentionFacts
+    from attnscope._record.capture import AttentionFacts, Facts, LayerTraits
 
     facts = AttentionFacts(2, 8)
     facts.heads, facts.kv_heads, facts.head_dim, facts.causal, facts.window = 4, 4, 8, True, 4
     instance = SimpleNamespace(config=SimpleNamespace(_attn_implementation=impl))
-    out = derive([(ATTENTION_KEY, facts), (TRAITS_KEY, LayerTraits(config_window=True))],
-                 instance)
+    out = derive([], instance, facts=Facts(facts, LayerTraits(config_window=True)))
     assert out.sliding_window == window
     i, j = torch.arange(8).unsqueeze(1), torch.arange(8).unsqueeze(0)
     seen = (j <= i) & ((j > i - window) if window else True)  # a causal band of the window

@@ -195,7 +195,6 @@ def test_a_profiled_sdpa_call_records_strides_and_the_sdpa_kernel_context() -> N
     forced-math call on a shape flash takes, and a transposed key (last-dimension stride != 1),
     are named fallbacks on their spans; a timed call records neither."""
     import attnscope
-    from attnscope._record.capture import SDPA_CONTEXT_KEY
     from attnscope.testing import capture_spans
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -211,8 +210,10 @@ def test_a_profiled_sdpa_call_records_strides_and_the_sdpa_kernel_context() -> N
             F.scaled_dot_product_attention(q, q, q)
         site = F.scaled_dot_product_attention.__attnscope_site__  # type: ignore[attr-defined]
         assert site.on_profile is not None
-        ((key, (strides, allowed)),) = site.on_profile((q, k_t, q), {})
-        assert key == SDPA_CONTEXT_KEY and strides == (1, 8, 1) and "flash" in allowed
+        call = site.on_profile((q, k_t, q), {})
+        assert call is not None and call.context is not None and call.inner is None
+        strides, allowed = call.context
+        assert strides == (1, 8, 1) and "flash" in allowed
     finally:
         attnscope.uninstrument_sdpa()
     calls = [dict(s.attributes or {}) for s in spans if s.name == "scaled_dot_product_attention"]

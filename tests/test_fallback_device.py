@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from attnscope._record.capture import INNER_SDPA_KEY, SDPA_CONTEXT_KEY, TensorMeta
+from attnscope._record.capture import SdpaCall, SdpaContext, TensorMeta
 from attnscope._worker import fallback
 from attnscope._worker.fallback import Inputs, Verdict, assess
 
@@ -66,15 +66,19 @@ class _Checks:
 
 def _cuda_summary(shape: tuple[int, ...], dtype: torch.dtype, *, mask: bool = False,
                   strides: tuple[int, int, int] = (1, 1, 1),
-                  allowed: tuple[str, ...] = _ALL) -> list[tuple[str, Any]]:
-    """What a profiled call's summary holds of a CUDA SDPA call made inside it (the recorder's
+                  allowed: tuple[str, ...] = _ALL) -> SdpaCall:
+    """What a profiled call holds of a CUDA SDPA call made inside it (the recorder's
     entry): shapes, dtype and device, the strides and the allowed backends; no tensor."""
     meta = TensorMeta(shape, dtype, _CUDA0)
     inner: list[tuple[str, Any]] = [("query", meta), ("key", meta), ("value", meta)]
     if mask:
         inner.append(("attn_mask", TensorMeta((shape[-2], shape[-2]), torch.bool, _CUDA0)))
-    inner.append((SDPA_CONTEXT_KEY, (strides, allowed)))
-    return [("x", meta), (INNER_SDPA_KEY, inner)]
+    return SdpaCall(SdpaContext(strides, allowed), inner)
+
+
+def _x(shape: tuple[int, ...], dtype: torch.dtype) -> list[tuple[str, Any]]:
+    """The profiled call's own summary: its argument."""
+    return [("x", TensorMeta(shape, dtype, _CUDA0))]
 
 
 def test_the_checks_are_handed_the_calls_device_not_meta(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -85,8 +89,8 @@ def test_the_checks_are_handed_the_calls_device_not_meta(monkeypatch: pytest.Mon
                                    "cudnn": None, "efficient": None})
     shape = (1, 8, 128, 64)
     attrs: dict[str, Any] = {"attnscope.backend": "math"}
-    fallback.annotate(attrs, _cuda_summary(shape, torch.float16, mask=True, strides=(1, 1, 1)),
-                      "attn")
+    fallback.annotate(attrs, _x(shape, torch.float16), "attn",
+                      _cuda_summary(shape, torch.float16, mask=True, strides=(1, 1, 1)))
     assert [s["backend"] for s in checks.seen] == ["flash", "cudnn"]
     for seen in checks.seen:
         assert seen["debug"] is True
@@ -105,8 +109,8 @@ def test_a_fused_call_is_no_fallback_and_a_transposed_key_reaches_the_checks(
     reaches the checks with that stride (torch's flash and efficient checks read it)."""
     checks = _Checks(monkeypatch, {"flash": None, "cudnn": None, "efficient": None})
     attrs: dict[str, Any] = {"attnscope.backend": "flash"}
-    fallback.annotate(attrs, _cuda_summary((1, 8, 128, 64), torch.bfloat16, strides=(1, 8, 1)),
-                      "attn")
+    fallback.annotate(attrs, _x((1, 8, 128, 64), torch.bfloat16), "attn",
+                      _cuda_summary((1, 8, 128, 64), torch.bfloat16, strides=(1, 8, 1)))
     assert attrs["attnscope.backend.fallback"] is False
     (seen,) = checks.seen
     assert seen["last_strides"] == [1, 8, 1] and seen["dtype"] == torch.bfloat16

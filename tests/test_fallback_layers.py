@@ -14,7 +14,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnscope
 from attnscope._capture import inner_sdpa
-from attnscope._record.capture import INNER_SDPA_KEY
 from attnscope.testing import capture_spans
 
 transformers = pytest.importorskip("transformers")
@@ -99,9 +98,10 @@ def test_only_the_profiling_threads_first_call_is_recorded() -> None:
     of the profiling thread; disarming puts the function back."""
     original = F.scaled_dot_product_attention
     q = torch.randn(1, 2, 4, 8)
-    ((key, holder),) = inner_sdpa.arm((), {})
+    call = inner_sdpa.arm((), {})
+    holder = call.inner if call is not None else None
     try:
-        assert key == INNER_SDPA_KEY and F.scaled_dot_product_attention is not original
+        assert holder is not None and F.scaled_dot_product_attention is not original
         other = threading.Thread(target=lambda: F.scaled_dot_product_attention(q, q, q))
         other.start()
         other.join()

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from attnscope._record import reduce
-from attnscope._record.capture import ATTENTION_KEY, MODEL_KEY, AttentionFacts, HostCopy, ModelFacts
+from attnscope._record.capture import AttentionFacts, Facts, HostCopy, HostKind, ModelFacts
 from attnscope._worker import derive
 
 
@@ -42,18 +42,19 @@ def _copies(past: int, mask: torch.Tensor) -> AttentionFacts:
     (computed by the same reductions, here on CPU)."""
     plan = reduce.plan_mask(tuple(mask.shape), 2, 4, 1, past + 1)
     counts = reduce.mask_numbers(mask, False, plan, 1, past + 1)
-    return _layer(HostCopy(torch.tensor([past]), "int"), HostCopy(counts, "mask", plan))
+    return _layer(HostCopy(torch.tensor([past]), HostKind.INT),
+                  HostCopy(counts, HostKind.MASK, plan))
 
 
 def test_counts_copied_by_the_call_stream_are_read() -> None:
-    out = derive.derive([(ATTENTION_KEY, _copies(7, _padding()))])
+    out = derive.derive([], facts=Facts(_copies(7, _padding())))
     assert out["kv_cache_len"] == 7 and out["seq_len_kv"] == 8 and out["phase"] == "decode"
     assert out["tokens"] == 2  # both rows' last key is real
-    assert out == derive.derive([(ATTENTION_KEY, _layer(torch.tensor(7), _padding()))])
+    assert out == derive.derive([], facts=Facts(_layer(torch.tensor(7), _padding())))
 
 
 def test_timed_out_copies_are_not_read() -> None:
-    out = derive.derive([(ATTENTION_KEY, _copies(7, _padding()))], device_reads=False)
+    out = derive.derive([], facts=Facts(_copies(7, _padding())), device_reads=False)
     assert out["seq_len_q"] == 1
     for key in ("kv_cache_len", "seq_len_kv", "phase", "flops", "tokens"):
         assert out.get(key) is None, key
@@ -63,7 +64,7 @@ def test_a_device_tensor_left_in_the_facts_is_not_read() -> None:
     """If the calling thread could not make the copies, the worker leaves the counts out."""
     on_device = _padding().as_subclass(_OnDevice)
     facts = _layer(7, on_device)
-    out = derive.derive([(ATTENTION_KEY, facts)])
+    out = derive.derive([], facts=Facts(facts))
     assert out["kv_cache_len"] == 7 and "tokens" not in out
     assert facts.mask is on_device  # the capture's own facts are not written
 
@@ -78,9 +79,9 @@ def test_generated_tokens_from_a_copy_and_not_after_a_timeout() -> None:
     f = ModelFacts(1, 3)
     f.generate, f.eos = True, (9,)
     f.output = HostCopy(reduce.generated_numbers(torch.tensor([[1, 2, 3, 4, 9, 9]]), 3, (9,)),
-                        "int")
-    assert derive.derive([(MODEL_KEY, f)])["gen_ai.usage.output_tokens"] == 2
-    out = derive.derive([(MODEL_KEY, f)], device_reads=False)
+                        HostKind.INT)
+    assert derive.derive([], facts=Facts(model=f))["gen_ai.usage.output_tokens"] == 2
+    out = derive.derive([], facts=Facts(model=f), device_reads=False)
     assert out.get("gen_ai.usage.output_tokens") is None
     assert out["gen_ai.usage.input_tokens"] == 3  # no mask: nothing to read
 

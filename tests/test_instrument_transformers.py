@@ -413,7 +413,7 @@ def test_static_cache_generate_counts_against_the_filled_part_of_the_buffer() ->
 
 
 def test_output_tokens_stop_at_each_rows_first_eos() -> None:
-    from attnscope._record.capture import MODEL_KEY, ModelFacts
+    from attnscope._record.capture import Facts, ModelFacts
     from attnscope._worker.derive import derive
 
     facts = ModelFacts(2, 3)
@@ -421,7 +421,7 @@ def test_output_tokens_stop_at_each_rows_first_eos() -> None:
     facts.eos = (2,)
     facts.mask = torch.tensor([[1, 1, 1], [0, 1, 1]])
     facts.output = torch.tensor([[7, 7, 7, 4, 2, 0, 0], [0, 7, 7, 4, 5, 6, 2]])
-    out = derive([(MODEL_KEY, facts)])
+    out = derive([], facts=Facts(model=facts))
     assert out["gen_ai.usage.input_tokens"] == 5
     assert out["gen_ai.usage.output_tokens"] == 2 + 4
 

@@ -198,7 +198,7 @@ def test_modernbert_local_layer_reads_its_sliding_window_mask() -> None:
         module.num_heads, module.head_dim, module.local_attention = 2, 4, local
         extract = hidden_state_extractor(module, ("self", "hidden_states", "output_attentions"))
         kw = {"attention_mask": full, "sliding_window_mask": band}
-        ((_, found),) = extract(module, (module, torch.zeros(1, 6, 8)), kw)
+        found = extract(module, (module, torch.zeros(1, 6, 8)), kw).attention
         assert isinstance(found, AttentionFacts)
         return found.mask
 

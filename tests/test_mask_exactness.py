@@ -18,7 +18,7 @@ import attnscope
 from attnscope._record.capture import AttentionFacts
 from attnscope.testing import capture_spans
 from attnscope._worker.derive import derive_attention
-from attnscope._worker.masks import MaskReading, band_pairs, counts_of, read_counts
+from attnscope._attention.masks import MaskReading, band_pairs, counts_of, read_counts
 
 transformers = pytest.importorskip("transformers")
 
@@ -178,7 +178,7 @@ def test_a_mask_without_a_query_axis_leaves_the_attributes_in_charge() -> None:
 
 def test_chunked_pairs_brute_force() -> None:
     """Chunks [shift + c·chunk, ...) with keys held from ``offset`` on, queries the last ones."""
-    from attnscope._worker.masks import chunked_pairs
+    from attnscope._attention.masks import chunked_pairs
 
     for sq, skv, chunk, shift, offset in [(10, 10, 4, 0, 0), (10, 10, 4, 3, 0), (10, 10, 4, 5, 0),
                                           (1, 4, 4, 0, 7), (1, 4, 4, 2, 9), (3, 6, 5, 1, 4),
@@ -191,7 +191,7 @@ def test_chunked_pairs_brute_force() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.float32])
 def test_left_padding_from_a_layers_mask(dtype: torch.dtype) -> None:
-    from attnscope._worker.masks import left_padding
+    from attnscope._attention.masks import left_padding
 
     real = torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0]], dtype=torch.bool)
     allowed = torch.ones(6, 6).tril().bool()[None] & real[:, None, :]

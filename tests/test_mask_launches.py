@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnscope._capture import hostread
 from attnscope._record import reduce
-from attnscope._record.capture import (ATTENTION_KEY, MODEL_KEY, AttentionFacts, Capture, HostCopy,
+from attnscope._record.capture import (AttentionFacts, Capture, Facts, HostCopy, HostKind,
                                       ModelFacts, TensorMeta)
 
 LIMIT = 6  # issue 37 goal 2: launches per sampled masked call
@@ -114,7 +114,7 @@ def test_a_sampled_masked_layer_call_enqueues_at_most_six_operations(
     cap = Capture()
     cap.rows = ("a", "b", "c")[: mask.shape[0]]  # inside attnscope.batch(): rows counted too
     f = _layer(mask, sq, past)
-    cap.summary = [(ATTENTION_KEY, f)]
+    cap.facts = Facts(f)
     counter = _enqueue(cap)
     assert len(counter.ops) <= LIMIT, counter.ops
     assert counter.blocking_copies == 0 and not set(counter.ops) & set(_READS), counter.ops
@@ -140,7 +140,7 @@ def test_a_model_forward_and_generate_call_enqueue_at_most_six_operations(
     generate.output = torch.tensor([[1] * 8 + [5, 9, 9, 3], [1] * 8 + [5, 6, 7, 3]])
     for f in (forward, static, generate):
         cap = Capture()
-        cap.summary = [(MODEL_KEY, f)]
+        cap.facts = Facts(model=f)
         counter = _enqueue(cap)
         assert len(counter.ops) <= LIMIT, counter.ops
         assert counter.blocking_copies == 0 and not set(counter.ops) & set(_READS)
@@ -179,7 +179,7 @@ def test_a_copy_over_the_keeping_budget_is_not_made(on_device: None,
     monkeypatch.setattr(runtime.retention, "take", lambda n: False)
     f = _layer(_padded(2, 16, 16, True), 16, 0)
     cap = Capture()
-    cap.summary = [(ATTENTION_KEY, f)]
+    cap.facts = Facts(f)
     counter = _Enqueued()
     with counter:
         hostread.to_host(cap)
@@ -233,7 +233,7 @@ def test_counts_read_later_are_computed_once() -> None:
         return torch.tensor([[1, 2], [3, 4]])
 
     later = reduce.Later(compute)
-    copy = HostCopy(later, "rows", (2, 2))
+    copy = HostCopy(later, HostKind.ROWS, (2, 2))
     assert copy.read() == [1, 2, 3, 4] and copy.read() == [1, 2, 3, 4] and len(calls) == 1
 
 
@@ -243,7 +243,7 @@ def test_counts_read_later_are_computed_once() -> None:
 def _layer_call(mask: torch.Tensor) -> tuple[AttentionFacts, _Enqueued]:
     f = _layer(mask, 16, 0)
     cap = Capture()
-    cap.summary = [(ATTENTION_KEY, f)]
+    cap.facts = Facts(f)
     return f, _enqueue(cap)
 
 
@@ -296,13 +296,13 @@ def test_an_inference_mode_mask_is_copied_every_time(on_device: None) -> None:
 
 
 def test_an_empty_device_mask_is_left_unread_as_an_empty_host_mask(on_device: None) -> None:
-    from attnscope._worker.masks import counts_of
+    from attnscope._attention.masks import counts_of
 
     mask = torch.zeros(2, 1, 16, 0, dtype=torch.bool)
     f = _layer(mask, 16, None)
     f.cached = False
     cap = Capture()
-    cap.summary = [(ATTENTION_KEY, f)]
+    cap.facts = Facts(f)
     counter = _enqueue(cap)
     assert counter.ops == [] and isinstance(f.mask, HostCopy)
     assert counts_of(f.mask, False, 2, 4, 16, None) is None

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from attnscope._capture import hostread
 from attnscope._record import reduce
-from attnscope._record.capture import AttentionFacts, Capture, HostCopy, ModelFacts
-from attnscope._worker.masks import (
+from attnscope._record.capture import AttentionFacts, Capture, Facts, HostCopy, ModelFacts
+from attnscope._attention.masks import (
     MaskCounts,
     MaskReading,
     band_pairs,
@@ -130,15 +130,15 @@ def test_to_host_replaces_device_values_by_counts(monkeypatch: pytest.MonkeyPatc
     model.mask[0, :2] = 0
     model.output = torch.tensor([[1, 1, 1, 1, 5, 9], [1, 1, 1, 1, 5, 6]])
     model.eos, model.prompt_len = (9,), 4
-    cap.summary = [("\x00attention", facts), ("\x00model", model),
-                   ("attn_mask", torch.ones(2, 7, dtype=torch.bool))]
+    cap.facts = Facts(facts, model=model)
+    cap.summary = [("attn_mask", torch.ones(2, 7, dtype=torch.bool))]
     assert hostread.to_host(cap) is True
     assert isinstance(facts.past, HostCopy) and facts.past.read() == [3]
     assert isinstance(facts.mask, HostCopy) and isinstance(model.mask, HostCopy)
     reading, tokens = read_counts(MaskCounts(facts.mask.read(), facts.mask.plan), 2, 2, 4, 7)
     assert tokens == 8 and reading is not None and reading.causal is True
     assert isinstance(model.output, HostCopy) and model.output.read() == [2 + 2]
-    positions = cap.summary[2][1]
+    positions = cap.summary[0][1]
     assert isinstance(positions, HostCopy) and positions_tokens(positions, 2, 4) == 8
 
 

@@ -30,7 +30,8 @@ from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, TraceFlags, T
 
 import attnscope
 from attnscope._runtime import runtime
-from attnscope._record.capture import TIER_TIMING, AttentionFacts, Capture, HostCopy, TensorMeta
+from attnscope._record.capture import (TIER_TIMING, AttentionFacts, Capture, Facts, HostCopy,
+                                      HostKind, TensorMeta)
 from attnscope._export import metrics as _metrics
 from attnscope._worker import emit, engine, shapecache
 from attnscope._worker.latency import Escalator
@@ -104,7 +105,7 @@ def _models() -> None:
 def _spans(monkeypatch: pytest.MonkeyPatch, keep: bool) -> list[ReadableSpan]:
     with monkeypatch.context() as patch:
         if not keep:  # every capture derived on its own, as before there was a cache
-            patch.setattr(engine, "summary_key", lambda summary, instance: None)
+            patch.setattr(engine, "summary_key", lambda summary, instance, facts: None)
         exporter = InMemorySpanExporter()
         attnscope.configure(exporter=exporter, **SETTINGS)
         _workload()
@@ -151,19 +152,20 @@ def test_summary_key_refuses_what_derive_reads_per_call() -> None:
     assert shapecache.summary_key([("q", meta), ("is_causal", True)], None) is not None
     assert shapecache.summary_key([("q", meta)], object()) is None
     assert shapecache.summary_key([("mask", torch.ones(2))], None) is None
-    assert shapecache.summary_key([("mask", HostCopy(torch.ones(1), "int"))], None) is None
+    assert shapecache.summary_key([("mask", HostCopy(torch.ones(1), HostKind.INT))], None) is None
     facts = AttentionFacts(1, 2)
     layer = object()  # an instrumented layer's facts say all derive reads: its instance is not
-    assert shapecache.summary_key([("\x00attention", facts)], layer) is not None
-    for field, value in (("mask", torch.ones(1, 2)), ("past", HostCopy(torch.ones(1), "int")),
+    assert shapecache.summary_key([], layer, Facts(facts)) is not None
+    for field, value in (("mask", torch.ones(1, 2)),
+                         ("past", HostCopy(torch.ones(1), HostKind.INT)),
                          ("past", torch.tensor(3))):
         odd = AttentionFacts(1, 2)
         setattr(odd, field, value)
-        assert shapecache.summary_key([("\x00attention", odd)], layer) is None
+        assert shapecache.summary_key([], layer, Facts(odd)) is None
     one, true = AttentionFacts(1, 2), AttentionFacts(1, 2)
     one.past, true.past = 1, True  # True is no cache length (derive reads it as unknown)
-    assert shapecache.summary_key([("\x00attention", one)], None) != shapecache.summary_key(
-        [("\x00attention", true)], None)
+    assert shapecache.summary_key([], None, Facts(one)) != shapecache.summary_key(
+        [], None, Facts(true))
     keys = {shapecache.summary_key([("is_causal", v)], None) for v in (True, 1, 1.0)}
     assert len(keys) == 3  # equal values, hashed alike, read differently
 

@@ -73,7 +73,7 @@ def test_a_device_masks_step_sums_travel_as_a_pinned_copy(monkeypatch: pytest.Mo
     """CPU-testable core of the CUDA path: the calling thread enqueues the two sums of a device
     padding mask; the worker reads them as it reads a host mask's."""
     from attnscope._capture import hostread
-    from attnscope._record.capture import MODEL_KEY, Capture, HostCopy, ModelFacts
+    from attnscope._record.capture import Capture, Facts, HostCopy, ModelFacts
     from attnscope._worker import derive
 
     def facts() -> ModelFacts:
@@ -88,7 +88,7 @@ def test_a_device_masks_step_sums_travel_as_a_pinned_copy(monkeypatch: pytest.Mo
     monkeypatch.setattr(hostread, "enqueue_to_host", lambda t: t.clone())
     cap = Capture()
     f = facts()
-    cap.summary = [(MODEL_KEY, f)]
+    cap.facts = Facts(model=f)
     assert hostread.to_host(cap)
     assert isinstance(f.mask, HostCopy) and isinstance(f.row_sums, HostCopy)
     device = derive.derive_model(f)

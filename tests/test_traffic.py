@@ -1,4 +1,4 @@
-"""attnscope._worker.traffic: the minimum bytes of an attention call against a brute-force count.
+"""attnscope._attention.traffic: the minimum bytes of an attention call against a brute-force count.
 
 The brute force builds the set of every tensor element the core must touch (loops over batch,
 heads, positions and head dims with the causal / window / chunk / padding rules written out
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from attnscope._worker.traffic import UNKNOWN, Traffic, attention_traffic, element_size
+from attnscope._attention.traffic import UNKNOWN, Traffic, attention_traffic, element_size
 
 SIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "bool": 1, "float8_e4m3fn": 1}
 

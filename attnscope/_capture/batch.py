@@ -1,11 +1,12 @@
 """``batch(rows=...)``: which request each batch row belongs to, for the calls inside the block.
 
-The block is a :class:`Block` in a context variable; each sampled call reads it once onto its
-Capture (``Capture.rows``) and counts itself in it as it is handed over. The worker splits each
-such call's figures by row into ``Block.acc`` (:mod:`attnscope._worker.apportion`); when the block
-ends the calling thread stamps its end and hands the block over (``runtime.worker.end_block``),
-and the worker emits one ``attnscope.request`` span per request row once every call counted has
-arrived. A block in which no call was sampled costs nothing at its end.
+The block is a :class:`BatchRecord` in a context variable; each sampled call reads it once onto
+its Capture (``Capture.rows``) and counts itself in it as it is handed over. The worker splits
+each such call's figures by row into ``BatchRecord.acc`` (:mod:`attnscope._worker.apportion`);
+when the block ends the calling thread stamps its end and hands the block over
+(``runtime.worker.end_block``), and the worker emits one ``attnscope.request`` span per request
+row once every call counted has arrived. A block in which no call was sampled costs nothing at its
+end.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from opentelemetry import trace as otel_trace
 
 from .. import _log
 from .._runtime import runtime
-from .._record.block import Block, rows_for
+from .._record.batches import BatchRecord, rows_for
 
-__all__ = ["Row", "Block", "batch", "current_rows", "rows_for"]
+__all__ = ["Row", "BatchRecord", "batch", "current_rows", "rows_for"]
 
 # One request's identity: the span context of its request span, or a plain request id. None is a
 # padding row. The span context (not the span) is kept: it is immutable and enough to parent to.
@@ -33,7 +34,7 @@ _MAX_ID = 256  # request-id strings are attributes later: the attribute length b
 
 # A context variable, like span()'s: each thread and each asyncio task sees its own block, and
 # nesting restores the outer block on exit.
-rows_var: contextvars.ContextVar[Block | None] = contextvars.ContextVar(
+rows_var: contextvars.ContextVar[BatchRecord | None] = contextvars.ContextVar(
     "attnscope_batch_rows", default=None)
 
 
@@ -81,7 +82,7 @@ def batch(rows: Sequence[object]) -> Iterator[None]:
         _log.warn_once("batch-rows", "attnscope.batch: the rows could not be read; this block "
                        "is not apportioned", got=type(exc).__name__)
         declared = None
-    block = Block(declared) if declared is not None else None
+    block = BatchRecord(declared) if declared is not None else None
     token = rows_var.set(block)
     try:
         yield

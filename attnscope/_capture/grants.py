@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._record.buckets import bucket as bucket_of
-from .._record.capture import TIER_PROFILE, TIER_TIMING
 from .._runtime.grants import MAX_TRIGGER_CALLS, ON_DEMAND, SLOW, Grant, Grants
+from .._record.capture import NO_FACTS, TIER_PROFILE, TIER_TIMING, Facts
 from .sampling import CallSite, Sampler
 
 __all__ = ["Grant", "Grants", "settle", "on_demand", "SLOW", "ON_DEMAND", "ARMED_CALLS",
@@ -37,12 +37,13 @@ ARMED_CALLS = 256
 
 
 def settle(grants: Grants, sampler: Sampler, site: CallSite, grant: Grant,
-           summary: Sequence[tuple[str, Any]], tier: int) -> tuple[int, Grant | None]:
+           summary: Sequence[tuple[str, Any]], tier: int,
+           facts: Facts = NO_FACTS) -> tuple[int, Grant | None]:
     """A slow-call grant meets a call's recorded shapes: the profile tier when they are in the
     grant's bucket (and the token bucket allows), else the tier the sampler chose."""
     if grant.kind != SLOW:
         return tier, grant
-    if grant.done or bucket_of(summary) != grant.bucket:
+    if grant.done or bucket_of(summary, facts) != grant.bucket:
         return tier, None
     if tier == TIER_PROFILE or sampler.bucket.take():
         grants.end(site, grant, "slow_granted")

@@ -20,8 +20,8 @@ from typing import Any
 
 from .. import _log
 from .._runtime import runtime
-from .._record.capture import (TIER_TIMING, AttentionFacts, Capture, ModelFacts, TensorMeta,
-                              error_info, next_id)
+from .._record.capture import (NO_FACTS, TIER_TIMING, Capture, Facts, TensorMeta, error_info,
+                              next_id)
 from .._record.graphs import MAX_PARENTS, GraphRecord
 from . import args as _args
 from . import device as _device
@@ -57,10 +57,10 @@ def open_template(cap: Capture, rec: GraphRecord, site: CallSite, args: tuple[An
     summary = _args.summarize(args, kwargs, site.param_names) if extractor is None else []
     if extractor is not None:
         try:  # extractors keep device tensors by reference and read none of their values
-            summary.extend(extractor(cap.instance, args, kwargs))
+            cap.facts = _facts_shapes_only(extractor(cap.instance, args, kwargs) or NO_FACTS)
         except Exception as exc:  # the template keeps the arguments' shapes instead
             _log.internal_error("extract", exc)
-        if not summary:
+        if cap.facts is NO_FACTS:
             summary.extend(_args.summarize(args, kwargs, site.param_names))
     cap.summary = _shapes_only(summary)
     if rec.device is None:
@@ -101,7 +101,8 @@ def close_template(cap: Capture, error: BaseException | None) -> None:
     if error is not None:
         cap.error = error_info(error)
         return
-    cap.graph.templates.append(cap)
+    if cap.graph is not None:
+        cap.graph.templates.append(cap)
 
 
 def _shapes_only(summary: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
@@ -109,19 +110,27 @@ def _shapes_only(summary: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     buffers, so no value read later would be the sampled replay's."""
     out: list[tuple[str, Any]] = []
     for key, value in summary:
-        if isinstance(value, (AttentionFacts, ModelFacts)):
-            if value.mask is not None and not isinstance(value.mask, TensorMeta):
-                value.mask = _meta(value.mask)
-            if value.past is not None:
-                # the cache length at capture is not the replay's (a decode graph is replayed
-                # over advancing positions), and a device one is not read: not known
-                value.past = _UNKNOWN_LENGTH
-            if isinstance(value, AttentionFacts):
-                value.row_counts = None
-        elif not isinstance(value, (TensorMeta, int, float, bool, type(None))):
+        if not isinstance(value, (TensorMeta, int, float, bool, type(None))):
             value = _meta(value)
         out.append((key, value))
     return out
+
+
+def _facts_shapes_only(facts: Facts) -> Facts:
+    """An extractor's facts with every tensor as its shape (as :func:`_shapes_only`). A layer's
+    traits are not kept: a template's layer is derived from its facts alone."""
+    for value in (facts.attention, facts.model):
+        if value is None:
+            continue
+        if value.mask is not None and not isinstance(value.mask, TensorMeta):
+            value.mask = _meta(value.mask)
+        if value.past is not None:
+            # the cache length at capture is not the replay's (a decode graph is replayed
+            # over advancing positions), and a device one is not read: not known
+            value.past = _UNKNOWN_LENGTH
+    if facts.attention is not None:
+        facts.attention.row_counts = None
+    return facts._replace(traits=None) if facts.traits is not None else facts
 
 
 def _meta(value: Any) -> Any:

@@ -31,8 +31,8 @@ import torch
 
 from . import retain as _retain
 from .._runtime import runtime
-from .._record.capture import (MASK_NAMES, AttentionFacts, Capture, HostCopy, ModelFacts,
-                               TensorMeta, find_qkv)
+from .._record.capture import (MASK_NAMES, AttentionFacts, Capture, HostCopy, HostKind,
+                               ModelFacts, TensorMeta, find_qkv)
 from .._record.reduce import (Later, Shipment, enqueue_to_host, generated_numbers, land,
                              mask_numbers, plan_mask, position_counts, row_layout, row_numbers,
                              row_sums, ship)
@@ -44,7 +44,7 @@ _ALIGN = 8  # bytes: each copy's place in a shared buffer suits an int64 view
 
 class _Slot:
     """Where one copy lands on the host; ``host`` is set once it is enqueued. As the values of
-    an ``"int"`` :class:`HostCopy` it reads as its numbers."""
+    an ``HostKind.INT`` :class:`HostCopy` it reads as its numbers."""
 
     __slots__ = ("host",)
 
@@ -106,13 +106,13 @@ def to_host(cap: Capture) -> bool:
     ``generate()`` ids) by :class:`HostCopy` values copied on the current stream. True when
     any was: the caller then records the timer's third event."""
     sends = _Sends()
+    if cap.facts.attention is not None:
+        _attention(cap, cap.facts.attention, sends)
+    if cap.facts.model is not None:
+        _model(cap, cap.facts.model, sends)
     summary = cap.summary
     for i, (key, value) in enumerate(summary):
-        if isinstance(value, AttentionFacts):
-            _attention(cap, value, sends)
-        elif isinstance(value, ModelFacts):
-            _model(cap, value, sends)
-        elif key in MASK_NAMES and _on_device(value):
+        if key in MASK_NAMES and _on_device(value):
             copy = _argument_mask(cap, value, key == "key_padding_mask", sends)
             sends.writes.append(functools.partial(summary.__setitem__, i, (key, copy)))
     return sends.send()
@@ -144,7 +144,7 @@ def _past(f: AttentionFacts | ModelFacts, sends: _Sends) -> _Slot | None:
     if not _on_device(f.past):
         return None
     slot = sends.add(f.past.detach().reshape(1))
-    sends.writes.append(lambda: setattr(f, "past", HostCopy(slot, "int")))
+    sends.writes.append(lambda: setattr(f, "past", HostCopy(slot, HostKind.INT)))
     return slot
 
 
@@ -167,7 +167,7 @@ def _attention(cap: Capture, f: AttentionFacts, sends: _Sends) -> None:
         ignores, batch, heads, sq, window = f.mask_ignores, f.batch, f.heads, f.seq_q, f.window
         seen, attended = read
         rows = HostCopy(Later(lambda: row_numbers(seen(), ignores, batch, heads, sq, skv, window,
-                                                   attended)), "rows", (5, width))
+                                                   attended)), HostKind.ROWS, (5, width))
 
     def write() -> None:
         f.mask = copy
@@ -189,7 +189,7 @@ def _model(cap: Capture, f: ModelFacts, sends: _Sends) -> None:
                 and mask.shape[0] in (1, f.batch) and mask.shape[-1] >= keys >= f.seq_q):
             seen = read[0]
             batch, sq = f.batch, f.seq_q
-            sums = HostCopy(Later(lambda: row_sums(seen(), batch, sq, keys)), "int")
+            sums = HostCopy(Later(lambda: row_sums(seen(), batch, sq, keys)), HostKind.INT)
 
         def write() -> None:
             f.mask = copy
@@ -211,9 +211,9 @@ def _ids_copy(cap: Capture, new: torch.Tensor, eos: tuple[int, ...], sends: _Sen
     if not _reserve(cap, new.numel() * new.element_size()):
         return TensorMeta.of(new)
     if new.numel() == 0:
-        return HostCopy(Later(lambda: torch.zeros(1, dtype=torch.long)), "int")
+        return HostCopy(Later(lambda: torch.zeros(1, dtype=torch.long)), HostKind.INT)
     slot = sends.add(new)
-    return HostCopy(Later(lambda: generated_numbers(slot.host, 0, eos)), "int")
+    return HostCopy(Later(lambda: generated_numbers(slot.host, 0, eos)), HostKind.INT)
 
 
 def _reserve(cap: Capture, n: int) -> bool:
@@ -314,9 +314,9 @@ def _mask_copy(cap: Capture, mask: torch.Tensor, ignores: bool, batch: int, head
     int, a callable reading a device cache length on the worker, or None (the mask's last axis).
     Over the budget: the mask's metadata, and None."""
     plan = plan_mask(tuple(mask.shape), batch, heads, sq, skv if isinstance(skv, int) else None)
-    if mask.numel() == 0:  # nothing to read, as for an empty host mask (worker.masks.counts_of)
+    if mask.numel() == 0:  # nothing to read, as for an empty host mask (_attention.masks.counts_of)
         _retain.drop(cap, mask)
-        return HostCopy(None, "unread", plan), None
+        return HostCopy(None, HostKind.UNREAD, plan), None
     shipped = _shipped(cap, mask, ignores, skv if isinstance(skv, int) else None, sends)
     if shipped is None:
         return TensorMeta.of(mask), None
@@ -331,7 +331,7 @@ def _mask_copy(cap: Capture, mask: torch.Tensor, ignores: bool, batch: int, head
         later = Later(numbers)
         if shape is not None and len(shipped.numbers) < _SHAPES:
             shipped.numbers[shape] = later
-    return HostCopy(later, "mask", plan), (seen, attended)
+    return HostCopy(later, HostKind.MASK, plan), (seen, attended)
 
 
 def _positions(cap: Capture, mask: torch.Tensor, ignores: bool, sends: _Sends) -> Any:
@@ -342,5 +342,5 @@ def _positions(cap: Capture, mask: torch.Tensor, ignores: bool, sends: _Sends) -
     if shipped is None:
         return TensorMeta.of(mask)
     seen, attended = shipped.seen, not shipped.shipment.raw
-    return HostCopy(Later(lambda: position_counts(seen(), ignores, attended)), "positions",
+    return HostCopy(Later(lambda: position_counts(seen(), ignores, attended)), HostKind.POSITIONS,
                     tuple(mask.shape))

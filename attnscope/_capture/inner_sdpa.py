@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from .. import _log
 from .._runtime import runtime
-from .._record.capture import INNER_SDPA_KEY, SDPA_CONTEXT_KEY, TensorMeta
+from .._record.capture import SdpaCall, SdpaContext, TensorMeta
 from .args import summarize
 
 __all__ = ["PARAMS", "arm", "beneath", "context", "disarm", "put_beneath"]
@@ -34,41 +34,50 @@ PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale
 _ARMED: dict[str, Any] = {}  # "target": [the function swapped out], "recorder": ours
 
 
-def context(args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[tuple[str, Any]]:
+def context(args: Sequence[Any], kwargs: Mapping[str, Any]) -> SdpaCall | None:
     """A profiled SDPA call's last-dimension strides and the backends the program allows
     (``sdpa_kernel`` sets torch's global flags for its block): what its fallback verdict needs
-    and its argument summary lacks."""
+    and its argument summary lacks (:class:`SdpaContext`)."""
+    found = _context(args, kwargs)
+    return None if found is None else SdpaCall(found)
+
+
+def _context(args: Sequence[Any], kwargs: Mapping[str, Any]) -> SdpaContext | None:
     tensors = [*args[:3], *(kwargs[n] for n in ("query", "key", "value") if n in kwargs)][:3]
     if len(tensors) < 3 or not all(isinstance(t, torch.Tensor) for t in tensors):
-        return []
+        return None
     strides = tuple(t.stride(-1) if t.dim() else 1 for t in tensors)
     b: Any = torch.backends.cuda  # (its flag readers are untyped)
     allowed = tuple(name for name, on in (
         ("flash", b.flash_sdp_enabled()), ("efficient", b.mem_efficient_sdp_enabled()),
         ("math", b.math_sdp_enabled()), ("cudnn", b.cudnn_sdp_enabled())) if on)
-    return [(SDPA_CONTEXT_KEY, (strides, allowed))]
+    return SdpaContext(strides, allowed)
 
 
-def _inputs(args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    """The call's summary with no tensor kept (the mask too: its shape and dtype are enough)."""
+def _fill(into: SdpaCall, holder: list[tuple[str, Any]], args: Sequence[Any],
+          kwargs: Mapping[str, Any]) -> None:
+    """The call's summary with no tensor kept (the mask too: its shape and dtype are enough)
+    into ``holder`` (``into.inner``), and its context."""
     found = summarize(args, kwargs, PARAMS)
-    return [(k, TensorMeta.of(v) if isinstance(v, torch.Tensor) else v) for k, v in found] \
-        + context(args, kwargs)
+    summary = [(k, TensorMeta.of(v) if isinstance(v, torch.Tensor) else v) for k, v in found]
+    into.context = _context(args, kwargs)
+    holder.extend(summary)
 
 
-def arm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
-    """A profiled call's ``on_profile`` (its profile session is open): the entry its summary
-    gets, ``(INNER_SDPA_KEY, holder)``, the holder filled by the call's first SDPA call."""
+def arm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> SdpaCall | None:
+    """A profiled call's ``on_profile`` (its profile session is open): the capture's
+    :class:`SdpaCall`, filled by the call's first SDPA call (None: armed already)."""
     if _ARMED:
-        return []
+        return None
     holder: list[tuple[str, Any]] = []
+    call = SdpaCall(inner=holder)
     target: list[Any] = [None]  # what the recorder calls: instrument_sdpa() may change it
     owner = threading.get_ident()
 
     def recorder(*a: Any, **kw: Any) -> Any:
         if not holder and threading.get_ident() == owner:
             try:
-                holder.extend(_inputs(a, kw))
+                _fill(call, holder, a, kw)
             except Exception as exc:  # noqa: BLE001  (the call goes on, unjudged)
                 _log.internal_error("inner-sdpa", exc)
         return target[0](*a, **kw)
@@ -82,7 +91,7 @@ def arm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
         # noted before the swap: a Ctrl-C between the two leaves disarm() nothing to undo
         _ARMED.update(target=target, recorder=recorder)
         F.scaled_dot_product_attention = recorder
-    return [(INNER_SDPA_KEY, holder)]
+    return call
 
 
 def disarm() -> None:

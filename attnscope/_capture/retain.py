@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .._runtime import runtime
-from .._record.capture import AttentionFacts, Capture, ModelFacts, TensorMeta
+from .._record.capture import NO_FACTS, Capture, TensorMeta
 
 __all__ = ["KEEP_TENSOR_BYTES", "keep", "keep_summary", "release", "drop", "meta"]
 
@@ -44,6 +44,11 @@ def keep(cap: Capture, value: Any) -> Any:
 
 def keep_summary(cap: Capture) -> None:
     """Apply the budget to every tensor the capture's summary holds (masks, facts' masks)."""
+    # facts first: an instrumented layer has facts and an empty summary (the two are disjoint)
+    if cap.facts is not NO_FACTS:  # a traced function's call: nothing to look at here
+        for facts in (cap.facts.attention, cap.facts.model):
+            if facts is not None and facts.mask is not None:
+                facts.mask = keep(cap, facts.mask)
     summary = cap.summary
     for i, (key, value) in enumerate(summary):
         kind = type(value)
@@ -51,11 +56,7 @@ def keep_summary(cap: Capture) -> None:
         # through torch's own __instancecheck__, ~0.3 µs a value)
         if kind is TensorMeta or kind in _PLAIN:
             continue
-        # facts first: an instrumented layer's summary is one AttentionFacts (the two are disjoint)
-        if isinstance(value, (AttentionFacts, ModelFacts)):
-            if value.mask is not None:
-                value.mask = keep(cap, value.mask)
-        elif isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor):
             summary[i] = (key, keep(cap, value))
 
 

@@ -38,6 +38,7 @@ from . import retain as _retain
 from . import sampling as _sampling
 from .._record.capture import (
     MAX_NAME,
+    NO_FACTS,
     TIER_NONE,
     TIER_PROFILE,
     TIER_TIMING,
@@ -285,7 +286,7 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
     if site.kind == "method" and args:
         cap.instance = args[0]
     extractor = site.extractor
-    # instrument(): the extractor's facts replace the generic summary
+    # instrument(): the extractor's facts stand in for the generic summary
     summary = _args.summarize(args, kwargs, site.param_names) if extractor is None else []
     # a replay has no tensor arguments: its events go on the graph's device
     device = _args.tensor_device(args, kwargs) if replay is None else replay[0].device
@@ -300,13 +301,14 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
         cap.memory = _device.memory_before(device, sampler.reset_peak)
     if extractor is not None:  # after the capture check: it may read a device tensor
         try:
-            summary.extend(extractor(cap.instance, args, kwargs))
+            cap.facts = extractor(cap.instance, args, kwargs) or NO_FACTS
         except Exception as exc:  # the span goes out without the facts; the site counts the error
             _site_error(site, "extract", exc)
-        if not summary:  # nothing it recognised: the shapes of the arguments, as for @trace
+        if cap.facts is NO_FACTS:  # nothing it recognised: the arguments' shapes, as for @trace
             summary.extend(_args.summarize(args, kwargs, site.param_names))
     if grant is not None:
-        tier, cap.grant = _grants.settle(runtime.grants, sampler, site, grant, summary, tier)
+        tier, cap.grant = _grants.settle(runtime.grants, sampler, site, grant, summary, tier,
+                                         cap.facts)
         if tier == TIER_NONE:  # an armed call outside the slow call's bucket: call through
             return False  # no CUDA event was taken for it
     if cuda:  # after the grant is settled: events only for a call that is captured
@@ -316,7 +318,7 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
             tier = TIER_TIMING
         else:  # once the session is open: its release undoes it
             try:  # default: the SDPA call inside, for its fallback verdict (capture.inner_sdpa)
-                summary.extend((site.on_profile or _inner_sdpa.arm)(args, kwargs))
+                cap.sdpa = (site.on_profile or _inner_sdpa.arm)(args, kwargs)
             except Exception as exc:  # the profile goes on without those facts
                 _site_error(site, "extract", exc)
     cap.tier = tier

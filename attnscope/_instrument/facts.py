@@ -7,36 +7,13 @@ then its ``config``, under the attribute names used across model families.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
-__all__ = ["TRAITS_KEY", "LayerTraits", "attention_cores", "bidirectional_model", "blocked_band",
-           "chunk_size", "compressed_keys", "head_info", "key_selection", "layer_traits",
-           "pos_int"]
+from .._attention.families import detected_traits
+from .._attention.families.base import pos_int
+from .._record.facts import LayerTraits
 
-# The summary entry, beside an instrumented layer's facts, of what its structure adds to them
-# (read once, when instrumenting): a layer with none of these traits has no such entry.
-TRAITS_KEY = "attention.traits"
-
-
-class LayerTraits(NamedTuple):
-    """What a layer's own structure says beyond its facts, for derive on the worker."""
-
-    chunk: int | None = None  # chunked attention (Llama 4): :func:`chunk_size`
-    band: tuple[int, int] | None = None  # blocked local attention (LongT5): :func:`blocked_band`
-    # an encoder layer (``is_decoder=False``) given a cache (BERT-style models run as causal LMs
-    # without ``is_decoder=True``): bidirectional, so a one-query step is not called causal
-    bidirectional: bool = False
-    # the layer's window is its config's only (no attribute of its own): a model applies such a
-    # window in the mask it builds, so a mask that could show it and does not says it is not
-    # applied (Moshi sets config.sliding_window and never uses it)
-    config_window: bool = False
-    # attention cores one call of the layer runs over the same queries and keys: differential
-    # attention (DiffLlama) runs two, one per half of V (:func:`attention_cores`)
-    cores: int = 1
-    # compressed KV entries appended to the window's keys (DeepSeek V4): (rate, top-k) of
-    # :func:`compressed_keys`, and the tokens its cache had seen before the call (set per call)
-    compressed: tuple[int, int] | None = None
-    seen: int | None = 0  # None: the cache does not say
+__all__ = ["LayerTraits", "head_info", "layer_traits", "pos_int"]
 
 _K_PROJ = ("k_proj", "key", "k", "wk", "to_k", "k_lin", "key_proj")
 _HEADS = ("num_heads", "num_attention_heads", "n_heads", "n_head", "num_q_heads")
@@ -59,12 +36,6 @@ _HEAD_DIM = (
 )
 _FUSED_QKV = ("qkv", "qkv_proj", "Wqkv", "c_attn", "in_proj")
 _WIDTH = ("embed_dim", "hidden_size", "d_model", "n_embd", "all_head_size", "inner_dim")
-
-
-def pos_int(value: Any) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    return None
 
 
 def _first_int(owners: Iterable[Any], names: Iterable[str]) -> int | None:
@@ -116,92 +87,14 @@ def head_info(module: Any) -> tuple[int | None, int | None, int | None, int | No
     return heads, kv_heads or heads, head_dim, head_dim_v
 
 
-def chunk_size(module: Any) -> int | None:
-    """The chunk of a chunked-attention layer (Llama 4's ``attention_chunk_size``): a query sees
-    the keys of its own chunk only, chunks counted from each row's first real token. Set on the
-    config for the model; ``config.layer_types`` says which layers are chunked (none listed:
-    every layer is, as transformers' mask builder reads it)."""
-    config = getattr(module, "config", None)
-    size = pos_int(getattr(config, "attention_chunk_size", None))
-    if size is None:
-        return None
-    kinds = getattr(config, "layer_types", None)
-    layer = getattr(module, "layer_idx", None)
-    if isinstance(kinds, (list, tuple)) and kinds:
-        if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < len(kinds):
-            return None
-        return size if kinds[layer] == "chunked_attention" else None
-    return size
-
-
-def blocked_band(module: Any) -> tuple[int, int] | None:
-    """(radius, global block size) of a layer that splits its sequence into blocks of
-    ``block_len = local_radius + 1`` and lets each query see the keys within ``local_radius`` of
-    it (LongT5's ``LocalAttention``), plus one summary key per ``global_block_size`` tokens
-    (``TransientGlobalAttention``; 0: none). Read once, when instrumenting."""
-    radius = getattr(module, "local_radius", None)
-    block = pos_int(getattr(module, "block_len", None))
-    if not isinstance(radius, int) or isinstance(radius, bool) or radius < 0 or block != radius + 1:
-        return None
-    return radius, pos_int(getattr(module, "global_block_size", None)) or 0
-
-
-def bidirectional_model(model: Any) -> bool:
-    """A model whose config says its layers attend both ways though it generates: XLM's and
-    FlauBERT's ``causal=False`` with ``is_encoder=True`` (their layers carry no ``is_decoder``; a
-    masked LM run through ``generate`` keeps its bidirectional mask over the cache)."""
-    config = getattr(model, "config", None)
-    return getattr(config, "causal", None) is False and getattr(config, "is_encoder", None) is True
-
-
-def attention_cores(module: Any) -> int:
-    """How many attention cores one call runs: 2 for differential attention (DiffLlama: the
-    learned ``lambda_q1``/``lambda_k1`` and ``lambda_init`` of ``softmax_1 - λ·softmax_2``, each
-    map over all of Q and K with half of V doubled back to the heads), else 1."""
-    params = getattr(module, "_parameters", {})
-    differential = "lambda_q1" in params and "lambda_k1" in params and isinstance(
-        vars(module).get("lambda_init"), (int, float))
-    return 2 if differential else 1
-
-
-def compressed_keys(module: Any) -> tuple[int, int] | None:
-    """(rate, top-k) of a layer whose ``compressor`` child appends one compressed KV entry per
-    ``compress_rate`` tokens to the keys of its window (DeepSeek V4's compressed-sparse and
-    heavily-compressed layers). The query at position ``p`` sees the entries of the windows
-    closed by then, ``(p + 1) // rate``; a compressor with an ``indexer`` keeps at most its
-    ``index_topk`` of them per query (which ones depends on values, how many does not); top-k
-    0: every entry. Read once, when instrumenting."""
-    compressor = getattr(module, "_modules", {}).get("compressor")
-    rate = pos_int(getattr(compressor, "compress_rate", None))
-    if rate is None:
-        return None
-    indexer = getattr(compressor, "_modules", {}).get("indexer")
-    return rate, pos_int(getattr(indexer, "index_topk", None)) or 0
-
-
-def key_selection(module: Any) -> tuple[int | None, int]:
-    """(keys kept per query at most, the block they are kept in) of a layer that keeps some of
-    the keys its mask allows by their values: Doge's dynamic mask keeps its top
-    ``keep_window_size``; Qwen4-exp's indexer the top ``block_topk`` blocks of ``compress_ratio``
-    visible keys, and the ones past the last whole block. How many does not depend on values.
-    (None, 1): a layer that keeps every key its mask allows. Read once, when instrumenting."""
-    cap = pos_int(vars(module).get("keep_window_size"))
-    if cap is not None:
-        return cap, 1
-    indexer = getattr(module, "_modules", {}).get("indexer")
-    blocks = pos_int(getattr(indexer, "block_topk", None))
-    block = pos_int(getattr(indexer, "compress_ratio", None))
-    if blocks is None or block is None or pos_int(getattr(indexer, "token_budget", None)) is None:
-        return None, 1
-    return blocks * block, block
-
-
 def layer_traits(module: Any, bidirectional: bool = False,
                  config_window: bool = False) -> LayerTraits | None:
     """The module's :class:`LayerTraits`, or None when it has none (most layers).
-    ``bidirectional``: its model says its layers attend both ways (:func:`bidirectional_model`);
+    ``bidirectional``: its model says its layers attend both ways
+    (:func:`.._attention.families.xlm.bidirectional_model`);
     ``config_window``: its window is its config's only."""
-    traits = LayerTraits(chunk_size(module), blocked_band(module),
-                         bidirectional or getattr(module, "is_decoder", None) is False,
-                         config_window, attention_cores(module), compressed_keys(module))
+    encoder = getattr(module, "is_decoder", None) is False
+    # each family's trait from its detector (_attention.families), the rest from here
+    traits = LayerTraits(bidirectional=bidirectional or encoder, config_window=config_window,
+                         **detected_traits(module))
     return traits if traits != LayerTraits() else None

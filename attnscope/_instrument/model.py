@@ -21,10 +21,11 @@ import torch
 from .. import _log
 from .. import _schema as schema
 from .._runtime import runtime
+from .._attention.families.xlm import bidirectional_model
 from .._capture.compile import register_when_dynamo_loads
-from . import torch_nn
+from .._record.facts import BLOCK_FACTS, Facts
+from . import Extractor, torch_nn
 from . import transformers as hf
-from .facts import bidirectional_model
 from .patching import is_instrumented, restore, wrap_forward, wrap_fused, wrap_generate
 from .selection import UserExtractor, extractor_for, patterns, selected, targets
 
@@ -160,13 +161,10 @@ def _decoder_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]
     return list(found.items())
 
 
-_BLOCK = [("\x00block", True)]  # a key no argument has: derive finds no attention facts in it
-
-
-def _no_facts(names: tuple[str, ...]) -> Any:
+def _no_facts(names: tuple[str, ...]) -> Extractor:
     """A block's call has no attention facts of its own: its span is its time and operators."""
-    def extract(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-        return _BLOCK  # not empty: the arguments' shapes would be summarised instead
+    def extract(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Facts:
+        return BLOCK_FACTS  # not None: the arguments' shapes would be summarised instead
 
     return extract
 

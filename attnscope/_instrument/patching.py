@@ -20,7 +20,7 @@ from .. import _schema as schema
 from .._capture import inner_sdpa, retain, wrapper
 from .._capture.args import param_names
 from .._capture.sampling import CallSite
-from .._record.capture import MODEL_KEY, Capture, ModelFacts
+from .._record.capture import Capture, Facts
 from . import Extractor, torch_nn
 from . import transformers as hf
 
@@ -144,16 +144,16 @@ def wrap_generate(
                                 f"attnscope.instrument:{name}")
     facts_for = hf.generate_facts(model, names)
     site.extractor = lambda instance, args, kwargs: (
-        [] if (f := facts_for(args, kwargs)) is None else [(MODEL_KEY, f)]
+        None if (f := facts_for(args, kwargs)) is None else Facts(model=f)
     )
     site.on_result = _keep_output
     install(model, "generate", fn, site)
 
 
 def _keep_output(cap: Capture, result: Any) -> None:
-    for key, value in cap.summary:
-        if key == MODEL_KEY and isinstance(value, ModelFacts):
-            value.output = retain.keep(cap, getattr(result, "sequences", result))
+    model = cap.facts.model
+    if model is not None:
+        model.output = retain.keep(cap, getattr(result, "sequences", result))
 
 
 def restore(module: torch.nn.Module, attr: str) -> bool:

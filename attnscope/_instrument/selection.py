@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .._runtime import runtime
-from .._record.capture import ATTENTION_KEY, AttentionFacts
+from .._record.facts import AttentionFacts, Facts
 from . import Extractor, torch_nn
 from . import transformers as hf
 from .facts import head_info
@@ -113,19 +113,18 @@ def extractor_for(module: torch.nn.Module, names: tuple[str, ...],
 def _wrap_user_extractor(module: torch.nn.Module, user: UserExtractor) -> Extractor:
     heads, kv_heads, head_dim, head_dim_v = head_info(module)
 
-    def extract(instance: Any, args: tuple[Any, ...],
-                kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+    def extract(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Facts | None:
         found = user(instance, args[1:], kwargs)
         if isinstance(found, AttentionFacts):
-            return [(ATTENTION_KEY, found)]
+            return Facts(found)
         if not isinstance(found, Mapping):
-            return []
+            return None
         facts = AttentionFacts(int(found["batch"]), int(found["seq_q"]))
         facts.heads, facts.kv_heads = heads, kv_heads
         facts.head_dim, facts.head_dim_v = head_dim, head_dim_v
         for key, value in found.items():
             if key in _FACT_FIELDS:
                 setattr(facts, key, value)
-        return [(ATTENTION_KEY, facts)]
+        return Facts(facts)
 
     return extract

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from .. import _schema as schema
-from .._record.capture import ATTENTION_KEY, AttentionFacts
+from .._record.facts import AttentionFacts, Facts
 from . import Extractor
 
 __all__ = [
@@ -42,14 +42,12 @@ def multihead_extractor(module: torch.nn.MultiheadAttention) -> Extractor:
     head_dim = module.head_dim
     batch_first = bool(module.batch_first)
 
-    def extract(
-        instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> list[tuple[str, Any]]:
+    def extract(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Facts | None:
         values = dict(zip(_NAMES, args[1:], strict=False))
         values.update(kwargs)
         q, k = values.get("query"), values.get("key")
         if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
-            return []
+            return None
         if q.ndim == 2:
             batch, sq, skv = 1, q.shape[0], k.shape[0]
         elif batch_first:
@@ -66,7 +64,7 @@ def multihead_extractor(module: torch.nn.MultiheadAttention) -> Extractor:
         else:
             facts.mask = values.get("key_padding_mask")
             facts.mask_ignores = True  # True / -inf marks padding here
-        return [(ATTENTION_KEY, facts)]
+        return Facts(facts)
 
     return extract
 
@@ -136,13 +134,11 @@ def encoder_layer_extractor(layer: Any) -> Extractor:
     """
     attention = multihead_extractor(layer.self_attn)
 
-    def extract(
-        instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> list[tuple[str, Any]]:
+    def extract(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Facts | None:
         values = _layer_args(args, kwargs)
         src = values.get("src")
         if not isinstance(src, torch.Tensor):
-            return []
+            return None
         padding = values.get("src_key_padding_mask")
         if src.is_nested:
             lengths = src._nested_tensor_size()[:, 0]
@@ -152,8 +148,8 @@ def encoder_layer_extractor(layer: Any) -> Extractor:
             padding = torch.arange(src.shape[1]) >= lengths[:, None]  # True = padding
         facts = attention(instance.self_attn, (instance.self_attn, src, src, src),
                           {"key_padding_mask": padding, "is_causal": values.get("is_causal")})
-        for _, found in facts:
-            found.device = values["src"].device
+        if facts is not None and facts.attention is not None:
+            facts.attention.device = values["src"].device
         return facts
 
     return extract

@@ -18,9 +18,13 @@ from typing import Any
 
 import torch
 
-from .._record.capture import ATTENTION_KEY, MODEL_KEY, AttentionFacts, ModelFacts
+from .._record.facts import AttentionFacts, Facts, ModelFacts
 from . import Extractor
-from .facts import TRAITS_KEY, head_info, key_selection, layer_traits, pos_int
+from .._attention.families import fsmt, funnel, gemma3n, gpt_neo, mpt
+from .._attention.families.base import pos_int
+from .._attention.families.deepseek_v4 import tokens_seen
+from .._attention.families.kept_keys import key_selection
+from .facts import head_info, layer_traits
 
 __all__ = [
     "generate_facts",
@@ -50,17 +54,7 @@ _SOURCE = ("key_value_states", "encoder_hidden_states")
 _MASK = ("attention_mask", "mask")
 _LOCAL_MASK = "sliding_window_mask"
 _CAUSAL_MASK = ("causal_attention_mask",)
-# Layers whose boolean mask is True where a pair is masked (the worker reads the others' polarity
-# from the mask's diagonal).
-_MASKED_WHERE_TRUE = ("MptAttention",)
 _HIDDEN = ("hidden_states", "hidden", "x", "query")
-# Modules whose attention takes time-first tensors (seq, batch, width) and its cache as
-# ``layer_state``: FSMT's.
-_TIME_FIRST = frozenset({"transformers.models.fsmt.modeling_fsmt"})
-# Modules whose attention takes (query, key, value, attention_inputs) hidden states, the query
-# pooled below the keys in the first layer of a block, the padding mask third of
-# ``attention_inputs``: Funnel's.
-_POOLED_QUERY = frozenset({"transformers.models.funnel.modeling_funnel"})
 
 
 def _has_projections(module: torch.nn.Module) -> bool:
@@ -188,21 +182,6 @@ def _past_length(cache: Any, layer_idx: int | None, cross: bool = False) -> Any:
     return length if isinstance(length, int) else None
 
 
-def _tokens_seen(cache: Any, layer_idx: int | None) -> int | None:
-    """Tokens a layer's cache entry has taken in before the call (a sliding-window entry's
-    ``cumulative_length``, not the keys it still holds), or None where it does not say."""
-    layers = getattr(cache, "layers", None)
-    if not isinstance(layers, list) or layer_idx is None or layer_idx >= len(layers):
-        return None
-    layer = layers[layer_idx]
-    if not getattr(layer, "is_initialized", True):
-        return 0
-    seen = getattr(layer, "cumulative_length_int", None)  # static: the int mirror of its tensor
-    if seen is None:
-        seen = getattr(layer, "cumulative_length", None)
-    return seen if isinstance(seen, int) and not isinstance(seen, bool) else None
-
-
 def _sliding_held(layer: Any) -> int | None:
     """Keys a sliding-window cache layer holds for the next call (window - 1 once full), or None
     for other layers. Its ``get_seq_length()`` is every token seen, not what it keeps: the keys
@@ -228,53 +207,24 @@ def _layer_idx(module: Any) -> int | None:
 
 
 def _kv_shared(module: Any, extract: Extractor) -> Extractor:
-    """``extract`` for a KV-shared layer (Gemma 3n: ``is_kv_shared_layer``), which attends the
-    keys the last layer of its kind stored this call (``shared_kv_states[layer_type]``), never
-    its own cache slot: the keys before this call's tokens are the cache length."""
-    kind = vars(module).get("layer_type")
-    if vars(module).get("is_kv_shared_layer") is not True or kind is None:
+    """``extract`` for a KV-shared layer (Gemma 3n: :mod:`.._attention.families.gemma3n`)."""
+    kind = gemma3n.shared_kind(module)
+    if kind is None:
         return extract
 
-    def shared(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    def shared(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Facts | None:
         out = extract(instance, args, kwargs)
-        states = kwargs.get("shared_kv_states")
-        # transformers' KVSharingDict is a UserDict (no dict: FSDP2 leaves it alone)
-        keys = states.get(kind) if isinstance(states, Mapping) else None
-        if out and isinstance(out[0][1], AttentionFacts):
-            facts = out[0][1]
-            key = keys[0] if isinstance(keys, (tuple, list)) and keys else None
-            if isinstance(key, torch.Tensor) and key.ndim == 4 and facts.cached:
-                facts.past = key.shape[-2] - facts.seq_q
-            elif facts.cached:  # its own slot is not what it attends: unknown (cache_unread)
-                facts.past = "not read"
+        gemma3n.shared_past(out, kwargs, kind)
         return out
 
     return shared
 
 
-def _gpt_neo_kind(module: Any, config: Any) -> Any:
-    """GPT-Neo's "local"/"global": on the layer (transformers 5), else in the config's
-    ``attention_layers`` at its ``layer_id`` (4.48 to 4.57 checked), else (4.44: no ``layer_id``)
-    only in the causal buffer, whose local band was cut ``window_size`` below the diagonal."""
-    kind = vars(module).get("attention_type")
-    layers = getattr(config, "attention_layers", None)
-    if kind is not None or not isinstance(layers, (list, tuple)):
-        return kind
-    layer = _layer_idx(module)
-    if layer is not None:
-        return layers[layer] if layer < len(layers) else None
-    bias, window = module._buffers.get("bias"), pos_int(getattr(config, "window_size", None))
-    if not isinstance(bias, torch.Tensor) or bias.dtype != torch.bool or bias.ndim != 4:
-        return None
-    if window is None or window >= bias.shape[-1] or bias.device.type == "meta":
-        return None
-    return "global" if bool(bias[0, 0, window, 0]) else "local"  # once, when instrumenting
-
-
 def _config_window(module: Any, window: int | None) -> bool:
     """``window`` (:func:`_window`'s) is the config's, the module declaring none of its own."""
     return (window is not None and "sliding_window" not in vars(module)
-            and _gpt_neo_kind(module, getattr(module, "config", None)) not in ("local", "global"))
+            and gpt_neo.layer_kind(module, getattr(module, "config", None), _layer_idx(module))
+            not in ("local", "global"))
 
 
 def _window(module: Any) -> int | None:
@@ -289,9 +239,9 @@ def _window(module: Any) -> int | None:
             return None
     if "sliding_window" in vars(module):  # per-layer setting; None means full attention
         return pos_int(module.sliding_window)
-    kind = _gpt_neo_kind(module, config)
+    kind = gpt_neo.layer_kind(module, config, _layer_idx(module))
     if kind in ("local", "global"):  # GPT-Neo: "local" layers see their last window_size keys
-        return pos_int(getattr(config, "window_size", None)) if kind == "local" else None
+        return gpt_neo.local_window(kind, config)
     if getattr(config, "use_sliding_window", True) is False:
         return None
     return pos_int(getattr(config, "sliding_window", None)) if config is not None else None
@@ -333,7 +283,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
 
     ``names``: the forward's positional parameter names, ``self`` first.
     """
-    if type(module).__module__ in _POOLED_QUERY:
+    if funnel.pooled_query(module):
         return _pooled_query_extractor(module, names)
     dims = head_info(module)
     layer_idx = _layer_idx(module)
@@ -341,7 +291,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
     # index comes with each call
     index_per_call = layer_idx is None and "layer_idx" in names
     offset_per_call = layer_idx is not None and any(n in names for n in _CACHE_OFFSET)
-    time_first = type(module).__module__ in _TIME_FIRST
+    time_first = fsmt.time_first(module)
     read = _mask_of_mapping(module, _reader(names, _argument_groups(
         module, names, time_first, index_per_call, offset_per_call)))
     # use_cache=True starts no cache in an encoder layer (transformers hands it to Pegasus',
@@ -353,17 +303,14 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
     takes_cache = any(name in names for name in _CACHE)
     (key_cap, key_block), window = key_selection(module), _window(module)
     module_cross = getattr(module, "is_cross_attention", False) is True
-    masked_where_true = type(module).__name__ in _MASKED_WHERE_TRUE
+    masked_where_true = mpt.masked_where_true(module)
     traits, with_cache_only, compressed = _traits_of(module, bidirectional, window)
-    extra = [(TRAITS_KEY, traits)] if traits is not None else []
 
-    def extract(
-        instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> list[tuple[str, Any]]:
+    def extract(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Facts | None:
         # every argument the facts may need, in one pass: reading one that is not needed is free
         hidden, source, cache, use_cache, causal_mask, mask, call_idx, offset = read(args, kwargs)
         if not isinstance(hidden, torch.Tensor) or hidden.ndim < 2:
-            return []
+            return None
         facts = _facts_of(hidden.shape, time_first)
         facts.heads, facts.kv_heads, facts.head_dim, facts.head_dim_v = dims
         facts.dtype, facts.device = hidden.dtype, hidden.device
@@ -380,7 +327,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
             facts.keys_masked = mask is not None
         elif module_cross:
             facts.seq_kv = None  # cross-attention with cached source keys: length unknown here
-            return []
+            return None
         else:
             flag = kwargs.get("is_causal")
             causal = flag if isinstance(flag, bool) else getattr(instance, "is_causal", False)
@@ -395,41 +342,24 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
             facts.mask_ignores = masked_where_true or time_first  # FSMT: True = padding
             facts.key_cap, facts.key_block = key_cap, key_block
             if compressed and traits is not None:  # its entries follow the tokens seen
-                seen = 0 if cache is None else _tokens_seen(cache, idx)
-                return [(ATTENTION_KEY, facts), (TRAITS_KEY, traits._replace(seen=seen))]
-            if extra and (facts.cached or not with_cache_only):
-                return [(ATTENTION_KEY, facts), *extra]
-        return [(ATTENTION_KEY, facts)]
+                seen = 0 if cache is None else tokens_seen(cache, idx)
+                return Facts(facts, traits._replace(seen=seen))
+            if traits is not None and (facts.cached or not with_cache_only):
+                return Facts(facts, traits)
+        return Facts(facts)
 
     return _kv_shared(module, extract)
 
 
 def _pooled_query_extractor(module: Any, names: tuple[str, ...]) -> Extractor:
-    """Funnel's attention: ``(query, key, value, attention_inputs)``, bidirectional, no cache. A
-    query pooled below its keys (a block's first layer) attends to every key, as cross-attention
-    does: its FLOPs are all ``Sq x Skv`` pairs and its tokens the pooled queries (the padding
-    mask is the keys'); other layers' queries are their keys, whose padding mask gives the
-    tokens."""
-    heads, kv_heads, head_dim, head_dim_v = head_info(module)
+    """Funnel's attention: ``(query, key, value, attention_inputs)``, bidirectional, no cache
+    (:func:`.._attention.families.funnel.pooled_facts`)."""
+    dims = head_info(module)
     read = _reader(names, (("query",), ("key",), ("attention_inputs",)))
 
-    def extract(
-        instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> list[tuple[str, Any]]:
+    def extract(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Facts | None:
         query, key, inputs = read(args, kwargs)
-        if not isinstance(query, torch.Tensor) or query.ndim != 3 or not isinstance(
-                key, torch.Tensor) or key.ndim != 3:
-            return []
-        facts = AttentionFacts(query.shape[0], query.shape[1])
-        facts.heads, facts.kv_heads = heads, kv_heads
-        facts.head_dim, facts.head_dim_v = head_dim, head_dim_v
-        facts.dtype, facts.device = query.dtype, query.device
-        if key.shape[1] != query.shape[1]:
-            facts.seq_kv = key.shape[1]
-        elif isinstance(inputs, (tuple, list)) and len(inputs) > 2 and isinstance(
-                inputs[2], torch.Tensor):
-            facts.mask = inputs[2]  # (batch, keys), 1 = real
-        return [(ATTENTION_KEY, facts)]
+        return funnel.pooled_facts(query, key, inputs, dims)
 
     return extract
 
@@ -438,11 +368,9 @@ def model_extractor(model: Any, names: tuple[str, ...]) -> Extractor:
     """Extractor for a whole model's forward: batch, prompt tokens (padding excluded), cache."""
     get = _lookup(names)
 
-    def extract(
-        instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> list[tuple[str, Any]]:
+    def extract(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Facts | None:
         facts = _model_facts(get, args, kwargs)
-        return [] if facts is None else [(MODEL_KEY, facts)]
+        return None if facts is None else Facts(model=facts)
 
     return extract
 

@@ -1,4 +1,5 @@
-"""A call's phase and shape bucket, read from what its capture recorded (``Capture.summary``).
+"""A call's phase and shape bucket, read from what its capture recorded (its facts, else its
+argument summary).
 
 Both sides use these: the worker keys its latency estimates by phase (prefill and decode differ
 by orders of magnitude) and arms a slow-call grant with the slow call's shape bucket; the calling
@@ -11,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .capture import ATTENTION_KEY, MODEL_KEY, AttentionFacts, ModelFacts, TensorMeta
+from .capture import TensorMeta
+from .facts import NO_FACTS, Facts
 
 __all__ = ["phase", "bucket"]
 
@@ -20,14 +22,15 @@ _MAX_TENSORS = 6
 _MAX_DIMS = 6
 
 
-def phase(summary: Sequence[tuple[str, Any]]) -> str:
+def phase(summary: Sequence[tuple[str, Any]], facts: Facts = NO_FACTS) -> str:
     """``"decode"`` (one new token on top of a cache), ``"prefill"``, or ``""`` (a call that
-    recorded no attention or model facts: a plain traced function)."""
-    for key, value in summary:
-        if key in (ATTENTION_KEY, MODEL_KEY) and isinstance(value, (AttentionFacts, ModelFacts)):
-            cached = value.cached or value.past is not None
-            return "decode" if value.seq_q == 1 and cached else "prefill"
-    return ""
+    recorded no attention or model facts: a plain traced function, whose ``summary`` says no
+    phase)."""
+    value = facts.attention or facts.model
+    if value is None:
+        return ""
+    cached = value.cached or value.past is not None
+    return "decode" if value.seq_q == 1 and cached else "prefill"
 
 
 def _size(value: Any) -> int:
@@ -35,17 +38,17 @@ def _size(value: Any) -> int:
     return value.bit_length() if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def bucket(summary: Sequence[tuple[str, Any]]) -> tuple[int, ...]:
+def bucket(summary: Sequence[tuple[str, Any]], facts: Facts = NO_FACTS) -> tuple[int, ...]:
     """The call's shapes, each size rounded up to a power of two: a decode step at cache length
     300 and one at 400 share a bucket, one at 600 does not; a prefill never shares one with a
     decode step. Facts (an instrumented layer: batch, query, keys, heads) when recorded, else
     the tensor arguments' shapes."""
-    for key, value in summary:
-        if key == ATTENTION_KEY and isinstance(value, AttentionFacts):
-            keys = value.seq_kv if value.seq_kv is not None else value.past
-            return (1, _size(value.batch), _size(value.seq_q), _size(keys), _size(value.heads))
-        if key == MODEL_KEY and isinstance(value, ModelFacts):
-            return (2, _size(value.batch), _size(value.seq_q), _size(value.past))
+    layer, model = facts.attention, facts.model
+    if layer is not None:
+        keys = layer.seq_kv if layer.seq_kv is not None else layer.past
+        return (1, _size(layer.batch), _size(layer.seq_q), _size(keys), _size(layer.heads))
+    if model is not None:
+        return (2, _size(model.batch), _size(model.seq_q), _size(model.past))
     out: list[int] = []
     tensors = 0
     for _, value in summary:

@@ -1,11 +1,13 @@
 """The plain records the calling thread fills for one sampled call: the interface of the two sides.
 
 A :class:`Capture` is written on the calling thread only, then handed to the worker, which reads
-it and never writes to it (what it derives goes into its own result object). It holds no
-OpenTelemetry SDK objects, but it does hold live references: the application span's
-``SpanContext`` (an immutable API value), a mask tensor or 0-d cache-length tensor kept for the
-worker to count (never their values on this thread), the module instance, a device timer and a
-profiler session. The worker drops the Capture once it has built the span.
+it and never writes to it (what it derives goes into its own result object). Its facts are typed
+(:mod:`.facts`: no magic keys in the argument summary). It holds no OpenTelemetry SDK objects,
+but it does hold live references: the application span's ``SpanContext`` (an immutable API
+value), a mask tensor or 0-d cache-length tensor kept for the worker to count (never their
+values on this thread), the module instance, the calling side's call site, device timer and
+grant (typed by :mod:`.handles`: what the worker may use of them) and a profiler session. The
+worker drops the Capture once it has built the span.
 """
 
 from __future__ import annotations
@@ -14,15 +16,33 @@ import enum
 import itertools
 import traceback
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from opentelemetry.trace import SpanContext
+
+from .facts import (
+    NO_FACTS,
+    AttentionFacts,
+    Facts,
+    HostCopy,
+    HostKind,
+    LayerTraits,
+    ModelFacts,
+    SdpaCall,
+    SdpaContext,
+)
+from .graphs import GraphRecord
+from .handles import DeviceTimerHandle, GrantHandle, SiteHandle
+
+if TYPE_CHECKING:  # batches imports the OpenTelemetry API, which a record never needs to load
+    from .batches import BatchRecord
 
 __all__ = [
-    "Capture", "TensorMeta", "AttentionFacts", "ModelFacts", "DeviceMemory", "ProfileSession",
-    "next_id", "PROFILE_MARKER", "TIER_NONE", "TIER_TIMING", "TIER_PROFILE", "TIER_NAMES",
-    "ATTENTION_KEY", "MODEL_KEY", "SDPA_CONTEXT_KEY",
-    "INNER_SDPA_KEY", "MASK_NAMES", "MAX_NAME", "MAX_EXTRA",
-    "MAX_ERROR_TEXT", "MAX_VALUE", "MAX_ITEMS", "ErrorInfo", "error_info", "HostCopy",
-    "find_qkv", "attribute_value",
+    "Capture", "NO_SITE", "TensorMeta", "AttentionFacts", "ModelFacts", "DeviceMemory",
+    "ProfileSession", "next_id", "PROFILE_MARKER", "TIER_NONE", "TIER_TIMING", "TIER_PROFILE",
+    "TIER_NAMES", "Facts", "NO_FACTS", "LayerTraits", "SdpaCall", "SdpaContext", "HostKind",
+    "MASK_NAMES", "MAX_NAME", "MAX_EXTRA", "MAX_ERROR_TEXT", "MAX_VALUE", "MAX_ITEMS",
+    "ErrorInfo", "error_info", "HostCopy", "find_qkv", "attribute_value",
 ]
 
 TIER_NONE = 0
@@ -40,13 +60,6 @@ MAX_VALUE = 256  # an attribute's string value
 MAX_ITEMS = 64  # an attribute's list value
 MAX_ERROR_TEXT = 4096  # an exception's message, and its stack trace (the innermost part)
 _MAX_FRAMES = 64
-# Summary keys under which instrument() extractors put their facts.
-ATTENTION_KEY = "\x00attention"
-MODEL_KEY = "\x00model"
-# A profiled SDPA call's ((q, k, v last-dimension strides), (backends allowed)): worker.fallback
-SDPA_CONTEXT_KEY = "\x00sdpa_context"
-# a profiled instrumented layer's SDPA call: its summary (capture.inner_sdpa), filled in the call
-INNER_SDPA_KEY = "\x00inner_sdpa"
 
 # itertools.count is atomic under the GIL: ids are unique across threads without a lock.
 next_id = itertools.count(1).__next__
@@ -99,27 +112,18 @@ def find_qkv(summary: list[tuple[str, Any]]) -> tuple[TensorMeta, TensorMeta, Te
     return q, k, v
 
 
-class HostCopy:
-    """A CUDA value's host copy (pinned), in place of the device tensor (a mask's boolean view, a
-    static cache's length, ``generate()``'s ids); ``values`` reads as its numbers (``tolist()``),
-    computed by the worker when first read for a mask.
+class _NoSite:
+    """The call site of a Capture not opened yet (every capture handed over has its own)."""
 
-    The worker reads ``values`` only once the capture's device timer is ready (its last event,
-    recorded after the copy, has passed); ``kind`` says what they are: ``"mask"`` (the
-    ``reduce.FIELDS`` of a mask read for ``plan``), ``"positions"`` (per key position, the batch
-    rows that see it: for a call whose query length the host did not know) or ``"int"`` (one count).
-    """
+    key = ""
+    name = ""
 
-    __slots__ = ("values", "kind", "plan")
+    @property
+    def attributes(self) -> dict[str, Any]:
+        return {}
 
-    def __init__(self, values: Any, kind: str, plan: Any = None) -> None:
-        self.values = values
-        self.kind = kind
-        self.plan = plan
 
-    def read(self) -> list[int]:
-        """The numbers; only after the device timer is ready."""
-        return [int(v) for v in self.values.tolist()]
+NO_SITE: SiteHandle = _NoSite()
 
 
 class Capture:
@@ -137,6 +141,8 @@ class Capture:
         "start_perf_ns",
         "end_perf_ns",
         "summary",
+        "facts",
+        "sdpa",
         "instance",
         "extra",
         "error",
@@ -155,35 +161,40 @@ class Capture:
     def __init__(self) -> None:
         self.capture_id: int = 0
         self.parent_id: int | None = None
-        self.site: Any = None
+        self.site: SiteHandle = NO_SITE
         self.name: str = ""
         self.tier: int = TIER_TIMING
         self.sample_rate: float = 1.0
-        self.otel_parent: Any = None  # SpanContext of the app's current span, if valid
+        self.otel_parent: SpanContext | None = None  # of the app's current span, if valid
         self.start_epoch_ns: int = 0
         self.start_perf_ns: int = 0
         self.end_perf_ns: int = 0
+        # the user's arguments: shapes, dtypes, devices and scalars (a mask by reference)
         self.summary: list[tuple[str, Any]] = []
+        # what an instrument() extractor found (an attention layer's, a model's): typed facts
+        self.facts: Facts = NO_FACTS
+        # a profiled call's SDPA call, for its fallback verdict (capture.inner_sdpa)
+        self.sdpa: SdpaCall | None = None
         self.instance: Any = None  # the module for method/forward calls (to read its config)
         self.extra: dict[str, Any] | None = None  # attributes given by span(..., tokens=...)
         self.error: ErrorInfo | None = None
-        self.timer: Any = None  # device timer handle, resolved later by the worker
+        self.timer: DeviceTimerHandle | None = None  # resolved later by the worker
         self.profile: ProfileSession | None = None
         self.memory: DeviceMemory | None = None
         self.kept_bytes = 0  # of tensors this capture keeps by reference (see capture.retain)
         self.step_no: int | None = None  # attnscope.step() in force when the call was sampled
-        self.grant: Any = None  # capture.grants.Grant: why this call got the profile tier
-        # the capture.batch.Block in force: its rows are checked against the call's batch by the
-        # worker, which reads the shapes
-        self.rows: Any = None
+        self.grant: GrantHandle | None = None  # why this call got the profile tier
+        # the attnscope.batch() block in force: its rows are checked against the call's batch by
+        # the worker, which reads the shapes
+        self.rows: BatchRecord | None = None
         # a worker counted it (queued or dropped): set under the submit lock, read by a leave()
         # that a Ctrl-C cut short, so that it hands the capture over once and only once
         self.counted = False
-        # record.graphs.GraphRecord: a call captured into that CUDA graph (a template its
-        # replays' spans are built from), never handed to the worker by itself
-        self.graph: Any = None
+        # a call captured into that CUDA graph (a template its replays' spans are built from),
+        # never handed to the worker by itself
+        self.graph: GraphRecord | None = None
         # (GraphRecord, generation): a sampled replay of that graph, the replay's number
-        self.replay: tuple[Any, int] | None = None
+        self.replay: tuple[GraphRecord, int] | None = None
 
     @property
     def wall_ns(self) -> int:
@@ -278,73 +289,6 @@ class DeviceMemory:
         if self.reset or self.peak_after > self.peak_before:
             return max(0, self.peak_after - self.allocated_before)
         return None
-
-
-class AttentionFacts:
-    """What an instrumented attention layer knew on the calling thread: ints, dtypes, handles.
-
-    ``past`` is the KV-cache length before the call: an int, or a 0-d tensor copy the worker reads
-    (static caches keep it on the device). ``seq_kv`` is set for cross-attention (the source
-    length); otherwise the keys are the cache plus this call's tokens. ``mask`` is kept by reference
-    and counted on the worker; ``mask_ignores`` flips its meaning (True/nonzero = padding, as in
-    ``nn.MultiheadAttention``'s ``key_padding_mask``).
-    """
-
-    __slots__ = ("batch", "seq_q", "seq_kv", "past", "cached", "heads", "kv_heads", "head_dim",
-                 "head_dim_v", "causal", "window", "dtype", "device", "mask", "mask_ignores",
-                 "causal_apart", "key_cap", "key_block", "row_counts", "keys_masked")
-
-    def __init__(self, batch: int, seq_q: int) -> None:
-        self.batch = batch
-        self.seq_q = seq_q
-        self.seq_kv: int | None = None
-        self.past: Any = None
-        self.cached = False
-        self.heads: int | None = None
-        self.kv_heads: int | None = None
-        self.head_dim: int | None = None
-        self.head_dim_v: int | None = None
-        self.causal = False
-        self.window: int | None = None
-        self.dtype: Any = None
-        self.device: Any = None
-        self.mask: Any = None
-        self.mask_ignores = False
-        # the layer adds its causal mask itself, apart from ``mask`` (padding only): the mask
-        # gives the tokens, ``causal``/``window`` the structure (CLIP before transformers 5)
-        self.causal_apart = False
-        # the layer keeps at most this many keys per query of those its mask allows (Doge's
-        # dynamic mask: top-k over the allowed keys once there are more than k)
-        self.key_cap: int | None = None
-        # ... in whole blocks of this many keys, the keys past its last whole block kept too
-        # (Qwen4-exp's indexer: the top blocks of a token budget)
-        self.key_block = 1
-        # inside attnscope.batch(), a CUDA mask's per-row counts (reduce.row_numbers) as a
-        # HostCopy of kind "rows" (plan: their shape)
-        self.row_counts: Any = None
-        # cross-attention handed a mask (not kept): the source keys it hides are not read, so
-        # the call's least bytes are not known
-        self.keys_masked = False
-
-
-class ModelFacts:
-    """What a traced model forward or generate() call knew on the calling thread."""
-
-    __slots__ = ("batch", "seq_q", "past", "cached", "mask", "generate", "output", "eos",
-                 "prompt_len", "row_sums")
-
-    def __init__(self, batch: int, seq_q: int) -> None:
-        self.batch = batch
-        self.seq_q = seq_q
-        self.past: Any = None
-        self.cached = False
-        self.mask: Any = None  # (batch, keys) padding mask (1 = real) or a 4-D attention mask
-        self.generate = False
-        self.output: Any = None  # generate(): the returned ids, set after the call
-        self.eos: tuple[int, ...] = ()
-        self.prompt_len: int | None = None  # leading ids of the output that are not new tokens
-        # a CUDA padding mask's (Σ N_Q², Σ N_Q·N_KV), a HostCopy of two (reduce.row_sums)
-        self.row_sums: Any = None
 
 
 # ---- user-given attribute values -----------------------------------------------------------------

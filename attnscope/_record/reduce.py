@@ -21,7 +21,7 @@ alignment) and "structured" rows those that see some keys but not all:
   above or below ``[vlo, vhi]`` (a hidden pair counts only when its query sees some key and its
   key is seen by some query, so padding is not structure).
 
-:func:`attnscope._worker.masks.read_counts` turns them into causality, window and pairs.
+:func:`attnscope._attention.masks.read_counts` turns them into causality, window and pairs.
 """
 
 from __future__ import annotations

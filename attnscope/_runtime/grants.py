@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import threading
 
+from .._record.handles import SiteHandle
 from .sampler import CallSite
 
 __all__ = ["Grant", "Grants", "SLOW", "ON_DEMAND", "MAX_TRIGGER_CALLS"]
@@ -65,12 +66,13 @@ class Grants:
             self._matches = {}
             self.trigger = self.trigger_left > 0
 
-    def arm(self, site: CallSite, bucket: tuple[int, ...], link: int, quantile: float) -> bool:
+    def arm(self, site: SiteHandle, bucket: tuple[int, ...], link: int, quantile: float) -> bool:
         """After a slow call at ``site``: its next call in ``bucket`` gets the profile tier.
-        False when the site is already armed or not capturing."""
+        False when the site is already armed or not capturing. The worker's one way to change a
+        call site: under the lock, and the countdown a plain int write."""
         with self.lock:
             self.counts["slow_calls"] += 1
-            if site.grant is not None or site.disabled:
+            if not isinstance(site, CallSite) or site.grant is not None or site.disabled:
                 return False
             grant = Grant(SLOW, bucket, link, quantile)
             grant.left = site.countdown

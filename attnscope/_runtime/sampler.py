@@ -18,6 +18,7 @@ from .. import _log
 from .._config import Config, budgeted
 
 if TYPE_CHECKING:
+    from .._record.facts import Facts, SdpaCall
     from .grants import Grant
 
 __all__ = ["CallSite", "Sampler", "SpanSites", "TokenBucket", "OverheadBudget", "NEVER",
@@ -62,20 +63,18 @@ class CallSite:
         self.errors = 0
         self.disabled = False
         self.step_no: int | None = None
-        # Optional (instance, args, kwargs) -> [(name, value)] run by sampled calls on the calling
-        # thread to add cheap facts (shapes, ints) to the summary; see attnscope._instrument.
-        self.extractor: (
-            Callable[[Any, tuple[Any, ...], dict[str, Any]], list[tuple[str, Any]]] | None
-        ) = None
+        # Optional (instance, args, kwargs) -> Facts | None run by sampled calls on the calling
+        # thread to gather cheap facts (shapes, ints); see attnscope._instrument.
+        self.extractor: Callable[[Any, tuple[Any, ...], dict[str, Any]], Facts | None] | None = None
         # Optional (capture, result) -> None run on the calling thread after a call that
         # returned, before the capture is handed over (generate(): the returned ids).
         self.on_result: Callable[[Any, Any], None] | None = None
-        # Optional (args, kwargs) -> [(name, value)] run on the calling thread for a call that
+        # Optional (args, kwargs) -> SdpaCall | None run on the calling thread for a call that
         # gets the profile tier only: facts a profiled call's verdicts need and a timed call
         # should not pay for (an SDPA call's strides and the sdpa_kernel context in force).
         # None: capture.inner_sdpa.arm, which records the first SDPA call inside the call.
         self.on_profile: Callable[[tuple[Any, ...], dict[str, Any]],
-                                  list[tuple[str, Any]]] | None = None
+                                  SdpaCall | None] | None = None
         # A profile-tier grant the worker armed this site with (capture.grants); read only on
         # the sampled path.
         self.grant: Grant | None = None

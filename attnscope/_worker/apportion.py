@@ -30,10 +30,8 @@ from opentelemetry.trace import Link, SpanContext
 
 from .. import _log
 from .. import _schema as schema
-from .._record.block import Block, rows_for
-from .._instrument.facts import TRAITS_KEY, LayerTraits
-from .._record.capture import (ATTENTION_KEY, MASK_NAMES, AttentionFacts, Capture, HostCopy,
-                              find_qkv)
+from .._record.batches import BatchRecord, rows_for
+from .._record.capture import MASK_NAMES, Capture, HostCopy, find_qkv
 from .._record.reduce import row_numbers
 from .derived import sig4
 
@@ -115,15 +113,13 @@ def read_rows(numbers: list[list[int]], batch: int, causal: bool
 def _facts(cap: Capture) -> tuple[Any, bool, int, int, int, int | None, Any] | None:
     """(mask, its polarity, query heads, FLOPs per pair, cores, chunk, a CUDA mask's per-row
     counts) of an attention call."""
-    summary = dict(cap.summary)
-    f = summary.get(ATTENTION_KEY)
-    if isinstance(f, AttentionFacts):
+    f, traits = cap.facts.attention, cap.facts.traits
+    if f is not None:
         if not f.heads or not f.head_dim:
             return None
-        traits = summary.get(TRAITS_KEY)
-        cores = traits.cores if isinstance(traits, LayerTraits) else 1
-        chunk = traits.chunk if isinstance(traits, LayerTraits) else None
-        if isinstance(traits, LayerTraits) and traits.band is not None:
+        cores = traits.cores if traits is not None else 1
+        chunk = traits.chunk if traits is not None else None
+        if traits is not None and traits.band is not None:
             return None  # blocked layouts (LongT5): no per-row reading of their masks
         per_pair = 2 * (f.head_dim + (f.head_dim_v or f.head_dim)) * cores
         # cross-attention over masked keys keeps no mask (keys_masked): its padding is unknown,
@@ -134,6 +130,7 @@ def _facts(cap: Capture) -> tuple[Any, bool, int, int, int, int | None, Any] | N
     if qkv is None:
         return None
     q, _, v = qkv
+    summary = dict(cap.summary)
     mask = next((summary[n] for n in MASK_NAMES if n in summary), None)
     ignores = "key_padding_mask" in summary and mask is summary["key_padding_mask"]
     return mask, ignores, q.shape[1], 2 * (q.shape[3] + v.shape[3]), 1, None, None
@@ -231,7 +228,7 @@ def observe(cap: Capture, shape: dict[str, Any], time_ns: float | None,
     """Split one call of a ``batch`` block into its block's record; the call's own span
     (``attrs``) gains ``attnscope.padding_fraction`` when it was split."""
     block = cap.rows
-    if not isinstance(block, Block) or _FLOPS not in shape:
+    if not isinstance(block, BatchRecord) or _FLOPS not in shape:
         return  # not an attention call (a model's forward, generate): nothing to split
     acc = block.acc
     if not isinstance(acc, _Acc):
@@ -261,7 +258,7 @@ class _Request:
         self.timed = True
 
 
-def emit_block(engine: Any, block: Block) -> int:
+def emit_block(engine: Any, block: BatchRecord) -> int:
     """One ``attnscope.request`` span per request of an ended block; returns how many."""
     acc = block.acc
     calls = acc.calls if isinstance(acc, _Acc) else []
@@ -341,7 +338,7 @@ def _add(req: _Request, call: RowCall, indices: list[int]) -> None:
         phase[2] += t
 
 
-def _attributes(block: Block, req: _Request, calls: int, unsplit: int,
+def _attributes(block: BatchRecord, req: _Request, calls: int, unsplit: int,
                 lost: int) -> dict[str, Any]:
     s = schema
     attrs: dict[str, Any] = {

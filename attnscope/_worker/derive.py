@@ -9,36 +9,36 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from .._runtime import runtime
 from .._record.capture import (
-    ATTENTION_KEY,
     MASK_NAMES,
-    MODEL_KEY,
+    NO_FACTS,
     AttentionFacts,
+    Facts,
     HostCopy,
+    HostKind,
+    LayerTraits,
     ModelFacts,
     TensorMeta,
     find_qkv,
 )
-from .._instrument.facts import TRAITS_KEY, LayerTraits, head_info
+from .._instrument.facts import head_info
 from . import narrowed
 from .forward import as_int as _as_int
 from .forward import derive_model, host_readable
 from .derived import ARGUMENTS, HIDDEN, LAYER, Derived
-from .traffic import attention_traffic
-from .masks import (
+from .._attention.families import diffllama, llama4, longt5
+from .._attention.flops import attention_flops, causal_pairs, window_pairs
+from .._attention.traffic import attention_traffic
+from .._attention.masks import (
     MaskCounts,
     MaskReading,
-    band_pairs,
-    blocked_tokens,
-    chunked_pairs,
     counts_of,
     left_padding,
-    pairs_upto,
     positions_tokens,
     read_counts,
     shown_pairs,
@@ -53,31 +53,6 @@ _CAUSAL_NAMES = ("is_causal", "causal")
 
 
 # ---- exact counts -------------------------------------------------------------------------------
-
-
-def causal_pairs(sq: int, skv: int) -> int:
-    """Unmasked (query, key) pairs of a causal mask aligned bottom-right.
-
-    Query ``i`` (of ``sq``) sees keys ``j <= i + skv - sq``: the layout of KV-cache decoding, as in
-    FlashAttention. Rows that would see no key contribute nothing.
-    """
-    return pairs_upto(sq, skv, 0)
-
-
-def attention_flops(
-    batch: int, heads: int, sq: int, skv: int, head_dim: int, head_dim_v: int | None = None,
-    causal: bool = False, window: int | None = None,
-) -> int:
-    """FLOPs of QKᵀ and PV (2 per multiply-add), counting only the pairs a causal (and
-    sliding-window) mask leaves visible."""
-    dv = head_dim if head_dim_v is None else head_dim_v
-    if causal and window:
-        pairs = window_pairs(sq, skv, window)
-    elif causal:
-        pairs = causal_pairs(sq, skv)
-    else:
-        pairs = sq * skv
-    return 2 * batch * heads * pairs * (head_dim + dv)
 
 
 def count_tokens(mask: torch.Tensor, batch: int, sq: int, ignores: bool = False) -> int | None:
@@ -107,25 +82,23 @@ def _find(summary: Mapping[str, Any], names: Sequence[str]) -> Any:
 
 
 def derive(summary_list: Sequence[tuple[str, Any]], instance: Any = None,
-           device_reads: bool = True) -> Derived:
-    """The attention facts of a call (:class:`.derived.Derived`), from its summary.
+           device_reads: bool = True, facts: Facts = NO_FACTS) -> Derived:
+    """The attention facts of a call (:class:`.derived.Derived`), from an ``instrument()``
+    extractor's ``facts`` when it has them, else from its argument summary.
 
     No device tensor is read here (that would be a host sync on the worker): the calling thread
     left counts in pinned memory instead (:class:`HostCopy`), read unless ``device_reads=False``
     (the call's events timed out: the copies may not have landed).
     """
-    summary_list = [(k, _unread(v, device_reads)) for k, v in summary_list]
-    summary = dict(summary_list)
-    facts = summary.get(ATTENTION_KEY)
-    if isinstance(facts, AttentionFacts):
-        traits = summary.get(TRAITS_KEY)
-        traits = traits if isinstance(traits, LayerTraits) else None
-        return derive_attention(facts, traits, traits is not None and traits.config_window
+    if facts.attention is not None:
+        traits = facts.traits
+        return derive_attention(_unread_facts(facts.attention, device_reads), traits,
+                                traits is not None and traits.config_window
                                 and _builds_masks(instance))
-    model = summary.get(MODEL_KEY)
-    if isinstance(model, ModelFacts):
-        return derive_model(model)
-    return _derive_arguments(summary, summary_list, instance)
+    if facts.model is not None:
+        return derive_model(_unread_facts(facts.model, device_reads))
+    summary_list = [(k, _unread(v, device_reads)) for k, v in summary_list]
+    return _derive_arguments(dict(summary_list), summary_list, instance)
 
 
 def _derive_arguments(summary: dict[str, Any], summary_list: Sequence[tuple[str, Any]],
@@ -240,7 +213,7 @@ def _tokens(out: Derived, mask: Any, batch: int, sq: int, ignores: bool = False)
     if isinstance(mask, TensorMeta):  # a mask over the keeping budget: padding unknown
         return
     if isinstance(mask, HostCopy):
-        tokens = positions_tokens(mask, batch, sq) if mask.kind == "positions" else None
+        tokens = positions_tokens(mask, batch, sq) if mask.kind is HostKind.POSITIONS else None
     elif not isinstance(mask, torch.Tensor):
         out.tokens = batch * sq
         return
@@ -258,33 +231,32 @@ def _dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def window_pairs(sq: int, skv: int, window: int) -> int:
-    """Unmasked pairs of a bottom-right causal mask where a query sees its last ``window`` keys."""
-    if window <= 0:
-        return 0
-    if skv <= window:
-        return causal_pairs(sq, skv)
-    return causal_pairs(sq, skv) - causal_pairs(sq, skv - window)
-
-
 _UNREAD = TensorMeta((), None, None)  # a value not read: counts that need it are left out
 
 
 def _unread(value: Any, device_reads: bool) -> Any:
     """``value`` with what the worker must not read (device tensors; pinned copies when the
-    events timed out) replaced by metadata. The capture's own facts are never written."""
+    events timed out) replaced by metadata."""
     if isinstance(value, torch.Tensor):
         return TensorMeta.of(value) if value.is_cuda else value
     if isinstance(value, HostCopy):
         return value if device_reads else _UNREAD
-    if isinstance(value, (AttentionFacts, ModelFacts)):
-        fields = [(name, getattr(value, name, None)) for name in ("mask", "past", "output")]
-        changed = [(name, _unread(v, device_reads)) for name, v in fields
-                   if isinstance(v, (torch.Tensor, HostCopy))]
-        if any(new is not getattr(value, name) for name, new in changed):
-            value = copy.copy(value)
-            for name, new in changed:
-                setattr(value, name, new)
+    return value
+
+
+_Facts = TypeVar("_Facts", AttentionFacts, ModelFacts)
+
+
+def _unread_facts(value: _Facts, device_reads: bool) -> _Facts:
+    """The facts with their values as :func:`_unread` leaves them: a copy when any changed (the
+    capture's own facts are never written)."""
+    fields = [(name, getattr(value, name, None)) for name in ("mask", "past", "output")]
+    changed = [(name, _unread(v, device_reads)) for name, v in fields
+               if isinstance(v, (torch.Tensor, HostCopy))]
+    if any(new is not getattr(value, name) for name, new in changed):
+        value = copy.copy(value)
+        for name, new in changed:
+            setattr(value, name, new)
     return value
 
 
@@ -343,8 +315,8 @@ def derive_attention(f: AttentionFacts, traits: LayerTraits | None = None,
     if band is not None and keys_known and _banded(out, f, band, skv):
         return out
     cores = traits.cores if traits is not None else 1
-    if cores != 1 and out.flops is not None:
-        out.flops *= cores  # one map per core, each over all the queries and keys
+    if cores != 1 and out.flops is not None:  # DiffLlama: one map per core
+        out.flops = diffllama.cores_flops(out.flops, cores)
     entries = (narrowed.add_compressed(out, f, traits.compressed, traits.seen, real)
                if traits is not None and traits.compressed is not None and keys_known else 0)
     if not keys_known:
@@ -370,59 +342,34 @@ def derive_attention(f: AttentionFacts, traits: LayerTraits | None = None,
 
 
 def _banded(out: Derived, f: AttentionFacts, band: tuple[int, int], skv: int) -> bool:
-    """FLOPs of a layer that splits its sequence into blocks and lets each query see the keys
-    within ``radius`` of it, plus one summary key per ``globals`` tokens (LongT5's local and
-    transient-global encoder attention): the two-sided band's pairs plus every query's global
-    keys (padding does not reduce FLOPs; the rows that pad the last block are not queries).
+    """FLOPs and window of a blocked layer (LongT5: :func:`.._attention.families.longt5.banded`).
     True: the tokens were counted too, from a blocked host mask (a local layer's); False: the
     mask, if any, is left to the usual reading (a transient-global layer's padding mask), or to
     its mark (a blocked mask on a device: no token count)."""
-    radius, globals_every = band
     if not f.heads or not f.head_dim or f.seq_kv is not None:
         return False
-    dims = f.head_dim + (f.head_dim_v or f.head_dim)
-    keys = band_pairs(f.seq_q, skv, -radius, radius)
-    if globals_every:
-        keys += f.seq_q * (skv // globals_every)
-    out.flops = 2 * f.batch * f.heads * keys * dims
-    out.sliding_window = 2 * radius + 1
-    tokens = (blocked_tokens(f.mask, f.mask_ignores, f.batch)
-              if isinstance(f.mask, torch.Tensor) else None)
-    if tokens is None:
+    found = longt5.banded(f.batch, f.heads, f.seq_q, skv, f.head_dim, f.head_dim_v or f.head_dim,
+                          band, f.mask, f.mask_ignores)
+    out.flops, out.sliding_window = found.flops, found.window
+    if found.tokens is None:
         return False
-    out.tokens = tokens
+    out.tokens = found.tokens
     return True
 
 
 def _chunked(out: Derived, f: AttentionFacts, counts: MaskCounts | None, real: int | None,
              chunk: int, skv: int, past: int | None) -> bool:
-    """FLOPs of a chunked layer (Llama 4) from the mask it received; False: not counted here.
-
-    The mask's pairs cannot be read as a band (a chunk boundary hides older keys of the same
-    row), so they are counted one by one. With every query real those are the pairs the layer
-    computes: at decode the keys of the query's chunk, which left padding never reaches (the
-    chunks start at each row's first real token). Padded query rows are computed over the
-    padded chunk layout like any padded position (padding does not reduce FLOPs): counted by
-    :func:`.masks.chunked_pairs` from each row's left padding, read from a first call's host
-    mask; otherwise (a device mask's counts, padded queries over a cache) the figure is the
-    causal count, an upper bound, marked ``mask_unread``.
-    """
+    """FLOPs of a chunked layer (Llama 4: :func:`.._attention.families.llama4.chunked_flops`)
+    from the mask it received, marked ``mask_unread`` where they are an upper bound; False: not
+    counted here (no pairs shown, no head count)."""
     shown = shown_pairs(counts) if counts is not None else None
     if shown is None or not f.heads or not f.head_dim:
         return False
-    dims = f.head_dim + (f.head_dim_v or f.head_dim)
-    if real == f.batch * f.seq_q:
-        out.flops = 2 * shown * dims
-        return True
-    rows = (left_padding(f.mask, f.mask_ignores, f.batch)
-            if not past and isinstance(f.mask, torch.Tensor) else None)
-    if rows is None:
-        out.flops = attention_flops(f.batch, f.heads, f.seq_q, skv, f.head_dim,
-                                    f.head_dim_v or f.head_dim, True)
+    out.flops, exact = llama4.chunked_flops(
+        f.batch, f.heads, f.seq_q, skv, f.head_dim, f.head_dim_v or f.head_dim, chunk, shown,
+        real, f.mask, f.mask_ignores, past)
+    if not exact:
         out.inexact("mask_unread")
-        return True
-    pairs = sum(chunked_pairs(f.seq_q, skv, chunk, shift) for shift in rows)
-    out.flops = 2 * f.heads * pairs * dims
     return True
 
 

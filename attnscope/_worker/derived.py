@@ -84,7 +84,7 @@ class Derived:
     phase: str | None = None
     input_tokens: int | None = None  # gen_ai.usage.input_tokens
     output_tokens: int | None = None  # gen_ai.usage.output_tokens
-    bytes_moved: int | None = None  # attnscope.bytes (_worker/traffic.py)
+    bytes_moved: int | None = None  # attnscope.bytes (_attention/traffic.py)
     kv_bytes_read: int | None = None
     arithmetic_intensity: float | None = None
     sum_nq2: int | None = None  # a model forward: Σ rows N_Q² (real queries per row)

@@ -74,7 +74,7 @@ class Engine:
                escalator: Escalator) -> None:
         """Derive what the capture says, parse its profile and hand its span to the builder."""
         # derive's attributes for a summary of plain values, kept (.shapecache); else per call
-        key = summary_key(cap.summary, cap.instance) if cap.profile is None else None
+        key = summary_key(cap.summary, cap.instance, cap.facts) if cap.profile is None else None
         shape = self._shapes.get(key) if key is not None else None
         derived: Derived | None = None
         if shape is None:
@@ -132,9 +132,10 @@ class Engine:
     @staticmethod
     def _derive(cap: Capture, timed_out: bool, cuda: DeviceAccess) -> Derived:
         if cap.timer is None:
-            return derive.derive(cap.summary, cap.instance)
+            return derive.derive(cap.summary, cap.instance, facts=cap.facts)
         with cuda.reading(cap.timer.device):
-            return derive.derive(cap.summary, cap.instance, device_reads=not timed_out)
+            return derive.derive(cap.summary, cap.instance, device_reads=not timed_out,
+                                 facts=cap.facts)
 
     def _implementation(self, instance: Any) -> str | None:
         """:func:`.spans.implementation_of`, once per module per batch."""

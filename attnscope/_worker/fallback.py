@@ -19,7 +19,7 @@ from typing import Any
 from .. import _log
 from .. import _schema as schema
 from .._runtime import runtime
-from .._record.capture import INNER_SDPA_KEY, SDPA_CONTEXT_KEY, TensorMeta, find_qkv
+from .._record.capture import SdpaCall, SdpaContext, TensorMeta, find_qkv
 
 __all__ = ["Inputs", "Verdict", "annotate", "annotate_implementation", "assess", "from_summary",
            "warn"]
@@ -221,16 +221,19 @@ def assess(ran: str, inputs: Inputs) -> Verdict | None:
     return Verdict(True, expected, _bounded(reason))
 
 
-def from_summary(summary: list[tuple[str, Any]]) -> Inputs | None:
-    """An SDPA call's :class:`Inputs` from its argument summary (strides and the backends allowed
-    only for a profiled call of ``instrument_sdpa()``, which records them).
+def from_summary(summary: list[tuple[str, Any]], sdpa: SdpaCall | None = None) -> Inputs | None:
+    """An SDPA call's :class:`Inputs` from its argument summary and, for a profiled call, its
+    :class:`SdpaCall`: the SDPA call made inside it (``capture.inner_sdpa``), or the strides and
+    the backends allowed of a call of ``instrument_sdpa()``, which records them.
 
     The mask is read for its shape and dtype only; None when the summary is not an SDPA call.
     """
+    context: SdpaContext | None = None
+    if sdpa is not None:
+        if sdpa.inner:  # the SDPA call inside a profiled call: judged on its own summary
+            summary = sdpa.inner
+        context = sdpa.context
     named = dict(summary)
-    inner = named.get(INNER_SDPA_KEY)  # the SDPA call inside a profiled call (capture.inner_sdpa)
-    if isinstance(inner, list) and inner:
-        return from_summary(inner)
     qkv = find_qkv(summary)
     if qkv is None:
         return None
@@ -242,9 +245,9 @@ def from_summary(summary: list[tuple[str, Any]]) -> Inputs | None:
     dropout = named.get("dropout_p", 0.0)
     strides: tuple[int, int, int] | None = None
     allowed: frozenset[str] | None = None
-    context = named.get(SDPA_CONTEXT_KEY)  # a profiled call of instrument_sdpa()
-    if isinstance(context, tuple) and len(context) == 2 and len(context[0]) == 3:
-        strides, allowed = (context[0][0], context[0][1], context[0][2]), frozenset(context[1])
+    if context is not None and len(context.strides) == 3:
+        strides = (context.strides[0], context.strides[1], context.strides[2])
+        allowed = frozenset(context.allowed)
     index = getattr(q.device, "index", None)
     return Inputs(getattr(q.device, "type", str(q.device)), (q.shape, k.shape, v.shape), q.dtype,
                   last_dim_strides=strides, mask_shape=mask_shape, mask_dtype=mask_dtype,
@@ -331,13 +334,15 @@ def _cached(ran: str, inputs: Inputs) -> Verdict | None:
     return assess(ran, inputs)
 
 
-def annotate(attrs: dict[str, Any], summary: list[tuple[str, Any]], site: str) -> None:
-    """Add the fallback attributes to an SDPA call's span ``attrs`` (backend known) and warn."""
+def annotate(attrs: dict[str, Any], summary: list[tuple[str, Any]], site: str,
+             sdpa: SdpaCall | None = None) -> None:
+    """Add the fallback attributes to an SDPA call's span ``attrs`` (backend known) and warn;
+    ``summary`` and ``sdpa``: the call's (:func:`from_summary`)."""
     ran = attrs.get(schema.BACKEND.name)
-    if not isinstance(ran, str) or not summary:
+    if not isinstance(ran, str) or (not summary and sdpa is None):
         return
     try:
-        inputs = from_summary(summary)
+        inputs = from_summary(summary, sdpa)
         verdict = _cached(ran, inputs) if inputs is not None else None
     except Exception as exc:  # noqa: BLE001 - never break the span over a verdict
         _log.internal_error("fallback", exc)

@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from .._record.capture import HostCopy, ModelFacts, TensorMeta
+from .._record.capture import HostCopy, HostKind, ModelFacts, TensorMeta
 from .._record.reduce import generated_numbers, row_sums
 from .derived import MODEL, Derived
-from .masks import counts_of, read_counts
+from .._attention.masks import counts_of, read_counts
 
 __all__ = ["derive_model", "host_readable", "as_int"]
 
@@ -26,7 +26,7 @@ def as_int(value: Any) -> int | None:
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, HostCopy) and value.kind == "int":
+    if isinstance(value, HostCopy) and value.kind is HostKind.INT:
         return value.read()[0]
     if isinstance(value, torch.Tensor) and value.numel() == 1 and host_readable(value):
         return int(value.item())
@@ -70,8 +70,8 @@ def _row_sums(f: ModelFacts, keys: int) -> tuple[int, int] | None:
     last ``seq_q`` real positions; without a mask every row is whole. None: not readable."""
     if f.mask is None:
         return f.batch * f.seq_q ** 2, f.batch * f.seq_q * keys
-    if isinstance(f.mask, HostCopy) and f.mask.kind == "mask" and isinstance(f.row_sums,
-                                                                             HostCopy):
+    if isinstance(f.mask, HostCopy) and f.mask.kind is HostKind.MASK and isinstance(
+            f.row_sums, HostCopy):
         nq2, nq_nkv = f.row_sums.read()
         return nq2, nq_nkv
     if isinstance(f.mask, torch.Tensor):
@@ -86,7 +86,7 @@ def _generated_tokens(ids: Any, prompt_len: int, eos: tuple[int, ...]) -> int | 
     """New tokens per row up to and including the first end-of-sequence token, summed (counted
     here for host ids, on the call's stream for device ids: a :class:`HostCopy`)."""
     if isinstance(ids, HostCopy):
-        return ids.read()[0] if ids.kind == "int" else None
+        return ids.read()[0] if ids.kind is HostKind.INT else None
     if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.shape[1] < prompt_len:
         return None
     if not host_readable(ids):

@@ -100,7 +100,7 @@ class Escalator:
             return None, None
         ns = device_ns if isinstance(device_ns, int) and device_ns > 0 else cap.wall_ns
         phases = self._phases(cap.site)
-        key = _buckets.phase(cap.summary)
+        key = _buckets.phase(cap.summary, cap.facts)
         hist = phases.get(key)
         if hist is None:
             if len(phases) >= _MAX_PHASES:
@@ -110,8 +110,8 @@ class Escalator:
         if hist.added >= MIN_SAMPLES and ns > hist.threshold(quantile):
             slow = quantile
             if escalate:
-                runtime.grants.arm(cap.site, _buckets.bucket(cap.summary), cap.capture_id,
-                                 quantile)
+                runtime.grants.arm(cap.site, _buckets.bucket(cap.summary, cap.facts),
+                                   cap.capture_id, quantile)
         hist.add(ns)
         return None, slow
 

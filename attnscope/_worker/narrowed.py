@@ -1,46 +1,22 @@
 """FLOPs of layers that attend to other keys than their mask shows: Doge's cap on the keys a
-query keeps, DeepSeek-V4's compressed KV entries after the window's keys (:func:`.derive.
-derive_attention` calls these once the mask's reading is done)."""
+query keeps (how many: ``_attention.families.kept_keys``), DeepSeek-V4's compressed KV entries
+after the window's keys (their count: ``_attention.families.deepseek_v4``);
+:func:`.derive.derive_attention` calls these once the mask's reading is done."""
 
 from __future__ import annotations
 
+from .._attention.families.deepseek_v4 import compressed_pairs
+from .._attention.families.kept_keys import capped_pairs
+from .._attention.masks import MaskReading
 from .._record.capture import AttentionFacts
 from .derived import Derived
-from .masks import MaskReading
 
-__all__ = ["capped_pairs", "cap_keys", "compressed_pairs", "add_compressed", "narrows"]
+__all__ = ["cap_keys", "add_compressed", "narrows"]
 
 
 def narrows(f: AttentionFacts, skv: int) -> bool:
     """Some query of the call may see more keys than the layer keeps (``f.key_cap`` set)."""
     return f.key_cap is not None and skv >= f.key_cap + f.key_block
-
-
-def _kept(v: int, cap: int, block: int) -> int:
-    """Keys kept of ``v`` visible: all while their whole blocks fit in ``cap``, else ``cap`` and
-    the ones past the last whole block."""
-    return v if v // block * block <= cap else cap + v % block
-
-
-def _kept_upto(n: int, cap: int, block: int) -> int:
-    """``sum(_kept(v) for v in range(n + 1))``, in closed form."""
-    fits = min(n, cap + block - 1)  # v up to here keep every key
-    total = fits * (fits + 1) // 2
-    if n <= fits:
-        return total
-    def mods(m: int) -> int:  # sum of v % block for v = 0 .. m - 1
-        q, r = divmod(m, block)
-        return q * block * (block - 1) // 2 + r * (r - 1) // 2
-    return total + (n - fits) * cap + mods(n + 1) - mods(fits + 1)
-
-
-def capped_pairs(sq: int, skv: int, cap: int, causal: bool, block: int = 1) -> int:
-    """Pairs of one (batch, head) when each query keeps at most ``cap`` of the keys it may see,
-    in blocks of ``block`` (:func:`_kept`; queries aligned bottom-right: query ``q`` of a causal
-    call sees ``skv - sq + q + 1`` keys)."""
-    if not causal:
-        return sq * _kept(skv, cap, block)
-    return _kept_upto(skv, cap, block) - _kept_upto(skv - sq, cap, block)
 
 
 def cap_keys(out: Derived, f: AttentionFacts, reading: MaskReading | None, real: int | None,
@@ -56,17 +32,6 @@ def cap_keys(out: Derived, f: AttentionFacts, reading: MaskReading | None, real:
         return
     pairs = f.batch * f.heads * capped_pairs(f.seq_q, skv, f.key_cap, causal, f.key_block)
     out.flops = 2 * pairs * (f.head_dim + dv)
-
-
-def compressed_pairs(seen: int, sq: int, rate: int, topk: int = 0) -> int:
-    """Compressed entries the queries at positions ``seen .. seen + sq - 1`` see, summed: the
-    query at ``p`` sees the ``(p + 1) // rate`` windows closed by then, at most ``topk``
-    (0: no cap)."""
-    def upto(n: int) -> int:  # sum of min(p // rate, topk) for p = 1 .. n, in closed form
-        capped = n if not topk else min(n, topk * rate - 1)
-        q, rem = divmod(capped, rate)
-        return rate * q * (q - 1) // 2 + q * (rem + 1) + topk * (n - capped)
-    return upto(seen + sq) - upto(seen)
 
 
 def add_compressed(out: Derived, f: AttentionFacts, compressed: tuple[int, int], seen: int | None,

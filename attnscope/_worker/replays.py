@@ -37,6 +37,7 @@ class _Read:
     """A captured call's device time, read already: what the engine asks of a timer."""
 
     __slots__ = ("ns", "device")
+    start = None  # no event of its own: the graph's pair was read already
 
     def __init__(self, ns: int, device: Any) -> None:
         self.ns = ns
@@ -50,6 +51,13 @@ class _Read:
 
     def release(self) -> None:
         """Nothing to give back: the pair belongs to the graph."""
+
+    # a replay's child is never on the calling side: nothing is recorded on it
+    def record_start(self) -> None: ...
+
+    def record_end(self) -> None: ...
+
+    def record_after(self) -> None: ...
 
 
 def finish(engine: Engine, cap: Capture, timed_out: bool, cuda: DeviceAccess,
@@ -66,7 +74,7 @@ def finish(engine: Engine, cap: Capture, timed_out: bool, cuda: DeviceAccess,
     if times is None:
         counts["graph_replays_lost"] += 1
     children = _children(cap, rec, times) if times is not None else []
-    replay_ns = None if timed_out else cap.timer.elapsed_ns()
+    replay_ns = None if timed_out or cap.timer is None else cap.timer.elapsed_ns()
     engine.finish(_replay(cap, rec, generation, times, replay_ns, children), timed_out, cuda,
                   escalator)
     for child in children:
@@ -78,6 +86,8 @@ def read(cap: Capture, rec: GraphRecord, generation: int) -> list[tuple[int, int
     """Each captured call's (offset from the replay's start, device time) in ns, in capture order;
     None when a later replay was launched before the reading ended, or an event was not passed."""
     if rec.generation != generation:
+        return None
+    if cap.timer is None:  # a replay is always timed: nothing to read otherwise
         return None
     start = cap.timer.start
     out: list[tuple[int, int]] = []
@@ -112,6 +122,7 @@ def _children(cap: Capture, rec: GraphRecord, times: list[tuple[int, int]]) -> l
         child.otel_parent = cap.otel_parent
         child.step_no = cap.step_no
         child.summary = template.summary
+        child.facts = template.facts
         child.instance = template.instance
         child.extra = {_REPLAYED: True, **(template.extra or {})}
         # placed at the replay's host start plus its offset on the device; its length is its

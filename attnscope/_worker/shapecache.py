@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .._record.capture import ATTENTION_KEY, AttentionFacts, TensorMeta
+from .._record.capture import NO_FACTS, AttentionFacts, Facts, TensorMeta
 
 __all__ = ["MAX_ENTRIES", "ShapeCache", "Shared", "summary_key"]
 
@@ -32,18 +32,23 @@ _SCALARS = frozenset((int, float, bool, type(None)))
 # what a layer's facts may hold and still be kept: immutable values (a tensor hashes by identity)
 _FACT_TYPES = _SCALARS | {str, TensorMeta, torch.dtype, torch.device}
 _FACT_FIELDS = operator.attrgetter(*AttentionFacts.__slots__)
+# a facts key's first item: never an argument summary's (a tuple of tuples)
+_FACTS_TAG = "attention facts"
 # derive's result as span attributes (``derived.Derived.attributes``): read, never written
 Shared = dict[str, Any]
 
 
-def summary_key(summary: Sequence[tuple[str, Any]], instance: Any) -> tuple[Any, ...] | None:
-    """A hashable key equal for two summaries derive treats alike; None: not cacheable.
+def summary_key(summary: Sequence[tuple[str, Any]], instance: Any,
+                facts: Facts = NO_FACTS) -> tuple[Any, ...] | None:
+    """A hashable key equal for two calls derive treats alike (their argument summaries, or an
+    instrumented layer's facts); None: not cacheable.
 
     A scalar's type is part of the key: ``True == 1 == 1.0`` (and they hash alike), but derive
     reads a ``bool`` as causality and an ``int`` not."""
-    if len(summary) == 1 and summary[0][0] == ATTENTION_KEY:
-        return _facts_key(summary[0][1])
-    if instance is not None:
+    if (facts.attention is not None and facts.traits is None and facts.model is None
+            and not summary):
+        return _facts_key(facts.attention)  # the layer's traits, if any, read its instance
+    if instance is not None or facts is not NO_FACTS:
         return None
     parts: list[Any] = []
     for name, value in summary:
@@ -68,7 +73,7 @@ def _facts_key(facts: Any) -> tuple[Any, ...] | None:
     kinds = tuple(map(type, values))
     if not _FACT_TYPES.issuperset(kinds):
         return None
-    return (ATTENTION_KEY, values, kinds)
+    return (_FACTS_TAG, values, kinds)
 
 
 class ShapeCache:

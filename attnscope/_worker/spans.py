@@ -148,7 +148,7 @@ def capture_attributes(cap: Capture, shape: dict[str, Any], found: Measured,
                       else site_attributes(cap.site.attributes))
     found.add_to(attrs)
     if _BACKEND in attrs:  # profiled SDPA call: was it a silent fallback?
-        fallback.annotate(attrs, cap.summary, str(attrs.get(_MODULE) or cap.name))
+        fallback.annotate(attrs, cap.summary, str(attrs.get(_MODULE) or cap.name), cap.sdpa)
     if cap.instance is not None and _MODULE in attrs:
         impl = (implementation or _implementation)(cap.instance)
         if impl is not None:

@@ -1,8 +1,9 @@
-"""One ``attnscope.batch`` block as both sides see it: its rows, times and the worker's record.
+"""One ``attnscope.batch()`` block as both sides see it: its rows, times and the worker's record.
 
-The calling side (``capture.batch``) makes it and stamps its end; each sampled call of the block
+The calling side (``_capture.batch``) makes it and stamps its end; each sampled call of the block
 refers to it (``Capture.rows``); the worker splits the calls by row into ``acc``
-(``worker.apportion``) and emits the request spans once the block has ended.
+(``_worker.apportion``) and emits the request spans once the block has ended. (A ``span()``
+block is another thing: ``_capture.block``.)
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from opentelemetry import trace as otel_trace
 
 from .. import _log
 
-__all__ = ["Block", "rows_for"]
+__all__ = ["BatchRecord", "rows_for"]
 
 _next_block = itertools.count(1).__next__  # atomic under the GIL
 
 
-class Block:
+class BatchRecord:
     """One ``batch`` block: its rows, its times, and what its sampled calls left for the worker.
 
     ``sampled`` and ``lost`` are written by the calling thread (a call handed over, a call the

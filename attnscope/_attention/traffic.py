@@ -1,8 +1,8 @@
 """The least memory traffic an attention core must move for one call, and its arithmetic intensity.
 
-Runs on the worker, from what :func:`.derive.derive` established of a call: integer arithmetic on
-a few numbers (no tensor, no torch import). What "minimum" means, consistently with the FLOPs of
-:func:`.derive.attention_flops` (which count the pairs a mask leaves visible):
+Run by the worker, from what ``_worker.derive.derive`` established of a call: integer arithmetic
+on a few numbers (no tensor, no torch import). What "minimum" means, consistently with the FLOPs of
+:func:`.flops.attention_flops` (which count the pairs a mask leaves visible):
 
 - every element of Q, K, V (and of the mask) that some real output depends on is read once, and
   every element of O is written once (the output tensor is the call's result, padded rows too);

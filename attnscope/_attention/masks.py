@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .._record.capture import HostCopy
+from .._record.facts import HostCopy, HostKind
 from .._record.reduce import MASKED_BELOW, FIELDS, MaskPlan, attend, mask_numbers, plan_mask
 
 __all__ = ["MaskReading", "MaskCounts", "band_pairs", "pairs_upto", "counts_of", "read_counts",
@@ -79,7 +79,7 @@ def counts_of(mask: Any, ignores: bool, batch: int, heads: int | None, sq: int,
     computed here; None when there are none to read (a mask over the budget, a device tensor, a
     timed-out copy)."""
     if isinstance(mask, HostCopy):
-        if mask.kind != "mask" or not device_reads:
+        if mask.kind is not HostKind.MASK or not device_reads:
             return None
         return MaskCounts(mask.read(), mask.plan)
     if (not isinstance(mask, torch.Tensor) or mask.is_cuda or mask.is_meta or mask.numel() == 0
