@@ -122,6 +122,12 @@ def test_log_is_a_leaf() -> None:
     assert sorted(i for i in RAW["attnscope._log"] if i.startswith("attnscope")) == []
 
 
+def test_the_trigger_files_are_a_leaf() -> None:
+    # `attnscope trigger` writes them and the worker reads them: importing anything of ours
+    # would load that side into the command (or the command's readers into the worker).
+    assert sorted(i for i in RAW["attnscope._trigger_files"] if i.startswith("attnscope")) == []
+
+
 def test_the_runtime_imports_neither_side() -> None:
     # Both sides import the runtime: it holds their state, never their code (nor OpenTelemetry).
     assert not _bad_imports(("_runtime",), ("attnscope._capture", "attnscope._worker",

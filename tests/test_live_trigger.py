@@ -16,6 +16,7 @@ import torch
 import attnscope
 from attnscope.cli import main
 from attnscope.testing import capture_spans
+from attnscope import _trigger_files as trigger_files
 from attnscope._worker import control
 
 
@@ -55,7 +56,7 @@ def test_cli_trigger_profiles_the_next_sampled_calls_of_matching_sites(tdir: str
         attnscope.flush()  # and has looked at the directory once: it advertised itself there
         assert main(["trigger", "--pid", str(os.getpid()), "--calls", "3", "--site", "*.g:*",
                      "--dir", tdir]) == 0
-        _until_consumed(control.trigger_path(tdir, os.getpid()), other)
+        _until_consumed(trigger_files.trigger_path(tdir, os.getpid()), other)
         for _ in range(6):
             other(x)
             g(x)
@@ -72,7 +73,7 @@ def test_triggered_calls_respect_the_users_profiler(tdir: str) -> None:
     x = torch.zeros(4)
     with capture_spans(trigger_dir=tdir) as spans:
         g(x)
-        path = control.write(tdir, os.getpid(), 2, "*")
+        path = trigger_files.write(tdir, os.getpid(), 2, "*")
         _until_consumed(path, other)
         with torch.profiler.profile():
             g(x)
@@ -86,7 +87,7 @@ def test_triggered_calls_respect_the_users_profiler(tdir: str) -> None:
 def test_off_means_the_file_is_not_read(tdir: str) -> None:
     x = torch.zeros(4)
     with capture_spans(trigger_dir=tdir, live_trigger=False):
-        path = control.write(tdir, os.getpid(), 2, "*")
+        path = trigger_files.write(tdir, os.getpid(), 2, "*")
         for _ in range(3):
             g(x)
             attnscope.flush()
@@ -97,39 +98,39 @@ def test_a_directory_others_can_enter_is_not_trusted(tmp_path: pathlib.Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     d = tmp_path / "open"
     d.mkdir(mode=0o700)
-    control.write(str(d), 123, 2, "*")
-    control.advertise(str(d))
+    trigger_files.write(str(d), 123, 2, "*")
+    trigger_files.advertise(str(d))
     os.chmod(d, 0o755)
     with pytest.raises(ValueError, match="permissions"):
-        control.read(str(d), 123)
+        trigger_files.read(str(d), 123)
     assert main(["trigger", "--pid", str(os.getpid()), "--dir", str(d)]) == 2
     assert "unsafe trigger directory" in capsys.readouterr().err
 
 
 def test_files_that_are_not_this_users_plain_trigger_are_refused(tdir: str) -> None:
-    path = control.write(tdir, 1, 2, "*")
+    path = trigger_files.write(tdir, 1, 2, "*")
     os.chmod(path, 0o666)
     with pytest.raises(ValueError, match="regular file"):
-        control.read(tdir, 1)
+        trigger_files.read(tdir, 1)
     os.unlink(path)
     target = pathlib.Path(tdir) / "elsewhere"
     target.write_text('{"calls": 2, "site": "*"}')
     os.symlink(target, path)
     with pytest.raises(ValueError, match="regular file"):
-        control.read(tdir, 1)
+        trigger_files.read(tdir, 1)
     os.unlink(path)
     pathlib.Path(path).write_text('{"calls": 0}')
     with pytest.raises(ValueError, match="calls"):
-        control.read(tdir, 1)
+        trigger_files.read(tdir, 1)
     assert not os.path.exists(path)  # a bad trigger is consumed, not read every second
 
 
 def test_write_is_atomic_and_read_consumes(tdir: str) -> None:
-    path = control.write(tdir, 42, 5, "*Attention*")
+    path = trigger_files.write(tdir, 42, 5, "*Attention*")
     assert os.stat(path).st_mode & 0o777 == 0o600
     assert os.listdir(tdir) == ["42.trigger"]  # no temporary file left
-    assert control.read(tdir, 42) == (5, "*Attention*")
-    assert control.read(tdir, 42) is None
+    assert trigger_files.read(tdir, 42) == (5, "*Attention*")
+    assert trigger_files.read(tdir, 42) is None
 
 
 def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
@@ -149,7 +150,7 @@ def test_a_process_without_attnscope_is_refused(tdir: str,
         assert "no attnscope worker" in _one_line(capsys)
         assert os.listdir(tdir) == []
         # a stale advertisement of a process that had this pid before is not believed either
-        path = control.worker_path(tdir, sleeper.pid)
+        path = trigger_files.worker_path(tdir, sleeper.pid)
         pathlib.Path(path).write_text(json.dumps({"version": 1, "pid": sleeper.pid,
                                                   "started": 1}))
         os.chmod(path, 0o600)
@@ -162,14 +163,14 @@ def test_a_process_without_attnscope_is_refused(tdir: str,
 
 def test_the_worker_advertises_itself_until_exit(tdir: str) -> None:
     x = torch.zeros(4)
-    gone = control.worker_path(tdir, 999_999_999)  # a process that crashed: swept
+    gone = trigger_files.worker_path(tdir, 999_999_999)  # a process that crashed: swept
     pathlib.Path(gone).write_text("{}")
     with capture_spans(trigger_dir=tdir):
         g(x)
         attnscope.flush()
-        assert control.advertised(tdir, os.getpid())
+        assert trigger_files.advertised(tdir, os.getpid())
         assert sorted(os.listdir(tdir)) == [f"{os.getpid()}.worker"]
-    assert os.stat(control.worker_path(tdir, os.getpid())).st_mode & 0o777 == 0o600
+    assert os.stat(trigger_files.worker_path(tdir, os.getpid())).st_mode & 0o777 == 0o600
     code = ("import os, sys, torch, attnscope\n"
             "attnscope.configure(trigger_dir=sys.argv[1], exporter='none', sample_rate=1.0,"
             " warmup_calls=0)\n"
@@ -189,24 +190,24 @@ def test_a_squatted_shared_directory_is_passed_over(tmp_path: pathlib.Path,
     """No XDG_RUNTIME_DIR: another user created <tmp>/attnscope-<uid> first."""
     env = {"TMPDIR": str(tmp_path / "tmp"), "HOME": str(tmp_path / "home")}
     (tmp_path / "tmp").mkdir()
-    monkeypatch.setattr(control.tempfile, "tempdir", None)
+    monkeypatch.setattr(trigger_files.tempfile, "tempdir", None)
     shared = tmp_path / "tmp" / f"attnscope-{os.getuid()}"
-    assert control.default_dir(env) == str(shared)  # missing: it is created 0700 when written
+    assert trigger_files.default_dir(env) == str(shared)  # missing: it is created 0700 when written
     shared.mkdir(mode=0o700)
-    assert control.default_dir(env) == str(shared)  # this user's own
+    assert trigger_files.default_dir(env) == str(shared)  # this user's own
     other = os.getuid() + 1
-    monkeypatch.setattr(control.os, "getuid", lambda: other)
-    shared.rename(tmp_path / "tmp" / f"attnscope-{control.os.getuid()}")  # someone else's now
-    fallback = control.default_dir(env)
+    monkeypatch.setattr(trigger_files.os, "getuid", lambda: other)
+    shared.rename(tmp_path / "tmp" / f"attnscope-{trigger_files.os.getuid()}")  # someone else's now
+    fallback = trigger_files.default_dir(env)
     assert fallback.startswith(str(tmp_path / "home" / ".cache" / "attnscope" / "control-"))
     monkeypatch.undo()
     (tmp_path / "tmp" / f"attnscope-{os.getuid() + 1}").rename(shared)
     os.chmod(shared, 0o777)  # this user's, but open to others: not trusted either
-    monkeypatch.setattr(control.tempfile, "tempdir", None)
-    fallback = control.default_dir(env)
+    monkeypatch.setattr(trigger_files.tempfile, "tempdir", None)
+    fallback = trigger_files.default_dir(env)
     assert fallback.startswith(str(tmp_path / "home"))
-    path = control.write(fallback, 42, 1, "*")
-    assert control.read(fallback, 42) == (1, "*") and not os.path.exists(path)
+    path = trigger_files.write(fallback, 42, 1, "*")
+    assert trigger_files.read(fallback, 42) == (1, "*") and not os.path.exists(path)
     assert stat.S_IMODE(os.stat(fallback).st_mode) == 0o700
 
 
@@ -218,18 +219,28 @@ def test_cli_rejects_bad_input(tdir: str, capsys: pytest.CaptureFixture[str]) ->
         main(["trigger", "--pid", "0"])
 
 
+def test_trigger_files_all_is_what_it_defines() -> None:
+    import types
+
+    for module in (trigger_files, control):
+        defined = {name for name, value in vars(module).items()
+                   if not name.startswith("_") and not isinstance(value, types.ModuleType)
+                   and getattr(value, "__module__", module.__name__) == module.__name__}
+        assert sorted(module.__all__) == sorted(defined), module.__name__
+
+
 def test_poll_rate_limited(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
     nowhere = tmp_path / "none"
     now = [0.0]
     poller = control.ControlFile(every_s=1.0, clock=lambda: now[0])
     calls: list[int] = []
-    real = control.read
+    real = trigger_files.read
 
     def counting(d: str, pid: int) -> Any:
         calls.append(pid)
         return real(d, pid)
 
-    monkeypatch.setattr(control, "read", counting)
+    monkeypatch.setattr(trigger_files, "read", counting)
     for t in (0.0, 0.3, 0.9, 1.0, 1.5, 2.2):
         now[0] = t
         poller.poll(str(nowhere))
@@ -280,14 +291,14 @@ def test_trigger_from_another_process_profiles_a_running_service(tmp_path: pathl
             time.sleep(0.05)
         assert ready.exists(), service.communicate(timeout=5)
         # its worker says it is listening at its first wake-up (the trigger is refused before)
-        advertised = control.worker_path(str(tdir), service.pid)
+        advertised = trigger_files.worker_path(str(tdir), service.pid)
         while not os.path.exists(advertised) and time.monotonic() < deadline:
             time.sleep(0.05)
         done = subprocess.run([sys.executable, "-m", "attnscope", "trigger", "--pid",
                                str(service.pid), "--calls", "4", "--site", "serve.*"],
                               env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
-        trigger = control.trigger_path(str(tdir), service.pid)
+        trigger = trigger_files.trigger_path(str(tdir), service.pid)
         while os.path.exists(trigger) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not os.path.exists(trigger)  # consumed by the service's worker

@@ -1,6 +1,6 @@
 """``attnscope trigger``: ask a running process to profile its next sampled calls.
 
-Writes the control file the process's worker reads (``attnscope._worker.control``; the security
+Writes the control file the process's worker reads (``attnscope._trigger_files``; the security
 model is in docs/live.md): nothing is sent over a network and no signal is delivered. The
 process picks the request up at its worker's next wake-up (at most a second after a sampled call).
 A process whose worker has not advertised itself in the directory (``<pid>.worker``: a process
@@ -13,7 +13,7 @@ import argparse
 import os
 from typing import Any
 
-from .._worker import control
+from .. import _trigger_files as trigger_files
 from ._errors import CLIError, positive_int
 
 __all__ = ["register"]
@@ -21,10 +21,10 @@ __all__ = ["register"]
 
 def _main(args: argparse.Namespace) -> int:
     pid: int = args.pid
-    if args.calls > control.MAX_CALLS:
-        raise CLIError(f"--calls must be at most {control.MAX_CALLS}, got {args.calls}")
-    if not 1 <= len(args.site) <= control.MAX_PATTERN:
-        raise CLIError(f"--site must be 1 to {control.MAX_PATTERN} characters")
+    if args.calls > trigger_files.MAX_CALLS:
+        raise CLIError(f"--calls must be at most {trigger_files.MAX_CALLS}, got {args.calls}")
+    if not 1 <= len(args.site) <= trigger_files.MAX_PATTERN:
+        raise CLIError(f"--site must be 1 to {trigger_files.MAX_PATTERN} characters")
     try:
         os.kill(pid, 0)  # no signal is sent: only whether the process exists and is ours
     except ProcessLookupError:
@@ -32,13 +32,13 @@ def _main(args: argparse.Namespace) -> int:
     except PermissionError:
         raise CLIError(f"process {pid} belongs to another user: run attnscope trigger as "
                        f"that user (the trigger directory is per user)") from None
-    directory = args.dir or os.environ.get("ATTNSCOPE_TRIGGER_DIR") or control.default_dir()
-    if not control.advertised(directory, pid):
+    directory = args.dir or os.environ.get("ATTNSCOPE_TRIGGER_DIR") or trigger_files.default_dir()
+    if not trigger_files.advertised(directory, pid):
         raise CLIError(f"process {pid} has no attnscope worker listening in {directory} (not "
                        f"traced by attnscope, live_trigger off, another trigger directory, or "
                        f"nothing sampled yet): nothing would read the trigger")
     try:
-        path = control.write(directory, pid, args.calls, args.site)
+        path = trigger_files.write(directory, pid, args.calls, args.site)
     except ValueError as exc:
         raise CLIError(f"refusing an unsafe trigger directory {exc}") from None
     except OSError as exc:
