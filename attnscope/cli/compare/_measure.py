@@ -137,7 +137,7 @@ def session(device: torch.device) -> Iterator[Any]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(memory))
     previous = _api.current()
-    _api.shutdown(timeout_s=5.0)
+    attnscope.shutdown(timeout_s=5.0)
     attnscope.configure(tracer_provider=provider, sample_rate=1.0, warmup_calls=0,
                         profile_rate=0.0, profile_max_per_minute=1e6, overhead_budget=1.0,
                         reset_peak_memory_stats=device.type == "cuda")
@@ -146,8 +146,8 @@ def session(device: torch.device) -> Iterator[Any]:
     try:
         yield memory
     finally:
-        _api.flush(timeout_s=30.0)
-        _api.shutdown(timeout_s=10.0)
+        attnscope.flush(timeout_s=30.0)
+        attnscope.shutdown(timeout_s=10.0)
         _api.restore(previous)
         provider.shutdown()
 
@@ -239,7 +239,7 @@ def _captured(impl: Impl, fn: Callable[..., Any], inputs: tuple[torch.Tensor, ..
     except Exception as exc:  # the implementation failed on a later call
         return f"{type(exc).__name__}: {_first_line(exc)}"
     finally:
-        _api.flush(timeout_s=30.0)  # build these spans before the next block is timed
+        attnscope.flush(timeout_s=30.0)  # build these spans before the next block is timed
     return None
 
 

@@ -22,7 +22,7 @@ import attnscope
 
 from ... import _api
 from ..._capture import profiler_session as profiler
-from ..._export.jaeger_json import JaegerJSONFileExporter
+from ...exporters import JaegerJSONFileExporter
 from ..render.writer import check_output, write_text
 from ..report import render_terminal
 from ..summary import summarize
