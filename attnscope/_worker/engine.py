@@ -20,11 +20,12 @@ from .._runtime import runtime
 from .._version import __version__
 from .._record.capture import Capture
 from .._export import metrics, pipeline
-from . import apportion, derive, emit
+from .._spans import emit
+from . import apportion, derive
 from .derived import Derived, Measured
-from .profiles import session as profile
+from .._profiles import session as profile
 from .shapecache import ShapeCache, summary_key
-from .spans import SpanBuilder, implementation_of, result_of, site_attributes
+from .._spans.spans import SpanBuilder, implementation_of, result_of, site_attributes
 
 if TYPE_CHECKING:
     from .cuda import DeviceAccess

@@ -1,6 +1,6 @@
 """One trace per declared step, shared by every rank of a job, on the worker thread.
 
-The ids are a pure function of the run id (_worker/run_id.py: the ``run_id`` setting, else
+The ids are a pure function of the run id (_spans/run_id.py: the ``run_id`` setting, else
 torchrun's ``TORCHELASTIC_RUN_ID`` and restart count, else one id agreed once through
 torch.distributed's store) and the step number, so the ranks agree without talking at each step:
 the trace id (128 bits) and the step root's span id (64 bits) hash ``(run id, step)``; a

@@ -19,12 +19,12 @@ from opentelemetry.trace import INVALID_SPAN_CONTEXT, Link, SpanContext
 from .. import _dist, _log
 from .. import _schema as schema
 from .._record.capture import TIER_NAMES, Capture
-from .derived import Measured, clean_attributes, sig4
+from .._worker.derived import Measured, clean_attributes, sig4
 from .emit import DirectEmitter, Emitter, span_name
-from .profiles.optree import ChildSpan, hand_down
+from .._profiles.optree import ChildSpan, hand_down
 from .readable import Summaries, op_summary
-from . import fallback
-from . import roofline
+from .._worker import fallback
+from .._worker import roofline
 from .steps import StepTraces, configured_run_id
 
 __all__ = ["SpanBuilder", "Result", "result_of", "capture_attributes", "implementation_of",

@@ -1,0 +1,7 @@
+"""The only way spans leave: call spans with their children, step, request and replay spans.
+
+:mod:`.spans` builds a capture's span (parents before children) through one emitter
+(:mod:`.emit`); :mod:`.steps` keeps the step spans, :mod:`.requests` the request spans of a
+``batch()`` block, :mod:`.replays` the captures a CUDA graph replay's spans are made from;
+:mod:`.readable` writes the summaries a person reads. Worker side: never imports ``_capture``.
+"""
