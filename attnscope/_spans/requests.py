@@ -7,13 +7,17 @@ calls it shared, and goes out through the span builder's emitter, as every span 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Link, SpanContext
 
 from .. import _log
 from .. import _schema as schema
 from .._record.batches import BatchRecord
+
+if TYPE_CHECKING:
+    from .spans import SpanBuilder
 
 __all__ = ["RowCall", "BlockCalls", "emit_block", "SPAN_NAME"]
 
@@ -70,8 +74,10 @@ class _Request:
         self.timed = True
 
 
-def emit_block(engine: Any, block: BatchRecord) -> int:
-    """One ``attnscope.request`` span per request of an ended block; returns how many."""
+def emit_block(builder: SpanBuilder, block: BatchRecord,
+               on_request: Callable[[float, SpanContext | None], None]) -> int:
+    """One ``attnscope.request`` span per request of an ended block, through ``builder``; returns
+    how many. ``on_request``: each timed request's estimated attention time (s) and span."""
     acc = block.acc
     calls = acc.calls if isinstance(acc, BlockCalls) else []
     nested = acc.attention_ids if isinstance(acc, BlockCalls) else set()
@@ -96,7 +102,6 @@ def emit_block(engine: Any, block: BatchRecord) -> int:
             continue
         for key, req in requests.items():
             _add(req, call, indices[key])
-    builder = engine.builder
     end = block.end_epoch_ns or block.start_epoch_ns
     made = 0
     for key, req in requests.items():
@@ -110,14 +115,13 @@ def emit_block(engine: Any, block: BatchRecord) -> int:
             if isinstance(sc, SpanContext) and sc.is_valid:
                 links.append(Link(sc, {_LINK: "batched_call"}))
         try:
-            sc = builder.emitter.emit(SPAN_NAME, parent, attrs, block.start_epoch_ns, end,
-                                      links)
+            sc = builder.emit(SPAN_NAME, parent, attrs, block.start_epoch_ns, end, links)
             made += 1
         except Exception as exc:
             _log.internal_error("request-span", exc)
             continue
         if req.timed and req.calls:
-            engine.record_request(req.all_time_ns / 1e9, sc)
+            on_request(req.all_time_ns / 1e9, sc)
     return made
 
 

@@ -31,11 +31,10 @@ from .. import _schema as schema
 from .._record.batches import BatchRecord, rows_for
 from .._record.capture import MASK_NAMES, Capture, HostCopy, find_qkv
 from .._record.reduce import row_numbers
-from .._spans.requests import SPAN_NAME, BlockCalls, RowCall, emit_block
+from .._spans.requests import BlockCalls, RowCall
 from .derived import sig4
 
-__all__ = ["RowCall", "observe", "emit_block", "split_rows", "mask_rows", "read_rows",
-           "SPAN_NAME"]
+__all__ = ["RowCall", "observe", "split_rows", "mask_rows", "read_rows"]
 
 _MAX_CALLS = 65_536  # call records one block keeps; later calls are counted unapportioned
 _FLOPS, _PHASE, _BATCH = schema.FLOPS.name, schema.PHASE.name, schema.BATCH_SIZE.name

@@ -20,12 +20,13 @@ from .._runtime import runtime
 from .._version import __version__
 from .._record.capture import Capture
 from .._export import metrics, pipeline
-from .._spans import emit
+from .._spans import emit, requests
 from . import apportion, derive
 from .derived import Derived, Measured
 from .._profiles import session as profile
 from .shapecache import ShapeCache, summary_key
-from .._spans.spans import SpanBuilder, implementation_of, result_of, site_attributes
+from .._spans.calls import implementation_of, result_of, site_attributes
+from .._spans.spans import SpanBuilder
 
 if TYPE_CHECKING:
     from .cuda import DeviceAccess
@@ -113,7 +114,7 @@ class Engine:
 
     def end_block(self, block: Any) -> None:
         """An ended ``batch`` block whose calls have all arrived: its request spans."""
-        apportion.emit_block(self, block)
+        requests.emit_block(self.builder, block, self.record_request)
 
     def record_request(self, seconds: float, parent: Any) -> None:
         """One request's estimated attention time, in the request span's trace (exemplars)."""
@@ -139,7 +140,7 @@ class Engine:
                                  facts=cap.facts)
 
     def _implementation(self, instance: Any) -> str | None:
-        """:func:`.spans.implementation_of`, once per module per batch."""
+        """:func:`attnscope._spans.calls.implementation_of`, once per module per batch."""
         found = self._impls.get(id(instance))
         if found is None or found[0] is not instance:
             if len(self._impls) >= _IMPLS_MAX:
