@@ -59,8 +59,9 @@ class Engine:
         self._bases: dict[tuple[Any, ...], Any] = {}
         try:
             built = (build or pipeline.build)(cfg)
-            record = metrics.recorder(cfg, built)
-            self.metrics = MetricsBatch(record) if record is not None else None
+            recorder = metrics.recorder(cfg, built)
+            self.metrics = (MetricsBatch(recorder.span, recorder.request)
+                            if recorder is not None else None)
             self.builder = SpanBuilder(
                 emit.for_pipeline(built, pipeline.INSTRUMENTATION_NAME, __version__),
                 cfg.max_spans_per_trace, self.metrics.add if self.metrics is not None else None)
@@ -167,10 +168,12 @@ class MetricsBatch:
     what is held (:meth:`Engine.metrics_pending`).
     """
 
-    __slots__ = ("record", "held")
+    __slots__ = ("record", "record_request", "held")
 
-    def __init__(self, record: Callable[[Any, Any], None]) -> None:
+    def __init__(self, record: Callable[[Any, Any], None],
+                 record_request: Callable[[float, Any], None] | None = None) -> None:
         self.record = record
+        self.record_request = record_request
         self.held: list[tuple[Any, Any]] = []
 
     def add(self, result: Any, span_context: Any) -> None:
@@ -182,10 +185,8 @@ class MetricsBatch:
     def request(self, seconds: float, span_context: Any) -> None:
         """A request's estimated attention time: recorded at once (one per request, not per
         call)."""
-        instruments = getattr(self.record, "__self__", None)
-        record = getattr(instruments, "record_request", None)
-        if record is not None:
-            record(seconds, span_context)
+        if self.record_request is not None:
+            self.record_request(seconds, span_context)
 
     def drain(self) -> None:
         held = self.held
