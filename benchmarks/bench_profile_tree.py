@@ -7,7 +7,7 @@ child spans twice, side by side:
 
 - **before** — what attnscope did until issue 11: every op a sibling span, the
   ``max_kernel_spans − 1`` with the most own time kept, the rest one ``other`` span;
-- **after** — :func:`attnscope._worker.profiles.kernels.analyze` now: ops nested as they ran,
+- **after** — :func:`attnscope._profiles.kernels.analyze` now: ops nested as they ran,
   views and ops under the fold threshold folded into their parent's own time, the same cap.
 
 Columns: op spans (``other`` included); the share of the layer's operator time that named op
@@ -33,7 +33,7 @@ import torch
 import attnscope
 from attnscope._capture import profiler_session as _profiler
 from attnscope.testing import capture_spans
-from attnscope._worker.profiles import kernels
+from attnscope._profiles import kernels
 
 
 def build_model(attn: str) -> Any:

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 import attnscope
 from attnscope._runtime import runtime
-from attnscope._worker.emit import DirectEmitter, SdkEmitter
+from attnscope._spans.emit import DirectEmitter, SdkEmitter
 
 SETTINGS: dict[str, Any] = {"sample_rate": 1.0, "warmup_calls": 0, "overhead_budget": 1.0,
                             "profile_rate": 0.0, "metrics": False}
@@ -137,7 +137,7 @@ def test_rates_keep_four_significant_digits_and_never_overflow() -> None:
 
 @pytest.mark.parametrize("kind", ["time", "FLOP", "FLOP/s", "bytes"])
 def test_summary_numbers_read_back_exactly_enough_and_never_in_exponent_form(kind: str) -> None:
-    from attnscope._worker import readable
+    from attnscope._spans import readable
     from tests.support.helpers import near, quantity
 
     write = {"time": readable.duration, "FLOP": lambda v: readable.si(v, "FLOP"),
@@ -252,7 +252,7 @@ def test_a_users_profiler_is_still_counted_as_the_users() -> None:
 def test_kept_summary_texts_follow_what_changes_between_calls_of_one_shape() -> None:
     """The builder keeps a summary's texts per (shape, site): a call of the same shape with
     another implementation, RSS or mark gets its own, and the time and rate are always its own."""
-    from attnscope._worker.readable import Summaries
+    from attnscope._spans.readable import Summaries
     from tests.support.helpers import call_summary_facts
 
     shape = {"attnscope.flops": 4096, "attnscope.batch_size": 1, "attnscope.num_heads": 2,

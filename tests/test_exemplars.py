@@ -94,7 +94,7 @@ def test_no_exemplar_for_a_span_the_sampler_dropped() -> None:
 
 
 def test_step_calls_link_to_the_step_trace() -> None:
-    from attnscope._worker.steps import step_ids
+    from attnscope._spans.steps import step_ids
 
     reader = InMemoryMetricReader()
     _configure(reader, exporter=InMemorySpanExporter(), run_id="job-x")

@@ -22,8 +22,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import attnscope
 from attnscope._runtime import Delivery, runtime
 from attnscope._record.capture import Capture
-from attnscope._worker import loop, spans
-from attnscope._worker.emit import DirectEmitter, Emitter
+from attnscope._spans import spans
+from attnscope._worker import loop
+from attnscope._spans.emit import DirectEmitter, Emitter
 
 _ACCOUNTED = ("emitted", "dropped_queue_full", "dropped_trace_cap", "worker_errors", "pending")
 

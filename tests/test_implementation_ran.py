@@ -10,7 +10,7 @@ import torch
 
 import attnscope
 from attnscope.testing import capture_spans
-from attnscope._worker.profiles.kernels import ran_implementation
+from attnscope._profiles.kernels import ran_implementation
 
 transformers = pytest.importorskip("transformers")
 

@@ -16,8 +16,8 @@ import torch
 import attnscope
 from attnscope._capture import profiler_session as _profile
 from attnscope.testing import capture_spans
-from attnscope._worker.profiles import kernels as _kernels
-from attnscope._worker.profiles.kernels import RawEvent
+from attnscope._profiles import kernels as _kernels
+from attnscope._profiles.kernels import RawEvent
 
 from .support.helpers import naive, traced_spans
 

@@ -21,9 +21,9 @@ import attnscope
 from attnscope._capture import profiler_session as _profile
 from attnscope._record.capture import PROFILE_MARKER
 from attnscope.testing import capture_spans
-from attnscope._worker.profiles import kernels as _kernels
-from attnscope._worker.profiles import opstats
-from attnscope._worker.profiles.kernels import RawEvent
+from attnscope._profiles import kernels as _kernels
+from attnscope._profiles import opstats
+from attnscope._profiles.kernels import RawEvent
 
 from .support.helpers import attrs, traced_spans
 

@@ -31,9 +31,9 @@ import attnscope
 from attnscope import _api, _dist
 from attnscope.exporters import merge_jaeger_json
 from attnscope.testing import capture_spans
-from attnscope._worker import run_id
-from attnscope._worker.run_id import STORE_KEY, RunId
-from attnscope._worker.steps import RANK_NAME, ROOT_NAME, step_ids
+from attnscope._spans import run_id
+from attnscope._spans.run_id import STORE_KEY, RunId
+from attnscope._spans.steps import RANK_NAME, ROOT_NAME, step_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -314,8 +314,8 @@ def test_a_child_behind_thousands_of_spans_still_finds_its_parent_dropped() -> N
     from types import SimpleNamespace
 
     from attnscope._record.capture import Capture
-    from attnscope._worker.emit import Emitter
-    from attnscope._worker.spans import Result, SpanBuilder
+    from attnscope._spans.emit import Emitter
+    from attnscope._spans.spans import Result, SpanBuilder
 
     class Counting(Emitter):
         def emit(self, *args: object, **kwargs: object) -> None:

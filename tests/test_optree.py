@@ -14,9 +14,9 @@ import torch.nn.functional as F
 import attnscope
 from attnscope._capture import profiler_session as _profile
 from attnscope.testing import capture_spans
-from attnscope._worker.profiles import kernels as _kernels
-from attnscope._worker.profiles import optree
-from attnscope._worker.profiles.kernels import RawEvent
+from attnscope._profiles import kernels as _kernels
+from attnscope._profiles import optree
+from attnscope._profiles.kernels import RawEvent
 
 from .support.helpers import attrs, children_of, descendants_of, sdpa, traced_spans
 
@@ -314,7 +314,7 @@ def test_ops_hang_under_the_innermost_attnscope_span() -> None:
 
 
 def test_core_tflops_from_the_derived_flops(monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnscope._worker.profiles import session as profile
+    from attnscope._profiles import session as profile
 
     report = _kernels.KernelReport({"core_ns": 2_000_000, "kernel.count": 1}, [])
     monkeypatch.setattr(_kernels, "from_kineto", lambda result, marker, **kw: [])

@@ -16,7 +16,8 @@ from attnscope import _log
 from attnscope._runtime import runtime
 from attnscope._capture import args, sampling, wrapper
 from attnscope.testing import capture_spans
-from attnscope._worker import derive, spans
+from attnscope._spans import spans
+from attnscope._worker import derive
 
 
 def attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

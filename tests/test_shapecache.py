@@ -33,7 +33,8 @@ from attnscope._runtime import runtime
 from attnscope._record.capture import (TIER_TIMING, AttentionFacts, Capture, Facts, HostCopy,
                                       HostKind, TensorMeta)
 from attnscope._export import metrics as _metrics
-from attnscope._worker import emit, engine, shapecache
+from attnscope._spans import emit
+from attnscope._worker import engine, shapecache
 from attnscope._worker.latency import Escalator
 
 SETTINGS: dict[str, Any] = {"sample_rate": 1.0, "warmup_calls": 0, "overhead_budget": 1.0,

@@ -8,7 +8,7 @@ import pytest
 
 import attnscope
 from attnscope.testing import capture_spans
-from attnscope._worker.emit import MAX_NAME, span_name
+from attnscope._spans.emit import MAX_NAME, span_name
 
 
 @pytest.mark.parametrize("bad", [123, "", b"name", None.__class__])

@@ -96,7 +96,7 @@ def test_a_device_masks_step_sums_travel_as_a_pinned_copy(monkeypatch: pytest.Mo
 
 
 def test_a_steps_rank_span_sums_its_forwards_and_their_layers() -> None:
-    from attnscope._worker.steps import rank_name
+    from attnscope._spans.steps import rank_name
 
     model = _model()
     with capture_spans() as spans, torch.no_grad():

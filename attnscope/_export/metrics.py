@@ -43,7 +43,7 @@ from .._version import __version__
 from .destinations import meter_provider_for
 
 __all__ = ["DURATION_BUCKETS_S", "FRACTION_BUCKETS", "MEMORY_BUCKETS_BYTES", "TPOT_BUCKETS_S",
-           "TTFT_BUCKETS_S", "recorder"]
+           "TTFT_BUCKETS_S", "Recorder", "recorder"]
 
 DURATION_BUCKETS_S = (
     1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
@@ -415,8 +415,16 @@ def _instruments_for(meter_provider: Any) -> _Instruments:
         return found
 
 
-def recorder(cfg: Config, pipeline: Any = None) -> Callable[[Any, Any], None] | None:
-    """A callable ``(result, span_context)`` that records a built span's metrics; None when off.
+class Recorder(NamedTuple):
+    """What the worker records metrics with: ``span(result, span_context)`` per built span,
+    ``request(seconds, span_context)`` per request span (both catch and log their own errors)."""
+
+    span: Callable[[Any, Any], None]
+    request: Callable[[float, Any], None]
+
+
+def recorder(cfg: Config, pipeline: Any = None) -> Recorder | None:
+    """What records built spans' and request spans' metrics; None when metrics are off.
 
     ``pipeline`` (an ``export.pipeline.Pipeline``) supplies the meter provider it resolved, which it
     also flushes and shuts down. Without one, only ``meter_provider=`` or the app's global SDK
@@ -431,7 +439,8 @@ def recorder(cfg: Config, pipeline: Any = None) -> Callable[[Any, Any], None] | 
             meter_provider, _ = meter_provider_for(cfg, None, None, own=False)
         if meter_provider is None:
             return None
-        return _instruments_for(meter_provider).record
+        instruments = _instruments_for(meter_provider)
+        return Recorder(instruments.record, instruments.record_request)
     except Exception as exc:
         _log.internal_error("metrics", exc)
         return None

@@ -20,7 +20,7 @@ from typing import Any
 from .. import _log
 from .. import _schema as schema
 from .._record.capture import attribute_value
-from .emit import MAX_STRING
+from .._spans.emit import MAX_STRING
 
 __all__ = ["Derived", "Measured", "LAYER", "ARGUMENTS", "HIDDEN", "MODEL", "INEXACT_REASONS",
            "clean", "clean_attributes", "sig4"]

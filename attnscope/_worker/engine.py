@@ -20,11 +20,13 @@ from .._runtime import runtime
 from .._version import __version__
 from .._record.capture import Capture
 from .._export import metrics, pipeline
-from . import apportion, derive, emit
+from .._spans import emit, requests
+from . import apportion, derive
 from .derived import Derived, Measured
-from .profiles import session as profile
+from .._profiles import session as profile
 from .shapecache import ShapeCache, summary_key
-from .spans import SpanBuilder, implementation_of, result_of, site_attributes
+from .._spans.calls import implementation_of, result_of, site_attributes
+from .._spans.spans import SpanBuilder
 
 if TYPE_CHECKING:
     from .cuda import DeviceAccess
@@ -57,8 +59,9 @@ class Engine:
         self._bases: dict[tuple[Any, ...], Any] = {}
         try:
             built = (build or pipeline.build)(cfg)
-            record = metrics.recorder(cfg, built)
-            self.metrics = MetricsBatch(record) if record is not None else None
+            recorder = metrics.recorder(cfg, built)
+            self.metrics = (MetricsBatch(recorder.span, recorder.request)
+                            if recorder is not None else None)
             self.builder = SpanBuilder(
                 emit.for_pipeline(built, pipeline.INSTRUMENTATION_NAME, __version__),
                 cfg.max_spans_per_trace, self.metrics.add if self.metrics is not None else None)
@@ -112,7 +115,7 @@ class Engine:
 
     def end_block(self, block: Any) -> None:
         """An ended ``batch`` block whose calls have all arrived: its request spans."""
-        apportion.emit_block(self, block)
+        requests.emit_block(self.builder, block, self.record_request)
 
     def record_request(self, seconds: float, parent: Any) -> None:
         """One request's estimated attention time, in the request span's trace (exemplars)."""
@@ -138,7 +141,7 @@ class Engine:
                                  facts=cap.facts)
 
     def _implementation(self, instance: Any) -> str | None:
-        """:func:`.spans.implementation_of`, once per module per batch."""
+        """:func:`attnscope._spans.calls.implementation_of`, once per module per batch."""
         found = self._impls.get(id(instance))
         if found is None or found[0] is not instance:
             if len(self._impls) >= _IMPLS_MAX:
@@ -165,10 +168,12 @@ class MetricsBatch:
     what is held (:meth:`Engine.metrics_pending`).
     """
 
-    __slots__ = ("record", "held")
+    __slots__ = ("record", "record_request", "held")
 
-    def __init__(self, record: Callable[[Any, Any], None]) -> None:
+    def __init__(self, record: Callable[[Any, Any], None],
+                 record_request: Callable[[float, Any], None] | None = None) -> None:
         self.record = record
+        self.record_request = record_request
         self.held: list[tuple[Any, Any]] = []
 
     def add(self, result: Any, span_context: Any) -> None:
@@ -180,10 +185,8 @@ class MetricsBatch:
     def request(self, seconds: float, span_context: Any) -> None:
         """A request's estimated attention time: recorded at once (one per request, not per
         call)."""
-        instruments = getattr(self.record, "__self__", None)
-        record = getattr(instruments, "record_request", None)
-        if record is not None:
-            record(seconds, span_context)
+        if self.record_request is not None:
+            self.record_request(seconds, span_context)
 
     def drain(self) -> None:
         held = self.held

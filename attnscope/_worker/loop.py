@@ -32,7 +32,7 @@ from .spare import Spare
 if TYPE_CHECKING:
     from .._export.pipeline import Pipeline
     from .engine import Engine
-    from .spans import SpanBuilder
+    from .._spans.spans import SpanBuilder
 
 __all__ = ["Worker", "start", "flush", "shutdown", "stats"]
 

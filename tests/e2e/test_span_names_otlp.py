@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import attnscope
-from attnscope._worker.emit import MAX_NAME
+from attnscope._spans.emit import MAX_NAME
 from tests.e2e.otlp_fakes import HTTPCollector
 
 GOOD_CALLS = 200

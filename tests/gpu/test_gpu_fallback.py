@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from attnscope._worker.fallback import Inputs, assess
-from attnscope._worker.profiles.kernels import detect_backend
+from attnscope._profiles.kernels import detect_backend
 
 
 def _ran(q: torch.Tensor, **kw: object) -> str:

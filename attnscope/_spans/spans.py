@@ -3,35 +3,33 @@
 Spans are built after the calls they describe, with explicit timestamps. A nested capture ends
 before its parent, so the builder holds children until their parent capture arrives, builds the
 parent, then the children under it. Attribute names come from :mod:`attnscope._schema`.
-What the builder holds is a :class:`Result` (the worker's own object), never the Capture, so
-tensors and handles the calling thread recorded are let go as soon as the worker has read them.
+What the builder holds is a :class:`Result` (the worker's own object, made by :mod:`.calls`),
+never the Capture, so tensors and handles the calling thread recorded are let go as soon as the
+worker has read them. Every span leaves through :meth:`SpanBuilder.emit` (or, for spans that end
+later, :meth:`SpanBuilder.open_span`): call spans, their operator children, step and request spans.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, Link, SpanContext
 
 from .. import _dist, _log
 from .. import _schema as schema
-from .._record.capture import TIER_NAMES, Capture
-from .derived import Measured, clean_attributes, sig4
-from .emit import DirectEmitter, Emitter, span_name
-from .profiles.optree import ChildSpan, hand_down
+from .._profiles.optree import hand_down
+from .._record.capture import ErrorInfo
+from .calls import Result, capture_attributes, implementation_of, result_of, site_attributes
+from .emit import DirectEmitter, Emitter, OpenSpan
 from .readable import Summaries, op_summary
-from . import fallback
-from . import roofline
 from .steps import StepTraces, configured_run_id
 
 __all__ = ["SpanBuilder", "Result", "result_of", "capture_attributes", "implementation_of",
            "site_attributes", "BuildStats"]
 
-# Span attribute bases kept per (shape, site, tier, rate) (capture_attributes' ``bases``).
-_BASES_MAX = 512
 # Built span contexts kept so late children (other threads) still find their parent.
 BUILT_KEEP = 4096
 # Captures dropped on a full queue, remembered apart from the built ones: a child can reach the
@@ -50,125 +48,15 @@ OPEN_AFTER_S = 60.0
 # Parents opened and not arrived yet; past it the oldest is given up (its children so far orphaned).
 _OPEN_KEEP = 4096
 
-
-def site_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
-    """A call site's own attributes (names as given), cleaned once per site, not per span."""
-    return clean_attributes(attributes)
-
-
 # attribute names read or written per span, built once
-_TIER, _SAMPLE_RATE, _WALL_NS = schema.TIER.name, schema.SAMPLE_RATE.name, schema.WALL_NS.name
-_FLOPS, _TFLOPS, _TOKENS, _TOKENS_PER_S = (schema.FLOPS.name, schema.TFLOPS.name,
-                                           schema.TOKENS.name, schema.TOKENS_PER_S.name)
-_LINK = schema.LINK.name
+_TIER, _FLOPS, _LINK = schema.TIER.name, schema.FLOPS.name, schema.LINK.name
 _RANK = schema.RANK.name
-_PHASE = schema.PHASE.name
-_MODULE = schema.MODULE.name
-_PHASES = frozenset(("prefill", "decode"))
-_IMPLEMENTATION, _BACKEND = schema.IMPLEMENTATION.name, schema.BACKEND.name
-_IMPLEMENTATION_RAN = schema.IMPLEMENTATION_RAN.name
+_MODULE, _SUMMARY = schema.MODULE.name, schema.SUMMARY.name
 _LAYERS_CALLS, _LAYERS_FLOPS, _LAYERS_BYTES = (schema.LAYERS_CALLS.name, schema.LAYERS_FLOPS.name,
                                                schema.LAYERS_BYTES.name)
 _BYTES, _SEQ_Q = schema.BYTES.name, schema.SEQ_LEN_Q.name
 _NUM_HEADS, _NUM_KV_HEADS = schema.NUM_HEADS.name, schema.NUM_KV_HEADS.name
 _KV_REPEATED_FROM, _PROFILED_BY = schema.KV_REPEATED_FROM.name, schema.PROFILED_BY.name
-_SUMMARY = schema.SUMMARY.name
-# what an implementation's name may hold (transformers: "sdpa", "flash_attention_2", a hub
-# kernel "kernels-community/flash-attn3"): anything else is not a name, and not put in one
-_IMPL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./:")
-_IMPL_MAX = 48
-
-
-def implementation_of(instance: Any) -> str | None:
-    """The attention implementation an instrumented module's config names (transformers'
-    ``config._attn_implementation``: ``eager``, ``sdpa``, ...), read when the worker builds the
-    span; None when there is none, or it is not a short plain name."""
-    try:
-        impl = getattr(getattr(instance, "config", None), "_attn_implementation", None)
-    except Exception:  # a config's own property that raises: no implementation
-        return None
-    if type(impl) is str and 0 < len(impl) <= _IMPL_MAX and _IMPL_CHARS.issuperset(impl):
-        return impl
-    return None
-
-
-_implementation = implementation_of
-
-
-def _name_suffix(attrs: dict[str, Any]) -> str:
-    """What an instrumented layer's or model forward's span name ends with: `` (phase,
-    implementation)``, either alone, or nothing. The implementation is the module config's,
-    else, on a profiled attention call, the backend that ran. A span() block, a traced function
-    and generate() keep their names."""
-    if _MODULE not in attrs:
-        return ""
-    phase = attrs.get(_PHASE)
-    parts = [phase] if phase in _PHASES else []
-    if parts or _NUM_HEADS in attrs:
-        impl = attrs.get(_IMPLEMENTATION) or attrs.get(_BACKEND)
-        if isinstance(impl, str) and impl:
-            parts.append(impl)
-    return f" ({', '.join(parts)})" if parts else ""
-
-
-def _base(cap: Capture, shape: dict[str, Any], site_attrs: dict[str, Any]) -> dict[str, Any]:
-    """The attributes a span starts with, in their order: the site's, tier, rate, derive's."""
-    attrs = dict(site_attrs)
-    attrs[_TIER] = TIER_NAMES.get(cap.tier, "timing")
-    attrs[_SAMPLE_RATE] = float(cap.sample_rate)
-    attrs.update(shape)
-    return attrs
-
-
-def capture_attributes(cap: Capture, shape: dict[str, Any], found: Measured,
-                       site_attrs: dict[str, Any] | None = None,
-                       implementation: Callable[[Any], str | None] | None = None,
-                       bases: dict[tuple[Any, ...], Any] | None = None) -> dict[str, Any]:
-    """The span attributes of one capture.
-
-    ``shape``: the attributes of what derive found (:meth:`.derived.Derived.attributes`, kept per
-    summary by the worker: read, never written); ``found``: what the worker added for this call.
-    ``site_attrs``: :func:`site_attributes` of the capture's site, when the caller keeps them.
-    ``implementation``: reads a module's configured implementation (default
-    :func:`implementation_of`; the engine's reads each module once per batch).
-    ``bases``: the caller's store of the attributes every span of one site, tier, rate and shape
-    starts with (the site's, tier, rate, derive's), so that a span copies one dict.
-    """
-    if bases is not None and site_attrs is not None:
-        key = (id(shape), id(site_attrs), cap.tier, cap.sample_rate)
-        kept = bases.get(key)
-        if kept is None:
-            if len(bases) >= _BASES_MAX:
-                bases.clear()
-            # the entry holds both objects: while it is kept, their ids are no other object's
-            kept = bases[key] = (shape, site_attrs, _base(cap, shape, site_attrs))
-        attrs = dict(kept[2])
-    else:
-        attrs = _base(cap, shape, site_attrs if site_attrs is not None
-                      else site_attributes(cap.site.attributes))
-    found.add_to(attrs)
-    if _BACKEND in attrs:  # profiled SDPA call: was it a silent fallback?
-        fallback.annotate(attrs, cap.summary, str(attrs.get(_MODULE) or cap.name), cap.sdpa)
-    if cap.instance is not None and _MODULE in attrs:
-        impl = (implementation or _implementation)(cap.instance)
-        if impl is not None:
-            attrs[_IMPLEMENTATION] = impl
-            if _IMPLEMENTATION_RAN in attrs:  # profiled: did the configured one run?
-                fallback.annotate_implementation(attrs, str(attrs.get(_MODULE) or cap.name))
-    if cap.extra:  # span() attributes, already under their final names
-        clean_attributes(cap.extra, attrs)
-    wall = cap.wall_ns
-    attrs[_WALL_NS] = wall
-    device_ns = found.device_ns
-    busy = device_ns if isinstance(device_ns, int) and device_ns > 0 else wall
-    flops = attrs.get(_FLOPS)
-    if isinstance(flops, int) and busy > 0:
-        attrs[_TFLOPS] = sig4(flops / busy / 1e3)  # FLOP/ns = 1e9 FLOP/s; TFLOP/s = /1e3
-    tokens = attrs.get(_TOKENS)
-    if isinstance(tokens, int) and busy > 0:
-        attrs[_TOKENS_PER_S] = sig4(tokens * 1e9 / busy)
-    roofline.add_configured(attrs)
-    return attrs
 
 
 class BuildStats:
@@ -189,34 +77,6 @@ class _Opened:
     def __init__(self, context: SpanContext) -> None:
         self.context = context
         self.emitted = 0  # children emitted under it: orphans if it never arrives
-
-
-class Result:
-    """What the worker made of one capture: all its span needs, and no live handle."""
-
-    __slots__ = ("capture_id", "parent_id", "name", "otel_parent", "start_ns", "end_ns", "attrs",
-                 "children", "error", "added", "link_id", "step_no", "kept")
-
-    def __init__(self, cap: Capture, attrs: dict[str, Any], children: list[ChildSpan]) -> None:
-        self.capture_id = cap.capture_id
-        self.parent_id = cap.parent_id
-        # an instrumented layer's (or model's) prefill and decode calls, eager and sdpa, told
-        # apart in a search list (backends index names: bounded, no shapes or numbers)
-        suffix = _name_suffix(attrs)
-        name = f"{cap.name}{suffix}" if suffix else cap.name
-        self.name = span_name(name)  # a str, capped: an exporter could refuse the batch
-        self.otel_parent = cap.otel_parent
-        self.start_ns = cap.start_epoch_ns
-        self.end_ns = cap.end_epoch_ns
-        self.attrs = attrs
-        self.children = children
-        self.error = cap.error
-        self.added = time.monotonic()
-        # a call profiled after a slow one links to the slow call's span (capture.grants)
-        self.link_id = cap.grant.link if cap.grant is not None else None
-        self.step_no = cap.step_no
-        # (derive's attributes, the site's) when they alone decide the summary's kept texts
-        self.kept: tuple[Any, Any] | None = None
 
 
 def _tell_nested(parent: dict[str, Any], nested: list[Result]) -> None:
@@ -257,17 +117,6 @@ def _layer_sums(parent: dict[str, Any], stash: dict[int, list[Result]], capture_
     moved = [a.get(_BYTES) for a in calls]
     if all(type(b) is int for b in moved):
         parent[_LAYERS_BYTES] = sum(moved)
-
-
-def result_of(cap: Capture, shape: dict[str, Any], found: Measured, children: list[ChildSpan],
-              site_attrs: dict[str, Any] | None = None,
-              implementation: Callable[[Any], str | None] | None = None,
-              bases: dict[tuple[Any, ...], Any] | None = None) -> Result:
-    result = Result(cap, capture_attributes(cap, shape, found, site_attrs, implementation, bases),
-                    children)
-    if site_attrs is not None and not cap.extra:
-        result.kept = (shape, site_attrs)
-    return result
 
 
 _CUT = "cut"  # the capture's span was not emitted (per-trace cap): its subtree is cut too
@@ -423,6 +272,26 @@ class SpanBuilder:
     def pending(self) -> int:
         return self._waiting
 
+    # The one way out: every span attnscope makes leaves through these three — call spans and
+    # their operator children (``_build``), step spans (``.steps``), request spans
+    # (``.requests``), a graph replay's (as call spans) — onto this builder's emitter.
+
+    def emit(self, name: str, parent: SpanContext | None, attrs: dict[str, Any], start_ns: int,
+             end_ns: int, links: Sequence[Link] | None = None,
+             error: ErrorInfo | None = None) -> SpanContext | None:
+        """One finished span; its context (for children), or None when it is not recorded."""
+        return self.emitter.emit(name, parent, attrs, start_ns, end_ns, links, error)
+
+    def context_with(self, trace_id: int, span_id: int, name: str,
+                     parent: SpanContext | None) -> SpanContext:
+        """The context a span with these ids would have (a step's): :meth:`Emitter.context_with`."""
+        return self.emitter.context_with(trace_id, span_id, name, parent)
+
+    def open_span(self, ctx: SpanContext, name: str, parent: SpanContext | None,
+                  attrs: dict[str, Any], start_ns: int) -> OpenSpan | None:
+        """A span that ends later, its children emitted first (a step's rank and root spans)."""
+        return self.emitter.open_span(ctx, name, parent, attrs, start_ns)
+
     def context_of(self, capture_id: int) -> SpanContext | None:
         """The span context a capture's span was emitted with, while it is remembered."""
         fate = self._fate.get(capture_id)
@@ -463,8 +332,8 @@ class SpanBuilder:
         if opened is not None:
             sc: SpanContext | None = self._emit_opened(item, opened.context, target, links)
         else:
-            sc = self.emitter.emit(item.name, target, item.attrs, item.start_ns, item.end_ns,
-                                   links, item.error)
+            sc = self.emit(item.name, target, item.attrs, item.start_ns, item.end_ns, links,
+                           item.error)
         if sc is None:
             sc = INVALID_SPAN_CONTEXT
         elif target is None and opened is None:
@@ -496,7 +365,7 @@ class SpanBuilder:
         (docs/live.md); a call of no step closes the open step."""
         steps = self.steps
         if steps is None:
-            steps = self.steps = StepTraces(self.emitter, configured_run_id)
+            steps = self.steps = StepTraces(self, configured_run_id)
         return steps.parent_for(item.step_no, item.start_ns, item.end_ns, item.attrs)
 
     def _children(self, item: Result, sc: SpanContext) -> None:
@@ -514,8 +383,8 @@ class SpanBuilder:
                 _log.internal_error("summary", exc)
             if self._rank is not None:
                 attrs = {**attrs, _RANK: self._rank}
-            built.append(self.emitter.emit(child.name, parent, attrs, child.start_ns,
-                                           child.end_ns) or parent)
+            built.append(self.emit(child.name, parent, attrs, child.start_ns, child.end_ns)
+                         or parent)
 
     def _cut(self, item: Result) -> None:
         self.stats.dropped_trace_cap += 1

@@ -32,9 +32,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from ... import _schema as schema
-from ..._record.capture import MAX_NAME
-from ..readable import top_list
+from .. import _schema as schema
+from .._record.capture import MAX_NAME
+from .._units import top_list
 
 __all__ = ["ChildSpan", "Children", "METADATA_OPS", "MAX_INNER", "SPAN_BOUND", "absorbs",
            "parents", "build", "cap", "hand_down", "Op"]

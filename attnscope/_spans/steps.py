@@ -1,6 +1,6 @@
 """One trace per declared step, shared by every rank of a job, on the worker thread.
 
-The ids are a pure function of the run id (_worker/run_id.py: the ``run_id`` setting, else
+The ids are a pure function of the run id (_spans/run_id.py: the ``run_id`` setting, else
 torchrun's ``TORCHELASTIC_RUN_ID`` and restart count, else one id agreed once through
 torch.distributed's store) and the step number, so the ranks agree without talking at each step:
 the trace id (128 bits) and the step root's span id (64 bits) hash ``(run id, step)``; a
@@ -26,15 +26,18 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import SpanContext
 
 from .. import _dist
 from .. import _schema as schema
 from .._runtime import runtime
-from .emit import Emitter, OpenSpan
+from .emit import OpenSpan
 from .run_id import RunId
+
+if TYPE_CHECKING:
+    from .spans import SpanBuilder
 
 __all__ = ["RANK_NAME", "ROOT_NAME", "StepTraces", "configured_run_id", "rank_name", "root_name",
            "step_ids"]
@@ -141,8 +144,8 @@ class _Step:
 class StepTraces:
     """The open step's spans; :meth:`parent_for` is asked once per top-level call of a step."""
 
-    def __init__(self, emitter: Emitter, run_id: Callable[[], str | None]) -> None:
-        self.emitter = emitter
+    def __init__(self, out: SpanBuilder, run_id: Callable[[], str | None]) -> None:
+        self.out = out  # the span builder: step spans leave as call spans do
         self._run_id = RunId(run_id)  # ``run_id``, else agreed by the ranks, else this process's
         self._open: _Step | None = None
         self._closed: OrderedDict[int, SpanContext] = OrderedDict()
@@ -187,18 +190,18 @@ class StepTraces:
         world = _dist.world_size()
         rank = _dist.rank()
         trace_id, root_id, rank_id = step_ids(run_id, step_no, rank)
-        emitter = self.emitter
-        root_ctx = emitter.context_with(trace_id, root_id, root_name(step_no), None)
+        out = self.out
+        root_ctx = out.context_with(trace_id, root_id, root_name(step_no), None)
         root = None
         if rank == 0:
-            root = emitter.open_span(root_ctx, root_name(step_no), None, {
+            root = out.open_span(root_ctx, root_name(step_no), None, {
                 schema.STEP.name: step_no, schema.WORLD_SIZE.name: world,
                 schema.RUN_ID.name: run_id[:256]},
                 start_ns)
         rank_attrs = {schema.STEP.name: step_no, schema.RANK.name: rank,
                       schema.WORLD_SIZE.name: world,
                       schema.HOST_NAME.name: _dist.host()[:256]}
-        rank_ctx = emitter.context_with(trace_id, rank_id, rank_name(rank), root_ctx)
-        rank_span = emitter.open_span(rank_ctx, rank_name(rank), root_ctx, rank_attrs, start_ns)
+        rank_ctx = out.context_with(trace_id, rank_id, rank_name(rank), root_ctx)
+        rank_span = out.open_span(rank_ctx, rank_name(rank), root_ctx, rank_attrs, start_ns)
         parent = rank_span.context if rank_span is not None else root_ctx
         return _Step(step_no, root, rank_span, parent, start_ns, end_ns)

@@ -1,6 +1,6 @@
 """What a profiled call's ops did: attention core versus projections, host syncs, copies.
 
-Works on the op tree :mod:`attnscope._worker.profiles.kernels` builds (each op with its name, times
+Works on the op tree :mod:`attnscope._profiles.kernels` builds (each op with its name, times
 on the call's clock, input shapes and parent index; parents before children).
 
 **Core and projections** are decided on the top-level ops of the call (ops no other op of the

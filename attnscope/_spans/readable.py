@@ -13,20 +13,16 @@ Numbers have 3 significant digits and never print in exponent form (``999.7 µs`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, TypeGuard
 
 from .. import _schema as schema
-from .._record.capture import MAX_NAME
+from .._units import binary_bytes, duration, flop_rate, si, top_list
 
 __all__ = ["Summaries", "duration", "si", "flop_rate", "binary_bytes",
            "op_summary", "top_list", "shapes", "compact_shapes"]
 
 MAX_SUMMARY = 256  # a span's strings are cut there anyway (emit.MAX_STRING)
 
-_SI = ((999.5e12, 1e15, "P"), (999.5e9, 1e12, "T"), (999.5e6, 1e9, "G"), (999.5e3, 1e6, "M"),
-       (999.5, 1e3, "k"))
-_BIN = ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64",
            "float8_e4m3fn": "fp8e4m3", "float8_e5m2": "fp8e5m2"}
 _PHASES = frozenset(("prefill", "decode"))
@@ -43,54 +39,6 @@ _PEAK, _RSS = schema.PEAK_BYTES.name, schema.HOST_RSS_BYTES.name
 _IN, _OUT = schema.INPUT_TOKENS.name, schema.OUTPUT_TOKENS.name
 _SELF_NS, _FOLDED = schema.KERNEL_SELF_NS.name, schema.KERNEL_FOLDED.name
 _SHAPES = schema.KERNEL_INPUT_SHAPES.name
-
-
-def _num(v: float) -> str:
-    text = f"{v:.3g}"
-    return f"{v:.0f}" if "e" in text else text
-
-
-def duration(ns: float) -> str:
-    """Nanoseconds in a unit: ``850 ns``, ``12.3 µs``, ``4.56 ms``, ``1.23 s``."""
-    if ns >= 999.5e6:
-        return f"{_num(ns / 1e9)} s"  # the one unit with no larger one: 12345 s, never 1.23e+04
-    if ns >= 999.5e3:
-        return f"{ns / 1e6:.3g} ms"  # below 999.5 of a unit: never an exponent
-    if ns >= 999.5:
-        return f"{ns / 1e3:.3g} µs"
-    return f"{ns:.0f} ns"
-
-
-def si(value: float, unit: str) -> str:
-    """A value with an SI prefix and its unit: ``8.45 MFLOP``, ``1.69 GFLOP/s``, ``512 FLOP``."""
-    magnitude = abs(value)
-    for edge, scale, prefix in _SI:
-        if magnitude >= edge:
-            return f"{_num(value / scale)} {prefix}{unit}"
-    return f"{_num(value)} {unit}"
-
-
-def flop_rate(tflops: float) -> str:
-    """A rate given in TFLOP/s with its prefix: ``1.69 GFLOP/s``, ``312 TFLOP/s``."""
-    if tflops >= 999.5:
-        return f"{_num(tflops / 1e3)} PFLOP/s"
-    if tflops >= 0.9995:
-        return f"{tflops:.3g} TFLOP/s"
-    if tflops >= 0.9995e-3:
-        return f"{tflops * 1e3:.3g} GFLOP/s"
-    if tflops >= 0.9995e-6:
-        return f"{tflops * 1e6:.3g} MFLOP/s"
-    if tflops >= 0.9995e-9:
-        return f"{tflops * 1e9:.3g} kFLOP/s"
-    return f"{_num(tflops * 1e12)} FLOP/s"
-
-
-def binary_bytes(n: float) -> str:
-    """Bytes in KiB/MiB/GiB: ``417 KiB``, ``1.5 GiB``, ``512 B``."""
-    for scale, unit in _BIN:
-        if n >= scale:
-            return f"{_num(n / scale)} {unit}"
-    return f"{n:.0f} B"
 
 
 def _int(value: Any) -> TypeGuard[int]:
@@ -260,9 +208,3 @@ def op_summary(attrs: dict[str, Any], duration_ns: int) -> str:
     if isinstance(shape, str) and shape:
         parts.append(compact_shapes(shape))
     return " · ".join(parts)[:MAX_SUMMARY]
-
-
-def top_list(names: Sequence[Any], times: Sequence[Any]) -> list[str]:
-    """``kernel.top``: ``kernel.top_names`` and ``kernel.top_ns`` as ``"name: time"`` entries."""
-    pairs = zip(names, times, strict=False)
-    return [f"{str(name)[:MAX_NAME]}: {duration(ns)}" for name, ns in pairs if _int(ns)]

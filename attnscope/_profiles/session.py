@@ -9,15 +9,15 @@ import shutil
 import tempfile
 from typing import TYPE_CHECKING, Any
 
-from ... import _log, _safe_files
-from ... import _schema as schema
-from ..._record.capture import PROFILE_MARKER, Capture
-from ..readable import top_list
+from .. import _log, _safe_files
+from .. import _schema as schema
+from .._record.capture import PROFILE_MARKER, Capture
+from .._units import top_list
 from . import kernels
 
 if TYPE_CHECKING:
-    from ..._config import Config
-    from ..derived import Derived
+    from .._config import Config
+    from .._worker.derived import Derived
 
 __all__ = ["finish"]
 

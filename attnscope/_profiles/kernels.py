@@ -15,8 +15,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from ... import _schema as schema
-from ..._record.capture import MAX_NAME
+from .. import _schema as schema
+from .._record.capture import MAX_NAME
 from . import opstats, optree
 
 __all__ = [
