@@ -35,7 +35,7 @@ def merged_document(paths: Iterable[str | os.PathLike[str]]) -> dict[str, Any]:
     return {"data": list(traces.values())}
 
 
-# the step attribute, and the start of the root's name (_worker/steps.py root_name)
+# the step attribute, and the start of the root's name (_spans/steps.py root_name)
 _STEP_ROOT = schema.STEP.name
 
 
