@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 import attnscope
 from attnscope.testing import capture_spans
 
-from .test_graph_replay import LAYERS, REPLAYS, TOLERANCE, Decode, _eager_device_ns, _llama
+from .test_graph_replay import (REPLAYS, TOLERANCE, Decode, _eager_device_ns, _llama,
+                                replayed_calls_by_layer)
 
 WARMUP = 3  # cudagraph trees: a warm-up run, the recording run, then replays
 
@@ -65,17 +65,8 @@ def test_each_sampled_replay_of_a_compiled_step_times_every_attention_layer() ->
     replays = [s for s in spans if s.name == "cuda_graph.replay"]
     assert len(replays) >= REPLAYS
     assert attnscope.stats()["graph_replays_lost"] == 0
-    by_replay: dict[int, list[Any]] = {}
-    for span in spans:
-        if (span.attributes or {}).get("attnscope.replayed"):
-            assert span.parent is not None
-            by_replay.setdefault(span.parent.span_id, []).append(span)
-    assert sorted(by_replay) == sorted(r.context.span_id for r in replays)
-    per_layer: list[list[int]] = [[] for _ in range(LAYERS)]
-    for calls in by_replay.values():
-        assert len(calls) == LAYERS  # one span per attention call of the step
-        for i, call in enumerate(sorted(calls, key=lambda s: s.start_time)):
-            per_layer[i].append(int(call.attributes["attnscope.device_ns"]))
+    per_layer = [[int(c.attributes["attnscope.device_ns"]) for c in calls]
+                 for calls in replayed_calls_by_layer(spans, replays)]
     for i, eager_ns in enumerate(eager):
         graph_ns = statistics.median(per_layer[i][WARMUP:])  # steady state
         assert abs(graph_ns - eager_ns) <= TOLERANCE * eager_ns, (i, graph_ns, eager_ns)

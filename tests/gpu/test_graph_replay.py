@@ -138,6 +138,23 @@ def plain_output() -> Iterator[torch.Tensor]:
     yield out.clone()
 
 
+def replayed_calls_by_layer(spans: list[Any], replays: list[Any]) -> list[list[Any]]:
+    """Per layer, its replayed call spans in the order they were exported; each under one of
+    ``replays`` and every replay with one call span per layer."""
+    by_replay: dict[int, list[Any]] = {}
+    for span in spans:
+        if (span.attributes or {}).get("attnscope.replayed"):
+            assert span.parent is not None
+            by_replay.setdefault(span.parent.span_id, []).append(span)
+    assert sorted(by_replay) == sorted(r.context.span_id for r in replays)
+    per_layer: list[list[Any]] = [[] for _ in range(LAYERS)]
+    for calls in by_replay.values():
+        assert len(calls) == LAYERS  # one span per attention call of the step
+        for i, call in enumerate(sorted(calls, key=lambda s: s.start_time)):
+            per_layer[i].append(call)
+    return per_layer
+
+
 def test_each_sampled_replay_times_every_attention_layer(plain_output: torch.Tensor) -> None:
     model = _llama()
     eager = _eager_device_ns(Decode(model))  # its own cache: the captured one starts as plain's
@@ -156,19 +173,12 @@ def test_each_sampled_replay_times_every_attention_layer(plain_output: torch.Ten
     replays = [s for s in spans if s.name == "cuda_graph.replay"]
     assert len(replays) == REPLAYS
     assert attnscope.stats()["graph_replays_lost"] == 0
-    by_replay: dict[int, list[Any]] = {}
-    for span in spans:
-        if (span.attributes or {}).get("attnscope.replayed"):
-            assert span.parent is not None
-            by_replay.setdefault(span.parent.span_id, []).append(span)
-    assert sorted(by_replay) == sorted(r.context.span_id for r in replays)
-    per_layer: list[list[int]] = [[] for _ in range(LAYERS)]
-    for calls in by_replay.values():
-        assert len(calls) == LAYERS  # one span per attention call of the step
-        for i, call in enumerate(sorted(calls, key=lambda s: s.start_time)):
-            per_layer[i].append(int(call.attributes["attnscope.device_ns"]))
-            # the cache length is the replay's, not the capture's: not read, and said so
-            assert call.attributes["attnscope.inexact_reason"] == "cache_unread"
+    per_layer_calls = replayed_calls_by_layer(spans, replays)
+    for call in (c for calls in per_layer_calls for c in calls):
+        # the cache length is the replay's, not the capture's: not read, and said so
+        assert call.attributes["attnscope.inexact_reason"] == "cache_unread"
+    per_layer = [[int(c.attributes["attnscope.device_ns"]) for c in calls]
+                 for calls in per_layer_calls]
     for i, eager_ns in enumerate(eager):
         graph_ns = statistics.median(per_layer[i])
         assert abs(graph_ns - eager_ns) <= TOLERANCE * eager_ns, (i, graph_ns, eager_ns)
