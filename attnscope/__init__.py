@@ -11,9 +11,9 @@ from ._version import __version__
 # `_typing.TYPE_CHECKING` so that lint-imports, too, reads these as imports that never run)
 if _typing.TYPE_CHECKING:
     from ._api import configure, flush, sampling, shutdown, stats, step, trace
-    from ._config import Config
     from ._capture.batch import batch
     from ._capture.block import Span, span
+    from ._config import Config
     from ._instrument.model import (
         instrument,
         instrumented_modules,

@@ -21,11 +21,11 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from . import _exit_status, _log, _nothing_sampled
-from ._config import Config, check_rate, from_env, shown, validate
-from ._runtime import runtime
 from ._capture import profiler_session, wrapper
 from ._capture.args import check_attributes
 from ._capture.sampling import force as _force
+from ._config import Config, check_rate, from_env, shown, validate
+from ._runtime import runtime
 from ._worker import loop, spare
 
 if TYPE_CHECKING:

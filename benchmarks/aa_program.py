@@ -4,8 +4,10 @@ tests/test_cli_diff_runs.py): two traced layers, ``layer1`` doing ``SLOW`` times
 Run: python benchmarks/aa_program.py TRACE_FILE SLOW CALLS
 """
 import sys
+
 import torch
 import torch.nn.functional as F
+
 import attnscope
 
 out, slow, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

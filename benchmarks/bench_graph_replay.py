@@ -30,11 +30,11 @@ from typing import Any
 import torch
 
 import attnscope
-from attnscope._runtime import runtime
 from attnscope._capture import args as _args
 from attnscope._capture import device as _device
 from attnscope._capture import graphs
 from attnscope._capture.device import CudaEventPool
+from attnscope._runtime import runtime
 from attnscope._worker import cuda as _cuda
 
 CALLS = 8  # attention calls in the captured step

@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 
 import attnscope
-from attnscope._runtime import runtime
 from attnscope._capture import profiler_session as _profile
+from attnscope._runtime import runtime
 from attnscope.testing import capture_spans
 
 _COLD_SNIPPET = """

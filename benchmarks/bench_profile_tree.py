@@ -32,8 +32,8 @@ import torch
 
 import attnscope
 from attnscope._capture import profiler_session as _profiler
-from attnscope.testing import capture_spans
 from attnscope._profiles import kernels
+from attnscope.testing import capture_spans
 
 
 def build_model(attn: str) -> Any:

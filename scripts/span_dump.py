@@ -189,8 +189,9 @@ SETTINGS: dict[str, Any] = {
 @contextmanager
 def exported(**settings: Any) -> Iterator[list[Any]]:
     """attnscope's own pipeline into memory; ``spans`` is filled when the block ends."""
-    import attnscope
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import attnscope
 
     memory = InMemorySpanExporter()
     attnscope.configure(**{**SETTINGS, **settings, "exporter": memory})
@@ -209,8 +210,9 @@ def _qkv(b: int, h: int, hk: int, sq: int, skv: int, d: int) -> tuple[Any, Any, 
 
 
 def _attend() -> Callable[..., Any]:
-    import attnscope
     import torch.nn.functional as F
+
+    import attnscope
 
     @attnscope.trace
     def attend(q: Any, k: Any, v: Any, mask: Any = None, causal: bool = False,
@@ -240,8 +242,9 @@ def _sdpa_calls(attend: Callable[..., Any]) -> None:
 
 
 def scenario_trace() -> list[Any]:
-    import attnscope
     import torch
+
+    import attnscope
 
     attend = _attend()
     named = attnscope.trace(name="custom-name", attributes={"team": "x", "n": 3})(
@@ -271,8 +274,9 @@ def scenario_roofline() -> list[Any]:
 
 
 def scenario_span() -> list[Any]:
-    import attnscope
     import torch
+
+    import attnscope
 
     attend = _attend()
     with exported() as spans:
@@ -340,8 +344,9 @@ def _family(sweep: Any, model_type: str, class_name: str, kind: str,
             spans: list[Any]) -> None:
     """One family as tests/test_arch_sweep.py runs it (plain, padded, greedy generate), with
     ``trace_model=True``: its model forward, decoder layer and generate spans too."""
-    import attnscope
     import torch
+
+    import attnscope
 
     try:
         model = sweep.build(model_type, class_name)
@@ -384,8 +389,9 @@ def _llama(sweep: Any) -> Any:
 
 def scenario_batch() -> list[Any]:
     """batch(rows=...) around a padded forward and a generate: request spans per row."""
-    import attnscope
     import torch
+
+    import attnscope
 
     sweep = _sweep()
     model = attnscope.instrument(_llama(sweep), trace_model=True)
@@ -403,8 +409,9 @@ def scenario_batch() -> list[Any]:
 def scenario_generate() -> list[Any]:
     """generate() of a left-padded batch of two, greedy and beam search, sdpa and eager, with
     and without the model's own spans."""
-    import attnscope
     import torch
+
+    import attnscope
 
     sweep = _sweep()
     with exported() as spans, torch.no_grad(), sweep.quiet():

@@ -21,8 +21,8 @@ import pytest
 import torch
 
 import attnscope
-from attnscope.testing import capture_spans
 from attnscope._worker.derived import INEXACT_REASONS
+from attnscope.testing import capture_spans
 
 transformers = pytest.importorskip("transformers")
 from tests.support import arch_sweep as sweep  # noqa: E402

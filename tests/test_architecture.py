@@ -18,8 +18,8 @@ import pytest
 
 import attnscope
 from attnscope import _log
-from attnscope._runtime import runtime
 from attnscope._capture.sampling import OverheadBudget
+from attnscope._runtime import runtime
 
 ROOT = pathlib.Path(attnscope.__file__).parent
 # Lines of code: docstrings, comments and blank lines are not counted (a cap on them would

@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 import attnscope
-from attnscope._runtime import runtime
 from attnscope._capture import retain
+from attnscope._runtime import runtime
 from attnscope.testing import capture_spans
 
 

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 
 import attnscope
 from attnscope import _calibration
+from attnscope._worker import roofline
 from attnscope.cli import main
 from attnscope.testing import capture_spans
-from attnscope._worker import roofline
 
 
 @pytest.fixture(autouse=True)

@@ -15,10 +15,10 @@ import torch
 
 from attnscope.cli import main
 from attnscope.cli.compare._command import exit_code
+from attnscope.cli.compare._impls import BUILTIN, Impl, static_reason
 from attnscope.cli.compare._measure import TOLERANCE, Spec, probe, reference
 from attnscope.cli.compare._render import Row
 from attnscope.cli.compare._stats import figures
-from attnscope.cli.compare._impls import BUILTIN, Impl, static_reason
 from tests.support.helpers import brute_force_flops
 
 USER_MODULE = textwrap.dedent("""

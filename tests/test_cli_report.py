@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from attnscope.cli.traces import SpanRow, attention_calls, load_spans
-from tests.support.cli_traces import TraceFiles, generate, jaeger_spans
 from tests.support.browser import dom_of
+from tests.support.cli_traces import TraceFiles, generate, jaeger_spans
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import attnscope
+from attnscope._export.destinations import command_args
 from attnscope.cli.e2e import end_to_end
 from attnscope.cli.runinfo import describe, run_info
 from attnscope.cli.traces import SpanRow, load_spans
-from attnscope._export.destinations import command_args
 from tests.support.cli_traces import TraceFiles, generate, jaeger_spans
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import attnscope
-from attnscope._runtime import runtime
 from attnscope._capture import retain, wrapper
+from attnscope._runtime import runtime
 
 OFFSET = 10**18  # the fake epoch clock: the fake perf clock plus this
 

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 import attnscope
 from attnscope._capture.args import summarize
-from attnscope.testing import capture_spans
 from attnscope._worker.derive import attention_flops, causal_pairs, count_tokens, derive
+from attnscope.testing import capture_spans
 from tests.support.helpers import attrs, brute_force_flops
 
 

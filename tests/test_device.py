@@ -14,12 +14,12 @@ import torch
 
 import attnscope
 from attnscope import _log
-from attnscope._runtime import runtime
 from attnscope._capture import args, device
 from attnscope._capture.device import CudaEventPool
 from attnscope._record.capture import DeviceMemory
-from attnscope.testing import capture_spans
+from attnscope._runtime import runtime
 from attnscope._worker import cuda as worker_cuda
+from attnscope.testing import capture_spans
 
 from .support.helpers import attrs
 

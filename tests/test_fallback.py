@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import profile
 
-from attnscope._worker import fallback
 from attnscope._record.capture import TensorMeta
+from attnscope._worker import fallback
 from attnscope._worker.fallback import Inputs, Verdict, assess, from_summary
 
 
@@ -194,9 +194,10 @@ def test_a_profiled_sdpa_call_records_strides_and_the_sdpa_kernel_context() -> N
     """The two inputs the CPU flash verdict hangs on, recorded for profiled calls only: a
     forced-math call on a shape flash takes, and a transposed key (last-dimension stride != 1),
     are named fallbacks on their spans; a timed call records neither."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     import attnscope
     from attnscope.testing import capture_spans
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     q = torch.randn(1, 2, 8, 16)
     k_t = torch.randn(1, 2, 16, 8).transpose(-1, -2)  # (1, 2, 8, 16), last-dim stride 8

@@ -13,9 +13,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnscope
 from attnscope._record.capture import TensorMeta
-from attnscope.testing import capture_spans
 from attnscope._worker import fallback
 from attnscope._worker.fallback import Verdict
+from attnscope.testing import capture_spans
 
 
 def _warned(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:

@@ -24,8 +24,8 @@ import torch.nn.functional as F
 
 import attnscope
 from attnscope._capture import inner_sdpa
-from attnscope.testing import capture_spans
 from attnscope._worker import fallback
+from attnscope.testing import capture_spans
 
 PROFILED = {"profile_rate": 1.0, "profile_max_per_minute": 1e6}
 _ROOT = str(Path(__file__).parent.parent)

@@ -16,13 +16,13 @@ import pytest
 import torch
 
 import attnscope
-from attnscope._runtime import runtime
 from attnscope._capture import graph_marks, graphs
 from attnscope._record import graphs as record_graphs
+from attnscope._runtime import runtime
 from attnscope.testing import capture_spans
 
-from .support.helpers import attrs
 from . import test_graph_replay as _replay_tests
+from .support.helpers import attrs
 from .test_graph_replay import STEP_MS, FakeGpu
 
 _dynamo = pytest.importorskip("torch._dynamo")

@@ -17,13 +17,13 @@ import pytest
 import torch
 
 import attnscope
-from attnscope._runtime import runtime
 from attnscope._capture import args, device, graphs
 from attnscope._capture.device import CudaEventPool
 from attnscope._record import graphs as record_graphs
 from attnscope._record.capture import DeviceMemory
-from attnscope.testing import capture_spans
+from attnscope._runtime import runtime
 from attnscope._worker import cuda as worker_cuda
+from attnscope.testing import capture_spans
 
 from .support.helpers import attrs
 

@@ -14,7 +14,7 @@ import attnscope
 from attnscope.cli import main
 from attnscope.cli.report import run_report
 
-from .test_graph_replay import Q, FakeGpu, _capture, attention, gpu  # noqa: F401  (fixture)
+from .test_graph_replay import FakeGpu, Q, _capture, attention, gpu  # noqa: F401  (fixture)
 
 
 def _trace(path: Path, gpu: FakeGpu, replays: int) -> None:  # noqa: F811

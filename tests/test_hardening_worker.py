@@ -20,11 +20,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import attnscope
-from attnscope._runtime import Delivery, runtime
 from attnscope._record.capture import Capture
+from attnscope._runtime import Delivery, runtime
 from attnscope._spans import spans
-from attnscope._worker import loop
 from attnscope._spans.emit import DirectEmitter, Emitter
+from attnscope._worker import loop
 
 _ACCOUNTED = ("emitted", "dropped_queue_full", "dropped_trace_cap", "worker_errors", "pending")
 

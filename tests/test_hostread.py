@@ -140,11 +140,11 @@ def test_a_traced_call_on_the_device_reads_its_mask_from_the_copy(
     import contextlib
 
     import attnscope
-    from attnscope._runtime import runtime
     from attnscope._capture import args, hostread
     from attnscope._capture.device import CudaEventPool
-    from attnscope.testing import capture_spans
+    from attnscope._runtime import runtime
     from attnscope._worker import cuda as worker_cuda
+    from attnscope.testing import capture_spans
 
     cuda0 = torch.device("cuda", 0)
     monkeypatch.setattr(args, "tensor_device", lambda a, k: cuda0)

@@ -16,10 +16,10 @@ import torch
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import attnscope
-from attnscope._runtime import runtime
 from attnscope._capture import args as _args
 from attnscope._capture import wrapper
 from attnscope._record.capture import TensorMeta
+from attnscope._runtime import runtime
 
 SETTINGS: dict[str, Any] = {"sample_rate": 1.0, "warmup_calls": 0, "overhead_budget": 1.0,
                             "profile_rate": 0.0, "metrics": False}

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import attnscope
-from attnscope.testing import capture_spans
 from attnscope._profiles.kernels import ran_implementation
+from attnscope.testing import capture_spans
 
 transformers = pytest.importorskip("transformers")
 

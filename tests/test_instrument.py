@@ -16,8 +16,8 @@ from torch import nn
 
 import attnscope
 from attnscope import instrumented_modules
-from attnscope.testing import capture_spans
 from attnscope._worker import derive as _inspect
+from attnscope.testing import capture_spans
 
 
 class TinyAttention(nn.Module):

@@ -21,8 +21,8 @@ import pytest
 import torch
 
 import attnscope
-from attnscope._runtime import runtime
 from attnscope._capture import wrapper
+from attnscope._runtime import runtime
 from attnscope.testing import capture_spans
 
 _PACKAGE = str(Path(attnscope.__file__).parent)

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import attnscope
-from attnscope._runtime import runtime
 from attnscope._capture import wrapper
+from attnscope._runtime import runtime
 from attnscope.testing import capture_spans
 
 

@@ -15,9 +15,9 @@ import torch
 
 import attnscope
 from attnscope._capture import profiler_session as _profile
-from attnscope.testing import capture_spans
 from attnscope._profiles import kernels as _kernels
 from attnscope._profiles.kernels import RawEvent
+from attnscope.testing import capture_spans
 
 from .support.helpers import naive, traced_spans
 

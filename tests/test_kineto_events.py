@@ -19,11 +19,11 @@ from torch._C._autograd import DeviceType
 
 import attnscope
 from attnscope._capture import profiler_session as _profile
-from attnscope._record.capture import PROFILE_MARKER
-from attnscope.testing import capture_spans
 from attnscope._profiles import kernels as _kernels
 from attnscope._profiles import opstats
 from attnscope._profiles.kernels import RawEvent
+from attnscope._record.capture import PROFILE_MARKER
+from attnscope.testing import capture_spans
 
 from .support.helpers import attrs, traced_spans
 

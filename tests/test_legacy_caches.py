@@ -189,8 +189,8 @@ def test_gpt_neo_local_window_without_attention_type(layer_id: int | None,
 
 
 def test_modernbert_local_layer_reads_its_sliding_window_mask() -> None:
-    from attnscope._record.capture import AttentionFacts
     from attnscope._instrument.transformers import hidden_state_extractor
+    from attnscope._record.capture import AttentionFacts
 
     def facts(local: tuple[int, int]) -> Any:
         module = torch.nn.Module()

@@ -12,14 +12,14 @@ import pytest
 import torch
 
 import attnscope
-from attnscope._record import buckets as _buckets
-from attnscope._runtime import runtime
 from attnscope._capture import decision, grants
 from attnscope._capture import profiler_session as profiler
-from attnscope._record.capture import TensorMeta
 from attnscope._capture.sampling import CallSite
-from attnscope.testing import capture_spans
+from attnscope._record import buckets as _buckets
+from attnscope._record.capture import TensorMeta
+from attnscope._runtime import runtime
 from attnscope._worker.latency import MIN_SAMPLES, Histogram
+from attnscope.testing import capture_spans
 
 SMALL, BIG = torch.zeros(8), torch.zeros(512)
 Q = torch.zeros(4)

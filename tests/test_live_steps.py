@@ -29,11 +29,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import attnscope
 from attnscope import _api, _dist
-from attnscope.exporters import merge_jaeger_json
-from attnscope.testing import capture_spans
 from attnscope._spans import run_id
 from attnscope._spans.run_id import STORE_KEY, RunId
 from attnscope._spans.steps import RANK_NAME, ROOT_NAME, step_ids
+from attnscope.exporters import merge_jaeger_json
+from attnscope.testing import capture_spans
 
 ROOT = Path(__file__).resolve().parents[1]
 

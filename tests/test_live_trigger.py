@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import attnscope
-from attnscope.cli import main
-from attnscope.testing import capture_spans
 from attnscope import _trigger_files as trigger_files
 from attnscope._worker import control
+from attnscope.cli import main
+from attnscope.testing import capture_spans
 
 
 @attnscope.trace

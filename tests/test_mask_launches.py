@@ -24,8 +24,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnscope._capture import hostread
 from attnscope._record import reduce
-from attnscope._record.capture import (AttentionFacts, Capture, Facts, HostCopy, HostKind,
-                                      ModelFacts, TensorMeta)
+from attnscope._record.capture import (
+    AttentionFacts,
+    Capture,
+    Facts,
+    HostCopy,
+    HostKind,
+    ModelFacts,
+    TensorMeta,
+)
 
 LIMIT = 6  # issue 37 goal 2: launches per sampled masked call
 # what reads a value on the host (a synchronisation on CUDA)

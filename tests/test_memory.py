@@ -10,8 +10,8 @@ import torch
 import attnscope
 from attnscope._capture import device
 from attnscope._capture import profiler_session as profiler
-from attnscope.testing import capture_spans
 from attnscope._worker import derive
+from attnscope.testing import capture_spans
 
 from .support.helpers import attrs
 

@@ -19,11 +19,11 @@ from opentelemetry.sdk.metrics.export import (
 
 import attnscope
 from attnscope import _config, _log
-from attnscope._runtime import runtime
 from attnscope._export import metrics as _metrics
 from attnscope._export import pipeline as _provider
-from attnscope.testing import capture_spans
+from attnscope._runtime import runtime
 from attnscope._worker import engine as _engine
+from attnscope.testing import capture_spans
 
 
 @pytest.fixture(autouse=True)

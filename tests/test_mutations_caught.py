@@ -17,11 +17,11 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from torch import nn
 
 import attnscope
+from attnscope._capture.sampling import CallSite, Sampler, decide
 from attnscope._config import Config
 from attnscope._record.capture import TIER_NONE, TIER_TIMING
-from attnscope._capture.sampling import CallSite, Sampler, decide
-from attnscope.testing import capture_spans
 from attnscope._worker import loop as _loop
+from attnscope.testing import capture_spans
 
 # ---- 1. instrument() FLOPs with a value head size different from the key head size ------------
 

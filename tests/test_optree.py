@@ -13,10 +13,10 @@ import torch.nn.functional as F
 
 import attnscope
 from attnscope._capture import profiler_session as _profile
-from attnscope.testing import capture_spans
 from attnscope._profiles import kernels as _kernels
 from attnscope._profiles import optree
 from attnscope._profiles.kernels import RawEvent
+from attnscope.testing import capture_spans
 
 from .support.helpers import attrs, children_of, descendants_of, sdpa, traced_spans
 

@@ -13,12 +13,12 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnscope
-from attnscope._runtime import runtime
 from attnscope._capture import profiler_session as _profile
-from attnscope._record.capture import PROFILE_MARKER, Capture
-from attnscope.testing import capture_spans
 from attnscope._profiles import kernels as _kernels
 from attnscope._profiles.kernels import RawEvent
+from attnscope._record.capture import PROFILE_MARKER, Capture
+from attnscope._runtime import runtime
+from attnscope.testing import capture_spans
 
 from .support.helpers import attrs, naive, sdpa
 from .support.helpers import children_of as _children

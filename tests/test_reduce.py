@@ -14,9 +14,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnscope._capture import hostread
-from attnscope._record import reduce
-from attnscope._record.capture import AttentionFacts, Capture, Facts, HostCopy, ModelFacts
 from attnscope._attention.masks import (
     MaskCounts,
     MaskReading,
@@ -25,6 +22,9 @@ from attnscope._attention.masks import (
     positions_tokens,
     read_counts,
 )
+from attnscope._capture import hostread
+from attnscope._record import reduce
+from attnscope._record.capture import AttentionFacts, Capture, Facts, HostCopy, ModelFacts
 
 
 def _brute(seen: torch.Tensor, batch: int, heads: int, sq: int) -> tuple[int, int]:

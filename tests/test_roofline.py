@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 import attnscope
-from attnscope.testing import capture_spans
 from attnscope._worker import roofline
 from attnscope._worker.roofline import device_peaks_for, dtype_peak_tflops, evaluate
+from attnscope.testing import capture_spans
 from tests.support.helpers import attrs
 
 

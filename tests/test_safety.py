@@ -13,11 +13,11 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 import attnscope
 from attnscope import _log
-from attnscope._runtime import runtime
 from attnscope._capture import args, sampling, wrapper
-from attnscope.testing import capture_spans
+from attnscope._runtime import runtime
 from attnscope._spans import spans
 from attnscope._worker import derive
+from attnscope.testing import capture_spans
 
 
 def attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -19,10 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 import attnscope
-from attnscope._config import Config
-from attnscope._runtime import runtime
 from attnscope._capture import sampling as _sampling
-from attnscope._record.capture import TIER_NONE, TIER_PROFILE, TIER_TIMING
 from attnscope._capture.sampling import (
     CallSite,
     OverheadBudget,
@@ -30,6 +27,9 @@ from attnscope._capture.sampling import (
     TokenBucket,
     geometric_draw,
 )
+from attnscope._config import Config
+from attnscope._record.capture import TIER_NONE, TIER_PROFILE, TIER_TIMING
+from attnscope._runtime import runtime
 from attnscope.testing import capture_spans
 
 

@@ -29,10 +29,17 @@ from opentelemetry.sdk.trace.sampling import (
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, TraceFlags, TraceState
 
 import attnscope
-from attnscope._runtime import runtime
-from attnscope._record.capture import (TIER_TIMING, AttentionFacts, Capture, Facts, HostCopy,
-                                      HostKind, TensorMeta)
 from attnscope._export import metrics as _metrics
+from attnscope._record.capture import (
+    TIER_TIMING,
+    AttentionFacts,
+    Capture,
+    Facts,
+    HostCopy,
+    HostKind,
+    TensorMeta,
+)
+from attnscope._runtime import runtime
 from attnscope._spans import emit
 from attnscope._worker import engine, shapecache
 from attnscope._worker.latency import Escalator

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 import attnscope
-from attnscope.testing import capture_spans
 from attnscope._spans.emit import MAX_NAME, span_name
+from attnscope.testing import capture_spans
 
 
 @pytest.mark.parametrize("bad", [123, "", b"name", None.__class__])

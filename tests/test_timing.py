@@ -11,14 +11,14 @@ import pytest
 import torch
 
 import attnscope
-from attnscope._runtime import runtime
 from attnscope._capture import args, device
 from attnscope._capture.device import CudaEventPool, DeviceTimer
 from attnscope._record.capture import DeviceMemory
-from attnscope.testing import capture_spans
+from attnscope._runtime import runtime
 from attnscope._worker import cuda as worker_cuda
 from attnscope._worker import loop
 from attnscope._worker.resolve import Resolver
+from attnscope.testing import capture_spans
 
 from .support.helpers import attrs
 

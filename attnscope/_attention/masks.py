@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .._record.facts import HostCopy, HostKind
-from .._record.reduce import MASKED_BELOW, FIELDS, MaskPlan, attend, mask_numbers, plan_mask
+from .._record.reduce import FIELDS, MASKED_BELOW, MaskPlan, attend, mask_numbers, plan_mask
 
 __all__ = ["MaskReading", "MaskCounts", "band_pairs", "pairs_upto", "counts_of", "read_counts",
            "positions_tokens", "blocked_tokens", "chunked_pairs", "left_padding", "shown_pairs"]

@@ -20,8 +20,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 
 from .. import _log
-from .._runtime import runtime
 from .._record.batches import BatchRecord, rows_for
+from .._runtime import runtime
 
 __all__ = ["Row", "BatchRecord", "batch", "current_rows", "rows_for"]
 

@@ -8,9 +8,9 @@ from typing import Any
 from .. import _log
 from .. import _schema as schema
 from .._config import shown
+from .._record.capture import MAX_NAME
 from .._runtime import runtime
 from .args import add_attributes, attribute_value, check_attributes
-from .._record.capture import MAX_NAME
 from .sampling import CallSite
 from .wrapper import Active, enter, leave
 

@@ -7,8 +7,8 @@ call's tier is written once, in its docstring.
 from __future__ import annotations
 
 from .._record.capture import TIER_NONE, TIER_PROFILE
-from .grants import ARMED_CALLS, Grant, Grants, on_demand
 from . import sampling as _sampling
+from .grants import ARMED_CALLS, Grant, Grants, on_demand
 from .sampling import CallSite, Sampler
 
 __all__ = ["Decision", "decide"]

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .. import _log
-from .._runtime import runtime
 from .._record.capture import DeviceMemory
+from .._runtime import runtime
 
 __all__ = ["Event", "DeviceTimer", "CudaEventPool", "stream_capturing", "memory_before",
            "memory_after"]

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._record.buckets import bucket as bucket_of
-from .._runtime.grants import MAX_TRIGGER_CALLS, ON_DEMAND, SLOW, Grant, Grants
 from .._record.capture import NO_FACTS, TIER_PROFILE, TIER_TIMING, Facts
+from .._runtime.grants import MAX_TRIGGER_CALLS, ON_DEMAND, SLOW, Grant, Grants
 from .sampling import CallSite, Sampler
 
 __all__ = ["Grant", "Grants", "settle", "on_demand", "SLOW", "ON_DEMAND", "ARMED_CALLS",

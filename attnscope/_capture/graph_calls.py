@@ -19,10 +19,9 @@ import time
 from typing import Any
 
 from .. import _log
-from .._runtime import runtime
-from .._record.capture import (NO_FACTS, TIER_TIMING, Capture, Facts, TensorMeta, error_info,
-                              next_id)
+from .._record.capture import NO_FACTS, TIER_TIMING, Capture, Facts, TensorMeta, error_info, next_id
 from .._record.graphs import MAX_PARENTS, GraphRecord
+from .._runtime import runtime
 from . import args as _args
 from . import device as _device
 from .sampling import CallSite

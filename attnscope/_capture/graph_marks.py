@@ -35,8 +35,8 @@ import torch
 from torch.utils._pytree import tree_leaves as _leaves
 
 from .. import _log
-from .._runtime import runtime
 from .._record.capture import Capture
+from .._runtime import runtime
 from . import args as _args
 from . import device as _device
 from . import graph_calls as _graph_calls

@@ -31,8 +31,8 @@ from typing import Any
 
 from .. import _log
 from .. import _schema as schema
-from .._runtime import runtime
 from .._record.graphs import GRAPH_KEY, REPLAY_NAME, GraphRecord
+from .._runtime import runtime
 from . import wrapper as _wrapper
 from .sampling import CallSite
 

@@ -29,13 +29,32 @@ from typing import Any
 
 import torch
 
-from . import retain as _retain
+from .._record.capture import (
+    MASK_NAMES,
+    AttentionFacts,
+    Capture,
+    HostCopy,
+    HostKind,
+    ModelFacts,
+    TensorMeta,
+    find_qkv,
+)
+from .._record.reduce import (
+    Later,
+    Shipment,
+    enqueue_to_host,
+    generated_numbers,
+    land,
+    mask_numbers,
+    plan_mask,
+    position_counts,
+    row_layout,
+    row_numbers,
+    row_sums,
+    ship,
+)
 from .._runtime import runtime
-from .._record.capture import (MASK_NAMES, AttentionFacts, Capture, HostCopy, HostKind,
-                               ModelFacts, TensorMeta, find_qkv)
-from .._record.reduce import (Later, Shipment, enqueue_to_host, generated_numbers, land,
-                             mask_numbers, plan_mask, position_counts, row_layout, row_numbers,
-                             row_sums, ship)
+from . import retain as _retain
 
 __all__ = ["to_host"]
 

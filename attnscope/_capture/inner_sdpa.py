@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import _log
-from .._runtime import runtime
 from .._record.capture import SdpaCall, SdpaContext, TensorMeta
+from .._runtime import runtime
 from .args import summarize
 
 __all__ = ["PARAMS", "arm", "beneath", "context", "disarm", "put_beneath"]

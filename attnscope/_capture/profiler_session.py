@@ -40,8 +40,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import _log
-from .._runtime import runtime
 from .._record.capture import PROFILE_MARKER, Capture, ProfileSession
+from .._runtime import runtime
 from . import fork_exit, inner_sdpa  # noqa: F401  (fork_exit: a forked child exits without kineto)
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from .._runtime import runtime
 from .._record.capture import NO_FACTS, Capture, TensorMeta
+from .._runtime import runtime
 
 __all__ = ["KEEP_TENSOR_BYTES", "keep", "keep_summary", "release", "drop", "meta"]
 

@@ -22,20 +22,6 @@ from typing import Any, TypeVar
 
 from .. import _log
 from .. import _schema as schema
-from .._runtime import runtime
-from . import args as _args
-from . import batch as _batch
-from . import compile as _compile
-from . import decision as _decision
-from . import device as _device
-from . import graph_calls as _graph_calls
-from . import graph_marks as _graph_marks
-from . import grants as _grants
-from . import hostread as _hostread
-from . import inner_sdpa as _inner_sdpa
-from . import profiler_session as _profiler
-from . import retain as _retain
-from . import sampling as _sampling
 from .._record.capture import (
     MAX_NAME,
     NO_FACTS,
@@ -46,6 +32,20 @@ from .._record.capture import (
     error_info,
     next_id,
 )
+from .._runtime import runtime
+from . import args as _args
+from . import batch as _batch
+from . import compile as _compile
+from . import decision as _decision
+from . import device as _device
+from . import grants as _grants
+from . import graph_calls as _graph_calls
+from . import graph_marks as _graph_marks
+from . import hostread as _hostread
+from . import inner_sdpa as _inner_sdpa
+from . import profiler_session as _profiler
+from . import retain as _retain
+from . import sampling as _sampling
 from .sampling import CallSite
 
 __all__ = ["current", "enter", "leave", "make_site", "wrap"]

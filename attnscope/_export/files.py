@@ -29,8 +29,15 @@ import weakref
 from collections.abc import Callable, Iterable
 from types import ModuleType
 
-from .._safe_files import check_target, describe, ensure_safe, kind_of, target_problem, \
-    write_all, write_bytes
+from .._safe_files import (
+    check_target,
+    describe,
+    ensure_safe,
+    kind_of,
+    target_problem,
+    write_all,
+    write_bytes,
+)
 
 __all__ = ["Claim", "check_target", "claim", "describe", "ensure_safe", "open_append",
            "read_regular", "rotate", "same_file", "same_path", "write_all", "write_atomically"]

@@ -36,8 +36,8 @@ from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan
 
 from .. import _log
-from .._config import Config
 from .. import _schema as schema
+from .._config import Config
 from .._runtime import runtime
 from .._version import __version__
 from .destinations import meter_provider_for

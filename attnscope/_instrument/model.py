@@ -20,10 +20,10 @@ import torch
 
 from .. import _log
 from .. import _schema as schema
-from .._runtime import runtime
 from .._attention.families.xlm import bidirectional_model
 from .._capture.compile import register_when_dynamo_loads
 from .._record.facts import BLOCK_FACTS, Facts
+from .._runtime import runtime
 from . import Extractor, torch_nn
 from . import transformers as hf
 from .patching import is_instrumented, restore, wrap_forward, wrap_fused, wrap_generate

@@ -13,11 +13,11 @@ import torch.nn.functional as F
 
 from .. import _log
 from .. import _schema as schema
-from .._runtime import runtime
 from .._capture import inner_sdpa, wrapper
 from .._capture.compile import register_when_dynamo_loads
 from .._capture.inner_sdpa import PARAMS as _PARAMS
 from .._capture.inner_sdpa import context as _sdpa_context
+from .._runtime import runtime
 
 __all__ = ["instrument_sdpa", "uninstrument_sdpa"]
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from .._runtime import runtime
 from .._record.facts import AttentionFacts, Facts
+from .._runtime import runtime
 from . import Extractor, torch_nn
 from . import transformers as hf
 from .facts import head_info

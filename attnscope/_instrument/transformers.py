@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
-from .._record.facts import AttentionFacts, Facts, ModelFacts
-from . import Extractor
 from .._attention.families import fsmt, funnel, gemma3n, gpt_neo, mpt
 from .._attention.families.base import pos_int
 from .._attention.families.deepseek_v4 import tokens_seen
 from .._attention.families.kept_keys import key_selection
+from .._record.facts import AttentionFacts, Facts, ModelFacts
+from . import Extractor
 from .facts import head_info, layer_traits
 
 __all__ = [

@@ -26,10 +26,9 @@ alignment) and "structured" rows those that see some keys but not all:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
-
-import sys
 
 import torch
 

@@ -46,9 +46,9 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 
-from .._runtime import runtime
 from .._export.destinations import config_attributes
 from .._record.capture import MAX_NAME, MAX_VALUE, ErrorInfo
+from .._runtime import runtime
 
 __all__ = ["Emitter", "SdkEmitter", "DirectEmitter", "NowhereEmitter", "OpenSpan",
            "for_pipeline", "error_status", "span_name"]

@@ -13,7 +13,19 @@ from typing import Any, TypeVar
 
 import torch
 
-from .._runtime import runtime
+from .._attention.families import diffllama, llama4, longt5
+from .._attention.flops import attention_flops, causal_pairs, window_pairs
+from .._attention.masks import (
+    MaskCounts,
+    MaskReading,
+    counts_of,
+    left_padding,
+    positions_tokens,
+    read_counts,
+    shown_pairs,
+)
+from .._attention.traffic import attention_traffic
+from .._instrument.facts import head_info
 from .._record.capture import (
     MASK_NAMES,
     NO_FACTS,
@@ -26,23 +38,11 @@ from .._record.capture import (
     TensorMeta,
     find_qkv,
 )
-from .._instrument.facts import head_info
+from .._runtime import runtime
 from . import narrowed
+from .derived import ARGUMENTS, HIDDEN, LAYER, Derived
 from .forward import as_int as _as_int
 from .forward import derive_model, host_readable
-from .derived import ARGUMENTS, HIDDEN, LAYER, Derived
-from .._attention.families import diffllama, llama4, longt5
-from .._attention.flops import attention_flops, causal_pairs, window_pairs
-from .._attention.traffic import attention_traffic
-from .._attention.masks import (
-    MaskCounts,
-    MaskReading,
-    counts_of,
-    left_padding,
-    positions_tokens,
-    read_counts,
-    shown_pairs,
-)
 
 __all__ = ["derive", "causal_pairs", "window_pairs", "attention_flops", "count_tokens",
            "host_rss_bytes", "host_readable"]

@@ -16,17 +16,17 @@ from opentelemetry.trace import NoOpTracer
 
 from .. import _log
 from .._config import Config
-from .._runtime import runtime
-from .._version import __version__
-from .._record.capture import Capture
 from .._export import metrics, pipeline
-from .._spans import emit, requests
-from . import apportion, derive
-from .derived import Derived, Measured
 from .._profiles import session as profile
-from .shapecache import ShapeCache, summary_key
+from .._record.capture import Capture
+from .._runtime import runtime
+from .._spans import emit, requests
 from .._spans.calls import implementation_of, result_of, site_attributes
 from .._spans.spans import SpanBuilder
+from .._version import __version__
+from . import apportion, derive
+from .derived import Derived, Measured
+from .shapecache import ShapeCache, summary_key
 
 if TYPE_CHECKING:
     from .cuda import DeviceAccess

@@ -18,8 +18,8 @@ from typing import Any
 
 from .. import _log
 from .. import _schema as schema
-from .._runtime import runtime
 from .._record.capture import SdpaCall, SdpaContext, TensorMeta, find_qkv
+from .._runtime import runtime
 
 __all__ = ["Inputs", "Verdict", "annotate", "annotate_implementation", "assess", "from_summary",
            "warn"]

@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
+from .._attention.masks import counts_of, read_counts
 from .._record.capture import HostCopy, HostKind, ModelFacts, TensorMeta
 from .._record.reduce import generated_numbers, row_sums
 from .derived import MODEL, Derived
-from .._attention.masks import counts_of, read_counts
 
 __all__ = ["derive_model", "host_readable", "as_int"]
 

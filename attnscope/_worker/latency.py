@@ -15,9 +15,9 @@ import weakref
 from math import log
 from typing import Any
 
-from .._runtime import runtime
 from .._record import buckets as _buckets
 from .._record.capture import TIER_TIMING, Capture
+from .._runtime import runtime
 
 __all__ = ["Histogram", "Escalator", "MIN_SAMPLES"]
 

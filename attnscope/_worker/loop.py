@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _log
 from .._config import Config
-from .._runtime import runtime
 from .._record.capture import Capture
+from .._runtime import runtime
 from . import at_exit, replays
 from .control import ControlFile
 from .cuda import DeviceAccess
@@ -31,8 +31,8 @@ from .spare import Spare
 
 if TYPE_CHECKING:
     from .._export.pipeline import Pipeline
-    from .engine import Engine
     from .._spans.spans import SpanBuilder
+    from .engine import Engine
 
 __all__ = ["Worker", "start", "flush", "shutdown", "stats"]
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .. import _log
-from .._runtime import runtime
 from .._record.capture import Capture
 from .._record.graphs import GraphRecord
+from .._runtime import runtime
 from .._spans import replays as _captures
 
 if TYPE_CHECKING:

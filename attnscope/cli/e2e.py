@@ -23,9 +23,9 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from .. import _schema as schema
 from .summary import Quantiles, int_attribute, is_profiled, quantiles, sample_rate, wall_ns
 from .traces import SpanRow, attention_calls
-from .. import _schema as schema
 
 __all__ = ["GenerateStats", "ShareStats", "EndToEnd", "end_to_end"]
 

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import median
 
-from .traces import SpanRow
 from .. import _schema as schema
+from .traces import SpanRow
 
 __all__ = ["RooflineStats", "FallbackStats", "Roof", "roofline_of", "roofs_of", "fallbacks_of"]
 

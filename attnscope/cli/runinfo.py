@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import _schema as schema
 from .run._output import RUN_INFO
 from .traces import SpanRow
-from .. import _schema as schema
 
 __all__ = ["RUN_INFO", "run_info", "describe"]
 

@@ -35,9 +35,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import _schema as schema
 from .roofline import FallbackStats, RooflineStats, fallbacks_of, roofline_of
 from .traces import GroupKey, SpanRow, call_backends, group_key
-from .. import _schema as schema
 
 __all__ = ["Quantiles", "GroupStats", "Summary", "summarize", "quantiles", "time_ns", "wall_ns",
            "latency_rows", "operator_spans", "int_attribute", "sample_rate", "is_profiled",

@@ -29,8 +29,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ._errors import CLIError
 from .. import _schema as schema
+from ._errors import CLIError
 
 __all__ = ["TraceFileError", "SpanRow", "load_spans", "load_runs", "run_directories",
            "attention_calls", "group_key", "call_backends", "GroupKey", "ATTENTION_FACTS",

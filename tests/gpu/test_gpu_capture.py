@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnscope
-from attnscope._runtime import runtime
 from attnscope._capture import profiler_session as _profile
+from attnscope._runtime import runtime
 from attnscope.testing import capture_spans
 
 from ..support.helpers import attrs, naive, sdpa

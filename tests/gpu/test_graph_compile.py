@@ -21,8 +21,14 @@ import torch
 import attnscope
 from attnscope.testing import capture_spans
 
-from .test_graph_replay import (REPLAYS, TOLERANCE, Decode, _eager_device_ns, _llama,
-                                replayed_calls_by_layer)
+from .test_graph_replay import (
+    REPLAYS,
+    TOLERANCE,
+    Decode,
+    _eager_device_ns,
+    _llama,
+    replayed_calls_by_layer,
+)
 
 WARMUP = 3  # cudagraph trees: a warm-up run, the recording run, then replays
 

@@ -408,8 +408,8 @@ def test_queue_given_up_at_shutdown_is_counted_dropped(monkeypatch: pytest.Monke
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-    from attnscope._runtime import Delivery
     from attnscope._export.pipeline import _CountingBatchSpanProcessor, _CountingExporter
+    from attnscope._runtime import Delivery
 
     release = threading.Event()
     entered = threading.Event()

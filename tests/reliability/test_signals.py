@@ -16,8 +16,8 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest

@@ -17,8 +17,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import (deepseek_v4, diffllama, fsmt, funnel, gemma3n, gpt_neo, kept_keys, llama4, longt5,
-               mpt, xlm)
+from . import (
+    deepseek_v4,
+    diffllama,
+    fsmt,
+    funnel,
+    gemma3n,
+    gpt_neo,
+    kept_keys,
+    llama4,
+    longt5,
+    mpt,
+    xlm,
+)
 from .base import Family
 
 __all__ = ["FAMILIES", "Family", "detected_traits"]

@@ -21,8 +21,19 @@ from ._groups import Backends, Diary, GroupDiff, Key, Noise, diary_runs, noise, 
 from ._json import noise_json, to_json
 from ._replayed import replayed_json, replayed_lines
 from ._stats import CONFIDENCE, Change
-from ._text import (HEADERS, NOISE_HEADERS, UNJUDGED_EXIT, backend_text, group_label,
-                    layer_cell, names, noise_cells, noise_note, notes, row_cells)
+from ._text import (
+    HEADERS,
+    NOISE_HEADERS,
+    UNJUDGED_EXIT,
+    backend_text,
+    group_label,
+    layer_cell,
+    names,
+    noise_cells,
+    noise_note,
+    notes,
+    row_cells,
+)
 
 __all__ = ["run_diff"]
 

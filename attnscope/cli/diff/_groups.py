@@ -21,16 +21,15 @@ with none known counts as unknown, never as a guess.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ... import _schema as schema
+from ..summary import PHASE_ORDER, time_ns
+from ..traces import SpanRow, call_backends, group_key
 from ._runs import compare_runs, noise_floor, run_quantiles
 from ._stats import CONFIDENCE, FEW, METRICS, Change, compare, gate_failed, gate_inconclusive
-from ..traces import SpanRow, call_backends, group_key
-from ..summary import PHASE_ORDER, time_ns
-from ... import _schema as schema
 
 __all__ = ["Key", "Backends", "GroupDiff", "Diary", "Noise", "diary", "diary_runs", "noise",
            "per_call_values", "side_backends"]

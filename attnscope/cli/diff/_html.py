@@ -9,10 +9,17 @@ from typing import Any
 
 from ..render import html as _html
 from ..render.writer import write_text
-
 from ._groups import Diary, Noise
-from ._text import (HEADERS, NOISE_HEADERS, group_label, layer_cell, noise_cells, noise_note,
-                    notes, row_cells)
+from ._text import (
+    HEADERS,
+    NOISE_HEADERS,
+    group_label,
+    layer_cell,
+    noise_cells,
+    noise_note,
+    notes,
+    row_cells,
+)
 
 __all__ = ["write_html", "render", "figure"]
 

@@ -10,9 +10,8 @@ when no call of either side has a known backend.
 from __future__ import annotations
 
 import math
-from typing import Any
-
 from collections.abc import Sequence
+from typing import Any
 
 from ._groups import Backends, Diary, GroupDiff, Key, Noise
 from ._stats import Change

@@ -9,8 +9,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from ..traces import SpanRow, group_key
 from ... import _schema as schema
+from ..traces import SpanRow, group_key
 from ._groups import Diary
 from ._text import group_label
 

@@ -30,8 +30,18 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from ._stats import (CONFIDENCE, RESAMPLES, SEED, Change, Metric, calls_needed, finite, relative,
-                     unmeasured, word)
+from ._stats import (
+    CONFIDENCE,
+    RESAMPLES,
+    SEED,
+    Change,
+    Metric,
+    calls_needed,
+    finite,
+    relative,
+    unmeasured,
+    word,
+)
 
 __all__ = ["compare_runs", "noise_floor", "run_quantiles"]
 

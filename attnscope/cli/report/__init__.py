@@ -19,15 +19,15 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
+from ... import _schema as schema
 from .._errors import CLIError, positive_int
+from ..e2e import EndToEnd, end_to_end
 from ..render.console import console as make_console
 from ..render.units import MISSING, bytes_, duration, si, when
 from ..render.writer import check_output, write_text
-from ..e2e import EndToEnd, end_to_end
 from ..runinfo import describe, run_info
 from ..summary import GroupStats, Quantiles, Summary, summarize, time_ns
 from ..traces import SpanRow, attention_calls, group_key, load_spans
-from ... import _schema as schema
 from ._fallbacks import fallback_lines
 from ._replayed import replayed_counts, replayed_lines
 from ._requests import Requests, print_requests, requests_json, requests_of

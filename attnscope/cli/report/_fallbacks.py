@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from ... import _schema as schema
 from ..render.units import MISSING
 from ..summary import GroupStats, Summary
 from ..traces import SpanRow, group_key
-from ... import _schema as schema
 
 __all__ = ["MAX_REASONS", "fallback_lines"]
 

@@ -15,18 +15,18 @@ from typing import Any
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
+from ... import _schema as schema
 from ..render.html import PALETTE, escape, figure, page, svg, table
 from ..render.units import MISSING, duration, si, when
 from ..runinfo import describe
+from ..summary import GroupStats, Summary, latency_rows, time_ns, wall_ns
+from ..traces import SpanRow, attention_calls, group_key
 from . import INEXACT_MARK, backend_cell, inexact_lines
 from ._fallbacks import fallback_lines
 from ._replayed import replayed_lines
 from ._requests import requests_html
 from ._roofline_plot import roofline_section
 from ._timeline import spans_under, timeline_svg
-from ..summary import GroupStats, Summary, latency_rows, time_ns, wall_ns
-from ..traces import SpanRow, attention_calls, group_key
-from ... import _schema as schema
 
 __all__ = ["render_html"]
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from ... import _schema as schema
 from ..render.units import MISSING
 from ..summary import Summary
 from ..traces import SpanRow, group_key
-from ... import _schema as schema
 
 __all__ = ["REPLAYED_MARK", "replayed_counts", "replayed_lines"]
 

@@ -20,12 +20,12 @@ from typing import Any
 
 from matplotlib.lines import Line2D
 
+from ... import _schema as schema
 from ..render.html import PALETTE, escape, figure, svg, table
 from ..render.units import MISSING, si
 from ..roofline import Roof, RooflineStats, roofline_of, roofs_of
 from ..summary import Summary, time_ns
 from ..traces import SpanRow, group_key
-from ... import _schema as schema
 
 __all__ = ["RooflinePoint", "roofline_points", "roofline_figure", "roofline_section"]
 

@@ -18,9 +18,9 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ... import _schema as schema
 from ..render.html import PALETTE, escape
 from ..traces import SpanRow
-from ... import _schema as schema
 
 __all__ = ["Bar", "Label", "layout", "spans_under", "timeline_svg"]
 

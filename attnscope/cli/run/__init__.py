@@ -28,9 +28,9 @@ from typing import Any
 
 from ... import _safe_files
 from ..._config import check_rate, from_env
+from .._errors import CLIError
 from . import _output as output
 from . import _status
-from .._errors import CLIError
 
 __all__ = ["Ended", "register", "run"]
 

@@ -30,8 +30,8 @@ from pathlib import Path
 
 from .._errors import CLIError
 from ..render import units
-from . import _output as output
 from . import _environment, _output_dir, _program, _run_child
+from . import _output as output
 
 __all__ = ["SEPARATOR", "repeat", "split_alternate"]
 
