@@ -239,7 +239,7 @@ def _cap_with(mask: torch.Tensor, rows: tuple[Any, ...], sq: int, past: int) -> 
     f.cached, f.past, f.mask = True, past, mask
     f.heads, f.kv_heads, f.head_dim, f.causal = HEADS, 2, HEAD_DIM, True
     cap = Capture()
-    cap.capture_id, cap.facts, cap.rows = 1, Facts(f), BatchRecord(rows)
+    cap.capture_id, cap.facts, cap.batch = 1, Facts(f), BatchRecord(rows)
     return cap
 
 

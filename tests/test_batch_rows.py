@@ -97,8 +97,8 @@ def test_a_sampled_call_carries_the_rows_of_its_block(monkeypatch: pytest.Monkey
         call()
         call()
     call()
-    block = held[0].rows
-    assert block.rows == ("a", None) and held[1].rows is block and held[3].rows is None
+    block = held[0].batch
+    assert block.rows == ("a", None) and held[1].batch is block and held[3].batch is None
     assert held[2] is block  # the block's end handed over: two calls in it were sampled
     assert (block.sampled, block.lost) == (2, 0) and block.end_epoch_ns >= block.start_epoch_ns
 

@@ -119,7 +119,7 @@ def test_a_sampled_masked_layer_call_enqueues_at_most_six_operations(
     sq = 8 if "static" in case else 16
     skv = 16  # the keys filled: the static cache's buffer holds 24
     cap = Capture()
-    cap.rows = ("a", "b", "c")[: mask.shape[0]]  # inside attnscope.batch(): rows counted too
+    cap.batch = ("a", "b", "c")[: mask.shape[0]]  # inside attnscope.batch(): rows counted too
     f = _layer(mask, sq, past)
     cap.facts = Facts(f)
     counter = _enqueue(cap)

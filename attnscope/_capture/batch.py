@@ -1,7 +1,7 @@
 """``batch(rows=...)``: which request each batch row belongs to, for the calls inside the block.
 
 The block is a :class:`BatchRecord` in a context variable; each sampled call reads it once onto
-its Capture (``Capture.rows``) and counts itself in it as it is handed over. The worker splits
+its Capture (``Capture.batch``) and counts itself in it as it is handed over. The worker splits
 each such call's figures by row into ``BatchRecord.acc`` (:mod:`attnscope._worker.apportion`);
 when the block ends the calling thread stamps its end and hands the block over
 (``runtime.worker.end_block``), and the worker emits one ``attnscope.request`` span per request

@@ -179,7 +179,7 @@ def _attention(cap: Capture, f: AttentionFacts, sends: _Sends) -> None:
     mask = f.mask
     copy, read = _mask_copy(cap, mask, f.mask_ignores, f.batch, f.heads, f.seq_q, skv, sends)
     rows = None
-    if (cap.rows is not None and isinstance(skv, int) and f.heads and read is not None
+    if (cap.batch is not None and isinstance(skv, int) and f.heads and read is not None
             and row_layout(tuple(mask.shape), f.batch, f.heads, f.seq_q, skv) is not None):
         # inside attnscope.batch(): the per-row counts too, from the same copy
         width = mask.shape[0]

@@ -169,7 +169,7 @@ def leave(site: CallSite, active: Active, error: BaseException | None, result: A
             _end(site, cap, error, result)
         starting = runtime.worker.current is None
         t_submit = _perf_ns() if starting else 0
-        block = cap.rows
+        block = cap.batch
         if block is not None:
             block.sampled += 1
         if not runtime.worker.submit(cap):
@@ -237,8 +237,8 @@ def _end(site: CallSite, cap: Capture, error: BaseException | None, result: Any)
 def _lost(cap: Capture) -> None:
     """A capture the worker did not take: its tensors go back, its block counts it lost."""
     _retain.release(cap)
-    if cap.rows is not None:
-        cap.rows.lost += 1
+    if cap.batch is not None:
+        cap.batch.lost += 1
 
 
 def _unwind(cap: Capture, token: contextvars.Token[int | None]) -> None:
@@ -274,7 +274,7 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
     cap.parent_id = current.get()
     if runtime.graphs.capturing:  # not under a call kept for a graph: that one is never a span
         cap.parent_id = _graph_calls.real_parent(cap.parent_id)
-    cap.rows = _batch.rows_var.get()  # the one read of batch() rows, on the sampled path only
+    cap.batch = _batch.rows_var.get()  # the one read of batch() rows, on the sampled path only
     cap.site = site
     cap.name = site.name
     cap.sample_rate = rate

@@ -1,9 +1,10 @@
-"""One ``attnscope.batch()`` block as both sides see it: its rows, times and the worker's record.
+"""One ``attnscope.batch()`` block as both sides see it: its rows, its times, its counts.
 
-The calling side (``_capture.batch``) makes it and stamps its end; each sampled call of the block
-refers to it (``Capture.rows``); the worker splits the calls by row into ``acc``
-(``_worker.apportion``) and emits the request spans once the block has ended. (A ``span()``
-block is another thing: ``_capture.block``.)
+The calling side (``_capture.batch``) makes it, counts its sampled and lost calls and stamps its
+end; each sampled call of the block refers to it (``Capture.batch``). The worker only reads it:
+what it keeps of a block (calls split by row, calls seen) is its own, keyed weakly by the record
+(``_worker.apportion.Ledger``, ``_worker.loop``), and it emits the request spans once the block
+has ended. (A ``span()`` block is another thing: ``_capture.block``.)
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ _next_block = itertools.count(1).__next__  # atomic under the GIL
 
 
 class BatchRecord:
-    """One ``batch`` block: its rows, its times, and what its sampled calls left for the worker.
+    """One ``batch`` block: its rows, its times, and how many of its calls were handed over.
 
-    ``sampled`` and ``lost`` are written by the calling thread (a call handed over, a call the
-    full queue dropped), ``seen`` and ``acc`` by the worker only."""
+    Written by the calling thread only (``sampled``: a call handed over, ``lost``: a call the
+    full queue dropped); the worker reads it."""
 
+    # __weakref__: the worker keys what it keeps of a block by the record, weakly (a block whose
+    # end never reached the worker takes the worker's entries with it)
     __slots__ = ("rows", "block_id", "parent", "start_epoch_ns", "end_epoch_ns", "sampled",
-                 "lost", "seen", "acc", "ended_at")
+                 "lost", "__weakref__")
 
     def __init__(self, rows: tuple[Any, ...]) -> None:
         self.rows = rows
@@ -40,9 +43,6 @@ class BatchRecord:
         self.end_epoch_ns: int | None = None
         self.sampled = 0
         self.lost = 0
-        self.seen = 0
-        self.acc: object = None
-        self.ended_at = 0.0  # monotonic time the worker was told of the end
 
 
 def rows_for(rows: tuple[Any, ...] | None, batch_size: int) -> tuple[Any, ...] | None:

@@ -152,7 +152,7 @@ class Capture:
         "kept_bytes",
         "step_no",
         "grant",
-        "rows",
+        "batch",
         "counted",
         "graph",
         "replay",
@@ -186,7 +186,7 @@ class Capture:
         self.grant: GrantHandle | None = None  # why this call got the profile tier
         # the attnscope.batch() block in force: its rows are checked against the call's batch by
         # the worker, which reads the shapes
-        self.rows: BatchRecord | None = None
+        self.batch: BatchRecord | None = None
         # a worker counted it (queued or dropped): set under the submit lock, read by a leave()
         # that a Ctrl-C cut short, so that it hands the capture over once and only once
         self.counted = False

@@ -74,13 +74,13 @@ class _Request:
         self.timed = True
 
 
-def emit_block(builder: SpanBuilder, block: BatchRecord,
+def emit_block(builder: SpanBuilder, block: BatchRecord, acc: BlockCalls | None,
                on_request: Callable[[float, SpanContext | None], None]) -> int:
     """One ``attnscope.request`` span per request of an ended block, through ``builder``; returns
-    how many. ``on_request``: each timed request's estimated attention time (s) and span."""
-    acc = block.acc
-    calls = acc.calls if isinstance(acc, BlockCalls) else []
-    nested = acc.attention_ids if isinstance(acc, BlockCalls) else set()
+    how many. ``acc``: the block's calls split by row (None: none was). ``on_request``: each
+    timed request's estimated attention time (s) and span."""
+    calls = acc.calls if acc is not None else []
+    nested = acc.attention_ids if acc is not None else set()
     # an attention call inside another of the block's (SDPA in a layer) is the outer one's work
     calls = [c for c in calls if c.parent_id is None or c.parent_id not in nested]
     unsplit = sum(1 for c in calls if c.reason is not None)

@@ -23,6 +23,7 @@ is left to the outer one, counted once.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -34,7 +35,7 @@ from .._record.reduce import row_numbers
 from .._spans.requests import BlockCalls, RowCall
 from .derived import sig4
 
-__all__ = ["RowCall", "observe", "split_rows", "mask_rows", "read_rows"]
+__all__ = ["RowCall", "Ledger", "split_rows", "mask_rows", "read_rows"]
 
 _MAX_CALLS = 65_536  # call records one block keeps; later calls are counted unapportioned
 _FLOPS, _PHASE, _BATCH = schema.FLOPS.name, schema.PHASE.name, schema.BATCH_SIZE.name
@@ -186,22 +187,36 @@ def _split(total: int, weights: list[int]) -> list[int]:
     return parts
 
 
-def observe(cap: Capture, shape: dict[str, Any], time_ns: float | None,
-            attrs: dict[str, Any], device_reads: bool = True) -> None:
-    """Split one call of a ``batch`` block into its block's record; the call's own span
-    (``attrs``) gains ``attnscope.padding_fraction`` when it was split."""
-    block = cap.rows
-    if not isinstance(block, BatchRecord) or _FLOPS not in shape:
-        return  # not an attention call (a model's forward, generate): nothing to split
-    acc = block.acc
-    if not isinstance(acc, BlockCalls):
-        acc = block.acc = BlockCalls()
-    acc.attention_ids.add(cap.capture_id)
-    if len(acc.calls) >= _MAX_CALLS:
-        acc.calls.append(RowCall(cap.capture_id, cap.parent_id, "over_bound"))
-        return
-    call = split_rows(cap, shape, block.rows, time_ns, device_reads)
-    acc.calls.append(call)
-    flops = shape[_FLOPS]
-    if call.reason is None and flops:
-        attrs[schema.PADDING_FRACTION.name] = sig4(sum(call.padding) / flops)
+class Ledger:
+    """The worker's record of each ``batch`` block's calls, split by row (worker thread only).
+
+    Keyed weakly by the calling side's ``BatchRecord``, which the worker never writes: a block
+    whose end never reaches the worker (dropped over the bound) takes its entry with it."""
+
+    def __init__(self) -> None:
+        self._calls: weakref.WeakKeyDictionary[BatchRecord, BlockCalls] = (
+            weakref.WeakKeyDictionary())
+
+    def observe(self, cap: Capture, shape: dict[str, Any], time_ns: float | None,
+                attrs: dict[str, Any], device_reads: bool = True) -> None:
+        """Split one call of a ``batch`` block into the block's record; the call's own span
+        (``attrs``) gains ``attnscope.padding_fraction`` when it was split."""
+        block = cap.batch
+        if not isinstance(block, BatchRecord) or _FLOPS not in shape:
+            return  # not an attention call (a model's forward, generate): nothing to split
+        acc = self._calls.get(block)
+        if acc is None:
+            acc = self._calls[block] = BlockCalls()
+        acc.attention_ids.add(cap.capture_id)
+        if len(acc.calls) >= _MAX_CALLS:
+            acc.calls.append(RowCall(cap.capture_id, cap.parent_id, "over_bound"))
+            return
+        call = split_rows(cap, shape, block.rows, time_ns, device_reads)
+        acc.calls.append(call)
+        flops = shape[_FLOPS]
+        if call.reason is None and flops:
+            attrs[schema.PADDING_FRACTION.name] = sig4(sum(call.padding) / flops)
+
+    def take(self, block: BatchRecord) -> BlockCalls | None:
+        """The block's record, handed over once (its end): None when no call of it was split."""
+        return self._calls.pop(block, None)

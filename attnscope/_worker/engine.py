@@ -18,6 +18,7 @@ from .. import _log
 from .._config import Config
 from .._export import metrics, pipeline
 from .._profiles import session as profile
+from .._record.batches import BatchRecord
 from .._record.capture import Capture
 from .._runtime import runtime
 from .._spans import emit, requests
@@ -50,6 +51,7 @@ class Engine:
         # a call site's attributes, cleaned once (sites are weakly held: they live in user code)
         self._sites: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
         self._shapes = ShapeCache()  # derive's attributes per summary of plain values (bounded)
+        self.ledger = apportion.Ledger()  # batch() blocks' calls split by row, until each ends
         # A module's configured implementation, read once per batch: the read goes through
         # transformers' config __getattribute__ (four Python calls, a tenth of a layer span's
         # build), for the same answer on every layer call of the batch. Holds the modules (by
@@ -105,17 +107,17 @@ class Engine:
             cfg.profile_rate > 0 and cfg.profile_max_per_minute > 0)
         result = result_of(cap, shape, found, children, self._site_attrs(cap.site),
                            self._implementation, self._bases)
-        if cap.rows is not None:  # inside attnscope.batch(): the call's share of each row
+        if cap.batch is not None:  # inside attnscope.batch(): the call's share of each row
             try:
-                apportion.observe(cap, shape, found.device_ns if found.device_ns is not None
+                self.ledger.observe(cap, shape, found.device_ns if found.device_ns is not None
                                   else cap.wall_ns, result.attrs, not timed_out)
             except Exception as exc:  # the call's span goes out unsplit
                 _log.internal_error("apportion", exc)
         self.builder.add(result)
 
-    def end_block(self, block: Any) -> None:
+    def end_block(self, block: BatchRecord) -> None:
         """An ended ``batch`` block whose calls have all arrived: its request spans."""
-        requests.emit_block(self.builder, block, self.record_request)
+        requests.emit_block(self.builder, block, self.ledger.take(block), self.record_request)
 
     def record_request(self, seconds: float, parent: Any) -> None:
         """One request's estimated attention time, in the request span's trace (exemplars)."""

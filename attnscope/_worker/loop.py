@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import _log
 from .._config import Config
+from .._record.batches import BatchRecord
 from .._record.capture import Capture
 from .._runtime import runtime
 from . import at_exit, replays
@@ -73,8 +75,12 @@ class Worker:
         self._drops_told = 0  # dropped_queue when the worker last said so (_tell_drops)
         self.worker_errors = 0
         # ended attnscope.batch() blocks, due their request spans (appended by calling threads)
-        self.ended_blocks: deque[Any] = deque()
+        # (block, monotonic time the worker was told of its end)
+        self.ended_blocks: deque[tuple[BatchRecord, float]] = deque()
         self.blocks_dropped = 0
+        # each block's calls the worker has finished (its own count: the record is the calling
+        # side's); weak, so a block whose end never came takes its entry with it
+        self.blocks_seen: weakref.WeakKeyDictionary[BatchRecord, int] = weakref.WeakKeyDictionary()
         self.resolver: Resolver[Capture] = Resolver(lambda cap: cap.timer)
         self.cuda = DeviceAccess()
         self.escalator = Escalator()  # slow calls, and the trigger file (docs/live.md)
@@ -162,15 +168,14 @@ class Worker:
             self.submitted = before + 1 if cap.counted else before
             raise
 
-    def end_block(self, block: Any) -> None:
+    def end_block(self, block: BatchRecord) -> None:
         """A ``batch`` block in which some call was sampled has ended (calling thread)."""
         if len(self.ended_blocks) >= _MAX_ENDED_BLOCKS:
             self.blocks_dropped += 1
             _log.warn_once("batch-blocks", "attnscope.batch: too many ended blocks wait for the "
                            "worker; their request spans are not emitted")
             return
-        block.ended_at = time.monotonic()
-        self.ended_blocks.append(block)
+        self.ended_blocks.append((block, time.monotonic()))
         if self._sleeping:
             self._sleeping = False
             self._wake.set()
@@ -298,17 +303,17 @@ class Worker:
         """Request spans of the ended blocks whose calls have all arrived (or waited too long)."""
         now = time.monotonic()
         for _ in range(len(self.ended_blocks)):
-            block = self.ended_blocks.popleft()
-            if not (final or block.seen + block.lost >= block.sampled
-                    or now - block.ended_at > _BLOCK_WAIT_S):
-                self.ended_blocks.append(block)
+            block, ended_at = ended = self.ended_blocks.popleft()
+            if not (final or self.blocks_seen.get(block, 0) + block.lost >= block.sampled
+                    or now - ended_at > _BLOCK_WAIT_S):
+                self.ended_blocks.append(ended)
                 continue
             try:
                 if self.engine is not None:
                     self.engine.end_block(block)
             except Exception as exc:
                 _log.internal_error("batch-end", exc)
-            block.acc = None  # its records go with it
+            self.blocks_seen.pop(block, None)
 
     def _finish(self, cap: Capture, timed_out: bool) -> None:
         try:
@@ -328,8 +333,8 @@ class Worker:
         finally:
             runtime.retention.give(cap.kept_bytes)  # its tensors are let go with it
             self.processed += 1
-            if cap.rows is not None:
-                cap.rows.seen += 1
+            if cap.batch is not None:
+                self.blocks_seen[cap.batch] = self.blocks_seen.get(cap.batch, 0) + 1
 
     def drop_counts(self) -> dict[str, int]:
         """Spans lost so far, by reason (read by the metrics callbacks)."""
