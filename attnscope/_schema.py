@@ -128,7 +128,7 @@ PROFILED_BY = attribute("profiled_by", "string", "",
                         "enclosing: timed inside a profiled call, its ops from that profile")
 KERNEL_FOLDED = attribute("kernel.folded", "int", "", "ops folded into the span's own time")
 BACKEND = attribute("backend", "string", "", "the attention backend that ran")
-# Silent fallback (_worker/fallback.py): set on SDPA calls whose backend is known.
+# Silent fallback (_derive/fallback.py): set on SDPA calls whose backend is known.
 BACKEND_FALLBACK = attribute("backend.fallback", "bool", "",
                              "math ran while a fused backend was eligible, or none was")
 BACKEND_EXPECTED = attribute("backend.expected", "string", "",

@@ -472,8 +472,8 @@ def test_gemma3n_kv_shared_layers_read_the_stored_keys_or_say_they_could_not() -
     its kind stored this call; where a call does not pass them, its cache length is unknown."""
     import inspect
 
+    from attnscope._derive.call import derive
     from attnscope._instrument.transformers import hidden_state_extractor
-    from attnscope._worker.derive import derive
 
     model = sweep.build("gemma3n_text", "Gemma3nForCausalLM")
     shared = [layer.self_attn for layer in model.model.layers

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import attnscope
-from attnscope._worker.derived import INEXACT_REASONS
+from attnscope._derive.result import INEXACT_REASONS
 from attnscope.testing import capture_spans
 
 transformers = pytest.importorskip("transformers")

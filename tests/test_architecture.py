@@ -98,14 +98,24 @@ def _bad_imports(sides: tuple[str, ...], banned: tuple[str, ...]) -> dict[str, l
 
 def test_capture_never_imports_the_worker_side_or_the_sdk() -> None:
     # The calling thread hands one plain record to submit(): it never loads what builds spans.
-    assert not _bad_imports(("_capture",), ("attnscope._worker", "attnscope._export",
-                                           "attnscope._instrument", "attnscope._api",
-                                           "opentelemetry.sdk"))
+    assert not _bad_imports(("_capture",), ("attnscope._worker", "attnscope._derive",
+                                           "attnscope._spans", "attnscope._profiles",
+                                           "attnscope._export", "attnscope._instrument",
+                                           "attnscope._api", "opentelemetry.sdk"))
 
 
 def test_worker_never_imports_the_capture_side() -> None:
     # What both sides read is in record/; the worker reaches nothing else of the calling side.
-    assert not _bad_imports(("_worker",), ("attnscope._capture",))
+    assert not _bad_imports(("_worker", "_derive", "_spans", "_profiles"), ("attnscope._capture",))
+
+
+def test_the_derivation_makes_no_thread_and_no_span() -> None:
+    # _derive/ says what a record means; the worker and the span builder both call it, so it
+    # imports neither of them (that would be a circle), nor the exporters or OpenTelemetry.
+    assert not _bad_imports(("_derive",), ("attnscope._capture", "attnscope._worker",
+                                           "attnscope._spans", "attnscope._profiles",
+                                           "attnscope._export", "attnscope._api",
+                                           "opentelemetry", "threading"))
 
 
 def test_record_imports_neither_side() -> None:
@@ -136,7 +146,7 @@ def test_the_runtime_imports_neither_side() -> None:
 
 
 @pytest.mark.parametrize(("module", "absent"), [
-    ("attnscope._worker.derive", ("attnscope._capture",)),
+    ("attnscope._derive.call", ("attnscope._capture",)),
     ("attnscope._record.capture", ("attnscope._capture", "attnscope._worker")),
     ("attnscope._record.reduce", ("attnscope._capture", "attnscope._worker")),
     ("attnscope.cli.trigger", ("attnscope._capture", "opentelemetry")),

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import attnscope
 from attnscope import _calibration
-from attnscope._worker import roofline
+from attnscope._derive import roofline
 from attnscope.cli import main
 from attnscope.testing import capture_spans
 

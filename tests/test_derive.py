@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import attnscope
 from attnscope._capture.args import summarize
-from attnscope._worker.derive import attention_flops, causal_pairs, count_tokens, derive
+from attnscope._derive.call import attention_flops, causal_pairs, count_tokens, derive
 from attnscope.testing import capture_spans
 from tests.support.helpers import attrs, brute_force_flops
 
@@ -183,8 +183,8 @@ def test_a_mask_over_the_keeping_budget_marks_the_call_inexact() -> None:
 
 
 def test_a_layer_call_whose_cache_length_was_not_read_says_so() -> None:
+    from attnscope._derive.call import derive_attention
     from attnscope._record.capture import AttentionFacts
-    from attnscope._worker.derive import derive_attention
 
     facts = AttentionFacts(2, 1)
     facts.heads, facts.head_dim, facts.cached = 4, 8, True

@@ -124,7 +124,7 @@ def test_direct_path_asks_the_providers_sampler(monkeypatch: pytest.MonkeyPatch)
 def test_rates_keep_four_significant_digits_and_never_overflow() -> None:
     import sys
 
-    from attnscope._worker.derived import sig4
+    from attnscope._derive.result import sig4
 
     for x in (1234567.0, 0.000123456, -98765.4321, 3.0, 9.99951):
         assert sig4(x) == float(f"{x:.4g}")

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import profile
 
+from attnscope._derive import fallback
+from attnscope._derive.fallback import Inputs, Verdict, assess, from_summary
 from attnscope._record.capture import TensorMeta
-from attnscope._worker import fallback
-from attnscope._worker.fallback import Inputs, Verdict, assess, from_summary
 
 
 def _ran(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: Any) -> str:

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import torch
 
+from attnscope._derive import fallback
+from attnscope._derive.fallback import Inputs, Verdict, assess
 from attnscope._record.capture import SdpaCall, SdpaContext, TensorMeta
-from attnscope._worker import fallback
-from attnscope._worker.fallback import Inputs, Verdict, assess
 
 _CUDA0 = torch.device("cuda", 0)
 _ALL = ("flash", "efficient", "math", "cudnn")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from attnscope._worker import roofline
+from attnscope._derive import roofline
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -52,7 +52,7 @@ def test_without_configured_peaks_calibrated_then_the_table_give_a_roofline(
 
 
 def test_profiling_md_says_one_warning_per_site_and_reason_and_the_bound() -> None:
-    from attnscope._worker import fallback
+    from attnscope._derive import fallback
 
     text = _section(DOCS / "profiling.md", "## What to do about each fallback reason",
                     "What the usual reasons mean")

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnscope
+from attnscope._derive import fallback
+from attnscope._derive.fallback import Verdict
 from attnscope._record.capture import TensorMeta
-from attnscope._worker import fallback
-from attnscope._worker.fallback import Verdict
 from attnscope.testing import capture_spans
 
 

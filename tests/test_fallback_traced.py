@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 import attnscope
 from attnscope._capture import inner_sdpa
-from attnscope._worker import fallback
+from attnscope._derive import fallback
 from attnscope.testing import capture_spans
 
 PROFILED = {"profile_rate": 1.0, "profile_max_per_minute": 1e6}

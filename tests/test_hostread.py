@@ -14,9 +14,9 @@ import types
 import pytest
 import torch
 
+from attnscope._derive import call as derive
 from attnscope._record import reduce
 from attnscope._record.capture import AttentionFacts, Facts, HostCopy, HostKind, ModelFacts
-from attnscope._worker import derive
 
 
 def test_only_host_tensors_are_readable_on_the_worker() -> None:

@@ -16,7 +16,7 @@ from torch import nn
 
 import attnscope
 from attnscope import instrumented_modules
-from attnscope._worker import derive as _inspect
+from attnscope._derive import call as _inspect
 from attnscope.testing import capture_spans
 
 

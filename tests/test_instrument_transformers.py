@@ -413,8 +413,8 @@ def test_static_cache_generate_counts_against_the_filled_part_of_the_buffer() ->
 
 
 def test_output_tokens_stop_at_each_rows_first_eos() -> None:
+    from attnscope._derive.call import derive
     from attnscope._record.capture import Facts, ModelFacts
-    from attnscope._worker.derive import derive
 
     facts = ModelFacts(2, 3)
     facts.generate = True

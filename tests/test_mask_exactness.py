@@ -16,8 +16,8 @@ import torch
 
 import attnscope
 from attnscope._attention.masks import MaskReading, band_pairs, counts_of, read_counts
+from attnscope._derive.call import derive_attention
 from attnscope._record.capture import AttentionFacts
-from attnscope._worker.derive import derive_attention
 from attnscope.testing import capture_spans
 
 transformers = pytest.importorskip("transformers")

@@ -10,7 +10,7 @@ import torch
 import attnscope
 from attnscope._capture import device
 from attnscope._capture import profiler_session as profiler
-from attnscope._worker import derive
+from attnscope._derive import call as derive
 from attnscope.testing import capture_spans
 
 from .support.helpers import attrs

@@ -1,4 +1,4 @@
-"""The roofline arithmetic and the device-peak table (attnscope/_worker/roofline.py)."""
+"""The roofline arithmetic and the device-peak table (attnscope/_derive/roofline.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import attnscope
-from attnscope._worker import roofline
-from attnscope._worker.roofline import device_peaks_for, dtype_peak_tflops, evaluate
+from attnscope._derive import roofline
+from attnscope._derive.roofline import device_peaks_for, dtype_peak_tflops, evaluate
 from attnscope.testing import capture_spans
 from tests.support.helpers import attrs
 

@@ -14,9 +14,9 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 import attnscope
 from attnscope import _log
 from attnscope._capture import args, sampling, wrapper
+from attnscope._derive import call as derive
 from attnscope._runtime import runtime
 from attnscope._spans import spans
-from attnscope._worker import derive
 from attnscope.testing import capture_spans
 
 

@@ -56,15 +56,17 @@ def test_names_are_unique_and_prefixed_once() -> None:
 
 
 def test_worker_export_and_metrics_spell_no_attribute_name() -> None:
-    """The worker, the exporters and the metrics take every name from the schema: none of its
-    names (with the prefix or without) is a string literal there."""
+    """The worker side (its thread, the derivation, the span builder, profiles), the exporters
+    and the metrics take every name from the schema: none of its names (with the prefix or
+    without) is a string literal there."""
     full = {a.name for a in schema.ATTRIBUTES} | {m.name for m in schema.METRICS}
     otel = {"code.function.name", "host.name"}  # OpenTelemetry's names, also resource keys
     full -= otel
     keys = {a.key for a in schema.ATTRIBUTES if "." in a.key or "_" in a.key} - full - otel
-    for path in [*ROOT.joinpath("_worker").rglob("*.py"), *ROOT.joinpath("_export").rglob("*.py")]:
-        # _worker/derived.py maps its dataclass's field names (some spelled like keys) to the schema
-        names = full if path.name == "derived.py" else full | keys
+    packages = ("_worker", "_derive", "_spans", "_profiles", "_export")
+    for path in [p for package in packages for p in ROOT.joinpath(package).rglob("*.py")]:
+        # _derive/result.py maps its dataclass's field names (some spelled like keys) to the schema
+        names = full if path.name == "result.py" else full | keys
         tree = ast.parse(path.read_text())
         exported = {id(c) for node in tree.body if isinstance(node, ast.Assign)
                     and any(getattr(t, "id", None) == "__all__" for t in node.targets)

@@ -73,8 +73,8 @@ def test_a_device_masks_step_sums_travel_as_a_pinned_copy(monkeypatch: pytest.Mo
     """CPU-testable core of the CUDA path: the calling thread enqueues the two sums of a device
     padding mask; the worker reads them as it reads a host mask's."""
     from attnscope._capture import hostread
+    from attnscope._derive import call as derive
     from attnscope._record.capture import Capture, Facts, HostCopy, ModelFacts
-    from attnscope._worker import derive
 
     def facts() -> ModelFacts:
         f = ModelFacts(3, 1)

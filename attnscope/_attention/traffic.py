@@ -1,6 +1,6 @@
 """The least memory traffic an attention core must move for one call, and its arithmetic intensity.
 
-Run by the worker, from what ``_worker.derive.derive`` established of a call: integer arithmetic
+Run by the worker, from what ``_derive.call.derive`` established of a call: integer arithmetic
 on a few numbers (no tensor, no torch import). What "minimum" means, consistently with the FLOPs of
 :func:`.flops.attention_flops` (which count the pairs a mask leaves visible):
 

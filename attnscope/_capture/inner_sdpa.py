@@ -2,7 +2,7 @@
 
 A profiled call of ``instrument_sdpa()`` carries its inputs' shapes, dtypes, last-dimension strides
 and the backends torch's flags allow, from which the worker judges whether the kernel that ran was
-the best the inputs allowed (:mod:`attnscope._worker.fallback`). Every other profiled call (a
+the best the inputs allowed (:mod:`attnscope._derive.fallback`). Every other profiled call (a
 ``@trace``d function, a ``span()`` block, an instrumented layer, which sees only hidden states)
 has the SDPA call it makes inside its body. So while the profile session of such a call is open
 (``profile_max_per_minute`` of them, one at a time: the session lock),

@@ -17,7 +17,7 @@ from . import kernels
 
 if TYPE_CHECKING:
     from .._config import Config
-    from .._worker.derived import Derived
+    from .._derive.result import Derived
 
 __all__ = ["finish"]
 

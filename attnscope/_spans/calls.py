@@ -12,10 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _schema as schema
+from .._derive import fallback, roofline
+from .._derive.result import Measured, clean_attributes, sig4
 from .._profiles.optree import ChildSpan
 from .._record.capture import TIER_NAMES, Capture
-from .._worker import fallback, roofline
-from .._worker.derived import Measured, clean_attributes, sig4
 from .emit import span_name
 
 __all__ = ["Result", "result_of", "capture_attributes", "implementation_of", "site_attributes"]

@@ -29,11 +29,11 @@ from typing import Any
 import torch
 
 from .. import _schema as schema
+from .._derive.result import sig4
 from .._record.batches import BatchRecord, rows_for
 from .._record.capture import MASK_NAMES, Capture, HostCopy, find_qkv
 from .._record.reduce import row_numbers
 from .._spans.requests import BlockCalls, RowCall
-from .derived import sig4
 
 __all__ = ["RowCall", "Ledger", "split_rows", "mask_rows", "read_rows"]
 

@@ -16,6 +16,8 @@ from opentelemetry.trace import NoOpTracer
 
 from .. import _log
 from .._config import Config
+from .._derive import call as derive
+from .._derive.result import Derived, Measured
 from .._export import metrics, pipeline
 from .._profiles import session as profile
 from .._record.batches import BatchRecord
@@ -25,8 +27,7 @@ from .._spans import emit, requests
 from .._spans.calls import implementation_of, result_of, site_attributes
 from .._spans.spans import SpanBuilder
 from .._version import __version__
-from . import apportion, derive
-from .derived import Derived, Measured
+from . import apportion
 from .shapecache import ShapeCache, summary_key
 
 if TYPE_CHECKING:

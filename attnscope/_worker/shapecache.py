@@ -1,4 +1,5 @@
-"""What :func:`.derive.derive` finds for a call of plain arguments, kept per argument summary.
+"""What :func:`attnscope._derive.call.derive` finds for a call of plain arguments, kept per
+argument summary.
 
 A traced function called with the same shapes over and over (every decode step, every layer)
 gets the same heads, tokens and FLOPs each time: derive reads nothing but the summary's shapes,

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 import attnscope
-from attnscope._worker.derive import attention_flops
+from attnscope._derive.call import attention_flops
 
 pytestmark = pytest.mark.e2e
 

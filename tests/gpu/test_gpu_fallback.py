@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
+from attnscope._derive.fallback import Inputs, assess
 from attnscope._profiles.kernels import detect_backend
-from attnscope._worker.fallback import Inputs, assess
 
 
 def _ran(q: torch.Tensor, **kw: object) -> str:

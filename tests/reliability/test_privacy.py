@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 import attnscope
 from attnscope._capture import profiler_session as _profiler
-from attnscope._worker import derive
+from attnscope._derive import call as derive
 from tests.reliability.harness import (
     FLOAT_SENTINEL,
     INT_SENTINEL,

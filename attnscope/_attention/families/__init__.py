@@ -10,7 +10,7 @@ Adding a family: one module here (its detector, a ``FAMILY = Family(...)`` entry
 LayerTraits field it fills and the sweep's model types that exercise it, its rule), one line in
 :data:`FAMILIES`, the model type in the architecture sweep's list (``tests/support/
 arch_sweep.py`` / ``tests/test_arch_sweep.py``), and the rule's call where the worker derives a
-layer's call (``_worker.derive.derive_attention``) when the family adds a new kind of rule.
+layer's call (``_derive.call.derive_attention``) when the family adds a new kind of rule.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Detector: a ``compressor`` child with ``compress_rate`` (and an ``indexer`` with ``index_topk``).
 Extractor tweak: the tokens the layer's cache has taken in before the call (:func:`tokens_seen`),
 which say how many entries are closed. Rule: the entries each query sees
-(:func:`compressed_pairs`), added on the worker (``_worker.narrowed.add_compressed``).
+(:func:`compressed_pairs`), added on the worker (``_derive.beyond_mask.add_compressed``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Detector: the layer's kind, ``"local"`` or ``"global"`` (:func:`layer_kind`); a local layer's
 window is the config's ``window_size``, the layer's own (not the config's: the model's mask does
-not show it). Rule: the worker's window reading (``_worker.derive._structure``): a causal layer
+not show it). Rule: the worker's window reading (``_derive.call._structure``): a causal layer
 that declares a narrower window than its mask shows applies it itself.
 """
 

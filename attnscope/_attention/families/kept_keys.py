@@ -3,7 +3,7 @@
 
 Detector: :func:`key_selection` (how many keys, in blocks of how many: not value-dependent),
 copied into each call's facts (``AttentionFacts.key_cap``/``key_block``) by the extractor. Rule:
-:func:`capped_pairs`, applied on the worker where it is exact (``_worker.narrowed.cap_keys``;
+:func:`capped_pairs`, applied on the worker where it is exact (``_derive.beyond_mask.cap_keys``;
 elsewhere the FLOPs are an upper bound, marked ``layer_narrows``).
 """
 

@@ -3,7 +3,7 @@
 Detector: the model's config (``causal=False`` with ``is_encoder=True``), read once by
 ``instrument()`` for the whole model; its layers then carry the ``bidirectional`` trait (as an
 encoder's layers do: ``_instrument.facts.layer_traits``). Rule: a one-query step over the cache
-is not called causal (``_worker.derive._structure``).
+is not called causal (``_derive.call._structure``).
 """
 
 from __future__ import annotations

@@ -39,10 +39,10 @@ from .._record.capture import (
     find_qkv,
 )
 from .._runtime import runtime
-from . import narrowed
-from .derived import ARGUMENTS, HIDDEN, LAYER, Derived
-from .forward import as_int as _as_int
-from .forward import derive_model, host_readable
+from . import beyond_mask
+from .model import as_int as _as_int
+from .model import derive_model, host_readable
+from .result import ARGUMENTS, HIDDEN, LAYER, Derived
 
 __all__ = ["derive", "causal_pairs", "window_pairs", "attention_flops", "count_tokens",
            "host_rss_bytes", "host_readable"]
@@ -310,14 +310,14 @@ def derive_attention(f: AttentionFacts, traits: LayerTraits | None = None,
             out.flops = 2 * reading.pairs * (f.head_dim + dv)
         elif keys_known:
             out.flops = attention_flops(b, f.heads, sq, skv, f.head_dim, dv, causal, window)
-        if keys_known and narrowed.narrows(f, skv):
-            narrowed.cap_keys(out, f, reading, real, causal, window, skv, dv)
+        if keys_known and beyond_mask.narrows(f, skv):
+            beyond_mask.cap_keys(out, f, reading, real, causal, window, skv, dv)
     if band is not None and keys_known and _banded(out, f, band, skv):
         return out
     cores = traits.cores if traits is not None else 1
     if cores != 1 and out.flops is not None:  # DiffLlama: one map per core
         out.flops = diffllama.cores_flops(out.flops, cores)
-    entries = (narrowed.add_compressed(out, f, traits.compressed, traits.seen, real)
+    entries = (beyond_mask.add_compressed(out, f, traits.compressed, traits.seen, real)
                if traits is not None and traits.compressed is not None and keys_known else 0)
     if not keys_known:
         out.inexact("cache_unread")
@@ -327,7 +327,7 @@ def derive_attention(f: AttentionFacts, traits: LayerTraits | None = None,
         _mark_mask(out, f.mask, counts, reading, f.heads)
     # several cores' least traffic is no one kernel's: not established, left out
     if (keys_known and f.heads and f.head_dim and out.exact is None and out.flops is not None
-            and cores == 1 and not entries and not narrowed.narrows(f, skv)
+            and cores == 1 and not entries and not beyond_mask.narrows(f, skv)
             and (f.mask is None or f.seq_kv is None) and not f.keys_masked):
         _traffic(out, (b, f.heads, f.kv_heads or f.heads, sq, skv, f.head_dim,
                        f.head_dim_v or f.head_dim), None, causal, f.mask, f.mask_ignores, counts,

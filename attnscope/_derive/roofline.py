@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from .. import _calibration
 from .. import _schema as schema
 from .._runtime import runtime
-from .derived import sig4
+from .result import sig4
 
 __all__ = ["DevicePeaks", "Roofline", "add_configured", "add_to", "device_peaks_for",
            "dtype_peak_tflops", "evaluate", "reset_calibration"]

@@ -1,9 +1,10 @@
 """What the worker finds for one call, typed, and the one place it becomes span attributes.
 
-:class:`Derived` is :func:`.derive.derive`'s result: shapes, heads, tokens and FLOPs, read from the
-call's argument summary (its attributes are kept per summary by :mod:`.shapecache`).
-:class:`Measured` is what belongs to the one call: device time, memory, the profile's attributes,
-the slow-call mark. The span builder (:func:`.spans.capture_attributes`) writes both.
+:class:`Derived` is :func:`.call.derive`'s result: shapes, heads, tokens and FLOPs, read from the
+call's argument summary (the worker keeps its attributes per summary:
+:mod:`attnscope._worker.shapecache`). :class:`Measured` is what belongs to the one call: device
+time, memory, the profile's attributes, the slow-call mark. The span builder
+(:func:`attnscope._spans.calls.capture_attributes`) writes both.
 
 Attribute order is part of what an exporter writes (Jaeger JSON keeps it), so each way of deriving
 keeps the order it always had: ``Derived.order`` names the fields in the order they are emitted.
@@ -19,8 +20,7 @@ from typing import Any
 
 from .. import _log
 from .. import _schema as schema
-from .._record.capture import attribute_value
-from .._spans.emit import MAX_STRING
+from .._record.capture import MAX_VALUE, attribute_value
 
 __all__ = ["Derived", "Measured", "LAYER", "ARGUMENTS", "HIDDEN", "MODEL", "INEXACT_REASONS",
            "clean", "clean_attributes", "sig4"]
@@ -66,7 +66,7 @@ _PLAIN = frozenset((int, float, bool))
 
 @dataclass(slots=True)
 class Derived:
-    """Attention facts of one call (:func:`.derive.derive`); None: not known, not emitted."""
+    """Attention facts of one call (:func:`.call.derive`); None: not known, not emitted."""
 
     batch_size: int | None = None
     seq_len_q: int | None = None
@@ -190,7 +190,7 @@ def clean(value: Any) -> Any:
     if kind is bool or kind is int or kind is float:
         return value
     if kind is str:
-        return value[:MAX_STRING]
+        return value[:MAX_VALUE]
     return attribute_value(value)
 
 

@@ -1,7 +1,7 @@
 """FLOPs of layers that attend to other keys than their mask shows: Doge's cap on the keys a
 query keeps (how many: ``_attention.families.kept_keys``), DeepSeek-V4's compressed KV entries
 after the window's keys (their count: ``_attention.families.deepseek_v4``);
-:func:`.derive.derive_attention` calls these once the mask's reading is done."""
+:func:`.call.derive_attention` calls these once the mask's reading is done."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from .._attention.families.deepseek_v4 import compressed_pairs
 from .._attention.families.kept_keys import capped_pairs
 from .._attention.masks import MaskReading
 from .._record.capture import AttentionFacts
-from .derived import Derived
+from .result import Derived
 
 __all__ = ["cap_keys", "add_compressed", "narrows"]
 

@@ -10,7 +10,7 @@ import torch
 from .._attention.masks import counts_of, read_counts
 from .._record.capture import HostCopy, HostKind, ModelFacts, TensorMeta
 from .._record.reduce import generated_numbers, row_sums
-from .derived import MODEL, Derived
+from .result import MODEL, Derived
 
 __all__ = ["derive_model", "host_readable", "as_int"]
 
