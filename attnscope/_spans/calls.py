@@ -164,6 +164,10 @@ class Result:
         # (derive's attributes, the site's) when they alone decide the summary's kept texts
         self.kept: tuple[Any, Any] | None = None
 
+    def add_padding_fraction(self, fraction: float) -> None:
+        """A ``batch`` block's call split by row: the share of its FLOPs spent on padding."""
+        self.attrs[schema.PADDING_FRACTION.name] = sig4(fraction)
+
 
 def result_of(cap: Capture, shape: dict[str, Any], found: Measured, children: list[ChildSpan],
               site_attrs: dict[str, Any] | None = None,

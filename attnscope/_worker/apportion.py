@@ -29,7 +29,6 @@ from typing import Any
 import torch
 
 from .. import _schema as schema
-from .._derive.result import sig4
 from .._record.batches import BatchRecord, rows_for
 from .._record.capture import MASK_NAMES, Capture, HostCopy, find_qkv
 from .._record.reduce import row_numbers
@@ -198,24 +197,23 @@ class Ledger:
             weakref.WeakKeyDictionary())
 
     def observe(self, cap: Capture, shape: dict[str, Any], time_ns: float | None,
-                attrs: dict[str, Any], device_reads: bool = True) -> None:
-        """Split one call of a ``batch`` block into the block's record; the call's own span
-        (``attrs``) gains ``attnscope.padding_fraction`` when it was split."""
+                device_reads: bool = True) -> float | None:
+        """Split one call of a ``batch`` block into the block's record; returns the share of the
+        call's FLOPs spent on padding when it was split (the call's own span says it), or None."""
         block = cap.batch
         if not isinstance(block, BatchRecord) or _FLOPS not in shape:
-            return  # not an attention call (a model's forward, generate): nothing to split
+            return None  # not an attention call (a model's forward, generate): nothing to split
         acc = self._calls.get(block)
         if acc is None:
             acc = self._calls[block] = BlockCalls()
         acc.attention_ids.add(cap.capture_id)
         if len(acc.calls) >= _MAX_CALLS:
             acc.calls.append(RowCall(cap.capture_id, cap.parent_id, "over_bound"))
-            return
+            return None
         call = split_rows(cap, shape, block.rows, time_ns, device_reads)
         acc.calls.append(call)
         flops = shape[_FLOPS]
-        if call.reason is None and flops:
-            attrs[schema.PADDING_FRACTION.name] = sig4(sum(call.padding) / flops)
+        return sum(call.padding) / flops if call.reason is None and flops else None
 
     def take(self, block: BatchRecord) -> BlockCalls | None:
         """The block's record, handed over once (its end): None when no call of it was split."""

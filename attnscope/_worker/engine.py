@@ -110,8 +110,11 @@ class Engine:
                            self._implementation, self._bases)
         if cap.batch is not None:  # inside attnscope.batch(): the call's share of each row
             try:
-                self.ledger.observe(cap, shape, found.device_ns if found.device_ns is not None
-                                  else cap.wall_ns, result.attrs, not timed_out)
+                padding = self.ledger.observe(
+                    cap, shape, found.device_ns if found.device_ns is not None else cap.wall_ns,
+                    not timed_out)
+                if padding is not None:
+                    result.add_padding_fraction(padding)
             except Exception as exc:  # the call's span goes out unsplit
                 _log.internal_error("apportion", exc)
         self.builder.add(result)
