@@ -250,7 +250,8 @@ def test_a_device_masks_row_counts_travel_as_pinned_copies_and_split_the_same(
     device mask (``reduce.row_numbers``) before the mask goes; the worker splits the call from
     those copies exactly as it splits a host mask's."""
     from attnscope._capture import hostread
-    from attnscope._worker import apportion, derive
+    from attnscope._derive import call as derive
+    from attnscope._worker import apportion
 
     keys = past + sq
     pad = torch.ones(3, keys, dtype=torch.bool)
