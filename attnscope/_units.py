@@ -1,6 +1,6 @@
 """Numbers in units a person reads: durations, SI and binary prefixes, the ``kernel.top`` list.
 
-Shared by the span summaries (:mod:`attnscope._spans.readable`) and the profile parser
+Shared by the span summaries (:mod:`attnscope._spans.summary`) and the profile parser
 (:mod:`attnscope._profiles`), which names the longest ops; imports nothing of attnscope's but the
 name cap. Numbers have 3 significant digits and never print in exponent form.
 """

@@ -137,7 +137,7 @@ def test_rates_keep_four_significant_digits_and_never_overflow() -> None:
 
 @pytest.mark.parametrize("kind", ["time", "FLOP", "FLOP/s", "bytes"])
 def test_summary_numbers_read_back_exactly_enough_and_never_in_exponent_form(kind: str) -> None:
-    from attnscope._spans import readable
+    from attnscope._spans import summary as readable
     from tests.support.helpers import near, quantity
 
     write = {"time": readable.duration, "FLOP": lambda v: readable.si(v, "FLOP"),
@@ -252,7 +252,7 @@ def test_a_users_profiler_is_still_counted_as_the_users() -> None:
 def test_kept_summary_texts_follow_what_changes_between_calls_of_one_shape() -> None:
     """The builder keeps a summary's texts per (shape, site): a call of the same shape with
     another implementation, RSS or mark gets its own, and the time and rate are always its own."""
-    from attnscope._spans.readable import Summaries
+    from attnscope._spans.summary import Summaries
     from tests.support.helpers import call_summary_facts
 
     shape = {"attnscope.flops": 4096, "attnscope.batch_size": 1, "attnscope.num_heads": 2,

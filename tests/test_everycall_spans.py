@@ -11,9 +11,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
-from attnscope._spans import readable
+from attnscope._spans import summary as readable
 from attnscope._spans.emit import DirectEmitter
-from attnscope._spans.readable import Summaries
+from attnscope._spans.summary import Summaries
 
 _SHAPE = {"attnscope.flops": 4096, "attnscope.batch_size": 1, "attnscope.num_heads": 2,
           "attnscope.seq_len_q": 4, "attnscope.head_dim": 8}

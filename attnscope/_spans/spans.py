@@ -24,8 +24,8 @@ from .._profiles.optree import hand_down
 from .._record.capture import ErrorInfo
 from .calls import Result, capture_attributes, implementation_of, result_of, site_attributes
 from .emit import DirectEmitter, Emitter, OpenSpan
-from .readable import Summaries, op_summary
 from .steps import StepTraces, configured_run_id
+from .summary import Summaries, op_summary
 
 __all__ = ["SpanBuilder", "Result", "result_of", "capture_attributes", "implementation_of",
            "site_attributes", "BuildStats"]
