@@ -26,7 +26,7 @@ def test_a_timed_out_metrics_flush_is_false_and_no_internal_error() -> None:
     provider = MeterProvider(metric_readers=[reader])
     errors = _log.error_count()
     try:
-        assert _flush_metrics(provider, 100, [reader]) is False  # attnscope's own readers
+        assert _flush_metrics(provider, 100) is False
         assert _log.error_count() == errors
     finally:
         provider.shutdown(timeout_millis=1_000)

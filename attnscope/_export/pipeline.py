@@ -306,18 +306,23 @@ class Pipeline:
 
 def _flush_metrics(meter_provider: Any, timeout_ms: int,
                    readers: Sequence[Any] | None = None) -> bool:
-    """Export pending metrics; through push readers only where attnscope knows the readers.
+    """Export pending metrics through push readers only.
 
     Flushing a pull reader (Prometheus) makes it queue one more copy of every series for the next
     scrape, so the periodic ones among ``readers`` (those attnscope created for its own provider)
-    are flushed one by one instead of the provider. A provider attnscope did not create does not
-    list its readers in public: ``readers`` None, the provider is flushed whole.
+    are flushed one by one instead of the provider. ``readers`` None: a provider attnscope did not
+    create, whose readers the SDK lists only in a private field; without it, flushed whole.
     """
     from opentelemetry.sdk.metrics import MetricsTimeoutError
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
     # a flush that runs out of time says so by raising: that is a False, not an internal error
     # (it was one line more on a loaded machine's stderr at exit, with no collector)
+    if readers is None:
+        # The application's provider. Flushed whole it would collect the application's pull
+        # readers too: Prometheus' copies, and an in-memory reader's exemplars spent before the
+        # application reads them (tests/test_exemplars.py). No public API lists the readers.
+        readers = getattr(meter_provider, "_metric_readers", None)
     try:
         if readers is None:
             flush = getattr(meter_provider, "force_flush", None)
