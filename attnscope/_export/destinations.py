@@ -25,7 +25,14 @@ from .._config import EXPORTER_NAMES, Config, budgeted, validate
 from .._runtime import runtime
 from .._version import __version__
 from . import otlp_status
-from .otel_env import check_headers, exporter_kwargs, invalid_endpoint, reader_kwargs
+from .otel_env import (
+    check_headers,
+    exporter_kwargs,
+    invalid_endpoint,
+    metric_preferences,
+    otlp_endpoint,
+    reader_kwargs,
+)
 
 __all__ = ["NowhereExporter", "command_args", "command_line", "config_attributes", "make_exporter",
            "meter_provider_for", "otlp_protocol", "program_of", "resource", "resource_attributes",
@@ -258,18 +265,22 @@ def make_exporter(name: str) -> SpanExporter | None:
     if bad is not None:
         return NowhereExporter(f"{bad[0]}={bad[1][:64]!r} is not a URL")
     check_headers("TRACES")
+    exporter: SpanExporter
     with otlp_status.sdk_quiet():  # the SDK's line per malformed header: check_headers said it
         if http:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
                 OTLPSpanExporter as HTTPExporter,
             )
 
-            return HTTPExporter(**exporter_kwargs("TRACES", grpc=False), **_session("TRACES"))
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-            OTLPSpanExporter as GRPCExporter,
-        )
+            exporter = HTTPExporter(**exporter_kwargs("TRACES", grpc=False), **_session("TRACES"))
+        else:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                OTLPSpanExporter as GRPCExporter,
+            )
 
-        return GRPCExporter(**exporter_kwargs("TRACES", grpc=True))
+            exporter = GRPCExporter(**exporter_kwargs("TRACES", grpc=True))
+    otlp_status.keep_endpoint(exporter, otlp_endpoint("TRACES", grpc=not http))
+    return exporter
 
 
 def _session(signal: str) -> dict[str, Any]:
@@ -333,8 +344,10 @@ def traces_exporter_from_env() -> str:
 
 
 def meter_provider_for(cfg: Config, traces_via: str | None, resource: Any, *,
-                       own: bool = True) -> tuple[Any, bool]:
-    """``(meter provider, owned)`` for ``cfg``, or ``(None, False)`` when metrics go nowhere.
+                       own: bool = True) -> tuple[Any, bool, tuple[Any, ...]]:
+    """``(meter provider, owned, readers)`` for ``cfg``, or ``(None, False, ())`` when metrics go
+    nowhere. ``readers``: the metric readers attnscope created for its own provider (a provider
+    does not list its readers in public), empty for one it did not create.
 
     Order: ``meter_provider=`` → the application's global SDK MeterProvider → our own, with the
     readers named in ``OTEL_METRICS_EXPORTER`` (otlp, prometheus, console, none). When that is
@@ -342,26 +355,27 @@ def meter_provider_for(cfg: Config, traces_via: str | None, resource: Any, *,
     ``exporter="jaeger-json:..."`` or an injected ``tracer_provider`` never opens a connection.
     """
     if not cfg.metrics:
-        return None, False
+        return None, False, ()
     if cfg.meter_provider is not None:
-        return cfg.meter_provider, False
+        return cfg.meter_provider, False, ()
     from opentelemetry import metrics as otel_metrics
     from opentelemetry.sdk.metrics import MeterProvider
 
     global_provider = otel_metrics.get_meter_provider()
     if isinstance(global_provider, MeterProvider):
-        return global_provider, False
+        return global_provider, False, ()
     if not own:
-        return None, False
+        return None, False, ()
     raw = os.environ.get("OTEL_METRICS_EXPORTER", "").strip().lower()
     if raw:
         names = [n.strip() for n in raw.split(",") if n.strip()]
     else:
         names = ["otlp"] if traces_via in _OTLP_NAMES else []
-    readers = [r for r in (_reader(n, traces_via) for n in names) if r is not None]
+    readers = tuple(r for r in (_reader(n, traces_via) for n in names) if r is not None)
     if not readers:
-        return None, False
-    return MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False), True
+        return None, False, ()
+    return MeterProvider(metric_readers=readers, resource=resource,
+                         shutdown_on_exit=False), True, readers
 
 
 def _reader(name: str, traces_via: str | None) -> Any:
@@ -370,12 +384,10 @@ def _reader(name: str, traces_via: str | None) -> Any:
     if name == "none":
         return None
     if name == "otlp":
-        from .otlp_status import MetricExportGuard
-
-        exporter = _otlp_metric_exporter(traces_via)
-        if exporter is None:
+        guarded = _otlp_metric_exporter(traces_via)
+        if guarded is None:
             return None
-        return PeriodicExportingMetricReader(MetricExportGuard(exporter), **reader_kwargs())
+        return PeriodicExportingMetricReader(guarded, **reader_kwargs())
     if name == "console":
         from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
 
@@ -389,7 +401,8 @@ def _reader(name: str, traces_via: str | None) -> Any:
 
 
 def _otlp_metric_exporter(traces_via: str | None) -> Any:
-    """The OTLP metric exporter; None when its endpoint is not a URL (said once)."""
+    """The OTLP metric exporter in its guard (``otlp_status.MetricExportGuard``); None when its
+    endpoint is not a URL (said once)."""
     http = traces_via == "otlp-http" or (traces_via != "otlp-grpc"
                                          and otlp_protocol("METRICS") == "http/protobuf")
     bad = invalid_endpoint("METRICS", grpc=not http)
@@ -398,19 +411,25 @@ def _otlp_metric_exporter(traces_via: str | None) -> Any:
                        "URL; metrics are exported nowhere", variable=bad[0])
         return None
     check_headers("METRICS")
+    temporality, aggregation = metric_preferences(grpc=not http)
+    preferences: dict[str, Any] = {"preferred_temporality": temporality,
+                                   "preferred_aggregation": aggregation}
     with otlp_status.sdk_quiet():
         if http:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
                 OTLPMetricExporter as HTTPMetricExporter,
             )
 
-            return HTTPMetricExporter(**exporter_kwargs("METRICS", grpc=False),
-                                      **_session("METRICS"))
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-            OTLPMetricExporter as GRPCMetricExporter,
-        )
+            exporter: Any = HTTPMetricExporter(**exporter_kwargs("METRICS", grpc=False),
+                                               **_session("METRICS"), **preferences)
+        else:
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+                OTLPMetricExporter as GRPCMetricExporter,
+            )
 
-        return GRPCMetricExporter(**exporter_kwargs("METRICS", grpc=True))
+            exporter = GRPCMetricExporter(**exporter_kwargs("METRICS", grpc=True), **preferences)
+    otlp_status.keep_endpoint(exporter, otlp_endpoint("METRICS", grpc=not http))
+    return otlp_status.MetricExportGuard(exporter, temporality, aggregation)
 
 
 def _prometheus_reader() -> Any:

@@ -436,7 +436,7 @@ def recorder(cfg: Config, pipeline: Any = None) -> Recorder | None:
         if pipeline is not None:
             meter_provider = pipeline.meter_provider
         else:
-            meter_provider, _ = meter_provider_for(cfg, None, None, own=False)
+            meter_provider, _, _ = meter_provider_for(cfg, None, None, own=False)
         if meter_provider is None:
             return None
         instruments = _instruments_for(meter_provider)

@@ -28,7 +28,8 @@ from urllib.parse import urlsplit
 from .. import _log
 
 __all__ = ["batch_kwargs", "check_headers", "exporter_kwargs", "import_sdk_trace",
-           "invalid_endpoint", "reader_kwargs", "span_limits"]
+           "invalid_endpoint", "metric_preferences", "otlp_endpoint", "reader_kwargs",
+           "span_limits"]
 
 _COMPRESSIONS = ("gzip", "deflate", "none")
 _TIMEOUT_S = 10.0
@@ -94,6 +95,74 @@ def invalid_endpoint(signal: str, grpc: bool) -> tuple[str, str] | None:
     if found is not None and not _url_ok(found[1], grpc):
         return found
     return None
+
+
+# The OTLP exporters' endpoints when no variable names one: gRPC's is its channel's host:port,
+# HTTP's a base URL the signal's path is appended to.
+_GRPC_DEFAULT = "http://localhost:4317"
+_HTTP_DEFAULT = "http://localhost:4318"
+
+
+def otlp_endpoint(signal: str, grpc: bool) -> str | None:
+    """The URL attnscope's OTLP exporter for ``signal`` sends to, as a line names it (a gRPC
+    target with ``http://`` before its host:port); None when there is none.
+
+    attnscope passes the exporter no endpoint: it is found in the environment here the way the
+    exporter finds it, when the exporter is made, instead of being read back out of the exporter
+    (a private field). A URL that is not valid never gets this far (:func:`invalid_endpoint`).
+    """
+    own = os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
+    try:
+        if grpc:
+            endpoint = own or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", _GRPC_DEFAULT)
+            endpoint = urlsplit(endpoint).netloc or endpoint  # what the channel is opened to
+        else:
+            base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or _HTTP_DEFAULT
+            endpoint = own or f"{base.removesuffix('/')}/v1/{signal.lower()}"
+    except ValueError:
+        return None
+    if not endpoint:
+        return None
+    return endpoint if "://" in endpoint else "http://" + endpoint
+
+
+def metric_preferences(grpc: bool) -> tuple[dict[type, Any], dict[type, Any]]:
+    """``(preferred_temporality, preferred_aggregation)`` for attnscope's OTLP metric exporter:
+    ``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE`` and ``..._DEFAULT_HISTOGRAM_AGGREGATION``
+    read as that exporter reads them, for every instrument kind its own table names. attnscope
+    passes them to the exporter and to the guard around it (whose preferences its reader uses):
+    the two agree without reading the exporter's private fields. An invalid value falls back as
+    in the exporter, which says so itself (no second line here)."""
+    from opentelemetry.sdk.metrics import (
+        Counter,
+        Histogram,
+        ObservableCounter,
+        ObservableGauge,
+        ObservableUpDownCounter,
+        UpDownCounter,
+    )
+    from opentelemetry.sdk.metrics.export import AggregationTemporality
+    from opentelemetry.sdk.metrics.view import (
+        ExplicitBucketHistogramAggregation,
+        ExponentialBucketHistogramAggregation,
+    )
+
+    preference = os.environ.get("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",
+                                "CUMULATIVE").upper().strip()
+    delta, cumulative = AggregationTemporality.DELTA, AggregationTemporality.CUMULATIVE
+    sums = delta if preference in ("DELTA", "LOWMEMORY") else cumulative
+    observed = delta if preference == "DELTA" else cumulative  # LOWMEMORY: cumulative
+    temporality: dict[type, Any] = {
+        Counter: sums, UpDownCounter: cumulative, Histogram: sums, ObservableCounter: observed,
+        ObservableUpDownCounter: cumulative, ObservableGauge: cumulative}
+    raw = os.environ.get("OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION",
+                         "explicit_bucket_histogram")
+    # the gRPC exporter takes the value as written, the HTTP one in any case and spacing
+    exponential = (raw == "base2_exponential_bucket_histogram" if grpc
+                   else raw.upper().strip() == "BASE2_EXPONENTIAL_BUCKET_HISTOGRAM")
+    aggregation: dict[type, Any] = {Histogram: ExponentialBucketHistogramAggregation()
+                                    if exponential else ExplicitBucketHistogramAggregation()}
+    return temporality, aggregation
 
 
 # "name=value" as the SDK's liberal parser accepts it (its own pattern when it has one)

@@ -29,8 +29,8 @@ from urllib.parse import urlsplit
 
 from .. import _log
 
-__all__ = ["MetricExportGuard", "endpoint_of", "exporting", "install_log_filter", "listening",
-           "refused", "report_unreachable", "sdk_quiet"]
+__all__ = ["MetricExportGuard", "endpoint_of", "exporting", "install_log_filter", "keep_endpoint",
+           "listening", "refused", "report_unreachable", "sdk_quiet"]
 
 # Records logged while this is set come from an exporter attnscope created; the list collects
 # their (message, args) so a caller can read the status code the exporter saw.
@@ -149,15 +149,20 @@ def install_log_filter() -> None:
 # ---- where the exporter sends, and whether anything listens there ------------------------------
 
 
+def keep_endpoint(exporter: Any, endpoint: str | None) -> None:
+    """Keep on an OTLP exporter attnscope made the URL it resolved for it (``otel_env.
+    otlp_endpoint``), for :func:`endpoint_of`; the exporter keeps its own only privately."""
+    try:
+        exporter.attnscope_endpoint = endpoint
+    except Exception:  # an exporter that takes no attribute: no URL in the lines, as for others
+        pass
+
+
 def endpoint_of(exporter: Any) -> str | None:
-    """The URL an OTLP exporter sends to (None for anything else)."""
-    module = type(exporter).__module__
-    if not module.startswith("opentelemetry.exporter.otlp"):
-        return None
-    endpoint = getattr(exporter, "_endpoint", None)
-    if not isinstance(endpoint, str) or not endpoint:
-        return None
-    return endpoint if "://" in endpoint else "http://" + endpoint
+    """The URL an OTLP exporter attnscope made sends to (:func:`keep_endpoint`); None for anything
+    else, an OTLP exporter the application made included (the lines then name no URL)."""
+    endpoint = getattr(exporter, "attnscope_endpoint", None)
+    return endpoint if isinstance(endpoint, str) and endpoint else None
 
 
 def listening(endpoint: str, timeout_s: float = _PROBE_TIMEOUT_S) -> bool:
@@ -229,10 +234,13 @@ def unsupported(records: list[logging.LogRecord]) -> str | None:
 # ---- metrics -------------------------------------------------------------------------------------
 
 
-def MetricExportGuard(inner: Any) -> Any:  # noqa: N802  (a class built on first use)
+def MetricExportGuard(inner: Any, preferred_temporality: dict[type, Any] | None = None,  # noqa: N802
+                      preferred_aggregation: dict[type, Any] | None = None) -> Any:
     """Wrap an OTLP metric exporter: exports run as attnscope's own (quiet), and the first answer
-    "metrics not supported" switches metric export off. Built lazily: the SDK is worker-side."""
-    return _guard_class()(inner)
+    "metrics not supported" switches metric export off. The preferences are those attnscope gave
+    ``inner`` (its reader asks the guard, not ``inner``). A class built on first use: the SDK is
+    worker-side."""
+    return _guard_class()(inner, preferred_temporality, preferred_aggregation)
 
 
 @functools.cache
@@ -240,9 +248,10 @@ def _guard_class() -> type:
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
     class _Guard(MetricExporter):
-        def __init__(self, inner: Any) -> None:
-            super().__init__(preferred_temporality=getattr(inner, "_preferred_temporality", None),
-                             preferred_aggregation=getattr(inner, "_preferred_aggregation", None))
+        def __init__(self, inner: Any, preferred_temporality: dict[type, Any] | None,
+                     preferred_aggregation: dict[type, Any] | None) -> None:
+            super().__init__(preferred_temporality=preferred_temporality,
+                             preferred_aggregation=preferred_aggregation)
             self.inner = inner
             self.off = False
             self._lock = threading.Lock()

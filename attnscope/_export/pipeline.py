@@ -230,13 +230,16 @@ class Pipeline:
     """
 
     def __init__(self, tracer: Any, provider: Any, owned: bool, *, exporter: Any = None,
-                 meter_provider: Any = None, meter_owned: bool = False) -> None:
+                 meter_provider: Any = None, meter_owned: bool = False,
+                 meter_readers: Sequence[Any] = ()) -> None:
         self.tracer = tracer
         self.provider = provider
         self.owned = owned
         self.exporter = exporter
         self.meter_provider = meter_provider
         self.meter_owned = meter_owned
+        # the readers attnscope created for its own meter provider (flushed one by one)
+        self.meter_readers = tuple(meter_readers)
         self.processor: Any = None  # the span processor attnscope added to a provider it owns
         self.delivery: Delivery = runtime.delivery  # process-wide: counts outlive pipelines
         # spans leave through a file, the console or nowhere: exporting waits on no network
@@ -276,7 +279,9 @@ class Pipeline:
         if self.exporter is not None:
             steps.append(("flush.exporter", lambda: self.exporter.force_flush(timeout_ms)))
         if self.meter_provider is not None:
-            steps.append(("flush.metrics", lambda: _flush_metrics(self.meter_provider, timeout_ms)))
+            readers = self.meter_readers if self.meter_owned and self.meter_readers else None
+            steps.append(("flush.metrics",
+                          lambda: _flush_metrics(self.meter_provider, timeout_ms, readers)))
         for stage, step in steps:
             try:
                 ok = (step() is not False) and ok
@@ -299,18 +304,25 @@ class Pipeline:
                 _log.internal_error("shutdown.metrics", exc)
 
 
-def _flush_metrics(meter_provider: Any, timeout_ms: int) -> bool:
+def _flush_metrics(meter_provider: Any, timeout_ms: int,
+                   readers: Sequence[Any] | None = None) -> bool:
     """Export pending metrics through push readers only.
 
     Flushing a pull reader (Prometheus) makes it queue one more copy of every series for the next
-    scrape, so an SDK provider's periodic readers are flushed one by one instead of the provider.
+    scrape, so the periodic ones among ``readers`` (those attnscope created for its own provider)
+    are flushed one by one instead of the provider. ``readers`` None: a provider attnscope did not
+    create, whose readers the SDK lists only in a private field; without it, flushed whole.
     """
     from opentelemetry.sdk.metrics import MetricsTimeoutError
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
     # a flush that runs out of time says so by raising: that is a False, not an internal error
     # (it was one line more on a loaded machine's stderr at exit, with no collector)
-    readers = getattr(meter_provider, "_metric_readers", None)
+    if readers is None:
+        # The application's provider. Flushed whole it would collect the application's pull
+        # readers too: Prometheus' copies, and an in-memory reader's exemplars spent before the
+        # application reads them (tests/test_exemplars.py). No public API lists the readers.
+        readers = getattr(meter_provider, "_metric_readers", None)
     try:
         if readers is None:
             flush = getattr(meter_provider, "force_flush", None)
@@ -394,16 +406,16 @@ def build(cfg: Config) -> Pipeline:
     else:
         provider = otel_trace.get_tracer_provider()
         owned = False
-    meter_provider, meter_owned = (None, False)
+    meter_provider, meter_owned, meter_readers = (None, False, ())
     if cfg.metrics:
         try:
-            meter_provider, meter_owned = meter_provider_for(
+            meter_provider, meter_owned, meter_readers = meter_provider_for(
                 cfg, traces_via, res if res is not None else resource(cfg))
         except Exception as exc:
             _log.internal_error("metrics.provider", exc)
     pipeline = Pipeline(provider.get_tracer(INSTRUMENTATION_NAME, __version__), provider, owned,
                         exporter=span_exporter, meter_provider=meter_provider,
-                        meter_owned=meter_owned)
+                        meter_owned=meter_owned, meter_readers=meter_readers)
     # a file exporter given as an object (attnscope's own, or `attnscope run`'s pair) waits on
     # no network either: exit lets it finish instead of cutting it at the network limit
     pipeline.local = (traces_via is not None and traces_via.startswith(_LOCAL)) or (

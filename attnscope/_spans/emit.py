@@ -25,6 +25,8 @@ span for span (docs/sampling.md); ``emitted`` counts call spans only (one per ca
 
 from __future__ import annotations
 
+import functools
+import itertools
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -34,7 +36,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-from opentelemetry.sdk.trace.sampling import Decision, ParentBased, StaticSampler
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, StaticSampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
     Link,
@@ -44,6 +46,7 @@ from opentelemetry.trace import (
     Status,
     StatusCode,
     TraceFlags,
+    TraceState,
 )
 
 from .._export.destinations import config_attributes
@@ -197,7 +200,7 @@ class DirectEmitter(Emitter):
         self._resource_cfg: Any = runtime.config.current
         self.processor = processor
         self.scope = InstrumentationScope(scope_name, version)
-        # the SDK's own fixed-decision samplers, decided here once (else asked per span)
+        # the SDK's own fixed-decision samplers, asked here once per kind of parent (else per span)
         self._fixed = _fixed_decisions(self.sampler)
         # the SDK's default id generator, its draw made here (two Python calls a span fewer);
         # any other generator (a subclass, the application's own) is asked per span
@@ -299,28 +302,55 @@ def _exception_event(err: ErrorInfo, timestamp: int) -> Event:
 # (root, remote parent sampled, remote parent not sampled, local parent sampled, local not sampled)
 _Fixed = tuple[tuple[bool, bool], ...]
 
+# One parent of each kind _decide tells apart, in _Fixed's order (None: no parent). Their trace
+# state is one object, so a sampler that passes on its parent's shows it by returning this one.
+_PROBE_STATE = TraceState([("attnscope", "probe")])
+_PROBE_PARENTS: tuple[SpanContext | None, ...] = (None, *(
+    SpanContext(1, 1, is_remote=remote, trace_flags=flags, trace_state=_PROBE_STATE)
+    for remote in (True, False) for flags in (_SAMPLED, _DEFAULT)))
+
+
+@functools.cache
+def _fixed_descriptions() -> frozenset[str]:
+    """What ``get_description()`` says for a ``ParentBased`` whose five delegates are each
+    ``ALWAYS_ON`` or ``ALWAYS_OFF`` (the SDK's own words, whatever its release makes of them)."""
+    return frozenset(ParentBased(*delegates).get_description()  # type: ignore[no-untyped-call]
+                     for delegates in itertools.product((ALWAYS_ON, ALWAYS_OFF), repeat=5))
+
+
+def _is_fixed(sampler: Any) -> bool:
+    """Whether ``sampler``'s decision depends on nothing but the kind of parent: exactly the SDK's
+    ``StaticSampler``, or exactly its ``ParentBased`` over static samplers only (told by the
+    public description; its delegates are not public)."""
+    if type(sampler) is StaticSampler:
+        return True
+    if type(sampler) is not ParentBased:
+        return False
+    try:
+        return sampler.get_description() in _fixed_descriptions()  # type: ignore[no-untyped-call]
+    except Exception:
+        return False
+
 
 def _fixed_decisions(sampler: Any) -> _Fixed | None:
-    """(sampled, recording) per kind of parent when ``sampler`` is exactly one of the SDK's
-    samplers whose decision is fixed (``ALWAYS_ON``/``ALWAYS_OFF``, the default
-    ``ParentBased`` over them): the same result ``should_sample`` returns, without asking it per
-    span. Anything else (a ratio, a subclass, the application's own): None, asked per span."""
-
-    def fixed(s: Any) -> tuple[bool, bool] | None:
-        decision = getattr(s, "_decision", None) if type(s) is StaticSampler else None
-        if not isinstance(decision, Decision):  # set once, in its constructor
-            return None
-        return decision is Decision.RECORD_AND_SAMPLE, decision is not Decision.DROP
-
-    if type(sampler) is StaticSampler:
-        one = fixed(sampler)
-        return (one,) * 5 if one is not None else None
-    if type(sampler) is not ParentBased:
+    """(sampled, recording) per kind of parent when ``sampler`` is one of the SDK's samplers
+    whose decision is fixed (``ALWAYS_ON``/``ALWAYS_OFF``, the default ``ParentBased`` over
+    them): its own ``should_sample`` asked once per kind of parent, so spans need not ask it.
+    Anything else (a ratio, a subclass, the application's own), or an answer that does not pass
+    the parent's trace state on as :func:`_decide` would: None, asked per span."""
+    if not _is_fixed(sampler):
         return None
-    found = [fixed(getattr(sampler, attr, None)) for attr in (
-        "_root", "_remote_parent_sampled", "_remote_parent_not_sampled",
-        "_local_parent_sampled", "_local_parent_not_sampled")]
-    return tuple(f for f in found if f is not None) if None not in found else None
+    found = []
+    for parent in _PROBE_PARENTS:
+        try:
+            result = sampler.should_sample(_parent_context(parent), 1, "attnscope.probe",
+                                           _INTERNAL)
+        except Exception:
+            return None
+        if result.trace_state is not (parent.trace_state if parent is not None else None):
+            return None
+        found.append((result.decision.is_sampled(), result.decision.is_recording()))
+    return tuple(found)
 
 
 def _decide(fixed: _Fixed, parent: SpanContext | None) -> tuple[bool, bool, Any]:
