@@ -295,15 +295,11 @@ def _closed_port() -> int:
 
 def _otlp_pipeline(port: int) -> Any:
     from types import SimpleNamespace
-    from unittest import mock
 
-    from attnscope._export.destinations import make_exporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    # made by attnscope (which keeps the endpoint it resolved): an exporter the application made
-    # names no URL
-    with mock.patch.dict(os.environ, {
-            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{port}/v1/traces"}):
-        return SimpleNamespace(local=False, exporter=make_exporter("otlp-http"))
+    return SimpleNamespace(local=False,
+                           exporter=OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces"))
 
 
 def test_exit_gives_an_endpoint_that_refuses_no_export_wait(

@@ -159,10 +159,19 @@ def keep_endpoint(exporter: Any, endpoint: str | None) -> None:
 
 
 def endpoint_of(exporter: Any) -> str | None:
-    """The URL an OTLP exporter attnscope made sends to (:func:`keep_endpoint`); None for anything
-    else, an OTLP exporter the application made included (the lines then name no URL)."""
+    """The URL an OTLP exporter sends to (None for anything else): the one attnscope resolved
+    for an exporter it made (:func:`keep_endpoint`), else an OTLP exporter's own."""
     endpoint = getattr(exporter, "attnscope_endpoint", None)
-    return endpoint if isinstance(endpoint, str) and endpoint else None
+    if isinstance(endpoint, str) and endpoint:
+        return endpoint
+    if not type(exporter).__module__.startswith("opentelemetry.exporter.otlp"):
+        return None
+    # an OTLP exporter the application made (configure(exporter=...)): it keeps its URL only
+    # privately, and its lines name it as they always did (missing: no URL in them)
+    endpoint = getattr(exporter, "_endpoint", None)
+    if not isinstance(endpoint, str) or not endpoint:
+        return None
+    return endpoint if "://" in endpoint else "http://" + endpoint
 
 
 def listening(endpoint: str, timeout_s: float = _PROBE_TIMEOUT_S) -> bool:
