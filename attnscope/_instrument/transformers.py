@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from .._attention.families import fsmt, funnel, gemma3n, gpt_neo, mpt
-from .._attention.families.base import pos_int
+from .._attention.families import config_window, fsmt, funnel, gemma3n, mpt
+from .._attention.families.base import layer_index
 from .._attention.families.deepseek_v4 import tokens_seen
 from .._attention.families.kept_keys import key_selection
 from .._record.facts import AttentionFacts, Facts, ModelFacts
@@ -197,15 +197,6 @@ def _sliding_held(layer: Any) -> int | None:
     return min(seen, window - 1)
 
 
-def _layer_idx(module: Any) -> int | None:
-    """The layer's index into a per-layer cache: ``layer_idx``, or GPT-Neo's ``layer_id``."""
-    for name in ("layer_idx", "layer_id"):
-        value = getattr(module, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
-    return None
-
-
 def _kv_shared(module: Any, extract: Extractor) -> Extractor:
     """``extract`` for a KV-shared layer (Gemma 3n: :mod:`.._attention.families.gemma3n`)."""
     kind = gemma3n.shared_kind(module)
@@ -220,33 +211,6 @@ def _kv_shared(module: Any, extract: Extractor) -> Extractor:
     return shared
 
 
-def _config_window(module: Any, window: int | None) -> bool:
-    """``window`` (:func:`_window`'s) is the config's, the module declaring none of its own."""
-    return (window is not None and "sliding_window" not in vars(module)
-            and gpt_neo.layer_kind(module, getattr(module, "config", None), _layer_idx(module))
-            not in ("local", "global"))
-
-
-def _window(module: Any) -> int | None:
-    config = getattr(module, "config", None)
-    # Hybrid models (EXAONE 4, ...) give every layer the config's window and say per layer whether
-    # it applies: an ``is_sliding`` flag, or ``config.layer_types``.
-    if vars(module).get("is_sliding") is False:
-        return None
-    types, layer = getattr(config, "layer_types", None), _layer_idx(module)
-    if isinstance(types, (list, tuple)) and layer is not None and layer < len(types):
-        if types[layer] == "full_attention":
-            return None
-    if "sliding_window" in vars(module):  # per-layer setting; None means full attention
-        return pos_int(module.sliding_window)
-    kind = gpt_neo.layer_kind(module, config, _layer_idx(module))
-    if kind in ("local", "global"):  # GPT-Neo: "local" layers see their last window_size keys
-        return gpt_neo.local_window(kind, config)
-    if getattr(config, "use_sliding_window", True) is False:
-        return None
-    return pos_int(getattr(config, "sliding_window", None)) if config is not None else None
-
-
 def _two_sided_local(module: Any) -> bool:
     """ModernBERT's local layers before transformers 5 (4.48 to 4.57 checked): ``local_attention =
     (left, right)``, their band given as ``sliding_window_mask`` beside the global mask."""
@@ -254,14 +218,13 @@ def _two_sided_local(module: Any) -> bool:
     return isinstance(pair, tuple) and len(pair) == 2 and pair != (-1, -1)
 
 
-def _traits_of(module: Any, bidirectional: bool,
-               window: int | None) -> tuple[Any, bool, bool]:
+def _traits_of(module: Any, bidirectional: bool) -> tuple[Any, bool, bool]:
     """(the layer's traits or None, whether they matter only with a cache, whether it has
     compressed keys: DeepSeek-V4). Chunked (Llama 4),
     blocked local (LongT5), encoder layers: derive reads them with the facts. An encoder layer's
     trait matters only with a cache: without one its facts stay alone (and their derive is kept
     per summary on the worker)."""
-    traits = layer_traits(module, bidirectional, _config_window(module, window))
+    traits = layer_traits(module, bidirectional)
     with_cache_only = (traits is not None and traits.chunk is None and traits.band is None
                        and not traits.config_window and traits.cores == 1
                        and traits.compressed is None)
@@ -286,7 +249,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
     if funnel.pooled_query(module):
         return _pooled_query_extractor(module, names)
     dims = head_info(module)
-    layer_idx = _layer_idx(module)
+    layer_idx = layer_index(module)
     # Zamba2's shared attention serves several layers: its own layer_idx is -1 and the layer's
     # index comes with each call
     index_per_call = layer_idx is None and "layer_idx" in names
@@ -301,10 +264,10 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
     # use_cache alone starts a cache only for a layer whose forward takes one (GPT-2's
     # layer_past); LayoutLM's and ESM's layers get it in **kwargs and keep none
     takes_cache = any(name in names for name in _CACHE)
-    (key_cap, key_block), window = key_selection(module), _window(module)
+    (key_cap, key_block), window = key_selection(module), config_window.layer_window(module)
     module_cross = getattr(module, "is_cross_attention", False) is True
     masked_where_true = mpt.masked_where_true(module)
-    traits, with_cache_only, compressed = _traits_of(module, bidirectional, window)
+    traits, with_cache_only, compressed = _traits_of(module, bidirectional)
 
     def extract(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Facts | None:
         # every argument the facts may need, in one pass: reading one that is not needed is free

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import (
+    config_window,
     deepseek_v4,
     diffllama,
     fsmt,
@@ -46,6 +47,7 @@ FAMILIES: tuple[Family, ...] = (
     gpt_neo.FAMILY,
     gemma3n.FAMILY,
     xlm.FAMILY,
+    config_window.FAMILY,
 )
 
 
