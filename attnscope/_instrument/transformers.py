@@ -18,7 +18,17 @@ from typing import Any
 
 import torch
 
-from .._attention.families import config_window, fsmt, funnel, gemma3n, mpt
+from .._attention.families import (
+    clip,
+    config_window,
+    fsmt,
+    funnel,
+    gemma3n,
+    hrm,
+    modernbert,
+    mpt,
+    zamba2,
+)
 from .._attention.families.base import layer_index
 from .._attention.families.deepseek_v4 import tokens_seen
 from .._attention.families.kept_keys import key_selection
@@ -47,13 +57,8 @@ _SEPARATE = (
 )
 _FUSED = ("c_attn", "query_key_value", "qkv_proj", "qkv", "Wqkv", "W_pack", "in_proj")
 _CACHE = ("cache", "past_key_values", "past_key_value", "layer_past")
-# A recurrent model that runs its layers several times per forward (HRM's H/L cycles, Dory's
-# loops) gives each pass a cache slot of its own: the layer's index plus this call's offset.
-_CACHE_OFFSET = ("cycle_offset", "cache_offset")
 _SOURCE = ("key_value_states", "encoder_hidden_states")
 _MASK = ("attention_mask", "mask")
-_LOCAL_MASK = "sliding_window_mask"
-_CAUSAL_MASK = ("causal_attention_mask",)
 _HIDDEN = ("hidden_states", "hidden", "x", "query")
 
 
@@ -211,13 +216,6 @@ def _kv_shared(module: Any, extract: Extractor) -> Extractor:
     return shared
 
 
-def _two_sided_local(module: Any) -> bool:
-    """ModernBERT's local layers before transformers 5 (4.48 to 4.57 checked): ``local_attention =
-    (left, right)``, their band given as ``sliding_window_mask`` beside the global mask."""
-    pair = vars(module).get("local_attention")
-    return isinstance(pair, tuple) and len(pair) == 2 and pair != (-1, -1)
-
-
 def _traits_of(module: Any, bidirectional: bool) -> tuple[Any, bool, bool]:
     """(the layer's traits or None, whether they matter only with a cache, whether it has
     compressed keys: DeepSeek-V4). Chunked (Llama 4),
@@ -233,11 +231,10 @@ def _traits_of(module: Any, bidirectional: bool) -> tuple[Any, bool, bool]:
 
 def _cache_slot(layer_idx: int | None, call_idx: Any, offset: Any) -> int | None:
     """The cache layer a call reads: the layer's own index, or the one given with the call
-    (Zamba2's shared attention), plus a per-call offset (HRM's recurrent passes)."""
-    idx = _call_index(call_idx) if call_idx is not None else layer_idx
-    if offset is not None and idx is not None:
-        idx += _call_index(offset) or 0
-    return idx
+    (:mod:`.._attention.families.zamba2`), moved by a per-call offset
+    (:mod:`.._attention.families.hrm`)."""
+    idx = zamba2.call_slot(call_idx) if call_idx is not None else layer_idx
+    return hrm.offset_slot(idx, offset) if offset is not None else idx
 
 
 def hidden_state_extractor(module: Any, names: tuple[str, ...],
@@ -250,10 +247,8 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
         return _pooled_query_extractor(module, names)
     dims = head_info(module)
     layer_idx = layer_index(module)
-    # Zamba2's shared attention serves several layers: its own layer_idx is -1 and the layer's
-    # index comes with each call
-    index_per_call = layer_idx is None and "layer_idx" in names
-    offset_per_call = layer_idx is not None and any(n in names for n in _CACHE_OFFSET)
+    index_per_call = zamba2.index_per_call(layer_idx, names)
+    offset_per_call = hrm.offset_per_call(layer_idx, names)
     time_first = fsmt.time_first(module)
     read = _mask_of_mapping(module, _reader(names, _argument_groups(
         module, names, time_first, index_per_call, offset_per_call)))
@@ -294,7 +289,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
         else:
             flag = kwargs.get("is_causal")
             causal = flag if isinstance(flag, bool) else getattr(instance, "is_causal", False)
-            # CLIP's text layers before transformers 5: causality as a mask of its own
+            # a causal mask of its own (:mod:`.._attention.families.clip`, FSMT's attn_mask)
             facts.causal = causal is True or causal_mask is not None
             facts.window = window if facts.causal else None
             facts.mask = mask
@@ -393,10 +388,10 @@ def _argument_groups(module: Any, names: tuple[str, ...], time_first: bool,
         _SOURCE,
         _CACHE,
         ("use_cache",),  # _starts_cache
-        _CAUSAL_MASK,
-        (_LOCAL_MASK, *_MASK) if _two_sided_local(module) else _MASK,
-        ("layer_idx",) if index_per_call else (),
-        _CACHE_OFFSET if offset_per_call else (),
+        clip.CAUSAL_MASK,
+        modernbert.mask_names(module, _MASK),
+        zamba2.INDEX if index_per_call else (),
+        hrm.OFFSETS if offset_per_call else (),
     )
 
 
@@ -404,13 +399,6 @@ def _facts_of(shape: Any, time_first: bool) -> AttentionFacts:
     if time_first and len(shape) == 3:
         return AttentionFacts(shape[1], shape[0])
     return AttentionFacts(shape[0], shape[1]) if len(shape) >= 3 else AttentionFacts(1, shape[0])
-
-
-def _call_index(value: Any) -> int | None:
-    """A layer index (Zamba2) or cache-slot offset (HRM) passed with the call, when it is one."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
 
 
 def _starts_cache(get: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

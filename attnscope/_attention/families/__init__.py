@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import (
+    clip,
     config_window,
     deepseek_v4,
     diffllama,
@@ -25,11 +26,14 @@ from . import (
     funnel,
     gemma3n,
     gpt_neo,
+    hrm,
     kept_keys,
     llama4,
     longt5,
+    modernbert,
     mpt,
     xlm,
+    zamba2,
 )
 from .base import Family
 
@@ -48,6 +52,10 @@ FAMILIES: tuple[Family, ...] = (
     gemma3n.FAMILY,
     xlm.FAMILY,
     config_window.FAMILY,
+    clip.FAMILY,
+    modernbert.FAMILY,
+    zamba2.FAMILY,
+    hrm.FAMILY,
 )
 
 
