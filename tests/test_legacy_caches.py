@@ -180,7 +180,7 @@ class _OldGPTNeoAttention(torch.nn.Module):
 @pytest.mark.parametrize("buffer_kind", ["global", "local"])
 def test_gpt_neo_local_window_without_attention_type(layer_id: int | None,
                                                      buffer_kind: str) -> None:
-    from attnscope._instrument.transformers import _window
+    from attnscope._attention.families.config_window import layer_window as _window
 
     module = _OldGPTNeoAttention(buffer_kind, layer_id)
     # layer_id indexes the config's attention_layers; without it the buffer is all there is

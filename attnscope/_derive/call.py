@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 import torch
 
 from .._attention.families import diffllama, llama4, longt5
+from .._attention.families.config_window import builds_masks as _builds_masks
+from .._attention.families.config_window import window_unapplied
 from .._attention.flops import attention_flops, causal_pairs, window_pairs
 from .._attention.masks import (
     MaskCounts,
@@ -68,10 +70,6 @@ def count_tokens(mask: torch.Tensor, batch: int, sq: int, ignores: bool = False)
 
 
 # ---- derive on the worker ----------------------------------------------------------------------
-
-
-# transformers' implementations that take the mask the model builds (flash ones take none)
-_MASK_TAKERS = frozenset(("eager", "sdpa"))
 
 
 def _find(summary: Mapping[str, Any], names: Sequence[str]) -> Any:
@@ -260,17 +258,6 @@ def _unread_facts(value: _Facts, device_reads: bool) -> _Facts:
     return value
 
 
-def _builds_masks(instance: Any) -> bool:
-    """The layer's model hands it the mask it builds (transformers' ``eager``/``sdpa``), so no
-    mask means none was needed: sdpa's causal skip, taken only where a window cannot bind. Flash
-    kernels take no mask and apply the window they are passed themselves."""
-    try:
-        impl = getattr(getattr(instance, "config", None), "_attn_implementation", None)
-    except Exception:  # noqa: BLE001  (a config property that raises: not known)
-        return False
-    return type(impl) is str and impl in _MASK_TAKERS
-
-
 def derive_attention(f: AttentionFacts, traits: LayerTraits | None = None,
                      builds_masks: bool = False) -> Derived:
     """Span attributes of one attention layer call (QK^T and PV only; projections excluded).
@@ -435,9 +422,7 @@ def _structure(f: AttentionFacts, reading: MaskReading | None, traits: LayerTrai
         # is_decoder=True), bidirectional on its multi-token calls too.
         causal = True
     own = f.window if causal and f.window else None
-    if own is not None and config_window and skv > own and (
-            (reading is not None and reading.causal is True and reading.window is None
-             and reading.pairs is not None) or (builds_masks and f.mask is None)):
+    if config_window and window_unapplied(own, skv, reading, builds_masks, f.mask):
         return causal, None, True
     if reading is not None and reading.window is not None:
         if own is not None and own < reading.window:

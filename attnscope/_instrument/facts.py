@@ -87,14 +87,11 @@ def head_info(module: Any) -> tuple[int | None, int | None, int | None, int | No
     return heads, kv_heads or heads, head_dim, head_dim_v
 
 
-def layer_traits(module: Any, bidirectional: bool = False,
-                 config_window: bool = False) -> LayerTraits | None:
+def layer_traits(module: Any, bidirectional: bool = False) -> LayerTraits | None:
     """The module's :class:`LayerTraits`, or None when it has none (most layers).
     ``bidirectional``: its model says its layers attend both ways
-    (:func:`.._attention.families.xlm.bidirectional_model`);
-    ``config_window``: its window is its config's only."""
+    (:func:`.._attention.families.xlm.bidirectional_model`)."""
     encoder = getattr(module, "is_decoder", None) is False
     # each family's trait from its detector (_attention.families), the rest from here
-    traits = LayerTraits(bidirectional=bidirectional or encoder, config_window=config_window,
-                         **detected_traits(module))
+    traits = LayerTraits(bidirectional=bidirectional or encoder, **detected_traits(module))
     return traits if traits != LayerTraits() else None

@@ -18,8 +18,18 @@ from typing import Any
 
 import torch
 
-from .._attention.families import fsmt, funnel, gemma3n, gpt_neo, mpt
-from .._attention.families.base import pos_int
+from .._attention.families import (
+    clip,
+    config_window,
+    fsmt,
+    funnel,
+    gemma3n,
+    hrm,
+    modernbert,
+    mpt,
+    zamba2,
+)
+from .._attention.families.base import layer_index
 from .._attention.families.deepseek_v4 import tokens_seen
 from .._attention.families.kept_keys import key_selection
 from .._record.facts import AttentionFacts, Facts, ModelFacts
@@ -47,13 +57,8 @@ _SEPARATE = (
 )
 _FUSED = ("c_attn", "query_key_value", "qkv_proj", "qkv", "Wqkv", "W_pack", "in_proj")
 _CACHE = ("cache", "past_key_values", "past_key_value", "layer_past")
-# A recurrent model that runs its layers several times per forward (HRM's H/L cycles, Dory's
-# loops) gives each pass a cache slot of its own: the layer's index plus this call's offset.
-_CACHE_OFFSET = ("cycle_offset", "cache_offset")
 _SOURCE = ("key_value_states", "encoder_hidden_states")
 _MASK = ("attention_mask", "mask")
-_LOCAL_MASK = "sliding_window_mask"
-_CAUSAL_MASK = ("causal_attention_mask",)
 _HIDDEN = ("hidden_states", "hidden", "x", "query")
 
 
@@ -197,15 +202,6 @@ def _sliding_held(layer: Any) -> int | None:
     return min(seen, window - 1)
 
 
-def _layer_idx(module: Any) -> int | None:
-    """The layer's index into a per-layer cache: ``layer_idx``, or GPT-Neo's ``layer_id``."""
-    for name in ("layer_idx", "layer_id"):
-        value = getattr(module, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
-    return None
-
-
 def _kv_shared(module: Any, extract: Extractor) -> Extractor:
     """``extract`` for a KV-shared layer (Gemma 3n: :mod:`.._attention.families.gemma3n`)."""
     kind = gemma3n.shared_kind(module)
@@ -220,48 +216,13 @@ def _kv_shared(module: Any, extract: Extractor) -> Extractor:
     return shared
 
 
-def _config_window(module: Any, window: int | None) -> bool:
-    """``window`` (:func:`_window`'s) is the config's, the module declaring none of its own."""
-    return (window is not None and "sliding_window" not in vars(module)
-            and gpt_neo.layer_kind(module, getattr(module, "config", None), _layer_idx(module))
-            not in ("local", "global"))
-
-
-def _window(module: Any) -> int | None:
-    config = getattr(module, "config", None)
-    # Hybrid models (EXAONE 4, ...) give every layer the config's window and say per layer whether
-    # it applies: an ``is_sliding`` flag, or ``config.layer_types``.
-    if vars(module).get("is_sliding") is False:
-        return None
-    types, layer = getattr(config, "layer_types", None), _layer_idx(module)
-    if isinstance(types, (list, tuple)) and layer is not None and layer < len(types):
-        if types[layer] == "full_attention":
-            return None
-    if "sliding_window" in vars(module):  # per-layer setting; None means full attention
-        return pos_int(module.sliding_window)
-    kind = gpt_neo.layer_kind(module, config, _layer_idx(module))
-    if kind in ("local", "global"):  # GPT-Neo: "local" layers see their last window_size keys
-        return gpt_neo.local_window(kind, config)
-    if getattr(config, "use_sliding_window", True) is False:
-        return None
-    return pos_int(getattr(config, "sliding_window", None)) if config is not None else None
-
-
-def _two_sided_local(module: Any) -> bool:
-    """ModernBERT's local layers before transformers 5 (4.48 to 4.57 checked): ``local_attention =
-    (left, right)``, their band given as ``sliding_window_mask`` beside the global mask."""
-    pair = vars(module).get("local_attention")
-    return isinstance(pair, tuple) and len(pair) == 2 and pair != (-1, -1)
-
-
-def _traits_of(module: Any, bidirectional: bool,
-               window: int | None) -> tuple[Any, bool, bool]:
+def _traits_of(module: Any, bidirectional: bool) -> tuple[Any, bool, bool]:
     """(the layer's traits or None, whether they matter only with a cache, whether it has
     compressed keys: DeepSeek-V4). Chunked (Llama 4),
     blocked local (LongT5), encoder layers: derive reads them with the facts. An encoder layer's
     trait matters only with a cache: without one its facts stay alone (and their derive is kept
     per summary on the worker)."""
-    traits = layer_traits(module, bidirectional, _config_window(module, window))
+    traits = layer_traits(module, bidirectional)
     with_cache_only = (traits is not None and traits.chunk is None and traits.band is None
                        and not traits.config_window and traits.cores == 1
                        and traits.compressed is None)
@@ -270,11 +231,10 @@ def _traits_of(module: Any, bidirectional: bool,
 
 def _cache_slot(layer_idx: int | None, call_idx: Any, offset: Any) -> int | None:
     """The cache layer a call reads: the layer's own index, or the one given with the call
-    (Zamba2's shared attention), plus a per-call offset (HRM's recurrent passes)."""
-    idx = _call_index(call_idx) if call_idx is not None else layer_idx
-    if offset is not None and idx is not None:
-        idx += _call_index(offset) or 0
-    return idx
+    (:mod:`.._attention.families.zamba2`), moved by a per-call offset
+    (:mod:`.._attention.families.hrm`)."""
+    idx = zamba2.call_slot(call_idx) if call_idx is not None else layer_idx
+    return hrm.offset_slot(idx, offset) if offset is not None else idx
 
 
 def hidden_state_extractor(module: Any, names: tuple[str, ...],
@@ -286,11 +246,9 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
     if funnel.pooled_query(module):
         return _pooled_query_extractor(module, names)
     dims = head_info(module)
-    layer_idx = _layer_idx(module)
-    # Zamba2's shared attention serves several layers: its own layer_idx is -1 and the layer's
-    # index comes with each call
-    index_per_call = layer_idx is None and "layer_idx" in names
-    offset_per_call = layer_idx is not None and any(n in names for n in _CACHE_OFFSET)
+    layer_idx = layer_index(module)
+    index_per_call = zamba2.index_per_call(layer_idx, names)
+    offset_per_call = hrm.offset_per_call(layer_idx, names)
     time_first = fsmt.time_first(module)
     read = _mask_of_mapping(module, _reader(names, _argument_groups(
         module, names, time_first, index_per_call, offset_per_call)))
@@ -301,10 +259,10 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
     # use_cache alone starts a cache only for a layer whose forward takes one (GPT-2's
     # layer_past); LayoutLM's and ESM's layers get it in **kwargs and keep none
     takes_cache = any(name in names for name in _CACHE)
-    (key_cap, key_block), window = key_selection(module), _window(module)
+    (key_cap, key_block), window = key_selection(module), config_window.layer_window(module)
     module_cross = getattr(module, "is_cross_attention", False) is True
     masked_where_true = mpt.masked_where_true(module)
-    traits, with_cache_only, compressed = _traits_of(module, bidirectional, window)
+    traits, with_cache_only, compressed = _traits_of(module, bidirectional)
 
     def extract(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Facts | None:
         # every argument the facts may need, in one pass: reading one that is not needed is free
@@ -331,7 +289,7 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
         else:
             flag = kwargs.get("is_causal")
             causal = flag if isinstance(flag, bool) else getattr(instance, "is_causal", False)
-            # CLIP's text layers before transformers 5: causality as a mask of its own
+            # a causal mask of its own (:mod:`.._attention.families.clip`, FSMT's attn_mask)
             facts.causal = causal is True or causal_mask is not None
             facts.window = window if facts.causal else None
             facts.mask = mask
@@ -430,10 +388,10 @@ def _argument_groups(module: Any, names: tuple[str, ...], time_first: bool,
         _SOURCE,
         _CACHE,
         ("use_cache",),  # _starts_cache
-        _CAUSAL_MASK,
-        (_LOCAL_MASK, *_MASK) if _two_sided_local(module) else _MASK,
-        ("layer_idx",) if index_per_call else (),
-        _CACHE_OFFSET if offset_per_call else (),
+        clip.CAUSAL_MASK,
+        modernbert.mask_names(module, _MASK),
+        zamba2.INDEX if index_per_call else (),
+        hrm.OFFSETS if offset_per_call else (),
     )
 
 
@@ -441,13 +399,6 @@ def _facts_of(shape: Any, time_first: bool) -> AttentionFacts:
     if time_first and len(shape) == 3:
         return AttentionFacts(shape[1], shape[0])
     return AttentionFacts(shape[0], shape[1]) if len(shape) >= 3 else AttentionFacts(1, shape[0])
-
-
-def _call_index(value: Any) -> int | None:
-    """A layer index (Zamba2) or cache-slot offset (HRM) passed with the call, when it is one."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
 
 
 def _starts_cache(get: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

@@ -18,17 +18,22 @@ from __future__ import annotations
 from typing import Any
 
 from . import (
+    clip,
+    config_window,
     deepseek_v4,
     diffllama,
     fsmt,
     funnel,
     gemma3n,
     gpt_neo,
+    hrm,
     kept_keys,
     llama4,
     longt5,
+    modernbert,
     mpt,
     xlm,
+    zamba2,
 )
 from .base import Family
 
@@ -46,6 +51,11 @@ FAMILIES: tuple[Family, ...] = (
     gpt_neo.FAMILY,
     gemma3n.FAMILY,
     xlm.FAMILY,
+    config_window.FAMILY,
+    clip.FAMILY,
+    modernbert.FAMILY,
+    zamba2.FAMILY,
+    hrm.FAMILY,
 )
 
 

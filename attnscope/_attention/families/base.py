@@ -1,12 +1,13 @@
-"""What every family module fills in: its :class:`Family` entry, and the reading of a module
-attribute they share."""
+"""What every family module fills in: its :class:`Family` entry, and the readings of a module
+they share (an int attribute, the layer's cache index, its forward's parameter names)."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-__all__ = ["Family", "pos_int"]
+__all__ = ["Family", "forward_names", "index_of", "layer_index", "pos_int"]
 
 
 class Family(NamedTuple):
@@ -31,3 +32,27 @@ def pos_int(value: Any) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     return None
+
+
+def index_of(value: Any) -> int | None:
+    """``value`` when it is an index: a non-negative int (not a bool), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def layer_index(module: Any) -> int | None:
+    """The layer's index into a per-layer cache: ``layer_idx``, or GPT-Neo's ``layer_id``."""
+    for name in ("layer_idx", "layer_id"):
+        value = index_of(getattr(module, name, None))
+        if value is not None:
+            return value
+    return None
+
+
+def forward_names(module: Any) -> tuple[str, ...]:
+    """The parameter names of ``module``'s class's forward (none where it has no signature)."""
+    try:
+        return tuple(inspect.signature(type(module).forward).parameters)
+    except (AttributeError, TypeError, ValueError):
+        return ()

@@ -2,8 +2,9 @@
 
 Detector: the layer's kind, ``"local"`` or ``"global"`` (:func:`layer_kind`); a local layer's
 window is the config's ``window_size``, the layer's own (not the config's: the model's mask does
-not show it). Rule: the worker's window reading (``_derive.call._structure``): a causal layer
-that declares a narrower window than its mask shows applies it itself.
+not show it; :func:`.config_window.layer_window` reads it). Rule: the worker's window reading
+(``_derive.call._structure``): a causal layer that declares a narrower window than its mask
+shows applies it itself.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .base import Family, pos_int
+from .base import Family, layer_index, pos_int
 
 __all__ = ["FAMILY", "layer_kind", "local_window"]
 
@@ -41,9 +42,8 @@ def local_window(kind: Any, config: Any) -> int | None:
 
 
 def _is_gpt_neo(module: Any) -> bool:
-    index = next((v for v in (getattr(module, n, None) for n in ("layer_idx", "layer_id"))
-                  if isinstance(v, int) and not isinstance(v, bool) and v >= 0), None)
-    return layer_kind(module, getattr(module, "config", None), index) in ("local", "global")
+    kind = layer_kind(module, getattr(module, "config", None), layer_index(module))
+    return kind in ("local", "global")
 
 
 FAMILY = Family("GPT-Neo local layers", ("gpt_neo",), _is_gpt_neo)
