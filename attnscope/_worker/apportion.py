@@ -218,3 +218,7 @@ class Ledger:
     def take(self, block: BatchRecord) -> BlockCalls | None:
         """The block's record, handed over once (its end): None when no call of it was split."""
         return self._calls.pop(block, None)
+
+    def __len__(self) -> int:
+        """Blocks whose calls the worker holds now."""
+        return len(self._calls)
