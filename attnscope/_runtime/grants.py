@@ -11,6 +11,7 @@ import fnmatch
 import threading
 
 from .._record.handles import SiteHandle
+from .grant import Grant
 from .sampler import CallSite
 
 __all__ = ["Grant", "Grants", "SLOW", "ON_DEMAND", "MAX_TRIGGER_CALLS"]
@@ -19,22 +20,6 @@ SLOW = "slow_call"
 ON_DEMAND = "on_demand"
 # The most calls one trigger can ask for.
 MAX_TRIGGER_CALLS = 10_000
-
-
-class Grant:
-    """One profile-tier grant: why (``kind``), for which shape bucket, linked to which capture."""
-
-    __slots__ = ("kind", "bucket", "link", "quantile", "left", "calls", "done")
-
-    def __init__(self, kind: str, bucket: tuple[int, ...] | None = None, link: int | None = None,
-                 quantile: float | None = None) -> None:
-        self.kind = kind
-        self.bucket = bucket
-        self.link = link  # capture id of the slow call (its span is linked from the profiled one)
-        self.quantile = quantile
-        self.left = 0  # the site's countdown when it was armed, less the armed calls since
-        self.calls = 0
-        self.done = False
 
 
 class Grants:

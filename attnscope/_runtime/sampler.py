@@ -19,7 +19,7 @@ from .._config import Config, budgeted
 
 if TYPE_CHECKING:
     from .._record.facts import Facts, SdpaCall
-    from .grants import Grant
+    from .grant import Grant
 
 __all__ = ["CallSite", "Sampler", "SpanSites", "TokenBucket", "OverheadBudget", "NEVER",
            "MAX_SITE_ERRORS", "FAST_PATH_NS"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from opentelemetry.trace import SpanContext
 
@@ -36,14 +36,21 @@ from .._runtime import runtime
 from .emit import OpenSpan
 from .run_id import RunId
 
-if TYPE_CHECKING:
-    from .spans import SpanBuilder
-
-__all__ = ["RANK_NAME", "ROOT_NAME", "StepTraces", "configured_run_id", "rank_name", "root_name",
-           "step_ids"]
+__all__ = ["RANK_NAME", "ROOT_NAME", "StepOut", "StepTraces", "configured_run_id", "rank_name",
+           "root_name", "step_ids"]
 
 ROOT_NAME = schema.PREFIX + "step"  # span names start so; the step's or rank's number follows
 RANK_NAME = schema.PREFIX + "rank"
+
+
+class StepOut(Protocol):
+    """What step spans leave through: the span builder's (``_spans.spans.SpanBuilder``)."""
+
+    def context_with(self, trace_id: int, span_id: int, name: str,
+                     parent: SpanContext | None) -> SpanContext: ...
+
+    def open_span(self, ctx: SpanContext, name: str, parent: SpanContext | None,
+                  attrs: dict[str, Any], start_ns: int) -> OpenSpan | None: ...
 
 
 def root_name(step_no: int) -> str:
@@ -144,7 +151,7 @@ class _Step:
 class StepTraces:
     """The open step's spans; :meth:`parent_for` is asked once per top-level call of a step."""
 
-    def __init__(self, out: SpanBuilder, run_id: Callable[[], str | None]) -> None:
+    def __init__(self, out: StepOut, run_id: Callable[[], str | None]) -> None:
         self.out = out  # the span builder: step spans leave as call spans do
         self._run_id = RunId(run_id)  # ``run_id``, else agreed by the ranks, else this process's
         self._open: _Step | None = None
