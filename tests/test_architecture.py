@@ -327,3 +327,21 @@ def test_overhead_budget_adds_are_exact_under_eight_threads() -> None:
     for t in pool:
         t.join()
     assert (budget._own_ns, budget._wall_ns) == (8 * 2000 * 3, 8 * 2000 * 7)
+
+
+def test_every_thread_attnscope_starts_is_named_for_it() -> None:
+    # A user's thread dump, and the soak's thread check (tests/reliability/test_soak.py), tell
+    # attnscope's threads from everyone else's by the name.
+    unnamed, found = [], 0
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and (
+                    (isinstance(node.func, ast.Attribute) and node.func.attr == "Thread")
+                    or (isinstance(node.func, ast.Name) and node.func.id == "Thread"))):
+                continue
+            found += 1
+            given = {k.arg: k.value for k in node.keywords}.get("name")
+            if not (isinstance(given, ast.Constant) and isinstance(given.value, str)
+                    and given.value.startswith("attnscope-")):
+                unnamed.append(f"{name}:{node.lineno}")
+    assert found >= 6 and not unnamed, (found, unnamed)  # a scan that finds none proves nothing

@@ -55,6 +55,13 @@ def _resources() -> tuple[int, int]:
     return threading.active_count(), open_fds()
 
 
+def _attnscope_threads() -> list[str]:
+    """attnscope's threads, by name (every thread it starts is named ``attnscope-*``). In the
+    suite's process the other threads are whatever earlier tests' libraries keep, and they come
+    and go on their own: counted too, one more at the end failed this soak once under load."""
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("attnscope"))
+
+
 def _soak_calls() -> dict[str, Any]:
     """The measurement, in a process of its own (``python -m tests.reliability.test_soak``): RSS
     read inside the test process would carry whatever earlier tests left behind."""
@@ -137,7 +144,7 @@ def test_soak_distinct_decorations(figures: Figures) -> None:
     for i in range(1_000):  # warm-up
         attnscope.trace(make(i))(x)
     assert attnscope.flush(timeout_s=30)
-    threads0, fds0 = _resources()
+    threads0, fds0 = _attnscope_threads(), open_fds()
     rss0 = _settled_rss()
     refs = []
     for i in range(DECORATIONS):
@@ -152,18 +159,19 @@ def test_soak_distinct_decorations(figures: Figures) -> None:
         del fn, traced
     assert attnscope.flush(timeout_s=60)
     rss1 = _settled_rss()
-    threads1, fds1 = _resources()
+    threads1, fds1 = _attnscope_threads(), open_fds()
     alive = sum(r() is not None for r in refs)
     growth_mb = (rss1 - rss0) / 2**20
     limit = _limit_mb(DECORATIONS, 100_000)
     figures.add(rss_growth_mb=round(growth_mb, 1), limit_mb=round(limit, 1),
                 bytes_per_decoration=round((rss1 - rss0) / DECORATIONS),
                 still_alive=f"{alive} of {len(refs)} wrappers/sites",
-                threads=(threads0, threads1), open_fds=(fds0, fds1))
+                threads=(len(threads0), len(threads1)), open_fds=(fds0, fds1))
     figures.lost = "n/a"
     assert alive == 0, f"{alive} of {len(refs)} dropped wrappers or call sites are still alive"
     assert growth_mb < limit, f"RSS grew {growth_mb:.1f} MB (limit {limit:.1f} MB)"
-    assert threads1 == threads0 and fds1 <= fds0
+    assert threads1 == threads0, f"attnscope's threads {threads0} -> {threads1}"
+    assert fds1 <= fds0, f"open files {fds0} -> {fds1}"
 
 
 if __name__ == "__main__":
