@@ -166,7 +166,7 @@ def test_soak_distinct_decorations(figures: Figures) -> None:
     figures.add(rss_growth_mb=round(growth_mb, 1), limit_mb=round(limit, 1),
                 bytes_per_decoration=round((rss1 - rss0) / DECORATIONS),
                 still_alive=f"{alive} of {len(refs)} wrappers/sites",
-                threads=(len(threads0), len(threads1)), open_fds=(fds0, fds1))
+                attnscope_threads=(len(threads0), len(threads1)), open_fds=(fds0, fds1))
     figures.lost = "n/a"
     assert alive == 0, f"{alive} of {len(refs)} dropped wrappers or call sites are still alive"
     assert growth_mb < limit, f"RSS grew {growth_mb:.1f} MB (limit {limit:.1f} MB)"
