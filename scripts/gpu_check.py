@@ -16,6 +16,10 @@ Steps (``--steps``, comma-separated; default ``env,tests,bench``):
   ``bench_graph_replay.py`` (a replay's host cost and the event nodes' device cost).
 - ``compile`` (opt-in, up to 8 minutes: five inductor compiles):
   ``tests/gpu/test_graph_compile.py``.
+- ``issue37`` (opt-in, a run of its own: ``--steps env,issue37``): issue 37's CUDA figures on its
+  Llama (16 layers, hidden 2048, bf16, batch 8, 128-token prompt, 32 new tokens) — the first
+  ``generate()`` of a process at production defaults (``bench_first_call.py``), every call traced
+  with metrics off and on, and the production defaults (``bench_model.py``).
 
 Each step has its own timeout, cut to what is left of ``--budget`` seconds (default 480: a device
 command may run 10 minutes); a failing step does not stop the next. ``DIR`` receives
@@ -40,7 +44,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES_ENV = "ATTNSCOPE_DEVICE_FIGURES"  # tests/support/figures.py
-STEPS = ("env", "tests", "bench", "compile")
+STEPS = ("env", "tests", "bench", "compile", "issue37")
 DEFAULT_STEPS = ("env", "tests", "bench")
 _TAIL = 6000  # characters of a step's output kept in the JSON
 
@@ -219,6 +223,21 @@ def _bench(run: Run, py: str) -> None:
         run.doc["benchmarks"][name] = {"rc": step.get("rc"), "output": step.get("output_tail")}
 
 
+def _issue37(run: Run, py: str) -> None:
+    first = [py, "benchmarks/bench_first_call.py", "--generate", "32", "--model", "issue37",
+             "--device", "cuda", "--runs", "2", "--generates", "3"]
+    model = [py, "benchmarks/bench_model.py", "--model", "issue37", "--device", "cuda"]
+    for name, argv, limit in (
+            ("issue37 first generate()", first, 200),
+            ("issue37 every call, metrics off", [*model, "--every-call", "--pairs", "20",
+                                                  "--metrics", "off"], 100),
+            ("issue37 every call, metrics on", [*model, "--every-call", "--pairs", "20",
+                                                 "--metrics", "on"], 100),
+            ("issue37 defaults", [*model, "--generate", "32", "--pairs", "60"], 150)):
+        step = run.command(name, argv, limit)
+        run.doc["benchmarks"][name] = {"rc": step.get("rc"), "output": step.get("output_tail")}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT") or "gpu_check_out",
@@ -245,11 +264,13 @@ def main(argv: list[str] | None = None) -> int:
         _tests(run, py)
     if "compile" in steps:
         _compile(run, py)
-    if "bench" in steps:
+    for name, bench in (("bench", _bench), ("issue37", _issue37)):
+        if name not in steps:
+            continue
         if cuda:
-            _bench(run, py)
+            bench(run, py)
         else:
-            run.say("\n== bench: no CUDA device, benchmarks not run")
+            run.say(f"\n== {name}: no CUDA device, benchmarks not run")
     failed = [s["name"] for s in run.doc["steps"] if s.get("rc") != 0]
     tests = run.doc.get("tests") or {}
     if not cuda:

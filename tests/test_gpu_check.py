@@ -93,6 +93,16 @@ def test_a_spent_budget_runs_no_step_and_says_so(tmp_path: Path) -> None:
         gc.main(["--out", str(tmp_path), "--steps", "env,nonsense"])
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the benchmarks would run")
+def test_benchmark_steps_without_cuda_run_nothing(tmp_path: Path) -> None:
+    gc = _script()
+    assert gc.main(["--out", str(tmp_path), "--steps", "env,bench,issue37"]) == 2
+    doc = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert doc["steps"] == [] and doc["benchmarks"] == {} and doc["status"] == "no-cuda"
+    log = (tmp_path / "gpu_check.log").read_text()
+    assert "== bench: no CUDA device" in log and "== issue37: no CUDA device" in log
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the run is the acceptance itself")
 def test_without_cuda_the_whole_run_says_no_cuda(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], cwd=ROOT,
