@@ -351,15 +351,27 @@ def test_user_exception_propagates_and_session_closes() -> None:
     assert "aten::relu" in [k.name for k in _descendants(spans, parent)]
 
 
-def _interrupted_then_profiled() -> None:
+@attnscope.trace
+def masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+           attn_mask: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+
+
+def _interrupted_then_profiled(with_mask: bool = False) -> None:
     """A profiled call the (patched) interrupt ends: it propagates, the lock is free and kineto
-    off; the next call is profiled again."""
+    off; the next call is profiled again. ``with_mask``: a call whose capture keeps a tensor (a
+    call of shapes alone has nothing for ``keep_summary`` to weigh, and skips it)."""
+    def call() -> Any:
+        if with_mask:
+            return masked(Q, Q, Q, torch.ones(Q.shape[-2], Q.shape[-2], dtype=torch.bool))
+        return sdpa(Q, Q, Q)
+
     with capture_spans(**PROFILE) as spans:
         with pytest.raises(KeyboardInterrupt):
-            sdpa(Q, Q, Q)
+            call()
         assert not runtime.profiler.session_lock.locked()
         assert not torch._C._autograd._profiler_enabled()
-        sdpa(Q, Q, Q)
+        call()
     assert [attrs(p)["attnscope.tier"] for p in _parents(spans)][-1] == "profile"
 
 
@@ -419,7 +431,7 @@ def test_ctrl_c_between_the_sessions_start_and_the_call_releases_the_profiler(
                 return getattr(real, name)
 
         monkeypatch.setattr(wrapper, "current", Current())
-    _interrupted_then_profiled()
+    _interrupted_then_profiled(with_mask=where == "keep_summary")
     assert fired
 
 

@@ -15,14 +15,15 @@ import torch
 from .. import _log
 from .._record.capture import MASK_NAMES, MAX_EXTRA, MAX_NAME, TensorMeta, attribute_value
 
-__all__ = ["summarize", "tensor_device", "param_names", "attribute_value", "add_attributes",
-           "check_attributes"]
+__all__ = ["summarize", "summary_device", "tensor_device", "param_names", "attribute_value",
+           "add_attributes", "check_attributes"]
 
 _MAX_POSITIONAL = 8
 _Tensor = torch.Tensor
 _Meta = TensorMeta
 _meta_new = tuple.__new__  # TensorMeta(...) without NamedTuple's __new__ wrapper
 _SCALARS = (bool, int, float)
+_PLAIN_KINDS = frozenset((bool, int, float, type(None)))
 
 
 def summarize(args: Sequence[Any], kwargs: Mapping[str, Any],
@@ -40,7 +41,7 @@ def summarize(args: Sequence[Any], kwargs: Mapping[str, Any],
             key = names[i] if i < n else f"arg{i}"
             # a nested tensor's shape is () (TensorMeta.of); built without the classmethod
             out.append((key, value if key in MASK_NAMES else _meta_new(_Meta, (
-                () if value.is_nested else tuple(value.shape), value.dtype, value.device))))
+                () if value.is_nested else value.shape, value.dtype, value.device))))
         elif value is None or isinstance(value, _SCALARS):
             out.append((names[i] if i < n else f"arg{i}", value))
         i += 1
@@ -48,15 +49,33 @@ def summarize(args: Sequence[Any], kwargs: Mapping[str, Any],
         for key, value in kwargs.items():
             if isinstance(value, _Tensor):
                 out.append((key, value if key in MASK_NAMES else _meta_new(_Meta, (
-                    () if value.is_nested else tuple(value.shape), value.dtype, value.device))))
+                    () if value.is_nested else value.shape, value.dtype, value.device))))
             elif value is None or isinstance(value, _SCALARS):
                 out.append((key, value))
     return out
 
 
-def tensor_device(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-    """The device of the first tensor argument, without summarising the others."""
-    for value in args[:_MAX_POSITIONAL]:
+def summary_device(summary: Sequence[tuple[str, Any]]) -> tuple[Any, bool]:
+    """(the device of the summary's first tensor, whether it keeps any tensor by reference): what
+    :func:`tensor_device` and a scan for masks would find in the arguments, read off the summary
+    :func:`summarize` made of them (the same arguments in the same order), with no second pass
+    over the arguments and no ``isinstance`` on their shapes."""
+    device = None
+    for _, value in summary:
+        kind = type(value)
+        if kind is _Meta:
+            if device is None:
+                device = value[2]
+        elif kind not in _PLAIN_KINDS and isinstance(value, _Tensor):
+            return (value.device if device is None else device), True
+    return device, False
+
+
+def tensor_device(args: Sequence[Any], kwargs: Mapping[str, Any], first: int = 0) -> Any:
+    """The device of the first tensor argument, without summarising the others; positional
+    arguments from ``first`` on (a method's instance is no tensor: ``isinstance`` on a module
+    goes through torch's ``__instancecheck__``)."""
+    for value in args[first:_MAX_POSITIONAL]:
         if isinstance(value, _Tensor):
             return value.device
     for value in kwargs.values():

@@ -283,13 +283,20 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
     cap.step_no = sampler.step_no
     # usually kept from the decision's parent step
     cap.otel_parent = _sampling.parent_context(sampler)
-    if site.kind == "method" and args:
+    first = 1 if site.kind == "method" and args else 0  # a method's instance: no tensor
+    if first:
         cap.instance = args[0]
     extractor = site.extractor
-    # instrument(): the extractor's facts stand in for the generic summary
-    summary = _args.summarize(args, kwargs, site.param_names) if extractor is None else []
-    # a replay has no tensor arguments: its events go on the graph's device
-    device = _args.tensor_device(args, kwargs) if replay is None else replay[0].device
+    if replay is not None or extractor is not None:
+        # instrument(): the extractor's facts stand in for the generic summary; a replay has no
+        # tensor arguments: its events go on the graph's device
+        summary: list[tuple[str, Any]] = []
+        keeps = True  # facts may hold a mask for keep_summary to weigh
+        device = replay[0].device if replay is not None else \
+            _args.tensor_device(args, kwargs, first)
+    else:  # the device from the summary's own reads: no second pass over the arguments
+        summary = _args.summarize(args, kwargs, site.param_names)
+        device, keeps = _args.summary_device(summary)
     cap.replay = replay
     cap.summary = summary
     cuda = device is not None and device.type == "cuda"
@@ -314,28 +321,47 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
     if cuda:  # after the grant is settled: events only for a call that is captured
         cap.timer = _event_timer(device)
     if tier == TIER_PROFILE:
-        if not _profiler.start(cap, device):
-            tier = TIER_TIMING
-        else:  # once the session is open: its release undoes it
-            try:  # default: the SDPA call inside, for its fallback verdict (capture.inner_sdpa)
-                cap.sdpa = (site.on_profile or _inner_sdpa.arm)(args, kwargs)
-            except Exception as exc:  # the profile goes on without those facts
-                _site_error(site, "extract", exc)
+        tier = _start_profile(cap, site, device, args, kwargs)
     cap.tier = tier
     if cap.timer is not None:
         cap.timer.record_start()
-    _retain.keep_summary(cap)  # last: a capture given up before this holds no budget
+    if keeps or cap.facts is not NO_FACTS:  # a traced call of shapes and scalars: nothing kept
+        _retain.keep_summary(cap)  # last: a capture given up before this holds no budget
     # Both clocks back to back: the span ends at start_epoch + wall, and a gap between the
     # two reads would end it early (a profiled call's last operators fell outside its span).
     # A thread preempted between them (ms on a loaded machine: a layer's k, v and o
     # projections were left on its parent) reads both again.
-    for _ in range(_CLOCK_TRIES):
+    before = _perf_ns()
+    cap.start_epoch_ns = time.time_ns()
+    cap.start_perf_ns = _perf_ns()
+    if cap.start_perf_ns - before > _CLOCK_GAP_NS:
+        _clocks_again(cap)
+    return True
+
+
+def _start_profile(cap: Capture, site: CallSite, device: Any, args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> int:
+    """The profiler session of a profile-tier call; the tier it gets (timing when the profiler
+    refuses)."""
+    if not _profiler.start(cap, device):
+        return TIER_TIMING
+    try:  # once the session is open: its release undoes it
+        # default: the SDPA call inside, for its fallback verdict (capture.inner_sdpa)
+        cap.sdpa = (site.on_profile or _inner_sdpa.arm)(args, kwargs)
+    except Exception as exc:  # the profile goes on without those facts
+        _site_error(site, "extract", exc)
+    return TIER_PROFILE
+
+
+def _clocks_again(cap: Capture) -> None:
+    """:func:`_open`'s two clocks read again, after a thread preempted between them (up to
+    ``_CLOCK_TRIES`` reads in all); the first read is inline, as nearly every call needs no more."""
+    for _ in range(_CLOCK_TRIES - 1):
         before = _perf_ns()
         cap.start_epoch_ns = time.time_ns()
         cap.start_perf_ns = _perf_ns()
         if cap.start_perf_ns - before <= _CLOCK_GAP_NS:
-            break
-    return True
+            return
 
 
 def _abandon(cap: Capture) -> None:
