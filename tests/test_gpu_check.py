@@ -7,7 +7,6 @@ figure lines, the time budget) are checked here on made-up input.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -18,17 +17,14 @@ import pytest
 import torch
 
 from .support import figures
+from .support.helpers import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "gpu_check")
 
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>

@@ -10,7 +10,6 @@ alter spans) with the command in the script's docstring.
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import json
 import os
 import subprocess
@@ -20,17 +19,15 @@ from typing import Any
 
 import pytest
 
+from .support.helpers import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "span_dump.py"
 GOLDEN = ROOT / "tests" / "golden" / "span_attributes.json"
 
 
 def _script() -> Any:
-    spec = importlib.util.spec_from_file_location("span_dump", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "span_dump")
 
 
 def test_measured_figures_are_normalised_and_the_rest_kept() -> None:

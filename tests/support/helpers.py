@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 import attnscope
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """A script of the repository (``scripts/...``), imported as module ``name`` to test its
+    functions."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def attrs(span: Any) -> dict[str, Any]:
