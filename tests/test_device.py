@@ -14,14 +14,14 @@ import torch
 
 import attnscope
 from attnscope import _log
-from attnscope._capture import args, device
+from attnscope._capture import device
 from attnscope._capture.device import CudaEventPool
 from attnscope._record.capture import DeviceMemory
 from attnscope._runtime import runtime
 from attnscope._worker import cuda as worker_cuda
 from attnscope.testing import capture_spans
 
-from .support.helpers import attrs
+from .support.helpers import attrs, calls_on
 
 MIB = 1 << 20
 # What CUDAPluggableAllocator says (c10/cuda/CUDAPluggableAllocator.cpp)
@@ -103,7 +103,7 @@ def alloc(monkeypatch: pytest.MonkeyPatch) -> FakeAllocator:
 def cuda_call(monkeypatch: pytest.MonkeyPatch, alloc: FakeAllocator) -> FakeAllocator:
     """Traced calls look like calls on cuda:0 of a one-GPU machine, with fake events."""
     cuda0 = torch.device("cuda", 0)
-    monkeypatch.setattr(args, "tensor_device", lambda args, kwargs: cuda0)
+    calls_on(monkeypatch, lambda _real: cuda0)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(runtime.device, "event_pool", CudaEventPool(make_event=FakeEvent))
@@ -344,7 +344,7 @@ def test_call_on_a_capturing_second_gpu_passes_through(
     gpus = FakeDevices()
     gpus.install(monkeypatch)
     gpus.capturing = {1}
-    monkeypatch.setattr(args, "tensor_device", lambda args, kwargs: torch.device("cuda", 1))
+    calls_on(monkeypatch, lambda _real: torch.device("cuda", 1))
     recorded = FakeEvent.recorded
     q = torch.randn(1, 2, 8, 4)
     with capture_spans() as spans:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import attnscope
-from attnscope._capture import args, device, graphs
+from attnscope._capture import device, graphs
 from attnscope._capture.device import CudaEventPool
 from attnscope._record import graphs as record_graphs
 from attnscope._record.capture import DeviceMemory
@@ -25,7 +25,7 @@ from attnscope._runtime import runtime
 from attnscope._worker import cuda as worker_cuda
 from attnscope.testing import capture_spans
 
-from .support.helpers import attrs
+from .support.helpers import attrs, calls_on
 
 STEP_MS = 1.5  # device time between two consecutive events the fake GPU passes
 
@@ -101,9 +101,8 @@ def gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGpu]:
     """Traced calls look like CUDA calls; the fake graph class is patched as CUDAGraph is."""
     fake = FakeGpu()
     cuda0 = torch.device("cuda", 0)
-    real = args.tensor_device  # a call with a tensor is on "cuda:0"; one without, on none
-    monkeypatch.setattr(args, "tensor_device",
-                        lambda a, k: cuda0 if real(a, k) is not None else None)
+    # a call with a tensor is on "cuda:0"; one without, on none
+    calls_on(monkeypatch, lambda real: cuda0 if real is not None else None)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: fake.capture is not None)
     monkeypatch.setattr(runtime.device, "event_pool",
                         CudaEventPool(make_event=lambda: FakeEvent(fake)))

@@ -140,14 +140,16 @@ def test_a_traced_call_on_the_device_reads_its_mask_from_the_copy(
     import contextlib
 
     import attnscope
-    from attnscope._capture import args, hostread
+    from attnscope._capture import hostread
     from attnscope._capture.device import CudaEventPool
     from attnscope._runtime import runtime
     from attnscope._worker import cuda as worker_cuda
     from attnscope.testing import capture_spans
 
+    from .support.helpers import calls_on
+
     cuda0 = torch.device("cuda", 0)
-    monkeypatch.setattr(args, "tensor_device", lambda a, k: cuda0)
+    calls_on(monkeypatch, lambda _real: cuda0)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", lambda device=None: {})

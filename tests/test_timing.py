@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import attnscope
-from attnscope._capture import args, device
+from attnscope._capture import device
 from attnscope._capture.device import CudaEventPool, DeviceTimer
 from attnscope._record.capture import DeviceMemory
 from attnscope._runtime import runtime
@@ -20,7 +20,7 @@ from attnscope._worker import loop
 from attnscope._worker.resolve import Resolver
 from attnscope.testing import capture_spans
 
-from .support.helpers import attrs
+from .support.helpers import attrs, calls_on
 
 
 class FakeGpu:
@@ -184,7 +184,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGpu]:
     """Make traced calls look like CUDA calls whose device work finishes when the test says."""
     gpu = FakeGpu()
     cuda0 = torch.device("cuda", 0)
-    monkeypatch.setattr(args, "tensor_device", lambda args, kwargs: cuda0)
+    calls_on(monkeypatch, lambda _real: cuda0)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(runtime.device, "event_pool",
                         CudaEventPool(make_event=lambda: FakeEvent(gpu)))

@@ -292,8 +292,7 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
         # tensor arguments: its events go on the graph's device
         summary: list[tuple[str, Any]] = []
         keeps = True  # facts may hold a mask for keep_summary to weigh
-        device = replay[0].device if replay is not None else \
-            _args.tensor_device(args, kwargs, first)
+        device = _args.tensor_device(args, kwargs, first) if replay is None else replay[0].device
     else:  # the device from the summary's own reads: no second pass over the arguments
         summary = _args.summarize(args, kwargs, site.param_names)
         device, keeps = _args.summary_device(summary)

@@ -23,6 +23,25 @@ def load_script(path: Path, name: str) -> ModuleType:
     return module
 
 
+def calls_on(monkeypatch: Any, device: Any) -> None:
+    """Traced calls look as if their tensors were on ``device(the real device or None)``: both
+    lookups the capture uses are patched, the arguments' (instrumented layers, graph marks) and
+    the argument summary's (traced functions)."""
+    from attnscope._capture import args
+
+    real_tensor, real_summary = args.tensor_device, args.summary_device
+
+    def tensor_device(a: Any, k: Any, first: int = 0) -> Any:
+        return device(real_tensor(a, k, first))
+
+    def summary_device(summary: Any) -> tuple[Any, bool]:
+        found, keeps = real_summary(summary)
+        return device(found), keeps
+
+    monkeypatch.setattr(args, "tensor_device", tensor_device)
+    monkeypatch.setattr(args, "summary_device", summary_device)
+
+
 def attrs(span: Any) -> dict[str, Any]:
     return dict(span.attributes or {})
 
