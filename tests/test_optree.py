@@ -415,6 +415,24 @@ def test_the_cap_applies_to_each_nested_span_after_hand_down() -> None:
     assert nested[1].children[0].name == "aten::op9"
 
 
+def test_an_op_goes_to_the_latest_nested_call_started_before_it() -> None:
+    # Two layers run one after the other. The first one's end was read late (its thread was
+    # preempted between the call's return and the clock read: seen under two CPU burners), so
+    # its span reaches into the second's: the second's first op started after the second began,
+    # and belongs to it, not to the first (it used to go to the first span found).
+    spans = [_child("aten::mul (model.layers.0.input_layernorm)", 10, 12),
+             _child("aten::linear (model.layers.0.mlp.up_proj)", 30, 40),
+             _child("aten::mul (model.layers.1.input_layernorm)", 52, 54),
+             _child("aten::linear (model.layers.1.mlp.up_proj)", 70, 80)]
+    nested = [_Nested(5, 60, "model.layers.0"), _Nested(50, 90, "model.layers.1")]
+    stay = optree.hand_down(spans, nested)
+    assert stay == []
+    assert [c.name for c in nested[0].children] == ["aten::mul (input_layernorm)",
+                                                    "aten::linear (mlp.up_proj)"]
+    assert [c.name for c in nested[1].children] == ["aten::mul (input_layernorm)",
+                                                    "aten::linear (mlp.up_proj)"]
+
+
 def test_labels_name_the_one_submodule_whose_weights_an_op_read() -> None:
     lin, shared = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
     root = torch.nn.Module()

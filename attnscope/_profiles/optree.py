@@ -303,10 +303,11 @@ def hand_down(children: list[ChildSpan], nested: Sequence[Any]) -> list[ChildSpa
 
     ``nested``: results of the calls nested directly in this one (with ``start_ns``, ``end_ns``,
     ``children``, and ``attrs`` holding ``attnscope.module``), not yet built. An op goes down when
-    it starts inside the nested call, with all spans below it; a GPU activity goes with the op
-    that launched it. (Its start, not its middle: a nested span's end is its start plus the
-    call's duration, measured from a few µs later, so it can read up to ~15 µs early under the
-    profiler, and a short last op — a decode step's ``o_proj`` — would stay outside.) A label
+    it starts inside the nested call (the one that began last, where two seem to overlap), with
+    all spans below it; a GPU activity goes with the op that launched it. (Its start, not its
+    middle: a nested span's end is its start plus the call's duration, measured from a few µs
+    later, so it can read up to ~15 µs early under the profiler, and a short last op — a decode
+    step's ``o_proj`` — would stay outside.) A label
     that names a module below the nested call's module is made relative to it
     (``model.layers.0.self_attn.q_proj`` → ``q_proj``). ``children`` as :func:`build` made them
     (:class:`Children`) are shared out before the cap, and the cap is then applied to what stays
@@ -322,11 +323,15 @@ def hand_down(children: list[ChildSpan], nested: Sequence[Any]) -> list[ChildSpa
         if p >= 0 and target[p] >= 0:
             target[k] = target[p]  # below a span that moved: goes with it
         elif child.attributes.get(_KIND) == _CPU_OP:
-            start = child.start_ns
+            # Of the nested calls around its start, the one that began last: calls made one
+            # after the other can seem to overlap, the earlier one's end read late (its thread
+            # preempted between the call's return and the clock read), and the later one's first
+            # ops are the later one's.
+            start, latest = child.start_ns, None
             for r, res in enumerate(nested):
-                if res.start_ns <= start <= res.end_ns:
-                    target[k] = r
-                    break
+                if res.start_ns <= start <= res.end_ns and (
+                        latest is None or res.start_ns > latest):
+                    target[k], latest = r, res.start_ns
     if all(t < 0 for t in target):
         return children
     new_index: dict[int, int] = {}
