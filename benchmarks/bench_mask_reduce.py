@@ -57,17 +57,17 @@ def _baseline(rev: str) -> tuple[types.ModuleType, str]:
     what the "before" column is. Where the tree has no git history (a copy sent to a GPU
     machine), today's ``_record/reduce.py``: its reductions are the ones ``rev`` enqueued on the
     device, so the counts are still checked and the column still shows that path's cost."""
+    shown = None
     for path in ("attnscope/_record/reduce.py", "attnscope/record/reduce.py"):  # renamed since
         try:
-            shown = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=_ROOT,
-                                   capture_output=True, text=True)
+            done = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=_ROOT,
+                                  capture_output=True, text=True)
         except OSError:  # no git at all
             break
-        if shown.returncode == 0:
+        if done.returncode == 0:
+            shown = done
             break
-    else:
-        shown = None
-    if shown is None or shown.returncode != 0:
+    if shown is None:
         from attnscope._record import reduce
 
         return reduce, f"today's _record/reduce.py ({rev} not found: no git history here)"
