@@ -16,10 +16,12 @@ import torch
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import attnscope
+from attnscope import _schema as schema
 from attnscope._capture import args as _args
 from attnscope._capture import wrapper
-from attnscope._record.capture import TensorMeta
+from attnscope._record.capture import Capture, TensorMeta, expand_summary
 from attnscope._runtime import runtime
+from tests.support.helpers import brute_force_flops
 
 SETTINGS: dict[str, Any] = {"sample_rate": 1.0, "warmup_calls": 0, "overhead_budget": 1.0,
                             "profile_rate": 0.0, "metrics": False}
@@ -77,6 +79,84 @@ def test_the_argument_summary_is_what_it_was() -> None:
     assert (values["v"], values["arg3"], values["arg4"], values["arg5"]) == (True, 3, 0.5, None)
     assert values["scale"] == 2.0
     assert len(summary) == 10  # the ninth and tenth positionals are past the bound of eight
+
+
+def _argument_sets() -> list[tuple[tuple[Any, ...], dict[str, Any], tuple[str, ...]]]:
+    q = torch.ones(1, 2, 3, 4)
+    mask = torch.ones(1, 1, 3, 3, dtype=torch.bool)
+    nested = torch.nested.nested_tensor([torch.ones(2, 4), torch.ones(3, 4)])
+    return [
+        ((q, q.to(torch.float16), True, 3, 0.5, None, "text", nested, q, q),
+         {"attn_mask": mask, "scale": 2.0, "k": q, "other": object()}, ("q", "k", "v")),
+        ((mask, q, q), {}, ("attention_mask", "q", "k")),  # the mask first: its device first
+        ((1, "x", None), {"flag": False}, ()),  # no tensor at all
+        ((), {}, ("q",)),
+        ((q.to(torch.float64),), {"key_padding_mask": mask}, ("q",)),
+    ]
+
+
+def test_a_flat_summary_expands_to_the_summary_and_knows_its_device() -> None:
+    """A traced call's flat summary (``summarize_flat``) gives, expanded, what ``summarize``
+    gives for the same arguments; its device is the first tensor's (a mask's too) and it says
+    whether it holds a tensor by reference."""
+    for args, kwargs, names in _argument_sets():
+        flat, device, held = _args.summarize_flat(args, kwargs, names)
+        pairs = _args.summarize(args, kwargs, names)
+        assert expand_summary(flat) == pairs
+        assert [type(v) for _, v in expand_summary(flat)] == [type(v) for _, v in pairs]
+        tensors = [v for v in (*args[:8], *kwargs.values()) if isinstance(v, torch.Tensor)]
+        assert device == (tensors[0].device if tensors else None)
+        assert held == any(not isinstance(v, TensorMeta) and isinstance(v, torch.Tensor)
+                           for _, v in pairs)
+
+
+def test_a_capture_expands_its_flat_summary_once_and_pairs_set_may_hold_tensors() -> None:
+    cap = Capture()
+    assert cap.summary == [] and not cap.held
+    q = torch.ones(2, 3)
+    cap = Capture()
+    cap.flat_summary, _, cap.held = _args.summarize_flat((q, 4), {}, ("q", "n"))
+    first = cap.summary
+    assert first == [("q", TensorMeta.of(q)), ("n", 4)] and not cap.held
+    assert cap.summary is first and cap.flat_summary == ()  # expanded once, the flat one let go
+    cap.summary = [("mask", q)]
+    assert cap.held and cap.summary == [("mask", q)]
+
+
+def test_a_traced_call_hands_its_summary_over_flat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The calling thread makes no pair and no TensorMeta for a call of shapes and scalars: the
+    worker expands the summary (a call with a mask is expanded on the calling thread, where its
+    mask is weighed against the retention budget)."""
+    handed: list[Capture] = []
+    real = runtime.worker.submit
+
+    def keep(cap: Capture) -> bool:
+        handed.append(cap)
+        flat = cap._summary is None
+        result = real(cap)
+        handed.append(flat)  # type: ignore[arg-type]
+        return result
+
+    monkeypatch.setattr(runtime.worker, "submit", keep)
+    exporter = InMemorySpanExporter()
+    attnscope.configure(exporter=exporter, **SETTINGS)
+
+    @attnscope.trace
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return q
+
+    q = torch.ones(1, 2, 4, 8)
+    attend(q, q, q)
+    attend(q, q, q, attn_mask=torch.ones(1, 1, 4, 4, dtype=torch.bool))
+    assert attnscope.flush(timeout_s=30)
+    assert handed[1] is True and handed[3] is False  # flat; expanded, for its mask
+    spans = exporter.get_finished_spans()
+    assert len(spans) == 2
+    for span in spans:  # the worker read the shapes from the flat summary
+        attributes = dict(span.attributes or {})
+        assert attributes[schema.FLOPS.name] == brute_force_flops(1, 2, 4, 4, 8, 8, False)
+        assert attributes[schema.NUM_HEADS.name] == 2
 
 
 class _CountingConfig:

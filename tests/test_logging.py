@@ -34,7 +34,7 @@ _EVERY_WARNING = textwrap.dedent(
     def boom(*a, **k):
         raise RuntimeError("injected")
 
-    args.summarize = boom
+    args.summarize_flat = boom
     attnscope.configure(sample_rate=1.0, warmup_calls=0, overhead_budget=1.0,
                         profile_rate=1.0, profile_max_per_minute=1000.0, metrics=False)
     attnscope.step("seven")

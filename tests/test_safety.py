@@ -33,7 +33,7 @@ def _boom(*_: Any, **__: Any) -> Any:
 
 
 STAGES: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
-    "inspection": lambda mp: mp.setattr(args, "summarize", _boom),
+    "inspection": lambda mp: mp.setattr(args, "summarize_flat", _boom),
     "capture": lambda mp: mp.setattr(wrapper, "_open", _boom),
     "capture-end": lambda mp: mp.setattr(runtime.worker, "submit", _boom),
     "worker-derive": lambda mp: mp.setattr(derive, "derive", _boom),

@@ -15,7 +15,7 @@ import torch
 from .. import _log
 from .._record.capture import MASK_NAMES, MAX_EXTRA, MAX_NAME, TensorMeta, attribute_value
 
-__all__ = ["summarize", "summary_device", "tensor_device", "param_names", "attribute_value",
+__all__ = ["summarize", "summarize_flat", "tensor_device", "param_names", "attribute_value",
            "add_attributes", "check_attributes"]
 
 _MAX_POSITIONAL = 8
@@ -23,7 +23,6 @@ _Tensor = torch.Tensor
 _Meta = TensorMeta
 _meta_new = tuple.__new__  # TensorMeta(...) without NamedTuple's __new__ wrapper
 _SCALARS = (bool, int, float)
-_PLAIN_KINDS = frozenset((bool, int, float, type(None)))
 
 
 def summarize(args: Sequence[Any], kwargs: Mapping[str, Any],
@@ -55,20 +54,53 @@ def summarize(args: Sequence[Any], kwargs: Mapping[str, Any],
     return out
 
 
-def summary_device(summary: Sequence[tuple[str, Any]]) -> tuple[Any, bool]:
-    """(the device of the summary's first tensor, whether it keeps any tensor by reference): what
-    :func:`tensor_device` and a scan for masks would find in the arguments, read off the summary
-    :func:`summarize` made of them (the same arguments in the same order), with no second pass
-    over the arguments and no ``isinstance`` on their shapes."""
+def summarize_flat(args: Sequence[Any], kwargs: Mapping[str, Any],
+                   names: Sequence[str]) -> tuple[list[Any], Any, bool]:
+    """:func:`summarize`'s summary flat (``capture.expand_summary`` makes the pairs), with the
+    device of its first tensor and whether it holds a tensor by reference (a mask).
+
+    A traced call's summary, made this way on the calling thread: no pair or
+    :class:`TensorMeta` per argument. Those were 6 of the 11 objects a sampled call of three
+    tensors left for the garbage collector, ~1 µs of the call's thread CPU with its collections
+    (``benchmarks/bench_hotpath.py``)."""
+    out: list[Any] = []
     device = None
-    for _, value in summary:
-        kind = type(value)
-        if kind is _Meta:
-            if device is None:
-                device = value[2]
-        elif kind not in _PLAIN_KINDS and isinstance(value, _Tensor):
-            return (value.device if device is None else device), True
-    return device, False
+    held = False
+    n = len(names)
+    i = 0
+    for value in args[:_MAX_POSITIONAL] if len(args) > _MAX_POSITIONAL else args:
+        if isinstance(value, _Tensor):
+            key = names[i] if i < n else f"arg{i}"
+            if key in MASK_NAMES:
+                out += (key, value, None, None)
+                held = True
+                if device is None:
+                    device = value.device
+            else:
+                on = value.device
+                # a nested tensor's shape is () (TensorMeta.of)
+                out += (key, () if value.is_nested else value.shape, value.dtype, on)
+                if device is None:
+                    device = on
+        elif value is None or isinstance(value, _SCALARS):
+            out += (names[i] if i < n else f"arg{i}", value, None, None)
+        i += 1
+    if kwargs:
+        for key, value in kwargs.items():
+            if isinstance(value, _Tensor):
+                if key in MASK_NAMES:
+                    out += (key, value, None, None)
+                    held = True
+                    if device is None:
+                        device = value.device
+                else:
+                    on = value.device
+                    out += (key, () if value.is_nested else value.shape, value.dtype, on)
+                    if device is None:
+                        device = on
+            elif value is None or isinstance(value, _SCALARS):
+                out += (key, value, None, None)
+    return out, device, held
 
 
 def tensor_device(args: Sequence[Any], kwargs: Mapping[str, Any], first: int = 0) -> Any:

@@ -129,11 +129,12 @@ def to_host(cap: Capture) -> bool:
         _attention(cap, cap.facts.attention, sends)
     if cap.facts.model is not None:
         _model(cap, cap.facts.model, sends)
-    summary = cap.summary
-    for i, (key, value) in enumerate(summary):
-        if key in MASK_NAMES and _on_device(value):
-            copy = _argument_mask(cap, value, key == "key_padding_mask", sends)
-            sends.writes.append(functools.partial(summary.__setitem__, i, (key, copy)))
+    if cap.held:  # else a summary of shapes and scalars (left flat for the worker to expand)
+        summary = cap.summary
+        for i, (key, value) in enumerate(summary):
+            if key in MASK_NAMES and _on_device(value):
+                copy = _argument_mask(cap, value, key == "key_padding_mask", sends)
+                sends.writes.append(functools.partial(summary.__setitem__, i, (key, copy)))
     return sends.send()
 
 

@@ -291,13 +291,11 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
         # instrument(): the extractor's facts stand in for the generic summary; a replay has no
         # tensor arguments: its events go on the graph's device
         summary: list[tuple[str, Any]] = []
-        keeps = True  # facts may hold a mask for keep_summary to weigh
+        cap.summary = summary  # facts may hold a mask for keep_summary to weigh
         device = _args.tensor_device(args, kwargs, first) if replay is None else replay[0].device
     else:  # the device from the summary's own reads: no second pass over the arguments
-        summary = _args.summarize(args, kwargs, site.param_names)
-        device, keeps = _args.summary_device(summary)
+        cap.flat_summary, device, cap.held = _args.summarize_flat(args, kwargs, site.param_names)
     cap.replay = replay
-    cap.summary = summary
     cuda = device is not None and device.type == "cuda"
     if cuda:
         # The tensor's device's stream, where the events go: during CUDA-graph capture events,
@@ -313,8 +311,8 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
         if cap.facts is NO_FACTS:  # nothing it recognised: the arguments' shapes, as for @trace
             summary.extend(_args.summarize(args, kwargs, site.param_names))
     if grant is not None:
-        tier, cap.grant = _grants.settle(runtime.grants, sampler, site, grant, summary, tier,
-                                         cap.facts)
+        tier, cap.grant = _grants.settle(runtime.grants, sampler, site, grant, cap.summary,
+                                         tier, cap.facts)
         if tier == TIER_NONE:  # an armed call outside the slow call's bucket: call through
             return False  # no CUDA event was taken for it
     if cuda:  # after the grant is settled: events only for a call that is captured
@@ -324,7 +322,7 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
     cap.tier = tier
     if cap.timer is not None:
         cap.timer.record_start()
-    if keeps or cap.facts is not NO_FACTS:  # a traced call of shapes and scalars: nothing kept
+    if cap.held or cap.facts is not NO_FACTS:  # a traced call of shapes, scalars: nothing kept
         _retain.keep_summary(cap)  # last: a capture given up before this holds no budget
     # Both clocks back to back: the span ends at start_epoch + wall, and a gap between the
     # two reads would end it early (a profiled call's last operators fell outside its span).

@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 import itertools
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from opentelemetry.trace import SpanContext
@@ -42,7 +42,7 @@ __all__ = [
     "ProfileSession", "next_id", "PROFILE_MARKER", "TIER_NONE", "TIER_TIMING", "TIER_PROFILE",
     "TIER_NAMES", "Facts", "NO_FACTS", "LayerTraits", "SdpaCall", "SdpaContext", "HostKind",
     "MASK_NAMES", "MAX_NAME", "MAX_EXTRA", "MAX_ERROR_TEXT", "MAX_VALUE", "MAX_ITEMS",
-    "ErrorInfo", "error_info", "HostCopy", "find_qkv", "attribute_value",
+    "ErrorInfo", "error_info", "HostCopy", "find_qkv", "attribute_value", "expand_summary",
 ]
 
 TIER_NONE = 0
@@ -78,6 +78,18 @@ class TensorMeta(NamedTuple):
         none, jagged ones a symbolic one)."""
         shape = () if tensor.is_nested else tuple(tensor.shape)
         return cls(shape, tensor.dtype, tensor.device)
+
+
+def expand_summary(flat: Sequence[Any]) -> list[tuple[str, Any]]:
+    """The ``(name, value)`` pairs of a flat summary (``capture.args.summarize_flat``): four
+    entries per argument, ``name, shape, dtype, device`` for a tensor's metadata and ``name,
+    value, None, None`` for a value kept as it is (a scalar, None, a mask)."""
+    out: list[tuple[str, Any]] = []
+    for i in range(0, len(flat) - 3, 4):
+        dtype = flat[i + 2]
+        out.append((flat[i], flat[i + 1] if dtype is None
+                    else TensorMeta(flat[i + 1], dtype, flat[i + 3])))
+    return out
 
 
 _Q_NAMES = ("query", "q", "query_states")
@@ -140,7 +152,9 @@ class Capture:
         "start_epoch_ns",
         "start_perf_ns",
         "end_perf_ns",
-        "summary",
+        "_summary",
+        "flat_summary",
+        "held",
         "facts",
         "sdpa",
         "instance",
@@ -169,8 +183,11 @@ class Capture:
         self.start_epoch_ns: int = 0
         self.start_perf_ns: int = 0
         self.end_perf_ns: int = 0
-        # the user's arguments: shapes, dtypes, devices and scalars (a mask by reference)
-        self.summary: list[tuple[str, Any]] = []
+        # the user's arguments: shapes, dtypes, devices and scalars (a mask by reference), as
+        # (name, value) pairs (``summary``) or, from a traced call, flat (:func:`expand_summary`)
+        self._summary: list[tuple[str, Any]] | None = None
+        self.flat_summary: tuple[Any, ...] | list[Any] = ()
+        self.held = False  # the summary may hold a tensor by reference (a mask)
         # what an instrument() extractor found (an attention layer's, a model's): typed facts
         self.facts: Facts = NO_FACTS
         # a profiled call's SDPA call, for its fallback verdict (capture.inner_sdpa)
@@ -195,6 +212,22 @@ class Capture:
         self.graph: GraphRecord | None = None
         # (GraphRecord, generation): a sampled replay of that graph, the replay's number
         self.replay: tuple[GraphRecord, int] | None = None
+
+    @property
+    def summary(self) -> list[tuple[str, Any]]:
+        """The argument summary as ``(name, value)`` pairs, a flat one expanded on first use
+        (most often on the worker: the calling thread makes 5 objects less per call for the
+        garbage collector to walk)."""
+        pairs = self._summary
+        if pairs is None:
+            pairs = self._summary = expand_summary(self.flat_summary)
+            self.flat_summary = ()
+        return pairs
+
+    @summary.setter
+    def summary(self, pairs: list[tuple[str, Any]]) -> None:
+        self._summary = pairs
+        self.held = True  # pairs may hold any tensor
 
     @property
     def wall_ns(self) -> int:

@@ -29,17 +29,17 @@ def calls_on(monkeypatch: Any, device: Any) -> None:
     the argument summary's (traced functions)."""
     from attnscope._capture import args
 
-    real_tensor, real_summary = args.tensor_device, args.summary_device
+    real_tensor, real_summary = args.tensor_device, args.summarize_flat
 
     def tensor_device(a: Any, k: Any, first: int = 0) -> Any:
         return device(real_tensor(a, k, first))
 
-    def summary_device(summary: Any) -> tuple[Any, bool]:
-        found, keeps = real_summary(summary)
-        return device(found), keeps
+    def summarize_flat(a: Any, k: Any, names: Any) -> tuple[list[Any], Any, bool]:
+        flat, found, held = real_summary(a, k, names)
+        return flat, device(found), held
 
     monkeypatch.setattr(args, "tensor_device", tensor_device)
-    monkeypatch.setattr(args, "summary_device", summary_device)
+    monkeypatch.setattr(args, "summarize_flat", summarize_flat)
 
 
 def attrs(span: Any) -> dict[str, Any]:
