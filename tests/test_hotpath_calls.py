@@ -234,3 +234,37 @@ def test_the_worker_reads_a_modules_implementation_once_per_batch(
     impls = [(span.attributes or {}).get("attnscope.implementation")
              for span in exporter.get_finished_spans()]
     assert impls == ["sdpa"] * 6 + ["eager"] * 2
+
+
+def test_an_instrumented_layer_asks_is_compiling_once_per_sampled_call(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A method's wrapper asks ``torch.compiler.is_compiling()`` before its countdown; enter()
+    does not ask again for it (a traced function's wrapper does not ask: enter() does)."""
+    asked: list[bool] = []
+    real = torch.compiler.is_compiling
+
+    def counting() -> bool:
+        asked.append(True)
+        return real()
+
+    monkeypatch.setattr(runtime.dynamo, "loaded", True)
+    monkeypatch.setattr(torch.compiler, "is_compiling", counting)
+    exporter = InMemorySpanExporter()
+    attnscope.configure(exporter=exporter, **SETTINGS)
+
+    class Layer(torch.nn.Module):
+        @attnscope.trace
+        def forward(self, q: torch.Tensor) -> torch.Tensor:
+            return q * 2
+
+    @attnscope.trace
+    def double(q: torch.Tensor) -> torch.Tensor:
+        return q * 2
+
+    q = torch.ones(2, 3)
+    for call in (Layer().forward, double):
+        asked.clear()
+        assert torch.equal(call(q), q * 2)
+        assert len(asked) == 1, call
+    assert attnscope.flush(timeout_s=30)
+    assert len(exporter.get_finished_spans()) == 2

@@ -104,17 +104,19 @@ def _install_graph_hooks() -> None:
 
 def enter(site: CallSite, args: tuple[Any, ...], kwargs: dict[str, Any],
           forced: bool | None = None, extra: dict[str, Any] | None = None,
-          replay: tuple[Any, int] | None = None) -> Active | None:
+          replay: tuple[Any, int] | None = None, checked: bool = False) -> Active | None:
     """Decide and, when sampled, open a capture and make it current. None: call through.
 
     ``replay``: (record, generation) of a CUDA graph replay (capture.graphs), timed on the
-    graph's device. Never raises but a Ctrl-C landing in it, which it lets through with nothing
-    left open: an internal error is counted against the site and the call goes through.
+    graph's device. ``checked``: the wrapper asked ``is_compiling()`` already (a call less on
+    an instrumented layer's sampled path). Never raises but a Ctrl-C landing in it, which it
+    lets through with nothing left open: an internal error is counted against the site and the
+    call goes through.
     """
     t_enter = _perf_ns()
     cap = None
     try:
-        if runtime.dynamo.loaded and _compile.is_compiling():
+        if not checked and runtime.dynamo.loaded and _compile.is_compiling():
             site.countdown = 1  # decide again on the next eager call
             _compile.register_pending()
             return None
@@ -409,12 +411,12 @@ def _site_error(site: CallSite, stage: str, exc: Exception) -> None:
 
 
 def _sampled(site: CallSite, fn: Callable[..., Any], args: tuple[Any, ...],
-             kwargs: dict[str, Any]) -> Any:
+             kwargs: dict[str, Any], checked: bool = False) -> Any:
     active = None
     # One flat try (a nested try's first line is outside the outer one's handlers): from
     # enter() on, a Ctrl-C on any line still reaches leave(), in the finally at the latest.
     try:
-        active = enter(site, args, kwargs)
+        active = enter(site, args, kwargs, None, None, None, checked)
         if active is None:
             return fn(*args, **kwargs)
         result = fn(*args, **kwargs)
@@ -492,7 +494,7 @@ def wrap(fn: F, site: CallSite, compile_check: bool | None = None) -> F:
             site.countdown -= 1
             if site.countdown > 0:
                 return fn(*args, **kwargs)
-            return _sampled(site, fn, args, kwargs)
+            return _sampled(site, fn, args, kwargs, True)
 
         return checked_wrapper  # type: ignore[return-value]
 
