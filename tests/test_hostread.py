@@ -14,6 +14,7 @@ import types
 import pytest
 import torch
 
+import attnscope
 from attnscope._derive import call as derive
 from attnscope._record import reduce
 from attnscope._record.capture import AttentionFacts, Facts, HostCopy, HostKind, ModelFacts
@@ -133,18 +134,14 @@ def test_a_timer_with_copies_is_ready_once_its_third_event_has_passed() -> None:
     assert again.ready()  # a reused timer waits for its third event only when it records one
 
 
-def test_a_traced_call_on_the_device_reads_its_mask_from_the_copy(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A sampled call on a (faked) CUDA device: the mask is copied on the call's stream and
-    counted by the worker; the capture does not keep the mask."""
+def _fake_cuda(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
+    """Traced calls on a faked CUDA device: their masks copied (the list of what was)."""
     import contextlib
 
-    import attnscope
     from attnscope._capture import hostread
     from attnscope._capture.device import CudaEventPool
     from attnscope._runtime import runtime
     from attnscope._worker import cuda as worker_cuda
-    from attnscope.testing import capture_spans
 
     from .support.helpers import calls_on
 
@@ -160,23 +157,59 @@ def test_a_traced_call_on_the_device_reads_its_mask_from_the_copy(
     monkeypatch.setattr(hostread, "_on_device", lambda v: isinstance(v, torch.Tensor))
     copied: list[torch.Tensor] = []
     monkeypatch.setattr(hostread, "enqueue_to_host", lambda v: copied.append(v) or v.clone())
+    return copied
 
-    @attnscope.trace
-    def masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               attn_mask: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
 
+@attnscope.trace
+def _masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            attn_mask: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+
+
+def test_a_traced_call_on_the_device_reads_its_mask_from_the_copy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sampled call on a (faked) CUDA device: the mask is copied on the call's stream and
+    counted by the worker; the capture does not keep the mask."""
+    from attnscope._runtime import runtime
+    from attnscope.testing import capture_spans
+
+    copied = _fake_cuda(monkeypatch)
     q = torch.randn(2, 2, 4, 8)
     mask = torch.ones(2, 1, 4, 4, dtype=torch.bool)
     mask[0, :, :, :1] = False  # row 0: its first key is padding
     with capture_spans() as spans:
-        masked(q, q, q, attn_mask=mask)
-        masked(q, q, q, attn_mask=mask)  # the same mask again: its copy is shared (issue 37)
+        _masked(q, q, q, attn_mask=mask)
+        _masked(q, q, q, attn_mask=mask)  # the same mask again: its copy is shared (issue 37)
         assert attnscope.flush(10)
     assert len(spans) == 2 and len(copied) == 1
     assert [s.attributes["attnscope.tokens"] for s in spans] == [7, 7]
     # the mask's bytes went back to the budget at the call's end
     assert runtime.retention.kept_bytes == 0
+
+
+def test_a_2d_query_by_key_mask_on_the_device_is_read_as_on_the_host(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SDPA's 2-D (Sq, Skv) mask on a (faked) CUDA device: reduced for the call's shape on the
+    calling thread, as the worker reads the same mask on the host (exact FLOPs, causality, its
+    window). Reference: the band's pairs counted from the mask broadcast to (B, H, Sq, Skv)."""
+    from attnscope.testing import capture_spans
+
+    q = torch.randn(2, 4, 8, 16)
+    band = torch.ones(8, 8, dtype=torch.bool).tril() & ~torch.ones(8, 8, dtype=torch.bool).tril(-3)
+    with capture_spans() as host:
+        _masked(q, q, q, attn_mask=band)
+        assert attnscope.flush(10)
+    copied = _fake_cuda(monkeypatch)
+    with capture_spans() as device:
+        _masked(q, q, q, attn_mask=band)
+        assert attnscope.flush(10)
+    assert len(copied) == 1
+    pairs = int(band.expand(2, 4, 8, 8).sum())
+    for spans in (host, device):
+        attributes = dict(spans[0].attributes or {})
+        assert attributes["attnscope.flops"] == 2 * pairs * (16 + 16)
+        assert attributes["attnscope.causal"] is True
+        assert attributes["attnscope.sliding_window"] == 3
 
 
 class _PassedEvent(_Event):

@@ -110,17 +110,19 @@ def test_a_flat_summary_expands_to_the_summary_and_knows_its_device() -> None:
                            for _, v in pairs)
 
 
-def test_a_capture_expands_its_flat_summary_once_and_pairs_set_may_hold_tensors() -> None:
+def test_a_capture_expands_its_flat_summary_once() -> None:
     cap = Capture()
-    assert cap.summary == [] and not cap.held
+    cap.expand()
+    assert cap.summary == [] and cap.flat_summary == ()
     q = torch.ones(2, 3)
-    cap = Capture()
-    cap.flat_summary, _, cap.held = _args.summarize_flat((q, 4), {}, ("q", "n"))
+    cap.flat_summary, _, held = _args.summarize_flat((q, 4), {}, ("q", "n"))
+    assert not held
+    cap.expand()
     first = cap.summary
-    assert first == [("q", TensorMeta.of(q)), ("n", 4)] and not cap.held
-    assert cap.summary is first and cap.flat_summary == ()  # expanded once, the flat one let go
-    cap.summary = [("mask", q)]
-    assert cap.held and cap.summary == [("mask", q)]
+    assert first == [("q", TensorMeta.of(q)), ("n", 4)] and type(first[0][1]) is TensorMeta
+    assert cap.flat_summary == ()  # the flat one let go
+    cap.expand()
+    assert cap.summary is first
 
 
 def test_a_traced_call_hands_its_summary_over_flat(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -132,7 +134,7 @@ def test_a_traced_call_hands_its_summary_over_flat(monkeypatch: pytest.MonkeyPat
 
     def keep(cap: Capture) -> bool:
         handed.append(cap)
-        flat = cap._summary is None
+        flat = bool(cap.flat_summary) and not cap.summary
         result = real(cap)
         handed.append(flat)  # type: ignore[arg-type]
         return result

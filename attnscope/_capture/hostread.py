@@ -48,6 +48,7 @@ from .._record.reduce import (
     mask_numbers,
     plan_mask,
     position_counts,
+    query_key_shape,
     row_layout,
     row_numbers,
     row_sums,
@@ -129,12 +130,11 @@ def to_host(cap: Capture) -> bool:
         _attention(cap, cap.facts.attention, sends)
     if cap.facts.model is not None:
         _model(cap, cap.facts.model, sends)
-    if cap.held:  # else a summary of shapes and scalars (left flat for the worker to expand)
-        summary = cap.summary
-        for i, (key, value) in enumerate(summary):
-            if key in MASK_NAMES and _on_device(value):
-                copy = _argument_mask(cap, value, key == "key_padding_mask", sends)
-                sends.writes.append(functools.partial(summary.__setitem__, i, (key, copy)))
+    summary = cap.summary  # a traced call's mask made it pairs (a flat one holds no tensor)
+    for i, (key, value) in enumerate(summary):
+        if key in MASK_NAMES and _on_device(value):
+            copy = _argument_mask(cap, value, key == "key_padding_mask", sends)
+            sends.writes.append(functools.partial(summary.__setitem__, i, (key, copy)))
     return sends.send()
 
 
@@ -145,6 +145,10 @@ def _argument_mask(cap: Capture, mask: torch.Tensor, ignores: bool, sends: _Send
     if qkv is None or mask.ndim not in (2, 3, 4):
         return _positions(cap, mask, ignores, sends)
     b, hq, sq, _ = qkv[0].shape
+    # SDPA's 2-D (Sq, Skv) mask, read as (1, 1, Sq, Skv) as the worker reads a host one
+    shape = None if ignores else query_key_shape(tuple(mask.shape), b, sq)
+    if shape is not None:
+        mask = mask.view(shape)
     return _mask_copy(cap, mask, ignores, b, hq, sq, qkv[1].shape[2], sends)[0]
 
 

@@ -292,11 +292,13 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
     if replay is not None or extractor is not None:
         # instrument(): the extractor's facts stand in for the generic summary; a replay has no
         # tensor arguments: its events go on the graph's device
-        summary: list[tuple[str, Any]] = []
-        cap.summary = summary  # facts may hold a mask for keep_summary to weigh
+        summary = cap.summary
+        keeps = True  # facts may hold a mask for keep_summary to weigh
         device = _args.tensor_device(args, kwargs, first) if replay is None else replay[0].device
     else:  # the device from the summary's own reads: no second pass over the arguments
-        cap.flat_summary, device, cap.held = _args.summarize_flat(args, kwargs, site.param_names)
+        cap.flat_summary, device, keeps = _args.summarize_flat(args, kwargs, site.param_names)
+        if keeps:  # a mask, weighed against the budget (and copied on CUDA) here: pairs now
+            cap.expand()  # else the worker makes them
     cap.replay = replay
     cuda = device is not None and device.type == "cuda"
     if cuda:
@@ -313,6 +315,7 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
         if cap.facts is NO_FACTS:  # nothing it recognised: the arguments' shapes, as for @trace
             summary.extend(_args.summarize(args, kwargs, site.param_names))
     if grant is not None:
+        cap.expand()
         tier, cap.grant = _grants.settle(runtime.grants, sampler, site, grant, cap.summary,
                                          tier, cap.facts)
         if tier == TIER_NONE:  # an armed call outside the slow call's bucket: call through
@@ -324,7 +327,7 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
     cap.tier = tier
     if cap.timer is not None:
         cap.timer.record_start()
-    if cap.held or cap.facts is not NO_FACTS:  # a traced call of shapes, scalars: nothing kept
+    if keeps or cap.facts is not NO_FACTS:  # a traced call of shapes, scalars: nothing kept
         _retain.keep_summary(cap)  # last: a capture given up before this holds no budget
     # Both clocks back to back: the span ends at start_epoch + wall, and a gap between the
     # two reads would end it early (a profiled call's last operators fell outside its span).

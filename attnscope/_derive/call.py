@@ -40,6 +40,7 @@ from .._record.capture import (
     TensorMeta,
     find_qkv,
 )
+from .._record.reduce import query_key_shape
 from .._runtime import runtime
 from . import beyond_mask
 from .model import as_int as _as_int
@@ -150,6 +151,8 @@ def _qkv_attributes(out: Derived, qkv: tuple[TensorMeta, TensorMeta, TensorMeta]
     out.batch_size, out.num_heads, out.num_kv_heads, out.head_dim = b, hq, hkv, d
     out.seq_len_q, out.seq_len_kv = sq, skv
     out.dtype, out.device = _dtype_name(q.dtype), str(q.device)
+    if not ignores:  # key_padding_mask is (B, Skv) by its own definition
+        mask = _query_key(mask, b, sq)
     counts = counts_of(mask, ignores, b, hq, sq, skv)
     reading, real = (None, None) if counts is None else read_counts(counts, b, hq, sq, skv)
     if reading is not None and reading.causal is not None:
@@ -172,6 +175,18 @@ def _qkv_attributes(out: Derived, qkv: tuple[TensorMeta, TensorMeta, TensorMeta]
     else:
         _tokens(out, mask, b, sq, ignores)
     return causal
+
+
+def _query_key(mask: Any, batch: int, sq: int) -> Any:
+    """``mask`` viewed as ``(1, 1, Sq, Skv)`` when it can only be SDPA's 2-D ``(Sq, Skv)`` mask
+    (:func:`.._record.reduce.query_key_shape`), else as it is: then it is read like a 4-D mask
+    (causality, window, exact pairs) and its bytes stay the same."""
+    if isinstance(mask, (torch.Tensor, TensorMeta)):
+        shape = query_key_shape(tuple(mask.shape), batch, sq)
+        if shape is not None:
+            return mask.view(shape) if isinstance(mask, torch.Tensor) \
+                else mask._replace(shape=shape)
+    return mask
 
 
 def _traffic(out: Derived, dims: tuple[int, int, int, int, int, int, int], kv_dtype: str | None,

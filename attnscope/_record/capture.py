@@ -85,11 +85,15 @@ def expand_summary(flat: Sequence[Any]) -> list[tuple[str, Any]]:
     entries per argument, ``name, shape, dtype, device`` for a tensor's metadata and ``name,
     value, None, None`` for a value kept as it is (a scalar, None, a mask)."""
     out: list[tuple[str, Any]] = []
-    for i in range(0, len(flat) - 3, 4):
+    for i in range(0, len(flat) - 3, 4):  # indexing: a third faster than zip's unpacking here
         dtype = flat[i + 2]
         out.append((flat[i], flat[i + 1] if dtype is None
-                    else TensorMeta(flat[i + 1], dtype, flat[i + 3])))
+                    else _meta_new(TensorMeta, (flat[i + 1], dtype, flat[i + 3]))))
     return out
+
+
+_meta_new = tuple.__new__  # TensorMeta(...) without NamedTuple's __new__ wrapper (the worker's
+# cost per argument of a traced call)
 
 
 _Q_NAMES = ("query", "q", "query_states")
@@ -152,9 +156,8 @@ class Capture:
         "start_epoch_ns",
         "start_perf_ns",
         "end_perf_ns",
-        "_summary",
+        "summary",
         "flat_summary",
-        "held",
         "facts",
         "sdpa",
         "instance",
@@ -183,11 +186,11 @@ class Capture:
         self.start_epoch_ns: int = 0
         self.start_perf_ns: int = 0
         self.end_perf_ns: int = 0
-        # the user's arguments: shapes, dtypes, devices and scalars (a mask by reference), as
-        # (name, value) pairs (``summary``) or, from a traced call, flat (:func:`expand_summary`)
-        self._summary: list[tuple[str, Any]] | None = None
+        # the user's arguments: shapes, dtypes, devices and scalars (a mask by reference)
+        self.summary: list[tuple[str, Any]] = []
+        # ... or, from a traced call of shapes and scalars, flat until the worker expands it
+        # (:meth:`expand`): the calling thread makes no pair or TensorMeta per argument
         self.flat_summary: tuple[Any, ...] | list[Any] = ()
-        self.held = False  # the summary may hold a tensor by reference (a mask)
         # what an instrument() extractor found (an attention layer's, a model's): typed facts
         self.facts: Facts = NO_FACTS
         # a profiled call's SDPA call, for its fallback verdict (capture.inner_sdpa)
@@ -213,21 +216,12 @@ class Capture:
         # (GraphRecord, generation): a sampled replay of that graph, the replay's number
         self.replay: tuple[GraphRecord, int] | None = None
 
-    @property
-    def summary(self) -> list[tuple[str, Any]]:
-        """The argument summary as ``(name, value)`` pairs, a flat one expanded on first use
-        (most often on the worker: the calling thread makes 5 objects less per call for the
-        garbage collector to walk)."""
-        pairs = self._summary
-        if pairs is None:
-            pairs = self._summary = expand_summary(self.flat_summary)
+    def expand(self) -> None:
+        """``summary`` made from ``flat_summary`` when the call left one (the worker does, first
+        thing for each capture)."""
+        if self.flat_summary:
+            self.summary = expand_summary(self.flat_summary)
             self.flat_summary = ()
-        return pairs
-
-    @summary.setter
-    def summary(self, pairs: list[tuple[str, Any]]) -> None:
-        self._summary = pairs
-        self.held = True  # pairs may hold any tensor
 
     @property
     def wall_ns(self) -> int:

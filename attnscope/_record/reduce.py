@@ -33,8 +33,8 @@ from typing import Any, NamedTuple
 import torch
 
 __all__ = ["FIELDS", "MASKED_BELOW", "PACK_FROM", "MaskPlan", "Shipment", "Later", "attend",
-           "mask_numbers", "plan_mask", "generated_numbers", "enqueue_to_host", "row_numbers",
-           "row_layout", "row_sums", "position_counts", "ship", "land"]
+           "mask_numbers", "plan_mask", "query_key_shape", "generated_numbers", "enqueue_to_host",
+           "row_numbers", "row_layout", "row_sums", "position_counts", "ship", "land"]
 
 # A float mask entry at or below this is "masked": covers -inf, finfo.min and the -10000 of
 # older models.
@@ -60,6 +60,16 @@ class MaskPlan(NamedTuple):
     # multiply the token count by this (a batch-broadcast mask); None: no count
     token_scale: int | None
     pair_scale: int  # batch and head broadcasts of the pair count
+
+
+def query_key_shape(shape: tuple[int, ...], batch: int, sq: int) -> tuple[int, ...] | None:
+    """The 4-D shape a traced call's 2-D mask is read as when it can only be ``(Sq, Skv)``, the
+    shape SDPA broadcasts over batch and heads: its first axis is the query length and is
+    neither 1 nor the call's batch (which a ``(B, Skv)`` padding mask would have). None: the
+    mask is read as it is."""
+    if len(shape) == 2 and shape[0] == sq and sq not in (1, batch):
+        return (1, 1, *shape)
+    return None
 
 
 def plan_mask(shape: tuple[int, ...], batch: int, heads: int | None, sq: int,

@@ -79,6 +79,7 @@ class Engine:
     def finish(self, cap: Capture, timed_out: bool, cuda: DeviceAccess,
                escalator: Escalator) -> None:
         """Derive what the capture says, parse its profile and hand its span to the builder."""
+        cap.expand()  # a traced call's summary came flat
         # derive's attributes for a summary of plain values, kept (.shapecache); else per call
         key = summary_key(cap.summary, cap.instance, cap.facts) if cap.profile is None else None
         shape = self._shapes.get(key) if key is not None else None
