@@ -211,9 +211,11 @@ def _no_sync(*args: Any) -> None:
     raise AssertionError("attnscope must never synchronize the device")
 
 
-@attnscope.trace
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def attention_untraced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+attention = attnscope.trace(attention_untraced)
 
 
 def test_worker_waits_for_device_time_without_blocking(fake_cuda: FakeGpu) -> None:
@@ -267,6 +269,9 @@ def test_torch_compile_tracing_passes_through(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     # Tracing needs Dynamo imported; attnscope asks is_compiling() only from then on.
     monkeypatch.setattr(runtime.dynamo, "loaded", True)
+    # Wrapped now: a wrapper made once Dynamo is loaded asks the is_compiling() torch had when
+    # it was made (the module's `attention` may be one, made before the patch above).
+    attention = attnscope.trace(attention_untraced)
 
     class Attn(torch.nn.Module):
         @attnscope.trace

@@ -292,7 +292,6 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
     if replay is not None or extractor is not None:
         # instrument(): the extractor's facts stand in for the generic summary; a replay has no
         # tensor arguments: its events go on the graph's device
-        summary = cap.summary
         keeps = True  # facts may hold a mask for keep_summary to weigh
         device = _args.tensor_device(args, kwargs, first) if replay is None else replay[0].device
     else:  # the device from the summary's own reads: no second pass over the arguments
@@ -313,7 +312,7 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
         except Exception as exc:  # the span goes out without the facts; the site counts the error
             _site_error(site, "extract", exc)
         if cap.facts is NO_FACTS:  # nothing it recognised: the arguments' shapes, as for @trace
-            summary.extend(_args.summarize(args, kwargs, site.param_names))
+            cap.summary.extend(_args.summarize(args, kwargs, site.param_names))
     if grant is not None:
         cap.expand()
         tier, cap.grant = _grants.settle(runtime.grants, sampler, site, grant, cap.summary,
