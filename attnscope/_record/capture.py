@@ -80,6 +80,10 @@ class TensorMeta(NamedTuple):
         return cls(shape, tensor.dtype, tensor.device)
 
 
+_meta_new = tuple.__new__  # TensorMeta(...) without NamedTuple's __new__ wrapper (the worker's
+# cost per argument of a traced call)
+
+
 def expand_summary(flat: Sequence[Any]) -> list[tuple[str, Any]]:
     """The ``(name, value)`` pairs of a flat summary (``capture.args.summarize_flat``): four
     entries per argument, ``name, shape, dtype, device`` for a tensor's metadata and ``name,
@@ -90,10 +94,6 @@ def expand_summary(flat: Sequence[Any]) -> list[tuple[str, Any]]:
         out.append((flat[i], flat[i + 1] if dtype is None
                     else _meta_new(TensorMeta, (flat[i + 1], dtype, flat[i + 3]))))
     return out
-
-
-_meta_new = tuple.__new__  # TensorMeta(...) without NamedTuple's __new__ wrapper (the worker's
-# cost per argument of a traced call)
 
 
 _Q_NAMES = ("query", "q", "query_states")
