@@ -126,15 +126,22 @@ def test_sentinel_never_in_logs(caplog: pytest.LogCaptureFixture, monkeypatch: p
                 "worker (derive) and at capture (argument summary), logger at DEBUG",
                 "sentinel in every tensor and argument")
     from attnscope._capture import args as _args
+    from attnscope._record import capture as _capture
 
     def failing_derive(summary: Any, instance: Any = None) -> Any:
         raise RuntimeError("injected worker failure")
 
+    reached: list[bool] = []
+
     def failing_meta(cls: Any, fields: Any) -> Any:  # a tensor argument's summary
+        reached.append(True)
         raise RuntimeError("injected capture failure")
 
     monkeypatch.setattr(derive, "derive", failing_derive)
+    # the pairs summary (instrumented calls' fallback) and a traced call's flat summary made
+    # pairs on the calling thread (a call with a mask: the mask is in the frame)
     monkeypatch.setattr(_args, "_meta_new", failing_meta)
+    monkeypatch.setattr(_capture, "_meta_new", failing_meta)
     caplog.set_level(logging.DEBUG, logger="attnscope")
     attnscope.configure(exporter="none", sample_rate=1.0, warmup_calls=0, overhead_budget=1.0,
                         profile_rate=0.0)
@@ -147,6 +154,7 @@ def test_sentinel_never_in_logs(caplog: pytest.LogCaptureFixture, monkeypatch: p
                 leaked=found)
     figures.lost = "n/a"
     assert attnscope.stats()["internal_errors"] > 0, "the injected failures were not reached"
+    assert reached, "the injected capture failure was not reached"
     assert records, "nothing was logged"
     bad = [text[:300] for text in rendered if leaks(text)]
     assert not found, f"sentinel {found} in log records, e.g. {bad[:2]}"
