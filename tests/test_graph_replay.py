@@ -416,6 +416,59 @@ def test_a_layers_cache_length_is_not_taken_from_the_capture(gpu: FakeGpu) -> No
     assert "attnscope.kv_cache_len" not in a and "attnscope.flops" not in a
 
 
+def test_a_layers_traits_are_kept_in_its_template(gpu: FakeGpu) -> None:
+    """What a layer's structure adds is the same on every replay: a differential-attention
+    layer (two attention cores a call) keeps both in a graph's span, as in an eager call's."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.DiffLlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                       num_hidden_layers=1, num_attention_heads=4,
+                                       num_key_value_heads=2, max_position_embeddings=64)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.DiffLlamaForCausalLM(cfg).eval()
+    ids = torch.arange(8)[None]
+    attnscope.instrument(model)
+    try:
+        with capture_spans() as eager:
+            with torch.no_grad():
+                model(input_ids=ids, use_cache=False)
+            gpu.finish_all()
+        with capture_spans() as spans:
+            graph = gpu.graph_class()  # type: ignore[attr-defined]
+            graph.capture_begin()
+            with torch.no_grad():
+                model(input_ids=ids, use_cache=False)
+            graph.capture_end()
+            graph.replay()
+            gpu.finish_all()
+    finally:
+        attnscope.uninstrument(model)
+    _, calls = _by_name(spans)
+    replayed = attrs(next(s for s in calls if "self_attn" in s.name))
+    called = attrs(next(s for s in eager if "self_attn" in s.name))
+    # 2 cores x 4 heads x 36 causal (query, key) pairs x 4 FLOPs a pair and head dimension (8)
+    assert called["attnscope.flops"] == 2 * 4 * 36 * 4 * 8
+    assert replayed["attnscope.replayed"] is True
+    # the mask is not read in a graph: the count is the causal bound, marked so
+    assert replayed["attnscope.flops"] == called["attnscope.flops"]
+    assert replayed["attnscope.exact"] is False
+
+
+def test_a_templates_compressed_entries_wait_for_a_cache_length() -> None:
+    """The tokens a layer's cache had seen (DeepSeek V4's compressed entries follow them) are the
+    capture's, like its length: a cached template drops them; one with no cache keeps its 0."""
+    from attnscope._capture.graph_calls import _facts_shapes_only
+    from attnscope._record.facts import AttentionFacts, Facts, LayerTraits
+
+    traits = LayerTraits(compressed=(4, 2), seen=12)
+    for cached, past, seen in ((True, 12, None), (False, None, 12)):
+        facts = AttentionFacts(1, 1)
+        facts.cached, facts.past = cached, past
+        kept = _facts_shapes_only(Facts(facts, traits))
+        assert kept.traits is not None and kept.traits.compressed == (4, 2)
+        assert kept.traits.seen == seen
+
+
 def test_a_replay_that_takes_arguments_gets_them(gpu: FakeGpu) -> None:
     class WithArgs:
         nodes: list[FakeEvent] = []

@@ -117,7 +117,8 @@ def _shapes_only(summary: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
 
 def _facts_shapes_only(facts: Facts) -> Facts:
     """An extractor's facts with every tensor as its shape (as :func:`_shapes_only`). A layer's
-    traits are not kept: a template's layer is derived from its facts alone."""
+    traits are kept (its attention cores, chunk, band: the same on every replay), but for the
+    tokens its cache had seen, which are the capture's."""
     for value in (facts.attention, facts.model):
         if value is None:
             continue
@@ -127,9 +128,13 @@ def _facts_shapes_only(facts: Facts) -> Facts:
             # the cache length at capture is not the replay's (a decode graph is replayed
             # over advancing positions), and a device one is not read: not known
             value.past = _UNKNOWN_LENGTH
-    if facts.attention is not None:
-        facts.attention.row_counts = None
-    return facts._replace(traits=None) if facts.traits is not None else facts
+    attention, traits = facts.attention, facts.traits
+    if attention is not None:
+        attention.row_counts = None
+        if traits is not None and traits.seen is not None and attention.cached:
+            # as the cache length above: a replay's compressed entries are not known
+            return facts._replace(traits=traits._replace(seen=None))
+    return facts
 
 
 def _meta(value: Any) -> Any:
