@@ -37,6 +37,14 @@ USER_MODULE = textwrap.dedent("""
 
     def crash(q, k, v, is_causal=False):
         raise ValueError("boom")
+
+    def forced(q, k, v, is_causal=False):  # the math kernel by a context of its own
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        heads = q.shape[1]
+        k, v = (t.repeat_interleave(heads // t.shape[1], 1) for t in (k, v))
+        with sdpa_kernel(SDPBackend.MATH):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
 """)
 B, H, KV, S, D = 1, 4, 2, 64, 16
 SMALL = ["--shape", f"{B},{H},{S},{D}", "--runs", "4", "--warmup", "1", "--profile-runs", "1"]
@@ -122,6 +130,18 @@ def test_table(user_dir: Path) -> None:
     idle = {line.split()[0]: line.split()[1] for line in lines[lines.index("not run here:") + 1:]}
     assert idle == {"efficient": "unavailable:", "cudnn": "unavailable:", "flex": "skipped:"}
     assert "--impl flex" in done.stdout and "Traceback" not in done.stderr
+    # the math row forces SDPA's math kernel: not a fallback to warn about (its row says so)
+    assert "ran the math kernel" not in done.stderr, done.stderr
+
+
+def test_only_the_math_rows_own_choice_of_kernel_goes_unsaid(user_dir: Path) -> None:
+    """The math row runs SDPA's math kernel on purpose: no fallback WARNING for it; a user's
+    function that forces it with a context of its own is still said, as anywhere."""
+    done = _run(user_dir, *SMALL, "--no-progress", "--impl", "math,myattn:forced")
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if "ran the math kernel" in line]
+    assert len(said) == 1 and said[0].startswith("compare.myattn:forced "), done.stderr
+    assert "excluded by an sdpa_kernel context" in said[0]
 
 
 def test_bad_user_module_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
