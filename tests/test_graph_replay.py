@@ -391,21 +391,28 @@ def prefilled_llama(layers: int) -> tuple[Any, Any]:
         model(input_ids=torch.arange(8)[None], **_cache_arg(model, cache), use_cache=True)
     return model, cache
 
+def _replayed(gpu: FakeGpu, call: Any) -> list[Any]:
+    """The spans of one replay of a graph captured around ``call()`` (no grad)."""
+    with capture_spans() as spans:
+        graph = gpu.graph_class()  # type: ignore[attr-defined]
+        graph.capture_begin()
+        with torch.no_grad():
+            call()
+        graph.capture_end()
+        graph.replay()
+        gpu.finish_all()
+    return spans
+
+
 def test_a_layers_cache_length_is_not_taken_from_the_capture(gpu: FakeGpu) -> None:
     """A decode graph is replayed over advancing positions: the length the layer's cache had at
     capture is not the replay's, so the layer's figures that need it are marked, not guessed."""
     model, cache = prefilled_llama(layers=1)
     attnscope.instrument(model)
     try:
-        with capture_spans() as spans:
-            graph = gpu.graph_class()  # type: ignore[attr-defined]
-            graph.capture_begin()
-            with torch.no_grad():
-                model(input_ids=torch.tensor([[9]]), **_cache_arg(model, cache), use_cache=True,
-                      cache_position=torch.tensor([8]))
-            graph.capture_end()
-            graph.replay()
-            gpu.finish_all()
+        spans = _replayed(gpu, lambda: model(input_ids=torch.tensor([[9]]),
+                                             **_cache_arg(model, cache), use_cache=True,
+                                             cache_position=torch.tensor([8])))
     finally:
         attnscope.uninstrument(model)
     _, calls = _by_name(spans)
@@ -433,14 +440,7 @@ def test_a_layers_traits_are_kept_in_its_template(gpu: FakeGpu) -> None:
             with torch.no_grad():
                 model(input_ids=ids, use_cache=False)
             gpu.finish_all()
-        with capture_spans() as spans:
-            graph = gpu.graph_class()  # type: ignore[attr-defined]
-            graph.capture_begin()
-            with torch.no_grad():
-                model(input_ids=ids, use_cache=False)
-            graph.capture_end()
-            graph.replay()
-            gpu.finish_all()
+        spans = _replayed(gpu, lambda: model(input_ids=ids, use_cache=False))
     finally:
         attnscope.uninstrument(model)
     _, calls = _by_name(spans)
