@@ -290,6 +290,13 @@ def test_own_meter_provider_follows_the_configuration(
         assert (".http." in module) == (expected == "http"), module
         resource = pipeline.meter_provider._sdk_config.resource.attributes
         assert resource["attnscope.version"] == attnscope.__version__
+        # the settings configure() may change later are the spans' (a meter provider's resource
+        # is fixed): none of them here, the rest of the spans' resource as it is
+        spans = pipeline.provider.resource.attributes
+        assert not [k for k in resource if k.startswith("attnscope.config.")]
+        assert [k for k in spans if k.startswith("attnscope.config.")]
+        assert {k: v for k, v in spans.items() if not k.startswith("attnscope.config.")} \
+            == dict(resource)
     finally:
         if pipeline.meter_provider is not None:
             pipeline.meter_provider.shutdown(timeout_millis=100)

@@ -374,8 +374,20 @@ def meter_provider_for(cfg: Config, traces_via: str | None, resource: Any, *,
     readers = tuple(r for r in (_reader(n, traces_via) for n in names) if r is not None)
     if not readers:
         return None, False, ()
-    return MeterProvider(metric_readers=readers, resource=resource,
+    return MeterProvider(metric_readers=readers, resource=_lasting(resource, cfg),
                          shutdown_on_exit=False), True, readers
+
+
+def _lasting(res: Any, cfg: Config) -> Any:
+    """``res`` without the settings a later ``configure()`` changes while the provider lives
+    (``attnscope.config.*``): a meter provider's resource is fixed once it is made, so they
+    would go stale there (spans take those in force: ``_spans.emit``); what the sampling does
+    now is a metric of its own (``attnscope.sampling.effective_rate``)."""
+    if not isinstance(res, Resource):
+        return res
+    changing = config_attributes(cfg)
+    return Resource({k: v for k, v in res.attributes.items() if k not in changing},
+                    res.schema_url)
 
 
 def _reader(name: str, traces_via: str | None) -> Any:
