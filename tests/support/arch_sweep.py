@@ -226,7 +226,11 @@ def build(model_type: str, class_name: str, impl: str = "eager", **extra: Any) -
         torch.manual_seed(0)
         model = cls(cfg).eval()
         model.set_attn_implementation(impl)
-    return model
+    # No parameter asks for a gradient: the reference's FLOP counter (its module tracker) hooks
+    # every module input that does, and a parameter handed to a module as an argument under
+    # no_grad has no gradient function to hook (transformers 5.25's hub-kernel layers: their
+    # causal conv takes the conv's weight), which failed ~20 families before attnscope ran.
+    return model.requires_grad_(False)
 
 
 def _config_of(model: Any, key: str) -> Any:
