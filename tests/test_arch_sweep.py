@@ -508,7 +508,7 @@ FULL = os.environ.get(EVERYTHING) == "all"
 
 @pytest.mark.slow
 @pytest.mark.skipif(not FULL,
-                    reason=f"every other causal LM (1-3 min); set {EVERYTHING}=all")
+                    reason=f"every other causal LM (about 3 min); set {EVERYTHING}=all")
 @pytest.mark.parametrize(("case", "check"), params(_auto_causal_lms(), AUTO_KNOWN))
 def test_every_other_causal_lm(case: Case, check: str) -> None:
     assert _checked(case, check) == []
