@@ -90,7 +90,10 @@ class Span:
         # A Ctrl-C handled as __exit__ starts, before its first line, leaves __exit__ at once and
         # the with statement does not call it again: the block is left when the Span is freed
         # (as the exception leaves the block's frame), its span marked as not exited
-        active = self._active
+        try:
+            active = self._active
+        except AttributeError:  # a Ctrl-C inside __init__: no block was entered
+            return
         if active is None:
             return
         try:

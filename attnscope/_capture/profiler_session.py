@@ -39,7 +39,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .. import _log
+from .. import _interrupt_safe, _log
 from .._record.capture import PROFILE_MARKER, Capture, ProfileSession
 from .._runtime import runtime
 from . import fork_exit, inner_sdpa  # noqa: F401  (fork_exit: a forked child exits without kineto)
@@ -126,11 +126,14 @@ def start(cap: Capture, device: Any) -> bool:
     if on_cuda and _sync_debug_on():
         _skip("sync_debug")  # stopping CUPTI needs a stream sync, which the user asked to flag
         return False
-    held = started = False
-    prepared = False  # kineto prepared and not yet enabled (a Ctrl-C between the two)
+    # Filled from C (_interrupt_safe): a Ctrl-C handled as a call returns cannot lose whether
+    # the lock was taken or kineto prepared, as `held = ...` could before it stored the result.
+    held: list[bool] = []
+    prepared: list[Any] = []  # kineto prepared (enable() finishes it if a Ctrl-C came first)
+    started = False
     try:  # the lock is taken inside: a Ctrl-C on any line leaves it held only by a session
-        held = p.session_lock.acquire(blocking=False)
-        if not held:
+        _interrupt_safe.take(p.session_lock, held)
+        if True not in held:
             _skip("busy")
             return False
         if p.foreign:  # a user's profiler claimed it between the check and the lock
@@ -142,9 +145,8 @@ def start(cap: Capture, device: Any) -> bool:
         p.owner = threading.get_ident()
         p.active = session
         _cpp_warnings.hush()  # put back by _teardown, on every path out of the session
-        # each flag set in the statement that makes it true: no line falls between the two
-        prepared = p.entry_points["prepare"](config, activities) is None
-        prepared = p.entry_points["enable"](config, activities) is not None
+        _interrupt_safe.call_into(prepared, p.entry_points["prepare"], config, activities)
+        p.entry_points["enable"](config, activities)
         session.marker = p.torch.ops.profiler._record_function_enter_new(
             PROFILE_MARKER, None)
         started = True  # from here on the capture's leave() stops it
@@ -153,7 +155,7 @@ def start(cap: Capture, device: Any) -> bool:
         _skip("error", exc)
         return False
     finally:  # Ctrl-C included: never leave the lock held or kineto on without a session
-        if held and not started:
+        if True in held and not started:
             cap.profile = None
             _release(disable=True, prepared=prepared)
 
@@ -183,7 +185,7 @@ def stop(session: ProfileSession) -> None:
         _release(disable=session.result is None)
 
 
-def _release(disable: bool, prepared: bool = False) -> None:
+def _release(disable: bool, prepared: list[Any] | None = None) -> None:
     p = runtime.profiler
     try:  # nothing nested: a nested try's first line is outside this one's finally
         _teardown(disable, prepared)
@@ -196,14 +198,14 @@ def _release(disable: bool, prepared: bool = False) -> None:
         p.owner = p.active = None; p.session_lock.release()  # noqa: E702
 
 
-def _teardown(disable: bool, prepared: bool = False) -> None:
+def _teardown(disable: bool, prepared: list[Any] | None) -> None:
     try:
         _stop_session(disable, prepared)
     finally:  # after kineto stopped: no block freed from now on is reported
         _cpp_warnings.restore()
 
 
-def _stop_session(disable: bool, prepared: bool) -> None:
+def _stop_session(disable: bool, prepared: list[Any] | None) -> None:
     p = runtime.profiler
     try:
         inner_sdpa.disarm()  # a profiled layer's SDPA recorder (capture.inner_sdpa)
@@ -338,13 +340,15 @@ def warm_up(cuda: bool | None = None) -> bool:
             cuda = False  # CUPTI refused once: keep the CPU side warm only
         if p.warm_cpu and (p.warm_cuda or not cuda):
             return True
-        if p.foreign or _user_profiler_active() or not p.session_lock.acquire(blocking=False):
+        if p.foreign or _user_profiler_active():
             return False
     except Exception as exc:
         _log.internal_error("profile-warmup", exc)
         return False
+    got: list[bool] = []  # filled from C: a Ctrl-C (import on the main thread) cannot lose it
     try:
-        if p.foreign:
+        _interrupt_safe.take(p.session_lock, got)
+        if True not in got or p.foreign:
             return False
         p.owner = threading.get_ident()
         config, activities = p.configs[bool(cuda)]
@@ -370,9 +374,10 @@ def warm_up(cuda: bool | None = None) -> bool:
             pass
         return False
     finally:
-        p.owner = None
-        # the lock first: a Ctrl-C inside restore() (attnscope's lines) must not keep it held
-        p.session_lock.release(), _cpp_warnings.restore()  # type: ignore[func-returns-value]
+        if True in got:
+            p.owner = None
+            # the lock first: a Ctrl-C inside restore() (attnscope's lines) must not keep it held
+            p.session_lock.release(), _cpp_warnings.restore()  # type: ignore[func-returns-value]
 
 
 def _load() -> bool:
@@ -496,15 +501,21 @@ def _wait_for_session(p: Any) -> None:
     sessions crash the process), said after ``_USER_WAIT_S``, given up after
     ``_USER_WAIT_MAX_S``."""
     p.foreign = True  # no new attnscope session starts meanwhile, on any thread
-    if not p.session_lock.acquire(timeout=_USER_WAIT_S):
-        _log.warn_once("profile-user-wait", "attnscope: your profiler waits for a traced call "
-                       "attnscope is profiling on another thread to end")
-        if not p.session_lock.acquire(timeout=_USER_WAIT_MAX_S - _USER_WAIT_S):
-            _log.warn_once("profile-user-gave-up", "attnscope: a profiled call has run for "
-                           "minutes; your profiler starts beside it (two sessions may crash)")
-            return
-    p.foreign = True  # set under the lock: a session starting now sees it and backs off
-    p.session_lock.release()
+    got: list[bool] = []  # filled from C: a Ctrl-C cannot lose a lock taken (_interrupt_safe)
+    try:
+        _interrupt_safe.take(p.session_lock, got, _USER_WAIT_S)
+        if True not in got:
+            _log.warn_once("profile-user-wait", "attnscope: your profiler waits for a traced "
+                           "call attnscope is profiling on another thread to end")
+            _interrupt_safe.take(p.session_lock, got, _USER_WAIT_MAX_S - _USER_WAIT_S)
+            if True not in got:
+                _log.warn_once("profile-user-gave-up", "attnscope: a profiled call has run for "
+                               "minutes; your profiler starts beside it (two sessions may crash)")
+                return
+        p.foreign = True  # set under the lock: a session starting now sees it and backs off
+    finally:
+        if True in got:
+            p.session_lock.release()
 
 
 install_hooks()

@@ -12,6 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .. import _interrupt_safe
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
@@ -43,7 +45,7 @@ class WorkerHandle:
         # held while attnscope imports its worker side or builds a pipeline (imports), so that a
         # fork waits for the import to finish (see before_fork)
         self.import_lock = threading.Lock()
-        self.fork_held = False
+        self.fork_held: list[bool] = []  # filled from C (_interrupt_safe.take)
         self.atexit_registered = False
         # worker.loop.shutdown, kept by worker.at_exit.register: a forked child's os._exit
         # exports through it (_worker/at_exit.py)
@@ -61,18 +63,19 @@ class WorkerHandle:
         self.import_lock = threading.Lock()
         self.current = None
         self.spare = None  # the parent's thread does not exist here
-        self.fork_held = False
+        self.fork_held = []
         self.retired_counts = {}  # the child counts its own spans
         self.retiring = []
 
     def before_fork(self) -> None:
         """Wait (bounded) for attnscope's own imports in other threads: a child forked while a
         thread imports a module would wait for that module's import lock for ever."""
-        self.fork_held = self.import_lock.acquire(timeout=_FORK_WAIT_S)
+        self.fork_held = []  # a Ctrl-C as the lock is taken must not lose that it was
+        _interrupt_safe.take(self.import_lock, self.fork_held, _FORK_WAIT_S)
 
     def after_fork_in_parent(self) -> None:
-        if self.fork_held:
-            self.fork_held = False
+        held, self.fork_held = self.fork_held, []
+        if True in held:
             self.import_lock.release()
 
     def set_starter(self, start: Callable[[], Worker | None]) -> None:
