@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
-from . import _exit_status, _log, _nothing_sampled
+from . import _exit_status, _interrupt_safe, _log, _nothing_sampled
 from ._capture import profiler_session, wrapper
 from ._capture.args import check_attributes
 from ._capture.sampling import force as _force
@@ -232,14 +232,21 @@ def sampling(force: bool = True, profile: bool = False) -> Iterator[None]:
 
     ``profile=True`` also asks for the profile tier, still limited by ``profile_max_per_minute``.
     """
-    token = _force.set((bool(force), bool(profile)))
+    value = (bool(force), bool(profile))
     sampler = runtime.sampler
-    sampler.force_enter()
+    key = object()
+    token: list[Any] = []  # filled from C: a Ctrl-C as set() returns cannot lose the token
     try:
+        _interrupt_safe.call_into(token, _force.set, value)
+        sampler.force_enter(key)
         yield
-    finally:
-        sampler.force_exit()
-        _force.reset(token)
+    finally:  # each undo is one C call, made first: a Ctrl-C as it returns leaves it done
+        try:
+            sampler.force_blocks.pop(key, None)
+            sampler.force_exit(key)
+        finally:
+            if token:
+                _force.reset(token[0])
 
 
 class _Step:

@@ -26,7 +26,9 @@ import pytest
 import torch
 
 import attnscope
+from attnscope._capture import batch as _batch
 from attnscope._capture import wrapper
+from attnscope._capture.sampling import force as _force
 from attnscope._runtime import runtime
 from attnscope.testing import capture_spans
 
@@ -118,6 +120,10 @@ def _broken() -> list[str]:
         problems.append("kineto left on")
     if wrapper.current.get() is not None:
         problems.append("a capture left current")
+    if runtime.sampler.force_blocks or _force.get() is not None:
+        problems.append("a sampling() block left open")
+    if _batch.rows_var.get() is not None:
+        problems.append("a batch() block left current")
     attnscope.flush(timeout_s=30)
     s = attnscope.stats()
     accounted = (s["emitted"] + s["dropped_queue_full"] + s["dropped_trace_cap"]
@@ -144,6 +150,16 @@ def _block() -> None:
         _traced(torch.ones(1, 2, 4, 8))
 
 
+def _sampling() -> None:
+    with attnscope.sampling(force=True, profile=True):
+        _traced(torch.ones(1, 2, 4, 8))
+
+
+def _batch_block() -> None:
+    with attnscope.batch(["request-1", "request-2"]):
+        _traced(torch.ones(2, 2, 4, 8))
+
+
 def _sweep(body: Callable[[], None], after_calls: bool = False) -> None:
     """Interrupt every line (or C call) in turn; print each step (a hang shows where) and the
     first break."""
@@ -166,8 +182,14 @@ def _sweep(body: Callable[[], None], after_calls: bool = False) -> None:
         print("OK", flush=True)
 
 
-@pytest.mark.parametrize("after_calls", [False, True], ids=["at_lines", "after_c_calls"])
-@pytest.mark.parametrize("body", ["_call", "_block"])
+# sampling() and batch() are generators: raising at the first line of their ``finally`` (which
+# no signal can reach: it follows no call) ends the generator before its undo, so they are swept
+# as each C call returns only, where a real signal lands
+@pytest.mark.parametrize(("body", "after_calls"), [
+    ("_call", False), ("_block", False), ("_call", True), ("_block", True),
+    ("_sampling", True), ("_batch_block", True)],
+    ids=["call-at_lines", "block-at_lines", "call-after_c_calls", "block-after_c_calls",
+         "sampling-after_c_calls", "batch-after_c_calls"])
 def test_a_ctrl_c_on_any_attnscope_line_leaves_nothing_open(body: str, after_calls: bool) -> None:
     # its own interpreter: a broken run may hang on a lock it left held
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

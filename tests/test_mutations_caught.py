@@ -257,7 +257,8 @@ def test_warmup_is_exact_while_another_context_forces_sampling() -> None:
     s.apply(Config(sample_rate=1.0, warmup_calls=warmup, overhead_budget=1.0, profile_rate=0.0))
     site = CallSite("w", "w")
     s.register(site)
-    s.force_enter()  # a forced block in another context: this context's force var is unset
+    block = object()
+    s.force_enter(block)  # a forced block in another context: this context's force var is unset
     try:
         tiers = []
         for _ in range(warmup + 3):
@@ -267,7 +268,7 @@ def test_warmup_is_exact_while_another_context_forces_sampling() -> None:
                 continue
             tiers.append(decide(s, site)[0])
     finally:
-        s.force_exit()
+        s.force_exit(block)
     assert tiers == [TIER_NONE] * warmup + [TIER_TIMING] * 3
 
 

@@ -15,11 +15,12 @@ import contextvars
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 
-from .. import _log
+from .. import _interrupt_safe, _log
 from .._record.batches import BatchRecord, rows_for
 from .._runtime import runtime
 
@@ -83,11 +84,13 @@ def batch(rows: Sequence[object]) -> Iterator[None]:
                        "is not apportioned", got=type(exc).__name__)
         declared = None
     block = BatchRecord(declared) if declared is not None else None
-    token = rows_var.set(block)
+    token: list[Any] = []  # filled from C: a Ctrl-C as set() returns cannot lose the token
     try:
+        _interrupt_safe.call_into(token, rows_var.set, block)
         yield
     finally:
-        rows_var.reset(token)
+        if token:
+            rows_var.reset(token[0])
         if block is not None:
             block.end_epoch_ns = time.time_ns()
             if block.sampled:  # else nothing reached the worker: nothing to emit

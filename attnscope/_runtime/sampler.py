@@ -204,7 +204,8 @@ class Sampler:
     def reset(self) -> None:
         """Defaults and zero counts; registered call sites are kept (they live in user code)."""
         with self.lock:
-            self.force_blocks = 0
+            # the forced blocks open (sampling()), by key: truthy while any is
+            self.force_blocks: dict[object, None] = {}
             self.step_no = None
             self.sampled = 0
             self.profile_granted = 0
@@ -255,17 +256,20 @@ class Sampler:
         self.step_no = step_no
         self._invalidate()
 
-    def force_enter(self) -> None:
-        with self.lock:
-            self.force_blocks += 1
+    def force_enter(self, key: object) -> None:
+        """Open a forced block under ``key``. One dict store, no call before it: a Ctrl-C in
+        here leaves the block open or not, and the caller's ``finally`` closes it either way
+        (``force_blocks.pop(key, None)``, inline: the first line of a function of its own would
+        be one more place for the Ctrl-C to land first)."""
+        self.force_blocks[key] = None
         self._invalidate()
 
-    def force_exit(self) -> None:
-        with self.lock:
-            self.force_blocks = max(0, self.force_blocks - 1)
-            last = self.force_blocks == 0
-        if last:
-            self._invalidate()  # sites left on the slow path go back to countdowns
+    def force_exit(self, key: object) -> None:
+        """Close the forced block ``key`` (closed already: only what follows); after the last,
+        the sites left on the slow path go back to their countdowns."""
+        self.force_blocks.pop(key, None)
+        if not self.force_blocks:
+            self._invalidate()
 
     @property
     def effective_rate(self) -> float:
