@@ -252,15 +252,33 @@ def sampling(force: bool = True, profile: bool = False) -> Iterator[None]:
 class _Step:
     """Declares the current step; usable as a plain call or a context manager."""
 
+    _open = False  # inside a with block (a class default: __del__ reads it without a call)
+
     def __init__(self, step_no: int | None) -> None:
-        self._previous = runtime.sampler.step_no
-        runtime.sampler.set_step(step_no)
+        sampler = runtime.sampler
+        self._previous = sampler.step_no
+        try:
+            sampler.set_step(step_no)
+        except BaseException:  # a Ctrl-C in here: the step stays what it was
+            sampler.set_step(self._previous)
+            raise
 
     def __enter__(self) -> _Step:
+        self._open = True
         return self
 
     def __exit__(self, *exc: object) -> None:
         runtime.sampler.set_step(self._previous)
+        self._open = False
+
+    def __del__(self) -> None:
+        # A Ctrl-C handled as __exit__ starts leaves it at once, and the with statement does not
+        # call it again: the step is put back as the _Step is freed (as for span() blocks)
+        if self._open:
+            try:
+                runtime.sampler.set_step(self._previous)
+            except BaseException:  # noqa: BLE001  (nothing may escape a __del__)
+                pass
 
 
 def step(n: int | None) -> _Step:

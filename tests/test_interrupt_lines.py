@@ -124,6 +124,8 @@ def _broken() -> list[str]:
         problems.append("a sampling() block left open")
     if _batch.rows_var.get() is not None:
         problems.append("a batch() block left current")
+    if runtime.sampler.step_no is not None:
+        problems.append(f"a step() block left step {runtime.sampler.step_no}")
     attnscope.flush(timeout_s=30)
     s = attnscope.stats()
     accounted = (s["emitted"] + s["dropped_queue_full"] + s["dropped_trace_cap"]
@@ -160,6 +162,11 @@ def _batch_block() -> None:
         _traced(torch.ones(2, 2, 4, 8))
 
 
+def _step() -> None:
+    with attnscope.step(7):
+        _traced(torch.ones(1, 2, 4, 8))
+
+
 def _sweep(body: Callable[[], None], after_calls: bool = False) -> None:
     """Interrupt every line (or C call) in turn; print each step (a hang shows where) and the
     first break."""
@@ -182,14 +189,15 @@ def _sweep(body: Callable[[], None], after_calls: bool = False) -> None:
         print("OK", flush=True)
 
 
-# sampling() and batch() are generators: raising at the first line of their ``finally`` (which
-# no signal can reach: it follows no call) ends the generator before its undo, so they are swept
-# as each C call returns only, where a real signal lands
+# sampling(), batch() and step() are swept as each C call returns only, where a real signal
+# lands. Raising at any line also hits lines no signal reaches (the first line of a generator's
+# ``finally`` follows no call) and one it does that nothing can guard: the first line of
+# ``step()``'s ``__enter__``, after which the with statement never calls ``__exit__``
 @pytest.mark.parametrize(("body", "after_calls"), [
     ("_call", False), ("_block", False), ("_call", True), ("_block", True),
-    ("_sampling", True), ("_batch_block", True)],
+    ("_sampling", True), ("_batch_block", True), ("_step", True)],
     ids=["call-at_lines", "block-at_lines", "call-after_c_calls", "block-after_c_calls",
-         "sampling-after_c_calls", "batch-after_c_calls"])
+         "sampling-after_c_calls", "batch-after_c_calls", "step-after_c_calls"])
 def test_a_ctrl_c_on_any_attnscope_line_leaves_nothing_open(body: str, after_calls: bool) -> None:
     # its own interpreter: a broken run may hang on a lock it left held
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
