@@ -144,8 +144,8 @@ def _set(cfg: Config) -> None:
             and not isinstance(exporter, str)
         runtime.worker.kept_exporter = (
             exporter if kept and not isinstance(exporter, str) else None)
-        try:
-            shutdown(timeout_s=5.0)
+        try:  # a Ctrl-C in it: the old worker is closed aside, never back under the new settings
+            _shutdown(5.0, resume=False)
         finally:
             runtime.worker.kept_exporter = None
 
@@ -312,7 +312,8 @@ def flush(timeout_s: float = 5.0) -> bool:
     """Export everything captured so far; False if ``timeout_s`` ran out first (``math.inf``:
     wait as long as it takes). Never raises."""
     # nothing captured, or all exported
-    if runtime.worker.current is None and not runtime.worker.retiring:
+    if runtime.worker.current is None and not runtime.worker.retiring \
+            and not runtime.worker.closing:
         if _nothing_sampled.nothing_sampled():
             # a file exporter's file exists after flush()
             _nothing_sampled.write_empty_file(current())
@@ -326,11 +327,16 @@ def flush(timeout_s: float = 5.0) -> bool:
 
 def shutdown(timeout_s: float = 5.0) -> bool:
     """Flush and stop the worker (also done at exit); a later traced call starts a new one.
-    ``timeout_s`` as for :func:`flush`."""
-    if runtime.worker.current is None:
+    ``timeout_s`` as for :func:`flush`. A Ctrl-C while it waits leaves the worker running, or,
+    once it was told to stop, lets it finish on a thread of its own."""
+    return _shutdown(timeout_s, resume=True)
+
+
+def _shutdown(timeout_s: float, resume: bool) -> bool:
+    if runtime.worker.current is None and not runtime.worker.closing:
         return True
     try:
-        return loop.shutdown(_bounded(timeout_s))
+        return loop.shutdown(_bounded(timeout_s), resume=resume)
     except Exception as exc:
         _log.internal_error("shutdown", exc)
         return False

@@ -247,6 +247,7 @@ class Pipeline:
         self.destination = "the application's tracer provider"  # where spans go, in words
         self._flush_lock = threading.Lock()
         self._flushing: threading.Thread | None = None
+        self._closing: threading.Thread | None = None
 
     def force_flush(self, timeout_ms: int) -> bool:
         """Flush spans, the exporter and metrics; returns within ``timeout_ms`` even if they hang.
@@ -289,6 +290,18 @@ class Pipeline:
                 _log.internal_error(stage, exc)
                 ok = False
         return ok
+
+    def shutdown_within(self, timeout_s: float) -> None:
+        """:meth:`shutdown` on a helper thread (a hanging exporter may block it), waited for at
+        most ``timeout_s``. Started once: a shutdown cut short (a Ctrl-C) left it running, and a
+        later one waits for it rather than shut the providers down twice."""
+        with self._flush_lock:
+            closing = self._closing
+            if closing is None:
+                closing = self._closing = threading.Thread(
+                    target=self.shutdown, name="attnscope-shutdown", daemon=True)
+                closing.start()
+        closing.join(max(0.0, timeout_s))
 
     def shutdown(self, timeout_ms: int = 30_000) -> None:
         """Shut down what attnscope created (the worker bounds the time this may take)."""

@@ -57,6 +57,8 @@ class WorkerHandle:
         self.exit_wait_s = 0.0  # what exit already spent waiting for the worker's pipeline
         self.retired_counts: dict[str, int] = {}  # stats() counts of workers already shut down
         self.retiring: list[Worker] = []  # workers shut down whose thread has not ended yet
+        # threads finishing a shutdown() a Ctrl-C cut short (flush() and exit wait for them)
+        self.closing: list[threading.Thread] = []
 
     def after_fork(self) -> None:
         self.lock = threading.Lock()
@@ -66,6 +68,7 @@ class WorkerHandle:
         self.fork_held = []
         self.retired_counts = {}  # the child counts its own spans
         self.retiring = []
+        self.closing = []
 
     def before_fork(self) -> None:
         """Wait (bounded) for attnscope's own imports in other threads: a child forked while a

@@ -387,6 +387,11 @@ class Worker:
                 self._cond.wait(min(remaining, 0.05))
         return True
 
+    @property
+    def stopping(self) -> bool:
+        """Told to stop: it takes no more captures and its thread ends once its queue is done."""
+        return self._stop.is_set()
+
     def stop(self, deadline: float) -> bool:
         done = self.wait_idle(deadline)
         with self._submit_lock:  # a capture is either queued before the stop or dropped, counted
@@ -422,7 +427,7 @@ def start(cfg: Config, on_start: Callable[[Config], None] | None = None) -> Work
 def flush(timeout_s: float = 5.0) -> bool:
     """Process everything captured so far and flush the exporters, within ``timeout_s``."""
     deadline = time.monotonic() + max(0.0, timeout_s)
-    ok = True
+    ok = _join_closing(deadline)
     for retiring in list(runtime.worker.retiring):  # replaced workers still building what they took
         retiring.thread.join(max(0.0, deadline - time.monotonic()))
         ok = ok and not retiring.thread.is_alive()
@@ -445,11 +450,18 @@ def flush(timeout_s: float = 5.0) -> bool:
     return ok and delivery.lost == lost_before
 
 
-def shutdown(timeout_s: float = 5.0, export_s: float | None = None) -> bool:
+def shutdown(timeout_s: float = 5.0, export_s: float | None = None, *,
+             resume: bool = False) -> bool:
     """Flush, stop the worker and shut down a provider attnscope created. Safe to call twice.
 
     ``export_s``: at most this much of ``timeout_s`` goes to the exporters, once every capture
     has become a span (the exit flush: a collector that is down costs exit no more than that).
+
+    Cut short by a Ctrl-C (raised on, after this): with ``resume``, a worker not yet told to stop
+    runs on as the process's worker, as if never shut down (the public ``shutdown()``: its caller
+    stopped waiting, nothing more). Otherwise, or once it was told to stop, the rest runs on a
+    thread of its own within the same time, which :func:`flush` and exit wait for; spans are
+    never left in a pipeline nobody closes.
     """
     deadline = time.monotonic() + max(0.0, timeout_s)
     with runtime.worker.lock:
@@ -458,7 +470,16 @@ def shutdown(timeout_s: float = 5.0, export_s: float | None = None) -> bool:
         if worker is not None:
             runtime.worker.retiring.append(worker)  # counted in stats() until its thread has ended
     if worker is None:
-        return True
+        return _join_closing(deadline)
+    try:
+        return _close(worker, deadline, export_s) and _join_closing(deadline)
+    except BaseException:
+        _interrupted(worker, deadline, export_s, resume)
+        raise
+
+
+def _close(worker: Worker, deadline: float, export_s: float | None) -> bool:
+    """:func:`shutdown`'s work on one worker taken out of service."""
     delivery = worker.pipeline.delivery if worker.engine is not None else runtime.delivery
     lost_before = delivery.lost
     ok = worker.stop(deadline)
@@ -490,13 +511,45 @@ def _retire(worker: Worker) -> None:
 
 
 def _shutdown_pipeline(built: Pipeline, deadline: float) -> None:
-    """Provider shutdown can block on a hanging exporter.
+    """Provider shutdown can block on a hanging exporter: a thread and the remaining time."""
+    built.shutdown_within(deadline - time.monotonic())
 
-    Give it a thread and the remaining time.
-    """
-    t = threading.Thread(target=built.shutdown, name="attnscope-shutdown", daemon=True)
-    t.start()
-    t.join(max(0.0, deadline - time.monotonic()))
+
+def _interrupted(worker: Worker, deadline: float, export_s: float | None, resume: bool) -> None:
+    """:func:`shutdown` cut short by a Ctrl-C: the worker back in service, or closed on a thread
+    of its own (see there)."""
+    try:
+        with runtime.worker.lock:
+            if resume and not worker.stopping and runtime.worker.current is None:
+                runtime.worker.current = worker
+                if worker in runtime.worker.retiring:
+                    runtime.worker.retiring.remove(worker)
+                return
+            closing = threading.Thread(target=_close_aside, args=(worker, deadline, export_s),
+                                       name="attnscope-shutdown", daemon=True)
+            runtime.worker.closing.append(closing)
+        closing.start()
+    except Exception as exc:
+        _log.internal_error("shutdown", exc)
+
+
+def _close_aside(worker: Worker, deadline: float, export_s: float | None) -> None:
+    try:
+        _close(worker, deadline, export_s)
+    except Exception as exc:
+        _log.internal_error("shutdown", exc)
+    finally:
+        with runtime.worker.lock:
+            closing = runtime.worker.closing
+            if threading.current_thread() in closing:
+                closing.remove(threading.current_thread())
+
+
+def _join_closing(deadline: float) -> bool:
+    """Wait (until ``deadline``) for shutdowns a Ctrl-C cut short; True when none is left."""
+    for closing in list(runtime.worker.closing):
+        closing.join(max(0.0, deadline - time.monotonic()))
+    return not any(t.is_alive() for t in list(runtime.worker.closing))
 
 
 def stats() -> dict[str, int]:
