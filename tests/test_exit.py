@@ -347,3 +347,56 @@ def test_the_exit_flush_is_given_that_window(monkeypatch: pytest.MonkeyPatch) ->
     finally:
         runtime.worker.current = worker
     assert given == [(at_exit._EXIT_TIMEOUT_S - 1.5, at_exit._EXIT_REFUSED_S)]
+
+
+# ---- a second Ctrl-C while exit waits for the exporters, or for a worker behind ----------------
+# Before: the exit hook swallowed the interrupt and its "not delivered" line with it; a worker
+# still building spans at exit lost its calls without a line, interrupted or not.
+_EXIT_INTERRUPTED = textwrap.dedent(
+    """
+    import atexit, os, signal, socket, threading, time
+    srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(64)
+    held = []  # a collector that accepts and never answers
+    threading.Thread(target=lambda: [held.append(srv.accept()) for _ in iter(int, 1)],
+                     daemon=True).start()
+    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{srv.getsockname()[1]}"
+    import torch, attnscope
+    from attnscope._worker import loop
+    STUCK = STUCK_WORKER
+    attnscope.configure(exporter="otlp-http", sample_rate=1.0, warmup_calls=0,
+                        overhead_budget=1.0, profile_rate=0.0)
+    f = attnscope.trace(name="attn")(
+        lambda q: torch.nn.functional.scaled_dot_product_attention(q, q, q))
+    f(torch.ones(1, 2, 4, 8))
+    assert attnscope.flush(timeout_s=0.5) is False  # the worker is up; the collector hangs
+    if STUCK:  # the worker falls behind: its next step never comes
+        never = threading.Event()
+        loop.Worker._step = lambda self: never.wait() or False
+    for _ in range(19):
+        f(torch.ones(1, 2, 4, 8))
+    main = threading.main_thread().ident
+    # registered after attnscope's exit hook, so run before it: the Ctrl-C lands in its wait
+    atexit.register(lambda: threading.Thread(
+        target=lambda: (time.sleep(0.3), signal.pthread_kill(main, signal.SIGINT)),
+        daemon=True).start())
+    print("main done", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("stuck", [False, True], ids=["exporting", "worker_behind"])
+def test_a_ctrl_c_while_exit_waits_still_says_what_was_not_delivered(stuck: bool) -> None:
+    script = _EXIT_INTERRUPTED.replace("STUCK_WORKER", str(stuck))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=_env(), timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "main done", done.stderr[-2000:]
+    lines = [ln for ln in done.stderr.splitlines() if "were not delivered" in ln]
+    assert len(lines) == 1, done.stderr[-2000:]
+    if stuck:  # the calls captured after the worker stopped stepping: never made spans
+        assert "of 20 spans were not delivered" in lines[0] and "calls not yet made spans" \
+            in lines[0], lines[0]
+        assert "19 calls not yet made spans" in lines[0], lines[0]
+    else:
+        assert "20 of 20 spans were not delivered" in lines[0], lines[0]
+        assert "20 still being sent" in lines[0] and "not yet made" not in lines[0], lines[0]
+    assert not _problems(done.stderr), done.stderr[-2000:]

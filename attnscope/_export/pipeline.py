@@ -367,30 +367,34 @@ def destination_of(exporter: Any, name: str | None) -> str:
     return f"the exporter {type(exporter).__name__}"
 
 
-def report_undelivered(pipeline: Pipeline | None) -> None:
+def report_undelivered(pipeline: Pipeline | None, unbuilt: int = 0) -> None:
     """At exit, after the last flush: one WARNING when spans of this process were not delivered
-    (still being sent when exit stopped waiting, failed, or dropped), with how many and where.
-    Without it a program that exits while its collector hangs, resets or answers 429/503 loses
-    every span without a line. Never raises."""
+    (calls captured and not yet made spans, ``unbuilt``: exit stopped waiting, a second Ctrl-C;
+    spans still being sent, failed, or dropped), with how many and where. Without it a program
+    that exits while its collector hangs, resets or answers 429/503 loses every span without a
+    line. Never raises."""
     try:
         delivery = runtime.delivery
         with delivery.lock:
             in_flight, failed = delivery.in_flight, delivery.export_failed
             dropped = delivery.export_queue_full + delivery.no_pipeline
             exported = delivery.exported
-        lost = in_flight + failed + dropped
+        unbuilt = max(0, unbuilt)
+        lost = unbuilt + in_flight + failed + dropped
         # "nothing is listening at ..." has said it already: a first run without a collector
         # gets that one line, not two
         if lost <= 0 or "log:export-unreachable" in runtime.log.last_logged:
             return
         where = pipeline.destination if pipeline is not None else "no exporter"
+        # said only when there are some: the usual line stays as it was
+        calls = f"{unbuilt} calls not yet made spans, " if unbuilt else ""
         _log.warn_once(
             "exit-undelivered",
             f"attnscope: at exit, {lost} of {lost + exported} spans were not delivered to "
-            f"{where}: {in_flight} still being sent when exit stopped waiting, {failed} failed, "
-            f"{dropped} dropped (attnscope.stats() has the counts)",
+            f"{where}: {calls}{in_flight} still being sent when exit stopped waiting, "
+            f"{failed} failed, {dropped} dropped (attnscope.stats() has the counts)",
             destination=where, in_flight=in_flight, failed=failed, dropped=dropped,
-            exported=exported)
+            exported=exported, unbuilt=unbuilt)
     except Exception as exc:
         _log.internal_error("exit.report", exc)
 

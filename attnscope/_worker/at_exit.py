@@ -73,17 +73,21 @@ def _at_exit(shutdown: Callable[..., bool]) -> None:
     """Export what was captured, within what is left of ``_EXIT_TIMEOUT_S``; never raises. No
     worker starts after this (a daemon thread still tracing): it could not build a pipeline."""
     runtime.worker.exiting = True
+    worker = None
     try:
         worker = runtime.worker.current
         pipeline = worker.engine.pipeline if worker is not None and worker.engine is not None \
             else None
         shutdown(timeout_s=max(0.0, _EXIT_TIMEOUT_S - runtime.worker.exit_wait_s),
                  export_s=export_window(pipeline))
+    except BaseException:  # a second Ctrl-C included: exit goes on, after its line below
+        pass
+    try:
         if worker is not None and worker.engine is not None:  # spans lost at exit: one line
             from .._export.pipeline import report_undelivered
 
-            report_undelivered(worker.engine.pipeline)
-    except BaseException:  # a second Ctrl-C included: exit goes on
+            report_undelivered(worker.engine.pipeline, unbuilt=runtime.span_counts()["pending"])
+    except BaseException:  # noqa: BLE001  (a third Ctrl-C: the process ends regardless)
         pass
 
 

@@ -518,6 +518,8 @@ def _shutdown_pipeline(built: Pipeline, deadline: float) -> None:
 def _interrupted(worker: Worker, deadline: float, export_s: float | None, resume: bool) -> None:
     """:func:`shutdown` cut short by a Ctrl-C: the worker back in service, or closed on a thread
     of its own (see there)."""
+    if runtime.worker.exiting:  # exit stopped waiting: its line says what was not delivered
+        return
     try:
         with runtime.worker.lock:
             if resume and not worker.stopping and runtime.worker.current is None:
