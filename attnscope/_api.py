@@ -26,7 +26,7 @@ from ._capture.args import check_attributes
 from ._capture.sampling import force as _force
 from ._config import Config, check_rate, from_env, shown, validate
 from ._runtime import runtime
-from ._worker import loop, spare
+from ._worker import loop, spare, stopping
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -319,7 +319,7 @@ def flush(timeout_s: float = 5.0) -> bool:
             _nothing_sampled.write_empty_file(current())
         return True
     try:
-        return loop.flush(_bounded(timeout_s))
+        return stopping.flush(_bounded(timeout_s))
     except Exception as exc:
         _log.internal_error("flush", exc)
         return False
@@ -336,7 +336,7 @@ def _shutdown(timeout_s: float, resume: bool) -> bool:
     if runtime.worker.current is None and not runtime.worker.closing:
         return True
     try:
-        return loop.shutdown(_bounded(timeout_s), resume=resume)
+        return stopping.shutdown(_bounded(timeout_s), resume=resume)
     except Exception as exc:
         _log.internal_error("shutdown", exc)
         return False

@@ -57,15 +57,15 @@ def test_flush_with_an_endless_timeout_exports(tmp_path: Path, kind: str,
 
 def test_an_ordinary_timeout_is_passed_on_unchanged(monkeypatch: pytest.MonkeyPatch,
                                                     tmp_path: Path) -> None:
-    from attnscope._worker import loop
+    from attnscope._worker import stopping
 
     seen: list[object] = []
-    real = loop.flush
+    real = stopping.flush
     def recorded(timeout_s: float) -> bool:
         seen.append(timeout_s)
         return real(timeout_s)
 
-    monkeypatch.setattr(loop, "flush", recorded)
+    monkeypatch.setattr(stopping, "flush", recorded)
     _traced_to(tmp_path / "t.json", "jaeger-json")
     for timeout_s in (0, 2.5, 30, math.nan):
         attnscope.flush(timeout_s=timeout_s)

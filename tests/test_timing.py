@@ -16,7 +16,7 @@ from attnscope._capture.device import CudaEventPool, DeviceTimer
 from attnscope._record.capture import DeviceMemory
 from attnscope._runtime import runtime
 from attnscope._worker import cuda as worker_cuda
-from attnscope._worker import loop
+from attnscope._worker import loop, stopping
 from attnscope._worker.resolve import Resolver
 from attnscope.testing import capture_spans
 
@@ -224,10 +224,10 @@ def test_worker_waits_for_device_time_without_blocking(fake_cuda: FakeGpu) -> No
         t0 = time.perf_counter()
         attention(q, q, q)
         call_s = time.perf_counter() - t0
-        assert not loop.flush(timeout_s=0.2)  # the device has not finished: span still pending
+        assert not stopping.flush(timeout_s=0.2)  # the device has not finished: span still pending
         assert loop.stats()["pending"] == 1
         fake_cuda.finish_all()
-        assert loop.flush(timeout_s=5.0)
+        assert stopping.flush(timeout_s=5.0)
     assert call_s < 0.2
     (span,) = spans
     a = attrs(span)

@@ -47,7 +47,7 @@ class WorkerHandle:
         self.import_lock = threading.Lock()
         self.fork_held: list[bool] = []  # filled from C (_interrupt_safe.take)
         self.atexit_registered = False
-        # worker.loop.shutdown, kept by worker.at_exit.register: a forked child's os._exit
+        # worker.stopping.shutdown, kept by worker.at_exit.register: a forked child's os._exit
         # exports through it (_worker/at_exit.py)
         self.exit_flush: Callable[..., bool] | None = None
         self.exiting = False  # the exit flush has begun: no new worker (it could not export)

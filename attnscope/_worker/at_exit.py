@@ -1,7 +1,7 @@
 """Spans captured before the interpreter exits are exported, within a bound.
 
-``shutdown`` is :func:`attnscope._worker.loop.shutdown`, passed in by the loop when it starts the
-first worker (this module does not import the loop).
+``shutdown`` is :func:`attnscope._worker.stopping.shutdown`, passed in by the loop when it starts
+the first worker (this module does not import the loop).
 """
 
 from __future__ import annotations

@@ -1,0 +1,139 @@
+"""Flushing and shutting down the process's worker, each within its timeout (calling thread).
+
+``flush()`` waits for the workers still finishing and the current one's queue, then flushes the
+exporters; ``shutdown()`` takes the worker out of service, stops it and closes its pipeline. A
+Ctrl-C cutting ``shutdown()`` short puts the worker back or finishes it aside (:func:`shutdown`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from .. import _log
+from .._runtime import runtime
+
+if TYPE_CHECKING:
+    from .._export.pipeline import Pipeline
+    from .loop import Worker
+
+__all__ = ["flush", "shutdown"]
+
+
+def flush(timeout_s: float = 5.0) -> bool:
+    """Process everything captured so far and flush the exporters, within ``timeout_s``."""
+    deadline = time.monotonic() + max(0.0, timeout_s)
+    ok = _join_closing(deadline)
+    for retiring in list(runtime.worker.retiring):  # replaced workers still building what they took
+        retiring.thread.join(max(0.0, deadline - time.monotonic()))
+        ok = ok and not retiring.thread.is_alive()
+    worker: Worker | None = runtime.worker.current
+    if worker is None:
+        return ok
+    delivery = worker.pipeline.delivery if worker.engine is not None else runtime.delivery
+    lost_before = delivery.lost
+    ok = worker.wait_idle(deadline) and ok
+    engine = worker.engine  # built once the worker has processed anything
+    if engine is None:
+        return False  # still importing the worker side when the time ran out
+    remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
+    try:
+        ok = engine.pipeline.force_flush(remaining_ms) and ok
+    except Exception as exc:
+        _log.internal_error("flush", exc)
+        ok = False
+    # spans failed or dropped while this flush ran: what it flushed did not all arrive
+    return ok and delivery.lost == lost_before
+
+
+def shutdown(timeout_s: float = 5.0, export_s: float | None = None, *,
+             resume: bool = False) -> bool:
+    """Flush, stop the worker and shut down a provider attnscope created. Safe to call twice.
+
+    ``export_s``: at most this much of ``timeout_s`` goes to the exporters, once every capture
+    has become a span (the exit flush: a collector that is down costs exit no more than that).
+
+    Cut short by a Ctrl-C (raised on, after this): with ``resume``, a worker not yet told to stop
+    runs on as the process's worker, as if never shut down (the public ``shutdown()``: its caller
+    stopped waiting, nothing more). Otherwise, or once it was told to stop, the rest runs on a
+    thread of its own within the same time, which :func:`flush` and exit wait for; spans are
+    never left in a pipeline nobody closes.
+    """
+    deadline = time.monotonic() + max(0.0, timeout_s)
+    with runtime.worker.lock:
+        worker: Worker | None = runtime.worker.current
+        runtime.worker.current = None
+        if worker is not None:
+            runtime.worker.retiring.append(worker)  # counted in stats() until its thread has ended
+    if worker is None:
+        return _join_closing(deadline)
+    try:
+        return _close(worker, deadline, export_s) and _join_closing(deadline)
+    except BaseException:
+        _interrupted(worker, deadline, export_s, resume)
+        raise
+
+
+def _close(worker: Worker, deadline: float, export_s: float | None) -> bool:
+    """:func:`shutdown`'s work on one worker taken out of service."""
+    delivery = worker.pipeline.delivery if worker.engine is not None else runtime.delivery
+    lost_before = delivery.lost
+    ok = worker.stop(deadline)
+    engine = worker.engine
+    if engine is None:  # still importing when the time ran out: it stops once it has built
+        return False
+    if export_s is not None:
+        deadline = min(deadline, time.monotonic() + export_s)
+    try:
+        remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
+        ok = engine.pipeline.force_flush(remaining_ms) and ok
+        _shutdown_pipeline(engine.pipeline, deadline)
+    except Exception as exc:
+        _log.internal_error("shutdown", exc)
+        ok = False
+    return ok and delivery.lost == lost_before
+
+
+def _shutdown_pipeline(built: Pipeline, deadline: float) -> None:
+    """Provider shutdown can block on a hanging exporter: a thread and the remaining time."""
+    built.shutdown_within(deadline - time.monotonic())
+
+
+def _interrupted(worker: Worker, deadline: float, export_s: float | None, resume: bool) -> None:
+    """:func:`shutdown` cut short by a Ctrl-C: the worker back in service, or closed on a thread
+    of its own (see there)."""
+    if runtime.worker.exiting:  # exit stopped waiting: its line says what was not delivered
+        return
+    try:
+        with runtime.worker.lock:
+            if resume and not worker.stopping and runtime.worker.current is None:
+                runtime.worker.current = worker
+                if worker in runtime.worker.retiring:
+                    runtime.worker.retiring.remove(worker)
+                return
+            closing = threading.Thread(target=_close_aside, args=(worker, deadline, export_s),
+                                       name="attnscope-shutdown", daemon=True)
+            runtime.worker.closing.append(closing)
+        closing.start()
+    except Exception as exc:
+        _log.internal_error("shutdown", exc)
+
+
+def _close_aside(worker: Worker, deadline: float, export_s: float | None) -> None:
+    try:
+        _close(worker, deadline, export_s)
+    except Exception as exc:
+        _log.internal_error("shutdown", exc)
+    finally:
+        with runtime.worker.lock:
+            closing = runtime.worker.closing
+            if threading.current_thread() in closing:
+                closing.remove(threading.current_thread())
+
+
+def _join_closing(deadline: float) -> bool:
+    """Wait (until ``deadline``) for shutdowns a Ctrl-C cut short; True when none is left."""
+    for closing in list(runtime.worker.closing):
+        closing.join(max(0.0, deadline - time.monotonic()))
+    return not any(t.is_alive() for t in list(runtime.worker.closing))
