@@ -113,6 +113,16 @@ def _structlog() -> Any:
                                  wrapper_class=structlog.stdlib.BoundLogger)
 
 
+def preload() -> None:
+    """Import structlog now, on a thread of attnscope's at set-up (the spare worker thread, the
+    worker's): the first line logged is often logged on a user's call (the overhead budget's, a
+    full queue's), which then paid for the import, 45 ms with rich installed. Never raises."""
+    try:
+        _structlog()
+    except Exception:  # noqa: BLE001  (the first line imports it, or says nothing, as before)
+        pass
+
+
 def _emit(level: int, message: str, fields: dict[str, Any]) -> None:
     if not logger.isEnabledFor(level):
         return

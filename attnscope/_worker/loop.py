@@ -192,6 +192,7 @@ class Worker:
             with runtime.worker.import_lock:
                 from .engine import Engine
 
+                _log.preload()  # the first line logged, often on a user's call, imports nothing
                 self.engine = Engine(self._cfg, self._build)
         except Exception as exc:  # the worker side cannot load: captures are counted as errors
             _log.internal_error("worker", exc)

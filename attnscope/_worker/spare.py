@@ -52,6 +52,8 @@ class Spare:
         try:
             with runtime.worker.import_lock:  # no fork while a module is half imported
                 from . import engine  # noqa: F401
+
+                _log.preload()  # the first line logged, often on a user's call, imports nothing
         except Exception as exc:  # the worker imports again when it runs, and says why
             _log.internal_error("preload", exc)
         finally:
@@ -70,6 +72,9 @@ def preload(wait_s: float = LOAD_WAIT_S) -> None:
     """``configure()``: start the spare worker thread (once, while no worker runs) and wait, at
     most ``wait_s``, for it to have imported the worker side; never raises (a Ctrl-C while it
     waits goes through: the thread imports on)."""
+    # Asked before the spare starts: its own import of the worker side, under way an instant
+    # later, looked like the caller's, and configure() did not wait at all (most runs)
+    inside = wait_s > 0 and _inside_an_import()
     try:
         with runtime.worker.lock:
             if runtime.worker.spare is None and runtime.worker.current is None:
@@ -78,7 +83,7 @@ def preload(wait_s: float = LOAD_WAIT_S) -> None:
     except Exception as exc:  # no thread now: the first sampled call starts one
         _log.internal_error("preload", exc)
         return
-    if isinstance(spare, Spare) and wait_s > 0 and not _inside_an_import():
+    if isinstance(spare, Spare) and wait_s > 0 and not inside:
         spare.loaded.wait(wait_s)
 
 
