@@ -51,9 +51,13 @@ class Spare:
     def _run(self) -> None:
         try:
             with runtime.worker.import_lock:  # no fork while a module is half imported
+                from .._export import destinations
                 from . import engine  # noqa: F401
 
                 _log.preload()  # the first line logged, often on a user's call, imports nothing
+                cfg = runtime.config.current
+                if cfg is not None:  # and the worker's pipeline builds with no import of its own
+                    destinations.preload_imports(cfg)
         except Exception as exc:  # the worker imports again when it runs, and says why
             _log.internal_error("preload", exc)
         finally:
