@@ -37,6 +37,17 @@ def _configure(path: Path) -> None:
                         overhead_budget=1.0, profile_rate=0.0)
 
 
+def _three_calls(tmp_path: Path) -> tuple[Path, Worker]:
+    """Three traced calls into a Jaeger JSON file; the file and the worker running."""
+    path = tmp_path / "trace.json"
+    _configure(path)
+    for _ in range(3):
+        _traced(_Q)
+    worker = runtime.worker.current
+    assert worker is not None
+    return path, worker
+
+
 def _interrupt_once(monkeypatch: pytest.MonkeyPatch, cls: type, name: str) -> list[int]:
     """``cls.name`` raises KeyboardInterrupt on its first call, then is itself again."""
     real = getattr(cls, name)
@@ -52,18 +63,18 @@ def _interrupt_once(monkeypatch: pytest.MonkeyPatch, cls: type, name: str) -> li
     return fired
 
 
-def test_a_ctrl_c_while_shutdown_drains_leaves_the_worker_running(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "trace.json"
-    _configure(path)
-    for _ in range(3):
-        _traced(_Q)
-    worker = runtime.worker.current
-    assert worker is not None
-    fired = _interrupt_once(monkeypatch, Worker, "wait_idle")
+def _shutdown_cut_short(monkeypatch: pytest.MonkeyPatch, cls: type, name: str) -> None:
+    """``attnscope.shutdown()``, a Ctrl-C landing in ``cls.name`` (raised on to the caller)."""
+    fired = _interrupt_once(monkeypatch, cls, name)
     with pytest.raises(KeyboardInterrupt):
         attnscope.shutdown(timeout_s=30)
     assert fired == [1]
+
+
+def test_a_ctrl_c_while_shutdown_drains_leaves_the_worker_running(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path, worker = _three_calls(tmp_path)
+    _shutdown_cut_short(monkeypatch, Worker, "wait_idle")
     # back in service, as if shutdown() had not been called
     assert runtime.worker.current is worker and not worker.stopping
     assert worker not in runtime.worker.retiring and not runtime.worker.closing
@@ -78,17 +89,10 @@ def test_a_ctrl_c_while_shutdown_drains_leaves_the_worker_running(
 
 def test_a_ctrl_c_once_the_worker_stops_closes_its_pipeline_aside(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "trace.json"
-    _configure(path)
-    for _ in range(3):
-        _traced(_Q)
-    worker = runtime.worker.current
-    assert worker is not None
+    path, worker = _three_calls(tmp_path)
     # told to stop, then cut short as the exporters flush (a collector that hangs)
-    fired = _interrupt_once(monkeypatch, Pipeline, "force_flush")
-    with pytest.raises(KeyboardInterrupt):
-        attnscope.shutdown(timeout_s=30)
-    assert fired == [1] and worker.stopping
+    _shutdown_cut_short(monkeypatch, Pipeline, "force_flush")
+    assert worker.stopping
     assert runtime.worker.current is None
     # the rest runs aside; flush() waits for it (before: the pipeline was never closed)
     assert attnscope.flush(timeout_s=30)
