@@ -69,7 +69,8 @@ def shutdown(timeout_s: float = 5.0, export_s: float | None = None, *,
     if worker is None:
         return _join_closing(deadline)
     try:
-        return _close(worker, deadline, export_s) and _join_closing(deadline)
+        ok = _close(worker, deadline, export_s)
+        return _join_closing(deadline) and ok  # both: an earlier cut-short shutdown ends too
     except BaseException:
         _interrupted(worker, deadline, export_s, resume)
         raise
