@@ -1,12 +1,15 @@
 """A worker thread started ahead of the worker, at set-up time (``configure()``).
 
-It imports the worker side (:mod:`.engine`: the SDK, the exporters, the profile parser), then
-waits to run the first worker the process starts: that worker's first sampled call neither
-imports nor starts a thread. ``configure()`` waits for the import (at most ``LOAD_WAIT_S``): left
-to run on while the program went on, it held the GIL for 100 ms and more of imports, and a first
-request made then paid for them (the first instrumented ``generate()`` right after
-``configure()`` took 2.1x a later one on CPU, ``benchmarks/bench_first_call.py --generate``;
-issue 37 goal 1). Set-up is where that cost belongs. Light, like :mod:`.loop`.
+It imports the worker side (:mod:`.engine`: the SDK, the exporters, the profile parser),
+structlog (the first line logged, often on a user's call, imports nothing) and what the
+configured pipeline will import (the metrics SDK, the OTLP exporter), then waits to run the first
+worker the process starts: that worker's first sampled call neither imports nor starts a thread,
+and the worker builds its pipeline without importing. ``configure()`` waits for the import (at
+most ``LOAD_WAIT_S``): left to run on while the program went on, it held the GIL for 100 ms and
+more of imports, and a first request made then paid for them (the first instrumented
+``generate()`` right after ``configure()`` took 2.1x a later one on CPU,
+``benchmarks/bench_first_call.py --generate``; issue 37 goal 1). Set-up is where that cost
+belongs. Light, like :mod:`.loop`.
 """
 
 from __future__ import annotations
