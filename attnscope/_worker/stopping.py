@@ -9,16 +9,33 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import _log
 from .._runtime import runtime
 
 if TYPE_CHECKING:
     from .._export.pipeline import Pipeline
-    from .loop import Worker
 
 __all__ = ["flush", "shutdown"]
+
+
+class Worker(Protocol):
+    """What stopping needs of :class:`attnscope._worker.loop.Worker` (which imports this module:
+    named here, not imported, so the two make no circle)."""
+
+    thread: threading.Thread
+    engine: Any
+
+    @property
+    def pipeline(self) -> Pipeline: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def wait_idle(self, deadline: float) -> bool: ...
+
+    def stop(self, deadline: float) -> bool: ...
 
 
 def flush(timeout_s: float = 5.0) -> bool:
@@ -61,18 +78,26 @@ def shutdown(timeout_s: float = 5.0, export_s: float | None = None, *,
     never left in a pipeline nobody closes.
     """
     deadline = time.monotonic() + max(0.0, timeout_s)
-    with runtime.worker.lock:
-        worker: Worker | None = runtime.worker.current
-        runtime.worker.current = None
+    handle = runtime.worker
+    with handle.lock:
+        worker = handle.current
+        handle.current = None
         if worker is not None:
-            runtime.worker.retiring.append(worker)  # counted in stats() until its thread has ended
+            handle.retiring.append(worker)  # counted in stats() until its thread has ended
     if worker is None:
         return _join_closing(deadline)
     try:
         ok = _close(worker, deadline, export_s)
         return _join_closing(deadline) and ok  # both: an earlier cut-short shutdown ends too
-    except BaseException:
-        _interrupted(worker, deadline, export_s, resume)
+    except BaseException:  # a Ctrl-C while it waited: back in service, or finished aside
+        with handle.lock:
+            back = resume and not worker.stopping and handle.current is None
+            if back:
+                handle.current = worker
+                if worker in handle.retiring:
+                    handle.retiring.remove(worker)
+        if not back:
+            _finish_aside(worker, deadline, export_s)
         raise
 
 
@@ -101,20 +126,15 @@ def _shutdown_pipeline(built: Pipeline, deadline: float) -> None:
     built.shutdown_within(deadline - time.monotonic())
 
 
-def _interrupted(worker: Worker, deadline: float, export_s: float | None, resume: bool) -> None:
-    """:func:`shutdown` cut short by a Ctrl-C: the worker back in service, or closed on a thread
-    of its own (see there)."""
+def _finish_aside(worker: Worker, deadline: float, export_s: float | None) -> None:
+    """:func:`shutdown` cut short by a Ctrl-C, its worker not put back: the rest on a thread of
+    its own, which :func:`flush` and exit wait for."""
     if runtime.worker.exiting:  # exit stopped waiting: its line says what was not delivered
         return
     try:
+        closing = threading.Thread(target=_close_aside, args=(worker, deadline, export_s),
+                                   name="attnscope-shutdown", daemon=True)
         with runtime.worker.lock:
-            if resume and not worker.stopping and runtime.worker.current is None:
-                runtime.worker.current = worker
-                if worker in runtime.worker.retiring:
-                    runtime.worker.retiring.remove(worker)
-                return
-            closing = threading.Thread(target=_close_aside, args=(worker, deadline, export_s),
-                                       name="attnscope-shutdown", daemon=True)
             runtime.worker.closing.append(closing)
         closing.start()
     except Exception as exc:
