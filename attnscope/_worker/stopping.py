@@ -114,16 +114,12 @@ def _close(worker: Worker, deadline: float, export_s: float | None) -> bool:
     try:
         remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
         ok = engine.pipeline.force_flush(remaining_ms) and ok
-        _shutdown_pipeline(engine.pipeline, deadline)
+        # provider shutdown can block on a hanging exporter: a thread and the remaining time
+        engine.pipeline.shutdown_within(deadline - time.monotonic())
     except Exception as exc:
         _log.internal_error("shutdown", exc)
         ok = False
     return ok and delivery.lost == lost_before
-
-
-def _shutdown_pipeline(built: Pipeline, deadline: float) -> None:
-    """Provider shutdown can block on a hanging exporter: a thread and the remaining time."""
-    built.shutdown_within(deadline - time.monotonic())
 
 
 def _finish_aside(worker: Worker, deadline: float, export_s: float | None) -> None:
