@@ -32,11 +32,18 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import platform
 import random
+import signal
+import socket
 import statistics
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -96,6 +103,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--metrics", choices=("on", "off"), default=None,
                         help="span metrics to an in-memory meter provider (default: off with "
                              "--every-call, the configured default otherwise)")
+    parser.add_argument("--exporter", choices=("discard", "otlp-http", "otlp-grpc"),
+                        default="discard",
+                        help="where spans go: a discarding exporter (default), or attnscope's "
+                             "OTLP exporter to a local receiver that discards them "
+                             "(benchmarks/otlp_sink.py, its own process): encoding and transport "
+                             "counted")
+    parser.add_argument("--sdk-encoding", action="store_true",
+                        help="with an OTLP exporter: requests encoded by the OpenTelemetry SDK's "
+                             "encoder instead of attnscope's (the code before it had one)")
     parser.add_argument("--model", choices=tuple(MODELS), default="tiny")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
@@ -113,10 +129,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     plain = build_model(args.model, args.device, getattr(torch, dtype_name))
     traced = copy.deepcopy(plain)
     provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(Discard(), max_queue_size=1 << 16))
+    if args.app_provider:  # else its idle export thread would be the one _export_cpu reads
+        provider.add_span_processor(BatchSpanProcessor(Discard(), max_queue_size=1 << 16))
     # The usual set-up: attnscope's own provider and exporter; or the application's provider.
+    sink = _start_sink(args) if args.exporter != "discard" else None
     destination: dict[str, Any] = (
-        {"tracer_provider": provider} if args.app_provider else {"exporter": Discard()})
+        {"tracer_provider": provider} if args.app_provider
+        else {"exporter": Discard() if sink is None else args.exporter})
     if args.metrics is not None:
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -164,6 +183,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         for times in cpu_ns.values():
             times.clear()
         worker_before, sampled_before = _worker_cpu(), attnscope.stats().get("sampled") or 0
+        export_before, exported_before = _export_cpu(), attnscope.stats().get("exported") or 0
         ratios, a_ns, b_ns = [], [], []
         for i in range(args.pairs):
             # alternate the order so drift and caches favour neither side
@@ -175,7 +195,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             b_ns.append(b)
             ratios.append(b / a)
     attnscope.flush(timeout_s=10)
-    worker_after = _worker_cpu()
+    worker_after, export_after = _worker_cpu(), _export_cpu()
     stats = attnscope.stats()
     rng = random.Random(0)
     boots = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(1000))
@@ -185,7 +205,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
           f"pairs={args.pairs}, model={args.model} ({dtype_name}, batch {batch}) on "
           f"{args.device}, seq_len={seq_len}, generate={args.generate}, "
           f"every_call={args.every_call}, metrics={args.metrics or 'default'}, "
-          f"calling_thread_only={args.calling_thread_only}")
+          f"calling_thread_only={args.calling_thread_only}, exporter={args.exporter}"
+          f"{' (the SDK encoding)' if args.sdk_encoding else ''}")
     print(f"{'':28} {'median':>10} {'mean':>10}")
     what = "generate" if args.generate else "forward"
     print(f"{'plain ' + what + ' (ms)':28} {statistics.median(a_ns) / 1e6:10.3f} "
@@ -194,6 +215,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
           f"{statistics.mean(b_ns) / 1e6:10.3f}")
     print(f"{'paired ratio B/A':28} {med:10.4f} {statistics.mean(ratios):10.4f}")
     print(f"bootstrap 95% interval of the median ratio: [{boots[25]:.4f}, {boots[975]:.4f}]")
+    tail = [_quantile(b_ns, q) / _quantile(a_ns, q) for q in (0.9, 0.99)]
+    print(f"tails, instrumented / plain {what}: p90 {tail[0]:.4f}, p99 {tail[1]:.4f}, "
+          f"mean {statistics.mean(b_ns) / statistics.mean(a_ns):.4f}")
     target = "ratio <= 1.10" if args.every_call else "overhead <= +0.5%"
     print(f"overhead (median ratio - 1): {100 * (med - 1):+.2f}%   (target: {target})")
     calls = ((stats.get("sampled") or 0) - sampled_before) / args.pairs  # per generate()
@@ -206,11 +230,55 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             worker = f"worker {worker_us:.1f} µs a capture ({captures} finished)"
         print(f"CPU per traced call: calling thread {per_call / calls / 1e3:.1f} µs "
               f"(instrumented - plain, medians of {calls:.0f} calls a run), {worker}")
+    exported = (stats.get("exported") or 0) - exported_before
+    if export_before is not None and export_after is not None and exported:
+        print(f"export thread CPU: {(export_after - export_before) / exported / 1e3:.1f} µs a "
+              f"span ({exported} exported)")
     print(f"attnscope: sampled={stats.get('sampled')} profiled={stats.get('profiled')} "
           f"granted={stats.get('profile_granted')} "
           f"emitted={stats.get('emitted')} effective_rate={stats.get('effective_sample_rate'):.4f}")
     attnscope.shutdown()
+    if sink is not None:
+        sink.send_signal(signal.SIGTERM)
+        received = sink.communicate(timeout=30)[0].strip().splitlines()
+        print(f"receiver ({args.exporter}): {received[-1] if received else 'said nothing'}")
     return {"median_ratio": med}
+
+
+def _quantile(values: list[int], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _start_sink(args: Any) -> subprocess.Popen[str]:
+    """benchmarks/otlp_sink.py on two free ports, the OTLP endpoint pointed at it."""
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    sink = subprocess.Popen([sys.executable, str(Path(__file__).with_name("otlp_sink.py")),
+                             *map(str, ports)], stdout=subprocess.PIPE, text=True)
+    assert sink.stdout is not None and sink.stdout.readline().strip() == "ready"
+    http = args.exporter == "otlp-http"
+    os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = (
+        f"http://127.0.0.1:{ports[0]}/v1/traces" if http else f"http://127.0.0.1:{ports[1]}")
+    if args.sdk_encoding:
+        from attnscope._export import otlp_exporters
+
+        otlp_exporters.encoder = lambda: None  # type: ignore[assignment]
+    return sink
+
+
+def _export_cpu() -> int | None:
+    """CPU time in ns of the batch span processor's export thread (the SDK names it), or None."""
+    for thread in threading.enumerate():
+        if "BatchSpan" in thread.name or "OtelBatch" in thread.name:
+            try:
+                return time.clock_gettime_ns(time.pthread_getcpuclockid(thread.ident or 0))
+            except (AttributeError, OSError):
+                return None
+    return None
 
 
 def _worker_cpu() -> tuple[int, int] | None:

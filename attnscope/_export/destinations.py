@@ -24,7 +24,7 @@ from .. import _schema as schema
 from .._config import EXPORTER_NAMES, Config, budgeted, validate
 from .._runtime import runtime
 from .._version import __version__
-from . import otlp_status
+from . import otlp_exporters, otlp_status
 from .otel_env import (
     check_headers,
     exporter_kwargs,
@@ -267,18 +267,12 @@ def make_exporter(name: str) -> SpanExporter | None:
     check_headers("TRACES")
     exporter: SpanExporter
     with otlp_status.sdk_quiet():  # the SDK's line per malformed header: check_headers said it
+        # the SDK's exporters, their requests encoded by attnscope's encoder (.otlp_exporters)
         if http:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-                OTLPSpanExporter as HTTPExporter,
-            )
-
-            exporter = HTTPExporter(**exporter_kwargs("TRACES", grpc=False), **_session("TRACES"))
+            exporter = otlp_exporters.http_exporter_class()(
+                **exporter_kwargs("TRACES", grpc=False), **_session("TRACES"))
         else:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-                OTLPSpanExporter as GRPCExporter,
-            )
-
-            exporter = GRPCExporter(**exporter_kwargs("TRACES", grpc=True))
+            exporter = otlp_exporters.grpc_exporter_class()(**exporter_kwargs("TRACES", grpc=True))
     otlp_status.keep_endpoint(exporter, otlp_endpoint("TRACES", grpc=not http))
     return exporter
 
@@ -306,6 +300,8 @@ def preload_imports(cfg: Config) -> None:
                 modules.append(package + ".metric_exporter")
         for module in modules:
             importlib.import_module(module)
+        if any(m.endswith(".trace_exporter") for m in modules):
+            otlp_exporters.encoder()  # its check against the SDK's encoding, done once, here
     except Exception:  # noqa: BLE001  (the worker imports it when it builds, and says why)
         pass
 

@@ -1,0 +1,103 @@
+"""The OTLP span exporters attnscope builds: the SDK's, their requests encoded by
+:mod:`.otlp_encode`.
+
+Everything else (endpoints, headers, TLS, compression, retries, the SDK's own metrics) is the
+SDK exporter's, unchanged. Only the step from spans to an ``ExportTraceServiceRequest`` differs:
+
+- over gRPC, through ``_translate_data``, the method the SDK's exporter mixin has each signal's
+  exporter implement;
+- over HTTP, the SDK exporter's own ``export`` function, run with ``encode_spans`` naming this
+  module's :func:`encode_request` instead of the SDK's (a copy of the function, not a change to
+  the SDK's module: any other exporter in the program is untouched). When a release's ``export``
+  no longer calls ``encode_spans``, the SDK's class is used as it is.
+
+Either way a request is encoded by the SDK when the fast encoder did not reproduce the installed
+SDK's bytes on the probe spans, or cannot write one of the request's spans exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .. import _log
+from .otlp_encode import Encoder, matches_sdk
+
+__all__ = ["encode_request", "encoder", "grpc_exporter_class", "http_exporter_class"]
+
+
+@functools.cache
+def encoder() -> Encoder | None:
+    """The fast encoder in the variant that writes what the installed SDK writes, else None."""
+    try:
+        for flags in (True, False):
+            candidate = Encoder(flags)
+            if matches_sdk(candidate):
+                return candidate
+        _log.debug_once("otlp-encode", "attnscope: the OpenTelemetry SDK's OTLP encoding differs "
+                        "from attnscope's; spans are encoded by the SDK")
+    except Exception as exc:  # the SDK's encoding, as before
+        _log.internal_error("otlp-encode", exc)
+    return None
+
+
+def encode_request(spans: Sequence[Any]) -> Any:
+    """``encode_spans(spans)`` of the SDK, the same message, written by :func:`encoder`."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    fast = encoder()
+    if fast is not None:
+        try:
+            data = fast.encode(spans)
+            if data is not None:
+                from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+                    ExportTraceServiceRequest,
+                )
+
+                return ExportTraceServiceRequest.FromString(data)
+        except Exception as exc:  # this request the SDK's way
+            _log.internal_error("otlp-encode", exc)
+    return encode_spans(spans)
+
+
+@functools.cache
+def grpc_exporter_class() -> type:
+    """The SDK's OTLP/gRPC span exporter, its requests from :func:`encode_request`."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    def _translate_data(self: Any, data: Sequence[Any], *more: Any, **named: Any) -> Any:
+        if more or named:  # a release that passes more than the spans: its own way
+            return OTLPSpanExporter._translate_data(self, data, *more, **named)
+        return encode_request(data)
+
+    return type("AttnscopeGRPCSpanExporter", (OTLPSpanExporter,),
+                {"_translate_data": _translate_data, "__module__": __name__})
+
+
+@functools.cache
+def http_exporter_class() -> type:
+    """The SDK's OTLP/HTTP span exporter, its ``export`` calling :func:`encode_request`; the SDK's
+    class as it is when its ``export`` does not call ``encode_spans``."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    export = _with_global(OTLPSpanExporter.export, "encode_spans", encode_request)
+    if export is None:
+        return OTLPSpanExporter
+    return type("AttnscopeHTTPSpanExporter", (OTLPSpanExporter,),
+                {"export": export, "__module__": __name__})
+
+
+def _with_global(fn: Any, name: str, value: Callable[..., Any]) -> Any:
+    """A copy of function ``fn`` whose global ``name`` is ``value``; None when ``fn`` is not a
+    plain function reading that global."""
+    if not isinstance(fn, types.FunctionType) or name not in fn.__code__.co_names \
+            or name not in fn.__globals__:
+        return None
+    copy = types.FunctionType(fn.__code__, {**fn.__globals__, name: value}, fn.__name__,
+                              fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    copy.__qualname__ = fn.__qualname__
+    copy.__doc__ = fn.__doc__
+    return copy

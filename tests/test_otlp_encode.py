@@ -1,0 +1,263 @@
+"""attnscope's OTLP encoder writes what the OpenTelemetry SDK's encoder writes, byte for byte,
+and the OTLP exporters attnscope builds send exactly that (checked against the SDK's own
+``encode_spans`` of the same spans, the independent computation)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import torch
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import (
+    Link,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+)
+
+import attnscope
+from attnscope._export import destinations, otlp_encode, otlp_exporters
+from attnscope._export.otlp_encode import Encoder
+from tests.e2e.otlp_fakes import GRPCCollector, HTTPCollector
+
+
+def _sdk(spans: Sequence[Any]) -> bytes:
+    return bytes(encode_spans(spans).SerializeToString())
+
+
+# ---- random spans: every field the encoder writes, every value type --------------------------
+
+_TEXT = ["", "a", "attnscope.summary", "ünïcødé · µs", "x" * 200, "\u2603\U0001f600"]
+_INTS = [0, 1, -1, 127, 128, 300, -300, 1 << 31, (1 << 63) - 1, -(1 << 63), 2 ** 40 + 7]
+_FLOATS = [0.0, -0.0, 1.5, -2.25, 1e-300, 1e300, math.inf, -math.inf, math.nan, 0.1]
+
+
+def _value(rng: random.Random, depth: int = 0) -> Any:
+    kind = rng.randrange(7 if depth == 0 else 5)
+    if kind == 0:
+        return rng.choice(_TEXT)
+    if kind == 1:
+        return rng.choice(_INTS)
+    if kind == 2:
+        return rng.choice((True, False))
+    if kind == 3:
+        return rng.choice(_FLOATS)
+    if kind == 4:
+        return rng.choice((b"", b"\x00\xff", b"bytes"))
+    if kind == 5:  # a sequence of one type, as span attributes hold
+        make = rng.choice((lambda: rng.choice(_TEXT), lambda: rng.choice(_INTS),
+                           lambda: rng.choice((True, False)), lambda: rng.choice(_FLOATS)))
+        seq = [make() for _ in range(rng.randrange(4))]
+        return tuple(seq) if rng.random() < 0.5 else seq
+    return {"k": rng.choice(_INTS), "s": rng.choice(_TEXT)}  # a mapping (kvlist)
+
+
+def _attributes(rng: random.Random, n: int) -> dict[str, Any]:
+    # keys shared across spans, so kept encodings are looked up again with other values
+    return {rng.choice(["a", "b", "attnscope.seq", "é", "", f"k{rng.randrange(5)}"]):
+            _value(rng) for _ in range(n)}
+
+
+def _context(rng: random.Random, remote: bool = False) -> SpanContext:
+    state = rng.choice((None, TraceState([("k", "v")]), TraceState([("a", "1"), ("b", "2")])))
+    return SpanContext(rng.getrandbits(128) or 1, rng.getrandbits(64) or 1, is_remote=remote,
+                       trace_flags=TraceFlags(rng.choice((0, 1))), trace_state=state)
+
+
+def _random_spans(seed: int, count: int) -> list[ReadableSpan]:
+    rng = random.Random(seed)
+    # equal resources as distinct objects, interleaved: grouped by equality, as the SDK groups
+    resources = [Resource({"service.name": "a"}), Resource({"service.name": "a"}),
+                 Resource({"service.name": "b", "n": 2}, "https://schema/1"), Resource({})]
+    scopes = [None, InstrumentationScope("attnscope", "1.0"),
+              InstrumentationScope("attnscope", "1.0"), InstrumentationScope("other", None,
+                                                                                "https://s")]
+    spans = []
+    for _ in range(count):
+        parent = rng.choice((None, _context(rng), _context(rng, remote=True)))
+        events = tuple(Event(rng.choice(("exception", "e", "")), _attributes(rng, 2),
+                             timestamp=rng.choice((0, 5, 1 << 60)))
+                       for _ in range(rng.choice((0, 0, 1, 2))))
+        links = tuple(Link(_context(rng, remote=rng.random() < 0.5), _attributes(rng, 1))
+                      for _ in range(rng.choice((0, 0, 1))))
+        status = rng.choice((Status(), Status(StatusCode.OK),
+                             Status(StatusCode.ERROR, rng.choice(("", "RuntimeError: x", "é")))))
+        spans.append(ReadableSpan(
+            name=rng.choice(("attnscope.call", "", "ünï", "n" * 128)), context=_context(rng),
+            parent=parent, resource=rng.choice(resources), attributes=_attributes(
+                rng, rng.randrange(12)), events=events, links=links,
+            kind=rng.choice(list(SpanKind)), status=status,
+            start_time=rng.choice((0, 1, 1 << 62)), end_time=rng.choice((0, 2, (1 << 63) + 5)),
+            instrumentation_scope=rng.choice(scopes)))
+    return spans
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_spans_are_written_exactly_as_the_sdk_writes_them(seed: int) -> None:
+    spans = _random_spans(seed, 60)
+    encoder = Encoder()
+    first = encoder.encode(spans)
+    assert first == _sdk(spans)
+    # again, from the kept attribute encodings, in another order
+    shuffled = spans[::-1]
+    assert encoder.encode(shuffled) == _sdk(shuffled)
+
+
+def test_equal_values_of_other_types_are_never_taken_for_each_other() -> None:
+    # True == 1 == 1.0 and 0.0 == -0.0 in Python: one kept encoding must not serve another type
+    encoder = Encoder()
+    for values in ([True, 1, 1.0, False, 0, 0.0, -0.0], [-0.0, 0.0, 0, False, 1.0, 1, True]):
+        spans = [ReadableSpan(name="s", context=SpanContext(1, i + 1, False),
+                              attributes={"v": v}, resource=Resource({}))
+                 for i, v in enumerate(values)]
+        assert encoder.encode(spans) == _sdk(spans)
+
+
+def test_kept_encodings_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(otlp_encode, "_KV_MAX", 50)
+    encoder = Encoder()
+    spans = [ReadableSpan(name="s", context=SpanContext(1, i + 1, False),
+                          attributes={"i": i, "s": str(i)}, resource=Resource({}))
+             for i in range(200)]
+    assert encoder.encode(spans) == _sdk(spans)
+    assert len(encoder._kv) <= 50
+
+
+def test_a_span_it_cannot_write_exactly_leaves_the_request_to_the_sdk(
+        caplog: pytest.LogCaptureFixture) -> None:
+    huge = ReadableSpan(name="s", context=SpanContext(1, 2, False),
+                        attributes={"big": 1 << 64, "ok": 1}, resource=Resource({}))
+    assert Encoder().encode([huge]) is None
+    assert Encoder().encode([ReadableSpan(name="s", context=SpanContext(1, 2, False),
+                                          attributes={"o": object()})]) is None
+    # the SDK drops the attribute it cannot encode, and says so
+    with caplog.at_level(logging.ERROR):
+        assert otlp_exporters.encode_request([huge]) == encode_spans([huge])
+
+
+def test_the_installed_sdk_is_matched_and_the_fast_path_is_used() -> None:
+    """If a release of the SDK changes its encoding, the encoder steps aside; this says when that
+    happens to the version CI installs, so the speed is not lost unseen."""
+    assert otlp_exporters.encoder() is not None
+    assert otlp_exporters.http_exporter_class() is not HTTPExporter
+    assert otlp_exporters.http_exporter_class().export is not HTTPExporter.export
+
+
+def test_an_encoding_that_differs_from_the_sdk_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    spans = otlp_encode.probe_spans()
+    assert otlp_encode.matches_sdk(Encoder(flags=True)) != otlp_encode.matches_sdk(
+        Encoder(flags=False))  # the probe tells the variants apart
+    monkeypatch.setattr(otlp_encode.Encoder, "_status", lambda self, status: b"")
+    otlp_exporters.encoder.cache_clear()
+    try:
+        assert otlp_exporters.encoder() is None
+        assert otlp_exporters.encode_request(spans) == encode_spans(spans)
+    finally:
+        otlp_exporters.encoder.cache_clear()
+
+
+def test_a_function_not_reading_the_global_is_not_copied() -> None:
+    def export(self: Any, spans: Any) -> Any:
+        return spans
+
+    assert otlp_exporters._with_global(export, "encode_spans", len) is None
+    assert otlp_exporters._with_global(print, "encode_spans", len) is None
+
+
+# ---- attnscope's real spans, through the exporters it builds, to a receiver ---------------------
+
+
+class _Keep(SpanExporter):
+    def __init__(self) -> None:
+        self.spans: list[ReadableSpan] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+
+def _model_spans() -> list[ReadableSpan]:
+    """The spans of an instrumented Llama's generate(), every call traced (the kept encodings
+    meet the repeats and the variety of real spans), and an error span."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    keep = _Keep()
+    attnscope.configure(exporter=keep, sample_rate=1.0, warmup_calls=0, overhead_budget=1.0,
+                        profile_rate=0.0)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=100)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    attnscope.instrument(model)
+    with torch.inference_mode():
+        model.generate(torch.randint(0, 100, (2, 8)), max_new_tokens=4, do_sample=False,
+                       pad_token_id=0)
+
+    @attnscope.trace
+    def broken(q: torch.Tensor) -> None:
+        raise ValueError("no")
+
+    with pytest.raises(ValueError):
+        broken(torch.ones(2, 3))
+    assert attnscope.flush(timeout_s=30)
+    attnscope.shutdown()
+    assert len(keep.spans) >= 9 and any(s.events for s in keep.spans)
+    return keep.spans
+
+
+def test_attnscope_spans_are_written_exactly_as_the_sdk_writes_them() -> None:
+    spans = _model_spans()
+    assert Encoder().encode(spans) == _sdk(spans)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_the_built_exporter_sends_what_the_sdk_would(monkeypatch: pytest.MonkeyPatch,
+                                                    protocol: str) -> None:
+    spans = _model_spans()
+    collector = (GRPCCollector if protocol == "grpc" else HTTPCollector)("ok").start()
+    try:
+        endpoint = collector.endpoint if protocol == "grpc" else collector.endpoint + "/v1/traces"
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", endpoint)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", protocol)
+        exporter = destinations.make_exporter("otlp")
+        assert type(exporter) is (otlp_exporters.grpc_exporter_class() if protocol == "grpc"
+                                  else otlp_exporters.http_exporter_class())
+        assert exporter is not None
+        try:
+            assert exporter.export(spans) is SpanExportResult.SUCCESS
+        finally:
+            exporter.shutdown()
+        assert len(collector.trace_requests) == 1
+        assert collector.trace_requests[0] == ExportTraceServiceRequest.FromString(_sdk(spans))
+    finally:
+        collector.stop()
+
+
+def test_the_encoding_benchmark_runs_and_compares_equal_requests(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import bench_encode
+
+        bench_encode.main(["--rounds", "1", "--batches", "1"])
+    finally:
+        sys.path.pop(0)
+    out = capsys.readouterr().out
+    assert "attnscope / SDK:" in out and "512 spans" in out
