@@ -8,24 +8,32 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import StatusCode
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
-__all__ = ["EMPTY_DOCUMENT_BYTES", "TRACE_OVERHEAD_BYTES", "Trace", "dumps", "process_json",
-           "span_fields", "trace_json"]
+__all__ = ["EMPTY_DOCUMENT_BYTES", "TRACE_OVERHEAD_BYTES", "SpanWriter", "Trace", "dumps",
+           "parts_of_fields", "process_json", "span_fields", "trace_json"]
 
 _UNKNOWN_SERVICE = "unknown_service"
 _UNNAMED = "(unnamed)"
 
 
+# Compact output keeps files small. ensure_ascii (the default) makes len(text) equal the encoded
+# byte count, which the size accounting relies on. allow_nan=False because the UI's JSON.parse
+# rejects NaN/Infinity; _tag already turns non-finite floats into strings. One encoder, made
+# once: json.dumps with these arguments makes a new one per call.
+_encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+_quote = json.encoder.encode_basestring_ascii  # a str as JSON, as that encoder writes it
+
+
 def dumps(obj: object) -> str:
-    # Compact output keeps files small. ensure_ascii (the default) makes len(text) equal the
-    # encoded byte count, which the size accounting relies on. allow_nan=False because the UI's
-    # JSON.parse rejects NaN/Infinity; _tag already turns non-finite floats into strings.
-    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    return _encode(obj)
 
 
 def _tag(key: str, value: object) -> dict[str, object]:
@@ -64,28 +72,38 @@ def _references(span: ReadableSpan) -> list[dict[str, str]]:
             for ctx, kind in refs]
 
 
-def _tags(span: ReadableSpan) -> list[dict[str, object]]:
-    tags = [_tag(k, v) for k, v in (span.attributes or {}).items()]
-    scope = span.instrumentation_scope
-    if scope is not None:
-        tags.append(_tag("otel.scope.name", scope.name))
-        if scope.version:
-            tags.append(_tag("otel.scope.version", scope.version))
-    tags.append(_tag("span.kind", span.kind.name.lower()))
-    status = span.status
-    if status.status_code is StatusCode.ERROR:
-        tags.append(_tag("otel.status_code", "ERROR"))
-        tags.append(_tag("error", True))
-        if status.description:
-            tags.append(_tag("otel.status_description", status.description))
-    elif status.status_code is StatusCode.OK:
-        tags.append(_tag("otel.status_code", "OK"))
+def _scope_tags(scope: InstrumentationScope | None) -> list[dict[str, object]]:
+    if scope is None:
+        return []
+    tags = [_tag("otel.scope.name", scope.name)]
+    if scope.version:
+        tags.append(_tag("otel.scope.version", scope.version))
     return tags
 
 
-def span_fields(span: ReadableSpan) -> dict[str, object]:
-    """Everything about ``span`` except its processID, which depends on the document."""
-    ctx = span.context
+def _kind_tags(kind: SpanKind) -> list[dict[str, object]]:
+    return [_tag("span.kind", kind.name.lower())]
+
+
+def _status_tags(status: Status) -> list[dict[str, object]]:
+    if status.status_code is StatusCode.ERROR:
+        tags = [_tag("otel.status_code", "ERROR"), _tag("error", True)]
+        if status.description:
+            tags.append(_tag("otel.status_description", status.description))
+        return tags
+    if status.status_code is StatusCode.OK:
+        return [_tag("otel.status_code", "OK")]
+    return []
+
+
+def _tags(span: ReadableSpan) -> list[dict[str, object]]:
+    return ([_tag(k, v) for k, v in (span.attributes or {}).items()]
+            + _scope_tags(span.instrumentation_scope) + _kind_tags(span.kind)
+            + _status_tags(span.status))
+
+
+def span_fields_rest(span: ReadableSpan) -> dict[str, object]:
+    """The span's ``logs`` and ``warnings``."""
     logs = [
         {
             "timestamp": event.timestamp // 1000,
@@ -103,6 +121,14 @@ def span_fields(span: ReadableSpan) -> dict[str, object]:
         )
         if count
     ]
+    return {"logs": logs, "warnings": warnings or None}
+
+
+def span_fields(span: ReadableSpan) -> dict[str, object]:
+    """Everything about ``span`` except its processID, which depends on the document (the
+    reference :class:`SpanWriter` writes the text of)."""
+    ctx = span.context
+    rest = span_fields_rest(span)
     start_ns = span.start_time or 0
     end_ns = span.end_time or start_ns
     return {
@@ -114,10 +140,95 @@ def span_fields(span: ReadableSpan) -> dict[str, object]:
         "startTime": start_ns // 1000,
         "duration": max(0, end_ns - start_ns) // 1000,
         "tags": _tags(span),
-        "logs": logs,
+        "logs": rest["logs"],
         "processID": "",
-        "warnings": warnings or None,
+        "warnings": rest["warnings"],
     }
+
+
+# (tags of a part, the part of a span): the tags after the attributes, kept per part object
+_FIXED_TAGS: tuple[tuple[Callable[[Any], list[dict[str, object]]], Callable[[Any], Any]], ...] = (
+    (_scope_tags, lambda span: span.instrumentation_scope),
+    (_kind_tags, lambda span: span.kind),
+    (_status_tags, lambda span: span.status))
+_TAGS_MAX = 16384  # kept tag texts (each bounded: strings 256 characters, sequences 64)
+
+
+def _tag_text(key: str, value: object) -> str:
+    """``dumps(_tag(key, value))``, written directly for the usual types."""
+    if type(key) is str:
+        if isinstance(value, str) and type(value) is str:
+            return '{"key":' + _quote(key) + ',"type":"string","value":' + _quote(value) + "}"
+        if isinstance(value, int) and type(value) is int:
+            return '{"key":' + _quote(key) + ',"type":"int64","value":' + int.__repr__(value) + "}"
+        if isinstance(value, float) and type(value) is float and math.isfinite(value):
+            return ('{"key":' + _quote(key) + ',"type":"float64","value":'
+                    + float.__repr__(value) + "}")
+    return dumps(_tag(key, value))
+
+
+class SpanWriter:
+    """A span's JSON text, as ``dumps(span_fields(span))`` with its processID writes it, with
+    the text of each attribute's tag kept (strings, ints, bools; bounded): attnscope's spans
+    repeat most of theirs, and building and dumping a dict per tag was most of the export
+    thread's time per span (``tests/test_jaeger_encode.py`` compares the two)."""
+
+    def __init__(self) -> None:
+        self._tags: dict[tuple[str, type, object], str] = {}
+        self._kept: dict[int, tuple[object, str]] = {}  # scope, kind, status -> their tags
+
+    def parts(self, span: ReadableSpan) -> tuple[str, str]:
+        """The span's text before and after its processID's value (which the document picks)."""
+        ctx = span.context
+        refs = _references(span)
+        start_ns = span.start_time or 0
+        end_ns = span.end_time or start_ns
+        head = ('{"traceID":"' + f"{ctx.trace_id:032x}" + '","spanID":"' + f"{ctx.span_id:016x}"
+                + '","operationName":' + dumps(span.name or _UNNAMED)
+                + ',"references":' + (dumps(refs) if refs else "[]")
+                + ',"startTime":' + str(start_ns // 1000)
+                + ',"duration":' + str(max(0, end_ns - start_ns) // 1000)
+                + ',"tags":[' + self._tags_text(span) + ']')
+        if not span.events and not (span.dropped_attributes or span.dropped_events
+                                    or span.dropped_links):
+            return head + ',"logs":[],"processID":"', '","warnings":null}'
+        fields = span_fields_rest(span)
+        return (head + ',"logs":' + dumps(fields["logs"]) + ',"processID":"',
+                '","warnings":' + dumps(fields["warnings"]) + "}")
+
+    def _tags_text(self, span: ReadableSpan) -> str:
+        kv = self._tags
+        texts: list[str] = []
+        add = texts.append
+        for key, value in (span.attributes or {}).items():
+            kind = type(value)
+            if kind is str or kind is int or kind is bool:
+                found = kv.get((key, kind, value))
+                if found is None:
+                    if len(kv) >= _TAGS_MAX:
+                        kv.clear()
+                    found = kv[key, kind, value] = _tag_text(key, value)
+                add(found)
+            else:
+                add(_tag_text(key, value))
+        for tags_of, part_of in _FIXED_TAGS:
+            part = part_of(span)
+            kept = self._kept.get(id(part))
+            if kept is None or kept[0] is not part:
+                if len(self._kept) >= 64:
+                    self._kept.clear()
+                kept = self._kept[id(part)] = (part, ",".join(map(dumps, tags_of(part))))
+            if kept[1]:
+                add(kept[1])
+        return ",".join(texts)
+
+
+def parts_of_fields(fields: dict[str, object]) -> tuple[str, str]:
+    """:meth:`SpanWriter.parts` of a span's fields as read back from a document (processID and
+    warnings last, as this module writes them)."""
+    rest = {k: v for k, v in fields.items() if k not in ("processID", "warnings")}
+    return (dumps(rest)[:-1] + ',"processID":"',
+            '","warnings":' + dumps(fields.get("warnings")) + "}")
 
 
 @dataclass

@@ -104,6 +104,7 @@ class JaegerJSONFileExporter(SpanExporter):
         self._lost = False  # spans lost to a failure since the last force_flush()
         # Most programs have one Resource, so a one-entry identity cache avoids re-serialising it.
         self._last_process: tuple[Resource, str] | None = None
+        self._writer = jaeger_encode.SpanWriter()  # span texts, each tag's text kept
         # attnscope's pipeline, told when spans reach the file or are lost: (written, lost)
         self._on_delivery: Callable[[int, int], None] | None = None
         self._unbound = 0  # spans taken before that, still unwritten: not the pipeline's
@@ -208,7 +209,8 @@ class JaegerJSONFileExporter(SpanExporter):
                 processes = trace.get("processes") or {}
                 for fields in trace.get("spans") or ():
                     process = jaeger_encode.dumps(processes[fields["processID"]])
-                    text, pid, added = self._encode(trace_id, dict(fields), process)
+                    text, pid, added = self._encode(
+                        trace_id, jaeger_encode.parts_of_fields(fields), process)
                     entry = self._traces.setdefault(trace_id, jaeger_encode.Trace())
                     entry.processes.setdefault(process, pid)
                     entry.spans.append(text)
@@ -251,9 +253,10 @@ class JaegerJSONFileExporter(SpanExporter):
         return cached[1]
 
     def _encode(
-        self, trace_id: str, fields: dict[str, object], process: str
+        self, trace_id: str, parts: tuple[str, str], process: str
     ) -> tuple[str, str, int]:
-        """Serialise ``fields`` for the current document: (text, processID, bytes added)."""
+        """The span's text (``parts``: before and after its processID) for the current
+        document: (text, processID, bytes added)."""
         trace = self._traces.get(trace_id)
         added = 0
         pid = trace.processes.get(process) if trace is not None else None
@@ -262,8 +265,7 @@ class JaegerJSONFileExporter(SpanExporter):
             added += len(pid) + 3 + len(process) + 1  # "pN": + process + comma
         if trace is None:
             added += jaeger_encode.TRACE_OVERHEAD_BYTES
-        fields["processID"] = pid
-        text = jaeger_encode.dumps(fields)
+        text = parts[0] + pid + parts[1]
         return text, pid, added + len(text) + 1
 
     def _add(self, span: ReadableSpan) -> tuple[bool, bool]:
@@ -271,8 +273,8 @@ class JaegerJSONFileExporter(SpanExporter):
         if span.context is None:
             self._settle(0, 1)  # nothing to write: it never reaches the file
             return True, False
-        fields = jaeger_encode.span_fields(span)
-        trace_id = str(fields["traceID"])
+        fields = self._writer.parts(span)
+        trace_id = f"{span.context.trace_id:032x}"
         process = self._process_for(span.resource)
         text, pid, added = self._encode(trace_id, fields, process)
         ok, rotated = True, False

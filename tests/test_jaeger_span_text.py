@@ -1,0 +1,67 @@
+"""A span's Jaeger JSON text as the exporter writes it (``SpanWriter``, each tag's text kept) is
+``dumps`` of its fields (``span_fields``, the reference), character for character."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext
+
+from attnscope._export import jaeger_encode
+from attnscope._export.jaeger_encode import SpanWriter, dumps, parts_of_fields, span_fields
+from tests.test_otlp_encode import _model_spans, _random_spans
+
+
+def _reference(span: ReadableSpan, pid: str) -> str:
+    fields = span_fields(span)
+    fields["processID"] = pid
+    return dumps(fields)
+
+
+def _written(writer: SpanWriter, span: ReadableSpan, pid: str) -> str:
+    head, tail = writer.parts(span)
+    return head + pid + tail
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_spans_are_written_as_their_fields_dump(seed: int) -> None:
+    spans = _random_spans(seed, 60)
+    writer = SpanWriter()
+    for pid in ("p1", "p12"):  # twice: the second time from the kept tag texts
+        for span in spans:
+            assert _written(writer, span, pid) == _reference(span, pid)
+
+
+def test_equal_values_of_other_types_are_never_taken_for_each_other() -> None:
+    writer = SpanWriter()
+    for values in ([True, 1, 1.0, False, 0, 0.0, -0.0], [-0.0, 0.0, 0, False, 1.0, 1, True]):
+        for i, v in enumerate(values):
+            span = ReadableSpan(name="s", context=SpanContext(1, i + 1, False),
+                                attributes={"v": v}, resource=Resource({}))
+            assert _written(writer, span, "p1") == _reference(span, "p1")
+
+
+def test_attnscope_spans_are_written_as_their_fields_dump() -> None:
+    writer = SpanWriter()
+    for span in _model_spans():
+        assert _written(writer, span, "p1") == _reference(span, "p1")
+
+
+def test_kept_tag_texts_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jaeger_encode, "_TAGS_MAX", 20)
+    writer = SpanWriter()
+    for i in range(100):
+        span = ReadableSpan(name="s", context=SpanContext(1, i + 1, False),
+                            attributes={"i": i, "s": str(i)}, resource=Resource({}))
+        assert _written(writer, span, "p1") == _reference(span, "p1")
+    assert len(writer._tags) <= 20
+
+
+def test_fields_read_back_make_the_same_text() -> None:
+    import json
+
+    for span in _random_spans(3, 40):
+        text = _reference(span, "p3")
+        head, tail = parts_of_fields(json.loads(text))
+        assert head + "p3" + tail == text
