@@ -40,6 +40,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -103,15 +104,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--metrics", choices=("on", "off"), default=None,
                         help="span metrics to an in-memory meter provider (default: off with "
                              "--every-call, the configured default otherwise)")
-    parser.add_argument("--exporter", choices=("discard", "otlp-http", "otlp-grpc"),
+    parser.add_argument("--exporter", choices=("discard", "otlp-http", "otlp-grpc",
+                                               "jaeger-json", "otlp-json"),
                         default="discard",
-                        help="where spans go: a discarding exporter (default), or attnscope's "
+                        help="where spans go: a discarding exporter (default), attnscope's "
                              "OTLP exporter to a local receiver that discards them "
-                             "(benchmarks/otlp_sink.py, its own process): encoding and transport "
-                             "counted")
+                             "(benchmarks/otlp_sink.py, its own process), or one of its file "
+                             "exporters to a temporary directory: encoding and writing counted")
     parser.add_argument("--sdk-encoding", action="store_true",
                         help="with an OTLP exporter: requests encoded by the OpenTelemetry SDK's "
-                             "encoder instead of attnscope's (the code before it had one)")
+                             "encoder instead of attnscope's; with otlp-json, lines made the "
+                             "reference way (the SDK's encoder, protobuf's JSON mapping)")
     parser.add_argument("--model", choices=tuple(MODELS), default="tiny")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
@@ -132,10 +135,19 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if args.app_provider:  # else its idle export thread would be the one _export_cpu reads
         provider.add_span_processor(BatchSpanProcessor(Discard(), max_queue_size=1 << 16))
     # The usual set-up: attnscope's own provider and exporter; or the application's provider.
-    sink = _start_sink(args) if args.exporter != "discard" else None
+    sink = _start_sink(args) if args.exporter.startswith("otlp-") and \
+        args.exporter != "otlp-json" else None
+    if args.sdk_encoding:
+        from attnscope._export import otlp_exporters, otlp_json
+
+        otlp_exporters.encoder = lambda: None  # type: ignore[assignment]
+        otlp_json._fast = lambda: None  # type: ignore[assignment]
+    files = tempfile.TemporaryDirectory(prefix="bench_model.")
+    exporter: Any = args.exporter if sink is not None else Discard()
+    if args.exporter.endswith("-json"):
+        exporter = f"{args.exporter}:{files.name}/spans.json"
     destination: dict[str, Any] = (
-        {"tracer_provider": provider} if args.app_provider
-        else {"exporter": Discard() if sink is None else args.exporter})
+        {"tracer_provider": provider} if args.app_provider else {"exporter": exporter})
     if args.metrics is not None:
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -238,6 +250,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
           f"granted={stats.get('profile_granted')} "
           f"emitted={stats.get('emitted')} effective_rate={stats.get('effective_sample_rate'):.4f}")
     attnscope.shutdown()
+    files.cleanup()
     if sink is not None:
         sink.send_signal(signal.SIGTERM)
         received = sink.communicate(timeout=30)[0].strip().splitlines()
@@ -263,10 +276,6 @@ def _start_sink(args: Any) -> subprocess.Popen[str]:
     http = args.exporter == "otlp-http"
     os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = (
         f"http://127.0.0.1:{ports[0]}/v1/traces" if http else f"http://127.0.0.1:{ports[1]}")
-    if args.sdk_encoding:
-        from attnscope._export import otlp_exporters
-
-        otlp_exporters.encoder = lambda: None  # type: ignore[assignment]
     return sink
 
 

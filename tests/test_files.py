@@ -201,8 +201,12 @@ def disk() -> Iterator[dict[str, Any]]:
             return real(fd, bytes(data[: len(data) // 2]))  # half a line, then the error
         raise OSError(state["error"], os.strerror(state["error"]))
 
+    def writev(fd: int, buffers: Any) -> int:  # the same disk, for pieces written at once
+        return write(fd, b"".join(buffers))
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(os, "write", write)
+        mp.setattr(os, "writev", writev)
         yield state
 
 

@@ -313,3 +313,27 @@ def test_console_exporters_left_in_the_shell_keep_the_programs_stdout_clean(
     assert done.stdout == '{"ok": 1}\n'
     assert json.loads(done.stdout) == {"ok": 1}
     assert "30 spans written" in done.stderr
+
+
+# ---- a document written in pieces ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("written", [None, 0, 1, 5, 9, 10, 2000])
+def test_pieces_land_in_order_whatever_each_writev_call_takes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written: int | None) -> None:
+    """``write_bytes`` of pieces: the file is their concatenation when ``os.writev`` writes only
+    part of a group (``written`` bytes of each call), or is missing (None)."""
+    pieces = [b"{", bytearray(b"abc"), b"", b"defgh", bytearray(b"ij"), b"}"] * 300
+    real = os.writev
+
+    def short(fd: int, buffers: Any) -> int:
+        data = b"".join(buffers)
+        return real(fd, [data[:written]]) if written else 0
+
+    if written is None:
+        monkeypatch.delattr(os, "writev")
+    else:
+        monkeypatch.setattr(os, "writev", short)
+    path = tmp_path / "doc.json"
+    _safe_files.write_bytes(path, pieces, durable=True)
+    assert path.read_bytes() == b"".join(pieces)

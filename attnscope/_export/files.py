@@ -26,7 +26,7 @@ from __future__ import annotations
 import errno
 import os
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from types import ModuleType
 
 from .._safe_files import (
@@ -57,8 +57,9 @@ _LOCK_ATTEMPTS = 3
 _PER_PROCESS_NAMES = 8  # t.<pid>.json, t.<pid>-2.json, ...
 
 
-def write_atomically(path: str, data: bytes) -> None:
-    """Write ``data`` to a new file beside ``path``, fsync it and rename it onto ``path``.
+def write_atomically(path: str, data: bytes | Sequence[bytes | bytearray]) -> None:
+    """Write ``data`` (or its pieces, in order) to a new file beside ``path``, fsync it and
+    rename it onto ``path``.
 
     A reader sees the old file or the new one, never half of one. A failure leaves the old file
     and no temporary file behind, and raises (``OSError`` for anything but a regular file at

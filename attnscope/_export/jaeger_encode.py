@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-__all__ = ["EMPTY_DOCUMENT_BYTES", "TRACE_OVERHEAD_BYTES", "SpanWriter", "Trace", "dumps",
-           "parts_of_fields", "process_json", "span_fields", "trace_json"]
+__all__ = ["EMPTY_DOCUMENT_BYTES", "TRACE_OVERHEAD_BYTES", "SpanWriter", "Trace", "document_chunks",
+           "dumps", "parts_of_fields", "process_json", "span_fields", "trace_chunks", "trace_json"]
 
 _UNKNOWN_SERVICE = "unknown_service"
 _UNNAMED = "(unnamed)"
@@ -233,15 +233,39 @@ def parts_of_fields(fields: dict[str, object]) -> tuple[str, str]:
 
 @dataclass
 class Trace:
-    """One trace of the document being built: its spans as JSON text, its process table."""
+    """One trace of the document being built: its spans' JSON text (ASCII, comma-separated, as
+    bytes: written to the file as they are, never joined into one document), its process
+    table."""
 
-    spans: list[str] = field(default_factory=list)
+    body: bytearray = field(default_factory=bytearray)
     processes: dict[str, str] = field(default_factory=dict)  # process JSON -> processID
+
+    def add(self, text: str) -> None:
+        if self.body:
+            self.body += b","
+        self.body += text.encode("ascii")
+
+
+def trace_chunks(trace_id: str, trace: Trace) -> list[bytes | bytearray]:
+    """The trace's entry of the document's ``data``, in pieces (the spans' text not copied)."""
+    procs = ",".join(f'"{pid}":{proc}' for proc, pid in trace.processes.items())
+    return [f'{{"traceID":"{trace_id}","spans":['.encode("ascii"), trace.body,
+            f'],"processes":{{{procs}}}}}'.encode("ascii")]
+
+
+def document_chunks(traces: dict[str, Trace]) -> list[bytes | bytearray]:
+    """The whole document, ``{"data":[...]}``, in pieces."""
+    chunks: list[bytes | bytearray] = [b'{"data":[']
+    for i, (trace_id, trace) in enumerate(traces.items()):
+        if i:
+            chunks.append(b",")
+        chunks.extend(trace_chunks(trace_id, trace))
+    chunks.append(b"]}")
+    return chunks
 
 
 def trace_json(trace_id: str, trace: Trace) -> str:
-    procs = ",".join(f'"{pid}":{proc}' for proc, pid in trace.processes.items())
-    return f'{{"traceID":"{trace_id}","spans":[{",".join(trace.spans)}],"processes":{{{procs}}}}}'
+    return b"".join(trace_chunks(trace_id, trace)).decode("ascii")
 
 
 EMPTY_DOCUMENT_BYTES = len('{"data":[]}')

@@ -97,6 +97,7 @@ def inject(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable
     def apply(fault: str) -> None:
         if fault == "full disk":
             monkeypatch.setattr(os, "write", full)
+            monkeypatch.setattr(os, "writev", lambda fd, buffers: full(fd, b"".join(buffers)))
         elif fault == "read-only":
             monkeypatch.setattr(os, "open", read_only)
 
