@@ -151,7 +151,10 @@ _FIXED_TAGS: tuple[tuple[Callable[[Any], list[dict[str, object]]], Callable[[Any
     (_scope_tags, lambda span: span.instrumentation_scope),
     (_kind_tags, lambda span: span.kind),
     (_status_tags, lambda span: span.status))
-_TAGS_MAX = 16384  # kept tag texts (each bounded: strings 256 characters, sequences 64)
+_TAGS_MAX = 4096  # kept tag texts (strings of at most _KEPT_STR characters: ~2 MiB)
+# longer strings are not kept: a span's summary, different in every span, would only push out
+# what repeats
+_KEPT_STR = 128
 
 
 def _tag_text(key: str, value: object) -> str:
@@ -202,7 +205,7 @@ class SpanWriter:
         add = texts.append
         for key, value in (span.attributes or {}).items():
             kind = type(value)
-            if kind is str or kind is int or kind is bool:
+            if kind is str and len(value) <= _KEPT_STR or kind is int or kind is bool:
                 found = kv.get((key, kind, value))
                 if found is None:
                     if len(kv) >= _TAGS_MAX:

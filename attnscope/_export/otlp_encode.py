@@ -25,7 +25,10 @@ from opentelemetry.trace import SpanKind
 
 __all__ = ["Encoder", "Unencodable", "groups", "matches_sdk", "probe_spans"]
 
-_KV_MAX = 16384  # kept attribute encodings (each bounded: strings 256 characters, sequences 64)
+_KV_MAX = 4096  # kept attribute encodings (strings of at most _KEPT_STR characters: ~2 MiB)
+# longer strings are not kept: a span's summary, different in every span, would only push out
+# what repeats
+_KEPT_STR = 128
 _pack_d = struct.Struct("<d").pack
 _pack_q = struct.Struct("<Q").pack
 _pack_i = struct.Struct("<I").pack
@@ -179,7 +182,7 @@ class Encoder:
             kv = self._kv
             for key, value in attributes.items():
                 kind = type(value)
-                if kind is str or kind is int or kind is bool:
+                if kind is str and len(value) <= _KEPT_STR or kind is int or kind is bool:
                     found = kv.get((key, kind, value))
                     if found is None:
                         if len(kv) >= _KV_MAX:

@@ -26,7 +26,10 @@ from .otlp_encode import Unencodable, groups
 
 __all__ = ["JsonEncoder", "matches_reference"]
 
-_KV_MAX = 16384  # kept attribute texts (each bounded: strings 256 characters, sequences 64)
+_KV_MAX = 4096  # kept attribute texts (strings of at most _KEPT_STR characters: ~2 MiB)
+# longer strings are not kept: a span's summary, different in every span, would only push out
+# what repeats
+_KEPT_STR = 128
 _dumps = json.dumps  # ensure_ascii, as the reference's json.dumps: the same escapes
 _INT64 = range(-(1 << 63), 1 << 63)
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200
@@ -141,7 +144,7 @@ class JsonEncoder:
             kv, texts = self._kv, []
             for key, value in attributes.items():
                 kind = type(value)
-                if kind is str or kind is int or kind is bool:
+                if kind is str and len(value) <= _KEPT_STR or kind is int or kind is bool:
                     found = kv.get((key, kind, value))
                     if found is None:
                         if len(kv) >= _KV_MAX:
