@@ -205,7 +205,7 @@ class SpanWriter:
         add = texts.append
         for key, value in (span.attributes or {}).items():
             kind = type(value)
-            if kind is str and len(value) <= _KEPT_STR or kind is int or kind is bool:
+            if kind is str and len(value) <= _KEPT_STR or kind is int or kind is bool:  # type: ignore[arg-type]
                 found = kv.get((key, kind, value))
                 if found is None:
                     if len(kv) >= _TAGS_MAX:
