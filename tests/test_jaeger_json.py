@@ -151,6 +151,7 @@ def test_public_names_are_pinned() -> None:
         "JaegerJSONFileExporter",
         "OTLPJSONFileExporter",
         "merge_jaeger_json",
+        "otlp_span_exporter",
         "read_otlp_json_lines",
     ]
 

@@ -261,3 +261,52 @@ def test_the_encoding_benchmark_runs_and_compares_equal_requests(
         sys.path.pop(0)
     out = capsys.readouterr().out
     assert "attnscope / SDK:" in out and "512 spans" in out
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_an_applications_provider_can_use_the_exporter(protocol: str) -> None:
+    """``attnscope.exporters.otlp_span_exporter`` in the application's own provider: its spans
+    and attnscope's arrive as the SDK would have sent each of them."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from attnscope.exporters import otlp_span_exporter
+
+    collector = (GRPCCollector if protocol == "grpc" else HTTPCollector)("ok").start()
+    try:
+        endpoint = collector.endpoint if protocol == "grpc" else collector.endpoint + "/v1/traces"
+        extra = {"insecure": True} if protocol == "grpc" else {}
+        exporter = otlp_span_exporter(protocol, endpoint=endpoint, **extra)
+        kept = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        provider.add_span_processor(SimpleSpanProcessor(kept))
+        attnscope.configure(tracer_provider=provider, sample_rate=1.0, warmup_calls=0,
+                            overhead_budget=1.0, profile_rate=0.0)
+
+        @attnscope.trace
+        def attention(q: torch.Tensor) -> torch.Tensor:
+            return q * 2
+
+        with provider.get_tracer("app").start_as_current_span("request", attributes={"n": 3}):
+            attention(torch.ones(2, 4, 8, 16))
+        assert attnscope.flush(timeout_s=30)
+        attnscope.shutdown()
+        provider.shutdown()
+        sent = {s.span_id: s for req in collector.trace_requests for rs in req.resource_spans
+                for ss in rs.scope_spans for s in ss.spans}
+        finished = kept.get_finished_spans()
+        assert len(finished) == 2 and len(sent) == 2
+        for span in finished:
+            [expected] = encode_spans([span]).resource_spans[0].scope_spans[0].spans
+            assert sent[expected.span_id] == expected
+    finally:
+        collector.stop()
+
+
+def test_the_exporter_factory_names_the_protocols_it_knows() -> None:
+    from attnscope.exporters import otlp_span_exporter
+
+    with pytest.raises(ValueError, match="http/protobuf"):
+        otlp_span_exporter("http/json")
