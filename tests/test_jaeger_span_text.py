@@ -65,3 +65,13 @@ def test_fields_read_back_make_the_same_text() -> None:
         text = _reference(span, "p3")
         head, tail = parts_of_fields(json.loads(text))
         assert head + "p3" + tail == text
+
+
+@pytest.mark.parametrize("value", [None, b"\x00bytes", {"k": 1}, ((1, 2),), (1, None),
+                                   float("nan"), -float("inf")])
+def test_other_values_are_written_as_their_fields_dump(value: object) -> None:
+    writer = SpanWriter()
+    span = ReadableSpan(name="s", context=SpanContext(1, 2, False), attributes={"v": value},
+                        resource=Resource({}))
+    for _ in range(2):
+        assert _written(writer, span, "p1") == _reference(span, "p1")

@@ -13,22 +13,29 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext
 
 from attnscope._export import otlp_json, otlp_json_text
-from attnscope._export.otlp_encode import probe_spans
+from attnscope._export.otlp_encode import VARIANTS, probe_spans
 from attnscope._export.otlp_json_text import JsonEncoder
 from tests.test_otlp_encode import _model_spans, _random_spans
+
+
+def installed() -> JsonEncoder:
+    """A new writer of the variant that matches the installed SDK."""
+    found = otlp_json._fast()
+    assert found is not None
+    return JsonEncoder(found.flags, found.scope_schema)
 
 
 @pytest.mark.parametrize("seed", range(12))
 def test_random_spans_are_written_as_the_reference_writes_them(seed: int) -> None:
     spans = _random_spans(seed, 60)
-    encoder = JsonEncoder()
+    encoder = installed()
     assert encoder.line(spans) == otlp_json._reference_line(spans)
     again = spans[::-1]  # from the kept attribute texts
     assert encoder.line(again) == otlp_json._reference_line(again)
 
 
 def test_equal_values_of_other_types_are_never_taken_for_each_other() -> None:
-    encoder = JsonEncoder()
+    encoder = installed()
     for values in ([True, 1, 1.0, False, 0, 0.0, -0.0], [-0.0, 0.0, 0, False, 1.0, 1, True]):
         spans = [ReadableSpan(name="s", context=SpanContext(1, i + 1, False),
                               attributes={"v": v}, resource=Resource({}))
@@ -40,14 +47,14 @@ def test_attnscope_spans_are_written_as_the_reference_writes_them() -> None:
     spans = _model_spans()
     assert otlp_json._fast() is not None  # the installed SDK is matched: the fast way is used
     assert otlp_json._encode_line(spans) == otlp_json._reference_line(spans)
-    assert JsonEncoder().line(spans) == otlp_json._reference_line(spans)
+    assert installed().line(spans) == otlp_json._reference_line(spans)
 
 
 def test_a_span_it_cannot_write_exactly_leaves_the_line_to_the_reference(
         caplog: pytest.LogCaptureFixture) -> None:
     huge = ReadableSpan(name="s", context=SpanContext(1, 2, False),
                         attributes={"big": 1 << 64, "ok": 1}, resource=Resource({}))
-    assert JsonEncoder().line([huge]) is None
+    assert installed().line([huge]) is None
     with caplog.at_level(logging.ERROR):  # the SDK drops the attribute, and says so
         assert otlp_json._encode_line([huge]) == otlp_json._reference_line([huge])
 
@@ -56,8 +63,8 @@ def test_a_writer_that_differs_from_the_reference_is_not_used(
         monkeypatch: pytest.MonkeyPatch) -> None:
     spans = probe_spans()
     reference = otlp_json._reference_line
-    assert otlp_json_text.matches_reference(JsonEncoder(True), reference) != \
-        otlp_json_text.matches_reference(JsonEncoder(False), reference)
+    assert sum(otlp_json_text.matches_reference(JsonEncoder(*v), reference)
+               for v in VARIANTS) == 1  # the probe tells the variants apart
     broken: Any = lambda status: "{}"  # noqa: E731
     monkeypatch.setattr(otlp_json_text, "_status", broken)
     otlp_json._fast.cache_clear()

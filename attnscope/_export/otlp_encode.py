@@ -18,12 +18,13 @@ UTF-8) makes it return None for the whole request, and the SDK's encoder is used
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry.trace import SpanKind
 
-__all__ = ["Encoder", "Unencodable", "groups", "matches_sdk", "probe_spans"]
+__all__ = ["VARIANTS", "Encoder", "Unencodable", "dropped", "groups", "matches_sdk",
+           "probe_spans"]
 
 _KV_MAX = 4096  # kept attribute encodings (strings of at most _KEPT_STR characters: ~2 MiB)
 # longer strings are not kept: a span's summary, different in every span, would only push out
@@ -33,6 +34,8 @@ _pack_d = struct.Struct("<d").pack
 _pack_q = struct.Struct("<Q").pack
 _pack_i = struct.Struct("<I").pack
 _FLAGS_HAS_IS_REMOTE, _FLAGS_IS_REMOTE = 0x100, 0x200
+# (flags, scope_schema) of :class:`Encoder`, the newest SDKs' first: one of them is the installed's
+VARIANTS = ((True, True), (False, True), (True, False), (False, False))
 # the span's kind field per API SpanKind (its value + 1: OTLP's 0 is "unspecified")
 _KIND_FIELD = {kind: b"\x30" + bytes((kind.value + 1,)) for kind in SpanKind}
 # the span's flags field (fixed32 16): the parent's remote flag is known, and whether it is set
@@ -67,10 +70,11 @@ def _int64(n: int) -> bytes:
     return _varint(n & 0xFFFFFFFFFFFFFFFF)
 
 
-def _value(value: Any) -> bytes:
-    """An ``AnyValue`` message's bytes, as the SDK's ``_encode_value`` makes it."""
-    if value is None:
-        return b""
+def _value(value: Any, top: bool = True) -> bytes:
+    """An ``AnyValue`` message's bytes, as the SDK's ``_encode_value`` makes it, for the value
+    types OpenTelemetry's attributes allow: str, bool, int, float and a sequence of them. Anything
+    else (None, bytes, a mapping, a nested sequence), which the SDK's releases encode differently
+    (or drop), is left to the SDK's encoder."""
     if isinstance(value, bool):
         return b"\x10\x01" if value else b"\x10\x00"
     if isinstance(value, str):
@@ -79,13 +83,8 @@ def _value(value: Any) -> bytes:
         return b"\x18" + _int64(value)
     if isinstance(value, float):
         return b"\x21" + _pack_d(value)
-    if isinstance(value, bytes):
-        return _len(b"\x3a", value)
-    if isinstance(value, Sequence):
-        return _len(b"\x2a", b"".join([_len(b"\x0a", _value(v)) for v in value]))
-    if isinstance(value, Mapping):
-        return _len(b"\x32", b"".join([_len(b"\x0a", _key_value(str(k), v))
-                                       for k, v in value.items()]))
+    if top and isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
+        return _len(b"\x2a", b"".join([_len(b"\x0a", _value(v, False)) for v in value]))
     raise Unencodable(f"a value of type {type(value).__name__}")
 
 
@@ -103,12 +102,14 @@ def _attributes(tag: bytes, attributes: Any) -> bytes:
 class Encoder:
     """Writes ``ExportTraceServiceRequest`` bytes for a batch of ``ReadableSpan``s.
 
-    ``flags``: whether the installed SDK writes the span and link ``flags`` field (it does since
-    opentelemetry-sdk 1.26). Not thread-safe: one per exporter, which the batch processor calls
-    from one thread at a time."""
+    ``flags``, ``scope_schema``: whether the installed SDK writes the span and link ``flags``
+    field, and a scope's schema URL in its ``ScopeSpans`` (releases differ: 1.24 writes neither,
+    1.45 both; :data:`VARIANTS`). Shared by the exporters: its kept encodings change by single
+    dict operations, so two export threads at once at worst write one encoding twice."""
 
-    def __init__(self, flags: bool = True) -> None:
+    def __init__(self, flags: bool = True, scope_schema: bool = True) -> None:
         self.flags = flags
+        self.scope_schema = scope_schema
         self._kv: dict[tuple[str, type, Any], bytes] = {}  # one attribute's field bytes
         self._held: dict[int, tuple[Any, bytes]] = {}  # resource / scope -> its message bytes
 
@@ -116,7 +117,9 @@ class Encoder:
         """The request's bytes; None when a span holds something only the SDK writes exactly."""
         try:
             return self._request(spans)
-        except (Unencodable, UnicodeEncodeError, struct.error, OverflowError):
+        # (a span of a shape it does not know, too: the probe finds a systematic one)
+        except (Unencodable, UnicodeEncodeError, struct.error, OverflowError, ValueError,
+                AttributeError, TypeError):
             return None
 
     def _request(self, spans: Sequence[Any]) -> bytes:
@@ -127,7 +130,7 @@ class Encoder:
             for scope, members in by_scope:
                 body = (_len(b"\x0a", self._scope(scope))
                         + b"".join([_len(b"\x12", span_bytes(span)) for span in members]))
-                if scope is not None and scope.schema_url:
+                if self.scope_schema and scope is not None and scope.schema_url:
                     body += _len(b"\x1a", scope.schema_url.encode())
                 parts.append(_len(b"\x12", body))
             if resource.schema_url:
@@ -148,7 +151,7 @@ class Encoder:
         if held is None or held[0] is not scope:
             held = self._keep(scope, (_len(b"\x0a", scope.name.encode()) if scope.name else b"")
                               + (_len(b"\x12", scope.version.encode()) if scope.version else b"")
-                              + _attributes(b"\x1a", scope.attributes))
+                              + _attributes(b"\x1a", getattr(scope, "attributes", None)))
         return held[1]
 
     def _keep(self, obj: Any, encoded: bytes) -> tuple[Any, bytes]:
@@ -222,7 +225,7 @@ class Encoder:
         return ((b"\x09" + _pack_q(event.timestamp) if event.timestamp else b"")
                 + (_len(b"\x12", event.name.encode()) if event.name else b"")
                 + _attributes(b"\x1a", event.attributes)
-                + (b"\x20" + _varint(event.dropped_attributes) if event.dropped_attributes
+                + (b"\x20" + _varint(dropped(event)) if dropped(event)
                    else b""))
 
     def _link(self, link: Any) -> bytes:
@@ -231,10 +234,18 @@ class Encoder:
         encoded: bytes = (b"\x0a\x10" + ctx.trace_id.to_bytes(16, "big")
                           + b"\x12\x08" + ctx.span_id.to_bytes(8, "big")
                           + _attributes(b"\x22", link.attributes)
-                          + (b"\x28" + _varint(link.dropped_attributes)
-                             if link.dropped_attributes else b"")
+                          + (b"\x28" + _varint(dropped(link)) if dropped(link) else b"")
                           + (b"\x35" + _pack_i(flags) if self.flags else b""))
         return encoded
+
+
+def dropped(obj: Any) -> int:
+    """The attributes an event or a link dropped: its own count, or (SDKs before 1.26, whose
+    encoder reads it there) its attributes' count; 0 for plain attributes."""
+    found: Any = getattr(obj, "dropped_attributes", None)
+    if found is None:
+        found = getattr(obj.attributes, "dropped", 0)
+    return int(found)
 
 
 def _status(status: Any) -> bytes:
@@ -276,6 +287,7 @@ def groups(spans: Sequence[Any]) -> list[tuple[Any, list[tuple[Any, list[Any]]]]
 def probe_spans() -> list[Any]:
     """Spans using every field :class:`Encoder` writes (parents remote and local, trace state,
     events, links, an error status, each value type), for :func:`matches_sdk`."""
+    from opentelemetry.attributes import BoundedAttributes
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import Event, ReadableSpan
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -289,13 +301,18 @@ def probe_spans() -> list[Any]:
         TraceState,
     )
 
+    # events' and links' attributes as the SDK's own spans hold them (an SDK before 1.26 reads
+    # their dropped count there)
+    def bounded(attributes: dict[str, Any]) -> Any:
+        return BoundedAttributes(attributes=attributes)
+
     state = TraceState([("k", "v"), ("attnscope", "probe")])
     local = SpanContext(1, 2, is_remote=False, trace_flags=TraceFlags(1), trace_state=state)
     remote = SpanContext(3, 4, is_remote=True, trace_flags=TraceFlags(1))
     values: dict[str, Any] = {
         "s": "text", "e": "", "é": "ünï", "i": 7, "z": 0, "n": -3, "big": 1 << 62,
-        "min": -(1 << 63), "t": True, "f": False, "x": 1.5, "nz": -0.0, "ints": (1, 2),
-        "strs": ["a", ""], "flts": (0.5,), "bools": (True,), "none": None}
+        "min": -(1 << 63), "t": True, "f": False, "x": 1.5, "nz": -0.0, "inf": float("inf"),
+        "ints": (1, 2), "strs": ["a", ""], "flts": (0.5,), "bools": (True,), "empty": ()}
     resource = Resource({"service.name": "probe", "n": 1}, "https://schema")
     scope = InstrumentationScope("attnscope", "1.0", "https://scope")
     spans = []
@@ -305,8 +322,9 @@ def probe_spans() -> list[Any]:
                                                    trace_flags=TraceFlags(1),
                                                    trace_state=state if i else None),
             parent=parent, resource=resource, attributes=values if i != 1 else {},
-            events=(Event("exception", {"exception.type": "E"}, timestamp=9),) if i else (),
-            links=(Link(remote, {"a": 1}), Link(local)) if i == 2 else (),
+            events=(Event("exception", bounded({"exception.type": "E"}), timestamp=9),) if i
+            else (),
+            links=(Link(remote, bounded({"a": 1})), Link(local, bounded({}))) if i == 2 else (),
             kind=(SpanKind.INTERNAL, SpanKind.SERVER, SpanKind.CLIENT)[i],
             status=(Status(), Status(StatusCode.ERROR, "E: boom"), Status(StatusCode.OK))[i],
             start_time=10 + i, end_time=20 + i, instrumentation_scope=scope if i != 2 else None))

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import _log
-from .otlp_encode import Encoder, matches_sdk
+from .otlp_encode import VARIANTS, Encoder, matches_sdk
 
 __all__ = ["encode_request", "encoder", "grpc_exporter_class", "http_exporter_class"]
 
@@ -32,8 +32,8 @@ __all__ = ["encode_request", "encoder", "grpc_exporter_class", "http_exporter_cl
 def encoder() -> Encoder | None:
     """The fast encoder in the variant that writes what the installed SDK writes, else None."""
     try:
-        for flags in (True, False):
-            candidate = Encoder(flags)
+        for flags, scope_schema in VARIANTS:
+            candidate = Encoder(flags, scope_schema)
             if matches_sdk(candidate):
                 return candidate
         _log.debug_once("otlp-encode", "attnscope: the OpenTelemetry SDK's OTLP encoding differs "

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry import trace as otel_trace
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
@@ -250,7 +251,8 @@ class DirectEmitter(Emitter):
             self._follow_config()
         self.processor.on_end(ReadableSpan(
             name=name, context=sc, parent=parent, resource=self.resource, attributes=attrs,
-            events=events, links=links, kind=_INTERNAL, status=status, start_time=start_ns,
+            events=events, links=_bounded_links(links) if links else links, kind=_INTERNAL,
+            status=status, start_time=start_ns,
             end_time=end_ns, instrumentation_scope=self.scope))
 
     def _follow_config(self) -> None:
@@ -296,7 +298,17 @@ def _exception_attributes(err: ErrorInfo) -> dict[str, str]:
 
 
 def _exception_event(err: ErrorInfo, timestamp: int) -> Event:
-    return Event("exception", _exception_attributes(err), timestamp=timestamp)
+    # attributes held as the SDK's own spans hold them: the OTLP encoder of SDKs before 1.26
+    # reads an event's and a link's dropped count from them (a plain dict failed the whole batch)
+    return Event("exception", BoundedAttributes(attributes=_exception_attributes(err)),
+                 timestamp=timestamp)
+
+
+def _bounded_links(links: Sequence[Link]) -> tuple[Link, ...]:
+    """``links`` with their attributes held as the SDK's own spans hold them (above)."""
+    return tuple(link if isinstance(link.attributes, BoundedAttributes)
+                 else Link(link.context, BoundedAttributes(attributes=link.attributes))
+                 for link in links)
 
 
 # (root, remote parent sampled, remote parent not sampled, local parent sampled, local not sampled)
