@@ -6,10 +6,11 @@ SDK exporter's, unchanged. Only the step from spans to an ``ExportTraceServiceRe
 
 - over gRPC, through ``_translate_data``, the method the SDK's exporter mixin has each signal's
   exporter implement;
-- over HTTP, the SDK exporter's own ``export`` function, run with ``encode_spans`` naming this
-  module's :func:`encode_request` instead of the SDK's (a copy of the function, not a change to
-  the SDK's module: any other exporter in the program is untouched). When a release's ``export``
-  no longer calls ``encode_spans``, the SDK's class is used as it is.
+- over HTTP, the SDK exporter's own method that encodes (``export``, or ``_serialize_spans`` in
+  older releases), run with ``encode_spans`` naming this module's :func:`encode_request` instead
+  of the SDK's (a copy of the function, not a change to the SDK's module: any other exporter in
+  the program is untouched). When no method of a release calls ``encode_spans``, the SDK's class
+  is used as it is.
 
 Either way a request is encoded by the SDK when the fast encoder did not reproduce the installed
 SDK's bytes on the probe spans, or cannot write one of the request's spans exactly.
@@ -78,15 +79,17 @@ def grpc_exporter_class() -> type:
 
 @functools.cache
 def http_exporter_class() -> type:
-    """The SDK's OTLP/HTTP span exporter, its ``export`` calling :func:`encode_request`; the SDK's
-    class as it is when its ``export`` does not call ``encode_spans``."""
+    """The SDK's OTLP/HTTP span exporter, each of its methods that calls ``encode_spans`` calling
+    :func:`encode_request` instead (``export`` in 1.45, ``_serialize_spans`` in 1.30); the SDK's
+    class as it is when none does."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    export = _with_global(OTLPSpanExporter.export, "encode_spans", encode_request)
-    if export is None:
+    copies = {name: copy for name, fn in vars(OTLPSpanExporter).items()
+              if (copy := _with_global(fn, "encode_spans", encode_request)) is not None}
+    if not copies:
         return OTLPSpanExporter
     return type("AttnscopeHTTPSpanExporter", (OTLPSpanExporter,),
-                {"export": export, "__module__": __name__})
+                {**copies, "__module__": __name__})
 
 
 def _with_global(fn: Any, name: str, value: Callable[..., Any]) -> Any:
