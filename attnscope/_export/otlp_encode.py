@@ -10,9 +10,10 @@ bytes of each (key, value) it has written (strings, ints, bools; bounded).
 
 It must produce what the installed SDK's ``encode_spans`` produces, byte for byte: an
 :class:`Encoder` is used only after :func:`matches_sdk` found the two equal on probe spans that
-use every field it writes (both variants of the span flags the SDK's releases differ on). Any span
-it cannot write exactly (a value of another type, an int beyond 64 bits, text that is not
-UTF-8) makes it return None for the whole request, and the SDK's encoder is used for it.
+use every field and value type it writes, in the variant the installed release writes
+(:data:`VARIANTS`: releases differ). Any span it cannot write exactly (a value of a type
+OpenTelemetry's attributes do not allow, an int beyond 64 bits, text that is not UTF-8) makes it
+return None for the whole request, and the SDK's encoder is used for it.
 """
 
 from __future__ import annotations

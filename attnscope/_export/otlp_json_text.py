@@ -4,14 +4,13 @@ faster.
 :mod:`.otlp_json` writes one ``ExportTraceServiceRequest`` per line: the SDK's ``encode_spans``,
 then protobuf's ``json_format.MessageToDict``, then the ids turned to hex. That cost ~300 µs of
 the export thread's CPU per span of ~30 attributes, most of it holding the GIL: with every call
-traced, more than the traced program's own work between two attention calls. This writes the
-same JSON text directly, fields in the order ``MessageToDict`` gives them (by field number),
-keeping the text of each (key, value) it has written (strings, ints, bools; bounded).
+of a tiny Llama's ``generate()`` traced, 1.61x its plain time on average. This writes the same
+JSON text directly, fields in the order ``MessageToDict`` gives them (by field number), keeping
+the text of each (key, value) it has written (strings, ints, bools; bounded).
 
 It is used only after :func:`matches_reference` found its line equal to the reference's on the
-probe spans of :mod:`.otlp_encode` (in the variant of span flags the installed SDK writes). Any
-span it cannot write exactly makes it return None for the whole line, which is then made the
-reference way.
+probe spans of :mod:`.otlp_encode` (in the variant the installed SDK writes). Any span it cannot
+write exactly makes it return None for the whole line, which is then made the reference way.
 """
 
 from __future__ import annotations
