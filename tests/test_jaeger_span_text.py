@@ -8,7 +8,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext
 
-from attnscope._export import jaeger_encode
+from attnscope._export import kept
 from attnscope._export.jaeger_encode import SpanWriter, dumps, parts_of_fields, span_fields
 from tests.test_otlp_encode import _model_spans, _random_spans
 
@@ -49,13 +49,13 @@ def test_attnscope_spans_are_written_as_their_fields_dump() -> None:
 
 
 def test_kept_tag_texts_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(jaeger_encode, "_TAGS_MAX", 20)
+    monkeypatch.setattr(kept, "MAX", 20)
     writer = SpanWriter()
     for i in range(100):
         span = ReadableSpan(name="s", context=SpanContext(1, i + 1, False),
                             attributes={"i": i, "s": str(i)}, resource=Resource({}))
         assert _written(writer, span, "p1") == _reference(span, "p1")
-    assert len(writer._tags) <= 20
+    assert len(writer._tags.entries) <= 20
 
 
 def test_fields_read_back_make_the_same_text() -> None:

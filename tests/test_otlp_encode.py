@@ -31,7 +31,7 @@ from opentelemetry.trace import (
 )
 
 import attnscope
-from attnscope._export import destinations, otlp_encode, otlp_exporters
+from attnscope._export import destinations, kept, otlp_encode, otlp_exporters
 from attnscope._export.otlp_encode import Encoder
 from tests.e2e.otlp_fakes import GRPCCollector, HTTPCollector
 
@@ -138,13 +138,13 @@ def test_equal_values_of_other_types_are_never_taken_for_each_other() -> None:
 
 
 def test_kept_encodings_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(otlp_encode, "_KV_MAX", 50)
+    monkeypatch.setattr(kept, "MAX", 50)
     encoder = installed()
     spans = [ReadableSpan(name="s", context=SpanContext(1, i + 1, False),
                           attributes={"i": i, "s": str(i)}, resource=Resource({}))
              for i in range(200)]
     assert encoder.encode(spans) == _sdk(spans)
-    assert len(encoder._kv) <= 50
+    assert len(encoder._kept.entries) <= 50
 
 
 @pytest.mark.parametrize("value", [None, b"\x00bytes", {"k": 1}, ((1, 2),), (1, None), [b"x"]],

@@ -17,6 +17,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from .kept import Kept
+
 __all__ = ["EMPTY_DOCUMENT_BYTES", "TRACE_OVERHEAD_BYTES", "SpanWriter", "Trace", "document_chunks",
            "dumps", "parts_of_fields", "process_json", "span_fields", "trace_chunks", "trace_json"]
 
@@ -151,10 +153,6 @@ _FIXED_TAGS: tuple[tuple[Callable[[Any], list[dict[str, object]]], Callable[[Any
     (_scope_tags, lambda span: span.instrumentation_scope),
     (_kind_tags, lambda span: span.kind),
     (_status_tags, lambda span: span.status))
-_TAGS_MAX = 4096  # kept tag texts (strings of at most _KEPT_STR characters: ~2 MiB)
-# longer strings are not kept: a span's summary, different in every span, would only push out
-# what repeats
-_KEPT_STR = 128
 
 
 def _tag_text(key: str, value: object) -> str:
@@ -172,12 +170,12 @@ def _tag_text(key: str, value: object) -> str:
 
 class SpanWriter:
     """A span's JSON text, as ``dumps(span_fields(span))`` with its processID writes it, with
-    the text of each attribute's tag kept (strings, ints, bools; bounded): attnscope's spans
+    the text of each attribute's tag kept (:mod:`.kept`): attnscope's spans
     repeat most of theirs, and building and dumping a dict per tag was most of the export
     thread's time per span (``tests/test_jaeger_encode.py`` compares the two)."""
 
     def __init__(self) -> None:
-        self._tags: dict[tuple[str, type, object], str] = {}
+        self._tags = Kept(_tag_text)
         self._kept: dict[int, tuple[object, str]] = {}  # scope, kind, status -> their tags
 
     def parts(self, span: ReadableSpan) -> tuple[str, str]:
@@ -200,20 +198,8 @@ class SpanWriter:
                 '","warnings":' + dumps(fields["warnings"]) + "}")
 
     def _tags_text(self, span: ReadableSpan) -> str:
-        kv = self._tags
-        texts: list[str] = []
+        texts = self._tags.encode(span.attributes or {})
         add = texts.append
-        for key, value in (span.attributes or {}).items():
-            kind = type(value)
-            if kind is str and len(value) <= _KEPT_STR or kind is int or kind is bool:  # type: ignore[arg-type]
-                found = kv.get((key, kind, value))
-                if found is None:
-                    if len(kv) >= _TAGS_MAX:
-                        kv.clear()
-                    found = kv[key, kind, value] = _tag_text(key, value)
-                add(found)
-            else:
-                add(_tag_text(key, value))
         for tags_of, part_of in _FIXED_TAGS:
             part = part_of(span)
             kept = self._kept.get(id(part))

@@ -6,7 +6,7 @@ thread, holding the GIL the application needs. With every call traced that was m
 worker's whole span building, and the batch processor pays it 512 spans at a time (tens of
 milliseconds in one go: a user's slow requests). attnscope's spans of one shape and site repeat
 almost every attribute, so this encoder writes the request's wire bytes itself and keeps the
-bytes of each (key, value) it has written (strings, ints, bools; bounded).
+bytes of each (key, value) it has written (:mod:`.kept`).
 
 It must produce what the installed SDK's ``encode_spans`` produces, byte for byte: an
 :class:`Encoder` is used only after :func:`matches_sdk` found the two equal on probe spans that
@@ -24,13 +24,11 @@ from typing import Any
 
 from opentelemetry.trace import SpanKind
 
+from .kept import Kept
+
 __all__ = ["VARIANTS", "Encoder", "Unencodable", "dropped", "groups", "matches_sdk",
            "probe_spans"]
 
-_KV_MAX = 4096  # kept attribute encodings (strings of at most _KEPT_STR characters: ~2 MiB)
-# longer strings are not kept: a span's summary, different in every span, would only push out
-# what repeats
-_KEPT_STR = 128
 _pack_d = struct.Struct("<d").pack
 _pack_q = struct.Struct("<Q").pack
 _pack_i = struct.Struct("<I").pack
@@ -94,6 +92,11 @@ def _key_value(key: str, value: Any) -> bytes:
     return (_len(b"\x0a", key.encode()) if key else b"") + _len(b"\x12", _value(value))
 
 
+def _attribute_field(key: str, value: Any) -> bytes:
+    """A span's ``attributes`` field (9) holding one ``KeyValue``."""
+    return _len(b"\x4a", _key_value(key, value))
+
+
 def _attributes(tag: bytes, attributes: Any) -> bytes:
     if not attributes:
         return b""
@@ -111,7 +114,7 @@ class Encoder:
     def __init__(self, flags: bool = True, scope_schema: bool = True) -> None:
         self.flags = flags
         self.scope_schema = scope_schema
-        self._kv: dict[tuple[str, type, Any], bytes] = {}  # one attribute's field bytes
+        self._kept = Kept(_attribute_field)  # one attribute's field bytes
         self._held: dict[int, tuple[Any, bytes]] = {}  # resource / scope -> its message bytes
 
     def encode(self, spans: Sequence[Any]) -> bytes | None:
@@ -183,18 +186,7 @@ class Encoder:
             parts.append(b"\x41" + _pack_q(end))
         attributes = span.attributes
         if attributes:
-            kv = self._kv
-            for key, value in attributes.items():
-                kind = type(value)
-                if kind is str and len(value) <= _KEPT_STR or kind is int or kind is bool:
-                    found = kv.get((key, kind, value))
-                    if found is None:
-                        if len(kv) >= _KV_MAX:
-                            kv.clear()
-                        found = kv[key, kind, value] = _len(b"\x4a", _key_value(key, value))
-                    parts.append(found)
-                else:
-                    parts.append(_len(b"\x4a", _key_value(key, value)))
+            parts.extend(self._kept.encode(attributes))
             if span.dropped_attributes:
                 parts.append(b"\x50" + _varint(span.dropped_attributes))
         events = span.events

@@ -6,7 +6,7 @@ then protobuf's ``json_format.MessageToDict``, then the ids turned to hex. That 
 the export thread's CPU per span of ~30 attributes, most of it holding the GIL: with every call
 of a tiny Llama's ``generate()`` traced, 1.61x its plain time on average. This writes the same
 JSON text directly, fields in the order ``MessageToDict`` gives them (by field number), keeping
-the text of each (key, value) it has written (strings, ints, bools; bounded).
+the text of each (key, value) it has written (:mod:`.kept`).
 
 It is used only after :func:`matches_reference` found its line equal to the reference's on the
 probe spans of :mod:`.otlp_encode` (in the variant the installed SDK writes). Any span it cannot
@@ -20,14 +20,11 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .kept import Kept
 from .otlp_encode import Unencodable, dropped, groups
 
 __all__ = ["JsonEncoder", "matches_reference"]
 
-_KV_MAX = 4096  # kept attribute texts (strings of at most _KEPT_STR characters: ~2 MiB)
-# longer strings are not kept: a span's summary, different in every span, would only push out
-# what repeats
-_KEPT_STR = 128
 _dumps = json.dumps  # ensure_ascii, as the reference's json.dumps: the same escapes
 _INT64 = range(-(1 << 63), 1 << 63)
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200
@@ -86,7 +83,7 @@ class JsonEncoder:
     def __init__(self, flags: bool = True, scope_schema: bool = True) -> None:
         self.flags = flags
         self.scope_schema = scope_schema
-        self._kv: dict[tuple[str, type, Any], str] = {}
+        self._kept = Kept(_key_value)  # one attribute's text
 
     def line(self, spans: Sequence[Any]) -> str | None:
         """The line, newline-terminated; None when a span holds something only the reference
@@ -134,18 +131,7 @@ class JsonEncoder:
             parts.append(f',"endTimeUnixNano":"{span.end_time}"')
         attributes = span.attributes
         if attributes:
-            kv, texts = self._kv, []
-            for key, value in attributes.items():
-                kind = type(value)
-                if kind is str and len(value) <= _KEPT_STR or kind is int or kind is bool:
-                    found = kv.get((key, kind, value))
-                    if found is None:
-                        if len(kv) >= _KV_MAX:
-                            kv.clear()
-                        found = kv[key, kind, value] = _key_value(key, value)
-                    texts.append(found)
-                else:
-                    texts.append(_key_value(key, value))
+            texts = self._kept.encode(attributes)
             parts.append(',"attributes":[' + ",".join(texts) + "]")
             if span.dropped_attributes:
                 parts.append(f',"droppedAttributesCount":{span.dropped_attributes}')
