@@ -353,3 +353,20 @@ def test_attnscope_holds_event_and_link_attributes_as_the_sdks_spans_do() -> Non
     assert all(isinstance(link.attributes, BoundedAttributes) for link in links)
     assert [dict(link.attributes) for link in links] == [{}, {"attnscope.link": "slow_call"}, {}]
     assert [link.context.span_id for link in links] == [2, 3, 4]
+
+
+def test_a_serialized_request_is_its_bytes_and_else_the_message() -> None:
+    """What the HTTP exporter gets: the bytes when it serializes, the parsed message for anything
+    else a release might ask of it."""
+    spans = _random_spans(5, 20)
+    request = otlp_exporters.encode_serialized(spans)
+    assert isinstance(request, otlp_exporters.Serialized)
+    assert request.SerializePartialToString() == request.SerializeToString() == _sdk(spans)
+    assert request.ByteSize() == len(_sdk(spans))
+    assert request.SerializeToString(deterministic=True) == _sdk(spans)
+    expected = encode_spans(spans)
+    assert list(request.resource_spans) == list(expected.resource_spans)
+    huge = ReadableSpan(name="s", context=SpanContext(1, 2, False), attributes={"big": 1 << 64},
+                        resource=Resource({}))
+    # a request it cannot write: the SDK's message (which drops the attribute, and says so)
+    assert otlp_exporters.encode_serialized([huge]) == encode_spans([huge])

@@ -7,8 +7,8 @@ SDK exporter's, unchanged. Only the step from spans to an ``ExportTraceServiceRe
 - over gRPC, through ``_translate_data``, the method the SDK's exporter mixin has each signal's
   exporter implement;
 - over HTTP, the SDK exporter's own method that encodes (``export``, or ``_serialize_spans`` in
-  older releases), run with ``encode_spans`` naming this module's :func:`encode_request` instead
-  of the SDK's (a copy of the function, not a change to the SDK's module: any other exporter in
+  older releases), run with ``encode_spans`` naming this module's :func:`encode_serialized`
+  instead of the SDK's (the request's bytes as written: no message built to be serialized) (a copy of the function, not a change to the SDK's module: any other exporter in
   the program is untouched). When no method of a release calls ``encode_spans``, the SDK's class
   is used as it is.
 
@@ -26,7 +26,8 @@ from typing import Any
 from .. import _log
 from .otlp_encode import VARIANTS, Encoder, matches_sdk
 
-__all__ = ["encode_request", "encoder", "grpc_exporter_class", "http_exporter_class"]
+__all__ = ["Serialized", "encode_request", "encode_serialized", "encoder", "grpc_exporter_class",
+           "http_exporter_class"]
 
 
 @functools.cache
@@ -46,21 +47,65 @@ def encoder() -> Encoder | None:
 
 def encode_request(spans: Sequence[Any]) -> Any:
     """``encode_spans(spans)`` of the SDK, the same message, written by :func:`encoder`."""
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    data = _encoded(spans)
+    if data is None:
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
+        return encode_spans(spans)
+    return _message(data)
+
+
+def encode_serialized(spans: Sequence[Any]) -> Any:
+    """:func:`encode_request` for a caller that only serializes the message (the HTTP
+    exporter): the bytes as written, no message built and serialized again."""
+    data = _encoded(spans)
+    return encode_request(spans) if data is None else Serialized(data)
+
+
+class Serialized:
+    """An ``ExportTraceServiceRequest`` already serialized: its bytes for what an exporter asks of
+    it, the parsed message for anything else it might ask (made then, once)."""
+
+    __slots__ = ("data", "_parsed")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self._parsed: Any = None
+
+    def SerializePartialToString(self, **options: Any) -> bytes:  # noqa: N802 (protobuf's)
+        return self.data if not options else self._message().SerializePartialToString(**options)
+
+    def SerializeToString(self, **options: Any) -> bytes:  # noqa: N802 (protobuf's)
+        return self.data if not options else self._message().SerializeToString(**options)
+
+    def ByteSize(self) -> int:  # noqa: N802 (protobuf's)
+        return len(self.data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._message(), name)
+
+    def _message(self) -> Any:
+        if self._parsed is None:
+            self._parsed = _message(self.data)
+        return self._parsed
+
+
+def _encoded(spans: Sequence[Any]) -> bytes | None:
     fast = encoder()
     if fast is not None:
         try:
-            data = fast.encode(spans)
-            if data is not None:
-                from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-                    ExportTraceServiceRequest,
-                )
-
-                return ExportTraceServiceRequest.FromString(data)
+            return fast.encode(spans)
         except Exception as exc:  # this request the SDK's way
             _log.internal_error("otlp-encode", exc)
-    return encode_spans(spans)
+    return None
+
+
+def _message(data: bytes) -> Any:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    return ExportTraceServiceRequest.FromString(data)
 
 
 @functools.cache
@@ -80,12 +125,12 @@ def grpc_exporter_class() -> type:
 @functools.cache
 def http_exporter_class() -> type:
     """The SDK's OTLP/HTTP span exporter, each of its methods that calls ``encode_spans`` calling
-    :func:`encode_request` instead (``export`` in 1.45, ``_serialize_spans`` in 1.30); the SDK's
+    :func:`encode_serialized` instead (``export`` in 1.45, ``_serialize_spans`` in 1.30); the SDK's
     class as it is when none does."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     copies = {name: copy for name, fn in vars(OTLPSpanExporter).items()
-              if (copy := _with_global(fn, "encode_spans", encode_request)) is not None}
+              if (copy := _with_global(fn, "encode_spans", encode_serialized)) is not None}
     if not copies:
         return OTLPSpanExporter
     return type("AttnscopeHTTPSpanExporter", (OTLPSpanExporter,),
