@@ -365,7 +365,9 @@ def test_a_serialized_request_is_its_bytes_and_else_the_message() -> None:
     assert request.ByteSize() == len(_sdk(spans))
     assert request.SerializeToString(deterministic=True) == _sdk(spans)
     expected = encode_spans(spans)
-    assert list(request.resource_spans) == list(expected.resource_spans)
+    # compared as bytes: a NaN attribute makes equal messages unequal in some protobuf releases
+    assert [rs.SerializeToString() for rs in request.resource_spans] == \
+        [rs.SerializeToString() for rs in expected.resource_spans]
     huge = ReadableSpan(name="s", context=SpanContext(1, 2, False), attributes={"big": 1 << 64},
                         resource=Resource({}))
     # a request it cannot write: the SDK's message (which drops the attribute, and says so)
