@@ -10,7 +10,7 @@ from opentelemetry.trace import SpanContext
 
 from attnscope._export import kept
 from attnscope._export.jaeger_encode import SpanWriter, dumps, parts_of_fields, span_fields
-from tests.test_otlp_encode import _model_spans, _random_spans
+from tests.test_otlp_encode import _model_spans, _random_spans, equal_values_of_other_types
 
 
 def _reference(span: ReadableSpan, pid: str) -> str:
@@ -35,10 +35,8 @@ def test_random_spans_are_written_as_their_fields_dump(seed: int) -> None:
 
 def test_equal_values_of_other_types_are_never_taken_for_each_other() -> None:
     writer = SpanWriter()
-    for values in ([True, 1, 1.0, False, 0, 0.0, -0.0], [-0.0, 0.0, 0, False, 1.0, 1, True]):
-        for i, v in enumerate(values):
-            span = ReadableSpan(name="s", context=SpanContext(1, i + 1, False),
-                                attributes={"v": v}, resource=Resource({}))
+    for spans in equal_values_of_other_types():
+        for span in spans:
             assert _written(writer, span, "p1") == _reference(span, "p1")
 
 

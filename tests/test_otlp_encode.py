@@ -127,13 +127,18 @@ def test_random_spans_are_written_exactly_as_the_sdk_writes_them(seed: int) -> N
     assert encoder.encode(shuffled) == _sdk(shuffled)
 
 
+def equal_values_of_other_types() -> list[list[ReadableSpan]]:
+    """``True == 1 == 1.0`` and ``0.0 == -0.0`` in Python: batches of spans whose attribute ``v``
+    holds them in turn, in two orders (one kept encoding must never serve another type)."""
+    return [[ReadableSpan(name="s", context=SpanContext(1, i + 1, False), attributes={"v": v},
+                          resource=Resource({})) for i, v in enumerate(values)]
+            for values in ([True, 1, 1.0, False, 0, 0.0, -0.0],
+                           [-0.0, 0.0, 0, False, 1.0, 1, True])]
+
+
 def test_equal_values_of_other_types_are_never_taken_for_each_other() -> None:
-    # True == 1 == 1.0 and 0.0 == -0.0 in Python: one kept encoding must not serve another type
     encoder = installed()
-    for values in ([True, 1, 1.0, False, 0, 0.0, -0.0], [-0.0, 0.0, 0, False, 1.0, 1, True]):
-        spans = [ReadableSpan(name="s", context=SpanContext(1, i + 1, False),
-                              attributes={"v": v}, resource=Resource({}))
-                 for i, v in enumerate(values)]
+    for spans in equal_values_of_other_types():
         assert encoder.encode(spans) == _sdk(spans)
 
 

@@ -15,7 +15,7 @@ from opentelemetry.trace import SpanContext
 from attnscope._export import otlp_json, otlp_json_text
 from attnscope._export.otlp_encode import VARIANTS, probe_spans
 from attnscope._export.otlp_json_text import JsonEncoder
-from tests.test_otlp_encode import _model_spans, _random_spans
+from tests.test_otlp_encode import _model_spans, _random_spans, equal_values_of_other_types
 
 
 def installed() -> JsonEncoder:
@@ -36,10 +36,7 @@ def test_random_spans_are_written_as_the_reference_writes_them(seed: int) -> Non
 
 def test_equal_values_of_other_types_are_never_taken_for_each_other() -> None:
     encoder = installed()
-    for values in ([True, 1, 1.0, False, 0, 0.0, -0.0], [-0.0, 0.0, 0, False, 1.0, 1, True]):
-        spans = [ReadableSpan(name="s", context=SpanContext(1, i + 1, False),
-                              attributes={"v": v}, resource=Resource({}))
-                 for i, v in enumerate(values)]
+    for spans in equal_values_of_other_types():
         assert encoder.line(spans) == otlp_json._reference_line(spans)
 
 
