@@ -8,9 +8,10 @@ SDK exporter's, unchanged. Only the step from spans to an ``ExportTraceServiceRe
   exporter implement;
 - over HTTP, the SDK exporter's own method that encodes (``export``, or ``_serialize_spans`` in
   older releases), run with ``encode_spans`` naming this module's :func:`encode_serialized`
-  instead of the SDK's (the request's bytes as written: no message built to be serialized) (a copy of the function, not a change to the SDK's module: any other exporter in
-  the program is untouched). When no method of a release calls ``encode_spans``, the SDK's class
-  is used as it is.
+  instead of the SDK's: the request's bytes as written, no message built to be serialized. A
+  copy of the function, not a change to the SDK's module: any other exporter in the program is
+  untouched. When no method of a release calls ``encode_spans``, the SDK's class is used as it
+  is.
 
 Either way a request is encoded by the SDK when the fast encoder did not reproduce the installed
 SDK's bytes on the probe spans, or cannot write one of the request's spans exactly.
@@ -48,18 +49,20 @@ def encoder() -> Encoder | None:
 def encode_request(spans: Sequence[Any]) -> Any:
     """``encode_spans(spans)`` of the SDK, the same message, written by :func:`encoder`."""
     data = _encoded(spans)
-    if data is None:
-        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-
-        return encode_spans(spans)
-    return _message(data)
+    return _sdk_message(spans) if data is None else _message(data)
 
 
 def encode_serialized(spans: Sequence[Any]) -> Any:
     """:func:`encode_request` for a caller that only serializes the message (the HTTP
     exporter): the bytes as written, no message built and serialized again."""
     data = _encoded(spans)
-    return encode_request(spans) if data is None else Serialized(data)
+    return _sdk_message(spans) if data is None else Serialized(data)
+
+
+def _sdk_message(spans: Sequence[Any]) -> Any:
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    return encode_spans(spans)
 
 
 class Serialized:
