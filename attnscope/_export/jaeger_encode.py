@@ -172,7 +172,7 @@ class SpanWriter:
     """A span's JSON text, as ``dumps(span_fields(span))`` with its processID writes it, with
     the text of each attribute's tag kept (:mod:`.kept`): attnscope's spans
     repeat most of theirs, and building and dumping a dict per tag was most of the export
-    thread's time per span (``tests/test_jaeger_encode.py`` compares the two)."""
+    thread's time per span (``tests/test_jaeger_span_text.py`` compares the two)."""
 
     def __init__(self) -> None:
         self._tags = Kept(_tag_text)
