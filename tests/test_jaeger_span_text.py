@@ -1,5 +1,6 @@
 """A span's Jaeger JSON text as the exporter writes it (``SpanWriter``, each tag's text kept) is
-``dumps`` of its fields (``span_fields``, the reference), character for character."""
+``dumps`` of a dict of its fields (``span_fields``, the exporter's way before, kept here as the
+reference), character for character."""
 
 from __future__ import annotations
 
@@ -9,8 +10,34 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext
 
 from attnscope._export import kept
-from attnscope._export.jaeger_encode import SpanWriter, dumps, parts_of_fields, span_fields
+from attnscope._export.jaeger_encode import (
+    _UNNAMED,
+    SpanWriter,
+    _kind_tags,
+    _references,
+    _scope_tags,
+    _status_tags,
+    _tag,
+    dumps,
+    parts_of_fields,
+    span_fields_rest,
+)
 from tests.test_otlp_encode import _model_spans, _random_spans, equal_values_of_other_types
+
+
+def span_fields(span: ReadableSpan) -> dict[str, object]:
+    """Everything about ``span`` as a dict of JSON values, one dict per tag."""
+    ctx = span.context
+    rest = span_fields_rest(span)
+    start_ns = span.start_time or 0
+    end_ns = span.end_time or start_ns
+    tags = ([_tag(k, v) for k, v in (span.attributes or {}).items()]
+            + _scope_tags(span.instrumentation_scope) + _kind_tags(span.kind)
+            + _status_tags(span.status))
+    return {"traceID": f"{ctx.trace_id:032x}", "spanID": f"{ctx.span_id:016x}",
+            "operationName": span.name or _UNNAMED, "references": _references(span),
+            "startTime": start_ns // 1000, "duration": max(0, end_ns - start_ns) // 1000,
+            "tags": tags, "logs": rest["logs"], "processID": "", "warnings": rest["warnings"]}
 
 
 def _reference(span: ReadableSpan, pid: str) -> str:

@@ -20,7 +20,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from .kept import Kept
 
 __all__ = ["EMPTY_DOCUMENT_BYTES", "TRACE_OVERHEAD_BYTES", "SpanWriter", "Trace", "document_chunks",
-           "dumps", "parts_of_fields", "process_json", "span_fields", "trace_chunks", "trace_json"]
+           "dumps", "parts_of_fields", "process_json", "span_fields_rest", "trace_chunks"]
 
 _UNKNOWN_SERVICE = "unknown_service"
 _UNNAMED = "(unnamed)"
@@ -98,12 +98,6 @@ def _status_tags(status: Status) -> list[dict[str, object]]:
     return []
 
 
-def _tags(span: ReadableSpan) -> list[dict[str, object]]:
-    return ([_tag(k, v) for k, v in (span.attributes or {}).items()]
-            + _scope_tags(span.instrumentation_scope) + _kind_tags(span.kind)
-            + _status_tags(span.status))
-
-
 def span_fields_rest(span: ReadableSpan) -> dict[str, object]:
     """The span's ``logs`` and ``warnings``."""
     logs = [
@@ -124,28 +118,6 @@ def span_fields_rest(span: ReadableSpan) -> dict[str, object]:
         if count
     ]
     return {"logs": logs, "warnings": warnings or None}
-
-
-def span_fields(span: ReadableSpan) -> dict[str, object]:
-    """Everything about ``span`` except its processID, which depends on the document (the
-    reference :class:`SpanWriter` writes the text of)."""
-    ctx = span.context
-    rest = span_fields_rest(span)
-    start_ns = span.start_time or 0
-    end_ns = span.end_time or start_ns
-    return {
-        "traceID": f"{ctx.trace_id:032x}",
-        "spanID": f"{ctx.span_id:016x}",
-        # The UI rejects the whole file if any operationName is empty.
-        "operationName": span.name or _UNNAMED,
-        "references": _references(span),
-        "startTime": start_ns // 1000,
-        "duration": max(0, end_ns - start_ns) // 1000,
-        "tags": _tags(span),
-        "logs": rest["logs"],
-        "processID": "",
-        "warnings": rest["warnings"],
-    }
 
 
 # (tags of a part, the part of a span): the tags after the attributes, kept per part object
@@ -169,10 +141,10 @@ def _tag_text(key: str, value: object) -> str:
 
 
 class SpanWriter:
-    """A span's JSON text, as ``dumps(span_fields(span))`` with its processID writes it, with
-    the text of each attribute's tag kept (:mod:`.kept`): attnscope's spans
-    repeat most of theirs, and building and dumping a dict per tag was most of the export
-    thread's time per span (``tests/test_jaeger_span_text.py`` compares the two)."""
+    """A span's JSON text, as ``dumps`` of a dict of its fields (processID included) writes
+    it, with the text of each attribute's tag kept (:mod:`.kept`): attnscope's spans repeat most
+    of theirs, and building and dumping a dict per tag was most of the export thread's time per
+    span (``tests/test_jaeger_span_text.py`` compares the two)."""
 
     def __init__(self) -> None:
         self._tags = Kept(_tag_text)
@@ -253,10 +225,6 @@ def document_chunks(traces: dict[str, Trace]) -> list[bytes | bytearray]:
     return chunks
 
 
-def trace_json(trace_id: str, trace: Trace) -> str:
-    return b"".join(trace_chunks(trace_id, trace)).decode("ascii")
-
-
 EMPTY_DOCUMENT_BYTES = len('{"data":[]}')
 # Upper bounds, counting one separator comma each, so the estimate never undershoots the file.
-TRACE_OVERHEAD_BYTES = len(trace_json("0" * 32, Trace())) + 1
+TRACE_OVERHEAD_BYTES = sum(map(len, trace_chunks("0" * 32, Trace()))) + 1

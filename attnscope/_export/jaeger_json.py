@@ -273,15 +273,15 @@ class JaegerJSONFileExporter(SpanExporter):
         if span.context is None:
             self._settle(0, 1)  # nothing to write: it never reaches the file
             return True, False
-        fields = self._writer.parts(span)
+        parts = self._writer.parts(span)
         trace_id = f"{span.context.trace_id:032x}"
         process = self._process_for(span.resource)
-        text, pid, added = self._encode(trace_id, fields, process)
+        text, pid, added = self._encode(trace_id, parts, process)
         ok, rotated = True, False
         if self._span_count and self._size + added > self._max_bytes:
             ok = self._rotate()
             rotated = True
-            text, pid, added = self._encode(trace_id, fields, process)
+            text, pid, added = self._encode(trace_id, parts, process)
         trace = self._traces.setdefault(trace_id, jaeger_encode.Trace())
         trace.processes.setdefault(process, pid)
         trace.add(text)
