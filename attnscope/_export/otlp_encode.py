@@ -19,15 +19,17 @@ return None for the whole request, and the SDK's encoder is used for it.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from opentelemetry.trace import SpanKind
 
 from .kept import Kept
 
-__all__ = ["VARIANTS", "Encoder", "Unencodable", "dropped", "groups", "matches_sdk",
-           "probe_spans"]
+__all__ = ["VARIANTS", "Encoder", "Unencodable", "dropped", "first_variant", "groups",
+           "matches_sdk", "probe_spans"]
+
+T = TypeVar("T")
 
 _pack_d = struct.Struct("<d").pack
 _pack_q = struct.Struct("<Q").pack
@@ -275,6 +277,16 @@ def groups(spans: Sequence[Any]) -> list[tuple[Any, list[tuple[Any, list[Any]]]]
         found.append(span)
     return [(first[r], [(first[s], members) for s, members in by_scope.items()])
             for r, by_scope in grouped.items()]
+
+
+def first_variant(make: Callable[[bool, bool], T], matches: Callable[[T], bool]) -> T | None:
+    """``make(flags, scope_schema)`` for the first of :data:`VARIANTS` whose result ``matches``
+    (writes what the installed SDK writes), else None."""
+    for variant in VARIANTS:
+        candidate = make(*variant)
+        if matches(candidate):
+            return candidate
+    return None
 
 
 def probe_spans() -> list[Any]:

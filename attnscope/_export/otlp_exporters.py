@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import _log
-from .otlp_encode import VARIANTS, Encoder, matches_sdk
+from .otlp_encode import Encoder, first_variant, matches_sdk
 
 __all__ = ["Serialized", "encode_request", "encode_serialized", "encoder", "grpc_exporter_class",
            "http_exporter_class"]
@@ -35,10 +35,9 @@ __all__ = ["Serialized", "encode_request", "encode_serialized", "encoder", "grpc
 def encoder() -> Encoder | None:
     """The fast encoder in the variant that writes what the installed SDK writes, else None."""
     try:
-        for flags, scope_schema in VARIANTS:
-            candidate = Encoder(flags, scope_schema)
-            if matches_sdk(candidate):
-                return candidate
+        found = first_variant(Encoder, matches_sdk)
+        if found is not None:
+            return found
         _log.debug_once("otlp-encode", "attnscope: the OpenTelemetry SDK's OTLP encoding differs "
                         "from attnscope's; spans are encoded by the SDK")
     except Exception as exc:  # the SDK's encoding, as before

@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from .._log import internal_error, warn_once
 from . import files
-from .otlp_encode import VARIANTS
+from .otlp_encode import first_variant
 from .otlp_json_text import JsonEncoder, matches_reference
 
 __all__ = ["OTLPJSONFileExporter", "read_otlp_json_lines"]
@@ -72,10 +72,8 @@ def _reference_line(spans: Sequence[ReadableSpan]) -> str:
 def _fast() -> JsonEncoder | None:
     """The direct writer in the variant that matches the reference here, else None."""
     try:
-        for flags, scope_schema in VARIANTS:
-            candidate = JsonEncoder(flags, scope_schema)
-            if matches_reference(candidate, _reference_line):
-                return candidate
+        return first_variant(JsonEncoder,
+                             lambda candidate: matches_reference(candidate, _reference_line))
     except Exception as exc:  # the reference way, as before
         internal_error(_STAGE, exc)
     return None
