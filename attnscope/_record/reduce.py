@@ -41,6 +41,9 @@ __all__ = ["FIELDS", "MASKED_BELOW", "PACK_FROM", "MaskPlan", "Shipment", "Later
 MASKED_BELOW = -5000.0
 FIELDS = ("tokens", "pairs", "visible_any", "full", "vlo", "vhi", "inside", "above", "below")
 _FAR = 1 << 40  # an offset no mask reaches: the min/max of an empty selection
+# A one-query host mask of at most this many stored elements is read as Python lists (below:
+# ~2 µs for 144, ~10 for 1,280); a larger one by three reductions first.
+_AS_LISTS = 4096
 # A shipped view of at least this many elements travels as bits (8 a byte): one more kernel,
 # an eighth of the copy. Below it the copy of the bytes is the cheaper (about 20 µs a MiB).
 PACK_FROM = 1 << 20
@@ -131,13 +134,18 @@ def mask_numbers(mask: torch.Tensor, ignores: bool, plan: MaskPlan, sq: int,
     ``skv``: the keys of this call, a Python int or a 0-d device tensor (a static cache's length,
     not readable on the host); None: the mask's last axis. Keys beyond ``skv`` (the unfilled part of
     a static cache's buffer) are neither seen nor hidden. ``attended``: ``mask`` is already the
-    "may attend" view (:func:`attend`). No operation here reads a value on the host.
+    "may attend" view (:func:`attend`). No operation here reads a value of a device tensor on
+    the host (a host mask with one query per row is finished on the host: :func:`_one_query`).
     """
     if isinstance(skv, int) and 0 < skv < mask.shape[-1]:
         mask = mask[..., :skv]  # a static cache's buffer, filled up to skv
     device_keys = skv if isinstance(skv, torch.Tensor) else None
     seen = mask if attended else attend(mask, ignores, device_keys)
     s = seen.shape[-1]
+    if (plan.structure and device_keys is None and seen.shape[-2] == 1
+            and seen.device.type == "cpu"):
+        four = seen if seen.ndim == 4 else seen.unsqueeze(1)
+        return _one_query(_stored(four, keep_last=True), four.shape[:-1])
     col = torch.arange(s, device=seen.device)
     keys = s if skv is None or isinstance(skv, int) else skv  # an int: the mask was cut to it
     valid = col < keys
@@ -152,12 +160,46 @@ def mask_numbers(mask: torch.Tensor, ignores: bool, plan: MaskPlan, sq: int,
     return torch.stack(_structure(four, valid, tail, sq, keys))
 
 
-def _stored(t: torch.Tensor) -> torch.Tensor:
-    """``t`` without its broadcast dimensions (stride 0): each copy is read once."""
-    for dim, (size, stride) in enumerate(zip(t.shape, t.stride(), strict=True)):
+def _stored(t: torch.Tensor, keep_last: bool = False) -> torch.Tensor:
+    """``t`` without its broadcast dimensions (stride 0): each copy is read once. ``keep_last``:
+    the last (key) axis stays whole, as the per-row counts need it."""
+    dims = t.ndim - 1 if keep_last else t.ndim
+    for dim, (size, stride) in enumerate(zip(t.shape[:dims], t.stride()[:dims], strict=True)):
         if stride == 0 and size > 1:
             t = t.narrow(dim, 0, 1)
     return t
+
+
+def _one_query(one: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """:func:`_structure`'s numbers where each (batch row, head) has one query (every decode
+    step), on the host: three passes over the stored rows, read as ints, then arithmetic on
+    (B, H) values in Python instead of ~80 operations. The query's key of offset 0 is the last,
+    every key is valid, and a row sees only keys its own band holds: no hidden pair lies inside,
+    above or below it (the keys a structured row's (batch row, head) shows are that row's
+    own). ``one``: the stored ``(B', H', 1, S)`` view; ``shape``: ``(B, H, 1)`` it expands to."""
+    s = one.shape[-1]
+    if one.numel() <= _AS_LISTS:  # the rows as Python lists: two operations, then C loops
+        rows = one.reshape(-1, s).tolist()
+        seen_by = [row.count(True) for row in rows]
+        first = [row.index(True) if n else 0 for row, n in zip(rows, seen_by, strict=True)]
+        from_end = [row[::-1].index(True) if n else 0
+                    for row, n in zip(rows, seen_by, strict=True)]
+    else:
+        flags = one.view(torch.uint8)
+        seen_by, first, from_end = torch.stack(
+            [one.sum(-1), flags.argmax(-1), flags.flip(-1).argmax(-1)]).reshape(3, -1).tolist()
+    copies = (shape[0] // one.shape[0]) * (shape[1] // one.shape[1])
+    heads = one.shape[1]
+    structured = [i for i, n in enumerate(seen_by) if 0 < n < s]
+    base = s - 1  # the key of offset 0
+    vlo = min((first[i] - base for i in structured), default=_FAR)
+    vhi = max((s - 1 - from_end[i] - base for i in structured), default=-_FAR)
+    # a batch row's token: some head's query sees its own key (the last)
+    own = [n > 0 and end == 0 for n, end in zip(seen_by, from_end, strict=True)]
+    tokens = sum(any(own[r:r + heads]) for r in range(0, len(own), heads))
+    return torch.tensor([tokens * (shape[0] // one.shape[0]), sum(seen_by) * copies,
+                         int(bool(structured)), int(all(n == s for n in seen_by)), vlo, vhi,
+                         0, 0, 0], dtype=torch.long)
 
 
 def _structure(seen: torch.Tensor, valid: torch.Tensor, tail: torch.Tensor, sq: int,
@@ -173,7 +215,8 @@ def _structure(seen: torch.Tensor, valid: torch.Tensor, tail: torch.Tensor, sq: 
     key adds one to every key's count, so a key is in ``cols`` when more queries see it than
     there are such rows."""
     shape, s = seen.shape[:-1], seen.shape[-1]
-    one = _stored(seen)  # broadcast copies read once; the per-row numbers expanded back
+    one = _stored(seen, keep_last=True)  # broadcast copies read once; the per-row numbers
+    # expanded back (not the key axis: a row's count is over every key)
     flags = one.view(torch.uint8)
     # int32 sums: several times faster than int64 ones on CPU; a row's or a key's count fits
     seen_by = one.sum(-1, dtype=torch.int32).expand(shape)  # (B, H, Sq): keys each query sees
