@@ -93,7 +93,7 @@ def _llama() -> Any:
 
 
 def _models() -> None:
-    """Instrumented layers: their facts are kept too (not when a mask is kept by reference)."""
+    """Instrumented layers: their facts are kept too (a mask named by its value)."""
     mha = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
     llama = _llama()
     attnscope.instrument(mha)
@@ -113,7 +113,7 @@ def _models() -> None:
 def _spans(monkeypatch: pytest.MonkeyPatch, keep: bool) -> list[ReadableSpan]:
     with monkeypatch.context() as patch:
         if not keep:  # every capture derived on its own, as before there was a cache
-            patch.setattr(engine, "summary_key", lambda summary, instance, facts: None)
+            patch.setattr(engine, "summary_key", lambda *args: None)
         exporter = InMemorySpanExporter()
         attnscope.configure(exporter=exporter, **SETTINGS)
         _workload()
@@ -176,6 +176,42 @@ def test_summary_key_refuses_what_derive_reads_per_call() -> None:
         [], None, Facts(true))
     keys = {shapecache.summary_key([("is_causal", v)], None) for v in (True, 1, 1.0)}
     assert len(keys) == 3  # equal values, hashed alike, read differently
+
+
+def test_a_layers_mask_is_named_by_its_value_or_its_copys_numbers() -> None:
+    from attnscope._runtime.masks import MAX_BYTES, MaskMemo
+
+    memo, layer = MaskMemo(), object()
+
+    def key(mask: Any, device_reads: bool = True) -> Any:
+        facts = AttentionFacts(2, 3)
+        facts.mask = mask
+        return shapecache.summary_key([], layer, Facts(facts), memo, device_reads)
+
+    mask = torch.ones(2, 1, 3, 3, dtype=torch.bool).tril()
+    assert key(mask) is not None and key(mask.clone()) == key(mask)
+    changed = mask.clone()
+    changed[0, 0, 2, 0] = False
+    assert key(changed) not in (key(mask), None)
+    assert key(mask, device_reads=False) == key(mask)  # a host tensor is no device read
+    assert key(torch.ones(MAX_BYTES + 1, dtype=torch.bool)) is None  # no copy kept: no name
+    assert key(mask.as_subclass(_Sub)) is None
+    plan = (True, 1, 1)
+    numbers = HostCopy(torch.tensor([3, 12, 1, 0, -2, 0, 0, 1, 0]), HostKind.MASK, plan)
+    same = HostCopy(torch.tensor([3, 12, 1, 0, -2, 0, 0, 1, 0]), HostKind.MASK, plan)
+    assert key(numbers) is not None and key(numbers) == key(same)
+    assert key(numbers) != key(HostCopy(numbers.values, HostKind.MASK, (True, 2, 1)))
+    assert key(numbers, device_reads=False) is None  # its events timed out: derive reads none
+    assert key(HostCopy(torch.tensor([1, 2]), HostKind.POSITIONS, (2, 3))) is None
+    assert shapecache.summary_key([], layer, Facts(AttentionFacts(2, 3)), memo) == \
+        shapecache.summary_key([], layer, Facts(AttentionFacts(2, 3)))  # no mask: as before
+    odd = AttentionFacts(2, 3)
+    odd.mask, odd.past = mask, torch.tensor(3)  # another field not plain: never kept
+    assert shapecache.summary_key([], layer, Facts(odd), memo) is None
+
+
+class _Sub(torch.Tensor):
+    pass
 
 
 def test_shape_cache_is_bounded_and_skips_unhashable_keys() -> None:

@@ -21,6 +21,7 @@ by pair.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -74,9 +75,11 @@ class MaskCounts:
 
 
 def counts_of(mask: Any, ignores: bool, batch: int, heads: int | None, sq: int,
-              skv: int | None, device_reads: bool = True) -> MaskCounts | None:
+              skv: int | None, device_reads: bool = True,
+              count: Callable[..., torch.Tensor] = mask_numbers) -> MaskCounts | None:
     """The counts of a kept mask (a CPU tensor) or of a :class:`HostCopy` (a CUDA mask's copy),
-    computed here; None when there are none to read (a mask over the budget, a device tensor, a
+    computed here by ``count`` (the worker's: ``runtime.masks.numbers``, which reuses an equal
+    mask's); None when there are none to read (a mask over the budget, a device tensor, a
     timed-out copy)."""
     if isinstance(mask, HostCopy):
         if mask.kind is not HostKind.MASK or not device_reads:
@@ -86,7 +89,7 @@ def counts_of(mask: Any, ignores: bool, batch: int, heads: int | None, sq: int,
             or mask.ndim < 2):
         return None
     plan = plan_mask(tuple(mask.shape), batch, heads, sq, skv)
-    return MaskCounts(mask_numbers(mask, ignores, plan, sq, skv).tolist(), plan)
+    return MaskCounts(count(mask, ignores, plan, sq, skv).tolist(), plan)
 
 
 def read_counts(counts: MaskCounts, batch: int, heads: int | None, sq: int,

@@ -45,7 +45,6 @@ from .._record.reduce import (
     enqueue_to_host,
     generated_numbers,
     land,
-    mask_numbers,
     plan_mask,
     position_counts,
     query_key_shape,
@@ -350,7 +349,7 @@ def _mask_copy(cap: Capture, mask: torch.Tensor, ignores: bool, batch: int, head
     if later is None:
         def numbers() -> torch.Tensor:
             keys = skv() if callable(skv) else skv
-            return mask_numbers(seen(), ignores, plan, sq, keys, attended)
+            return runtime.masks.numbers(seen(), ignores, plan, sq, keys, attended)
 
         later = Later(numbers)
         if shape is not None and len(shipped.numbers) < _SHAPES:

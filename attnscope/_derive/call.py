@@ -153,7 +153,7 @@ def _qkv_attributes(out: Derived, qkv: tuple[TensorMeta, TensorMeta, TensorMeta]
     out.dtype, out.device = _dtype_name(q.dtype), str(q.device)
     if not ignores:  # key_padding_mask is (B, Skv) by its own definition
         mask = _query_key(mask, b, sq)
-    counts = counts_of(mask, ignores, b, hq, sq, skv)
+    counts = counts_of(mask, ignores, b, hq, sq, skv, count=runtime.masks.numbers)
     reading, real = (None, None) if counts is None else read_counts(counts, b, hq, sq, skv)
     if reading is not None and reading.causal is not None:
         causal = reading.causal
@@ -391,8 +391,8 @@ def _read_mask(f: AttentionFacts, traits: LayerTraits | None, skv: int | None, s
                ) -> tuple[MaskCounts | None, MaskReading | None, int | None]:
     """A self-attention mask's counts, what they say, and its real query tokens (``skv``: None
     when the keys are not known)."""
-    counts = counts_of(f.mask, f.mask_ignores, f.batch, f.heads, f.seq_q, skv) \
-        if self_mask else None
+    counts = counts_of(f.mask, f.mask_ignores, f.batch, f.heads, f.seq_q, skv,
+                       count=runtime.masks.numbers) if self_mask else None
     if counts is None:
         return None, None, None
     reading, real = read_counts(counts, f.batch, f.heads, f.seq_q, skv)

@@ -10,6 +10,7 @@ import torch
 from .._attention.masks import counts_of, read_counts
 from .._record.capture import HostCopy, HostKind, ModelFacts, TensorMeta
 from .._record.reduce import generated_numbers, row_sums
+from .._runtime import runtime
 from .result import MODEL, Derived
 
 __all__ = ["derive_model", "host_readable", "as_int"]
@@ -40,7 +41,8 @@ def derive_model(f: ModelFacts) -> Derived:
     skv = (past or 0) + f.seq_q if f.cached and keys_known else None
     tokens: int | None = None
     if not isinstance(f.mask, TensorMeta):  # else a mask over the keeping budget: padding unknown
-        counts = counts_of(f.mask, False, f.batch, None, f.seq_q, skv)
+        counts = counts_of(f.mask, False, f.batch, None, f.seq_q, skv,
+                           count=runtime.masks.numbers)
         tokens = (f.batch * f.seq_q if f.mask is None else None if counts is None
                   else read_counts(counts, f.batch, None, f.seq_q, skv)[1])
     out = Derived(batch_size=f.batch, seq_len_q=f.seq_q, order=MODEL)

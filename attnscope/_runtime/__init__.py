@@ -27,6 +27,7 @@ from .grants import Grants
 from .graphs import GRAPH_COUNT_KEYS, Graphs
 from .host import HostMemory
 from .instrumentation import Instrumentation
+from .masks import MaskMemo
 from .metrics import MetricTotals
 from .profiler import ProfilerGate
 from .retention import KEEP_TOTAL_BYTES, Retention
@@ -66,6 +67,7 @@ class Runtime:
         self.delivery = Delivery()
         self.host = HostMemory()
         self.metrics = MetricTotals()
+        self.masks = MaskMemo()  # recent masks' numbers, for the next equal mask
         self.log = _log.limits
 
     def reset(self) -> None:

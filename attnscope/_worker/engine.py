@@ -81,7 +81,8 @@ class Engine:
         """Derive what the capture says, parse its profile and hand its span to the builder."""
         cap.expand()  # a traced call's summary came flat
         # derive's attributes for a summary of plain values, kept (.shapecache); else per call
-        key = summary_key(cap.summary, cap.instance, cap.facts) if cap.profile is None else None
+        key = summary_key(cap.summary, cap.instance, cap.facts, runtime.masks,
+                          not timed_out) if cap.profile is None else None
         shape = self._shapes.get(key) if key is not None else None
         derived: Derived | None = None
         if shape is None:

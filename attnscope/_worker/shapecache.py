@@ -11,9 +11,12 @@ only what belongs to the one call (its times, memory, the slow-call mark).
 Kept: a summary of nothing but :class:`TensorMeta` and exact ``int``/``float``/``bool``/``None``
 values, without a module instance (derive reads its attributes, which may change); and an
 instrumented layer's :class:`AttentionFacts` whose fields are all such values (derive reads
-nothing else of that call: no mask kept, a cache length that is an int). Layers of one model
-called at one cache length share an entry. A mask kept by reference or a device copy is read per
-call.
+nothing else of that call: a cache length that is an int). Layers of one model called at one cache
+length share an entry. A layer's mask is named by what derive reads of it: a host tensor by its
+value (``runtime.masks.token``: equal masks, one token), a CUDA mask's host copy by its numbers
+(read once its events have passed); every layer of a forward given the same mask then shares
+one entry. A mask that cannot be named (over the copy bound, a copy whose events timed out) is
+read per call.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 import torch
 
 from .._record.capture import NO_FACTS, AttentionFacts, Facts, TensorMeta
+from .._record.facts import HostCopy, HostKind
 
 __all__ = ["MAX_ENTRIES", "ShapeCache", "Shared", "summary_key"]
 
@@ -35,20 +39,24 @@ _FACT_TYPES = _SCALARS | {str, TensorMeta, torch.dtype, torch.device}
 _FACT_FIELDS = operator.attrgetter(*AttentionFacts.__slots__)
 # a facts key's first item: never an argument summary's (a tuple of tuples)
 _FACTS_TAG = "attention facts"
+_MASK = AttentionFacts.__slots__.index("mask")
 # derive's result as span attributes (``derived.Derived.attributes``): read, never written
 Shared = dict[str, Any]
 
 
 def summary_key(summary: Sequence[tuple[str, Any]], instance: Any,
-                facts: Facts = NO_FACTS) -> tuple[Any, ...] | None:
+                facts: Facts = NO_FACTS, masks: Any = None,
+                device_reads: bool = True) -> tuple[Any, ...] | None:
     """A hashable key equal for two calls derive treats alike (their argument summaries, or an
-    instrumented layer's facts); None: not cacheable.
+    instrumented layer's facts); None: not cacheable. ``masks``: the worker's
+    :class:`~attnscope._runtime.masks.MaskMemo`, to name a layer's mask (none: not cacheable);
+    ``device_reads``: the capture's copies may be read (its events passed).
 
     A scalar's type is part of the key: ``True == 1 == 1.0`` (and they hash alike), but derive
     reads a ``bool`` as causality and an ``int`` not."""
     if (facts.attention is not None and facts.traits is None and facts.model is None
-            and not summary):
-        return _facts_key(facts.attention)  # the layer's traits, if any, read its instance
+            and not summary):  # the layer's traits, if any, read its instance
+        return _facts_key(facts.attention, masks, device_reads)
     if instance is not None or facts is not NO_FACTS:
         return None
     parts: list[Any] = []
@@ -63,7 +71,8 @@ def summary_key(summary: Sequence[tuple[str, Any]], instance: Any,
     return tuple(parts)
 
 
-def _facts_key(facts: Any) -> tuple[Any, ...] | None:
+def _facts_key(facts: Any, masks: Any = None, device_reads: bool = True
+               ) -> tuple[Any, ...] | None:
     """An instrumented layer's facts as a key (derive reads them alone, not the instance)."""
     if type(facts) is not AttentionFacts:
         return None
@@ -73,8 +82,27 @@ def _facts_key(facts: Any) -> tuple[Any, ...] | None:
         return None
     kinds = tuple(map(type, values))
     if not _FACT_TYPES.issuperset(kinds):
-        return None
+        if masks is None or not _FACT_TYPES.issuperset(kinds[:_MASK] + kinds[_MASK + 1:]):
+            return None
+        name = _mask_name(values[_MASK], masks, device_reads)
+        if name is None:
+            return None
+        values = (*values[:_MASK], name, *values[_MASK + 1:])
     return (_FACTS_TAG, values, kinds)
+
+
+def _mask_name(mask: Any, masks: Any, device_reads: bool) -> tuple[Any, ...] | None:
+    """What derive reads of a layer's mask, as a key part: a host tensor's value token, a CUDA
+    mask copy's numbers and plan; None when it cannot be named."""
+    if type(mask) is torch.Tensor:  # exactly: a subclass's values may read otherwise
+        token = masks.token(mask)
+        return None if token is None else ("mask", token)
+    if type(mask) is HostCopy and mask.kind is HostKind.MASK and device_reads:
+        try:
+            return ("copy", tuple(mask.read()), mask.plan)
+        except Exception:  # derive meets it again and says so
+            return None
+    return None
 
 
 class ShapeCache:
