@@ -17,6 +17,13 @@ thread's CPU time per traced call (instrumented minus plain, medians of the pair
 thread's CPU time per capture it finished, over the timed pairs (on 2 cores the worker's time is
 mostly time the application waits for: it holds the GIL while it builds spans).
 
+``--padded``: the batch left-padded (row i starts with i * prompt / (2 * batch) pad tokens, with
+an attention mask; a batch of 4 unless ``--batch`` says otherwise), as a batched server's is:
+every attention call then carries a mask, which a sampled call's span reads. Each run prints the
+realised sample rate over the timed pairs (sampled attention calls / attention calls, counted by
+hooks on the plain copy's attention modules in an untimed run) next to the configured and the
+effective rate: with the defaults, the overhead budget must not thin the sample on a padded batch.
+
 ``--model issue37 --device cuda``: issue 37's GPU model instead — 16 layers, hidden 2048, 16 heads /
 8 KV heads, bf16, SDPA, a batch of 8 with a 128-token prompt, 32 new tokens (``--generate 32`` is
 implied). Each timed call ends with ``torch.cuda.synchronize()``. Without CUDA it stops with a
@@ -25,6 +32,7 @@ message saying so (``--device cpu`` runs the same model on the CPU, in float32 u
 
 Run: python benchmarks/bench_model.py [--pairs 300]
      python benchmarks/bench_model.py --generate 32 --every-call --pairs 80 [--metrics on]
+     python benchmarks/bench_model.py --generate 32 --padded --pairs 300 [--every-call]
      python benchmarks/bench_model.py --model issue37 --device cuda --every-call --pairs 30
 """
 
@@ -81,6 +89,35 @@ def build_model(name: str = "tiny", device: str = "cpu", dtype: Any = None) -> A
     return model.to(device)
 
 
+def left_padded(ids: Any) -> Any:
+    """An attention mask leaving row i's first i * prompt / (2 * batch) tokens out (pad id 0)."""
+    batch, length = ids.shape
+    mask = torch.ones_like(ids)
+    for row in range(batch):
+        pad = row * length // (2 * batch)
+        mask[row, :pad] = 0
+        ids[row, :pad] = 0
+    return mask
+
+
+def attention_calls(model: Any, run: Any) -> int:
+    """The attention modules' calls in one ``run()`` of the plain model, counted by hooks that
+    are removed before the timed pairs."""
+    count = [0]
+
+    def seen(*_: Any) -> None:
+        count[0] += 1
+
+    hooks = [m.register_forward_pre_hook(seen) for m in model.modules()
+             if type(m).__name__.endswith("Attention")]
+    try:
+        run()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return count[0]
+
+
 def check_device(device: str) -> None:
     """Stop with a clear message when ``device`` is CUDA and this torch has none."""
     if device == "cuda" and not torch.cuda.is_available():
@@ -120,14 +157,20 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
                         help="default: bfloat16 for --model issue37 on CUDA, else float32")
     parser.add_argument("--batch", type=int, default=None,
-                        help="prompts per call (default 1; 8 for --model issue37)")
+                        help="prompts per call (default 1; 8 for --model issue37; 4 --padded)")
+    parser.add_argument("--padded", action="store_true",
+                        help="left-pad the batch as a batched server does: row i starts with "
+                             "i * prompt / (2 * batch) pad tokens, masked out by an attention "
+                             "mask, so every attention call carries a mask")
     args = parser.parse_args(argv)
     check_device(args.device)
     issue = args.model == "issue37"
     if issue and not args.generate:
         args.generate = 32
     dtype_name = args.dtype or ("bfloat16" if issue and args.device == "cuda" else "float32")
-    batch = args.batch or (8 if issue else 1)
+    batch = args.batch or (8 if issue else 4 if args.padded else 1)
+    if args.padded and batch < 2:
+        parser.error("--padded needs a batch of 2 or more")
 
     plain = build_model(args.model, args.device, getattr(torch, dtype_name))
     traced = copy.deepcopy(plain)
@@ -170,7 +213,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         seq_len = args.seq_len
     else:
         seq_len = 128 if issue else 16 if args.generate else 256
-    ids = torch.randint(0, VOCAB[args.model], (batch, seq_len), device=args.device)
+    ids = torch.randint(1, VOCAB[args.model], (batch, seq_len), device=args.device)
+    inputs: dict[str, Any] = {"input_ids": ids}
+    if args.padded:
+        inputs["attention_mask"] = left_padded(ids)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
 
     cpu_ns: dict[Any, list[int]] = {plain: [], traced: []}
@@ -179,10 +225,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         sync()
         t, cpu = time.perf_counter_ns(), time.thread_time_ns()
         if args.generate:
-            model.generate(ids, max_new_tokens=args.generate, min_new_tokens=args.generate,
+            model.generate(**inputs, max_new_tokens=args.generate, min_new_tokens=args.generate,
                            do_sample=False, pad_token_id=0)
         else:
-            model(input_ids=ids)
+            model(**inputs)
         sync()
         cpu_ns[model].append(time.thread_time_ns() - cpu)
         return time.perf_counter_ns() - t
@@ -191,6 +237,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         for _ in range(5):
             run(plain)
             run(traced)
+        calls_per_run = attention_calls(plain, lambda: run(plain))
         attnscope.flush(timeout_s=10)
         for times in cpu_ns.values():
             times.clear()
@@ -246,6 +293,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if export_before is not None and export_after is not None and exported:
         print(f"export thread CPU: {(export_after - export_before) / exported / 1e3:.1f} µs a "
               f"span ({exported} exported)")
+    sampled = (stats.get("sampled") or 0) - sampled_before
+    print(f"realised sample rate over the timed pairs: {sampled / (calls_per_run * args.pairs):.4f}"
+          f" ({sampled} of {calls_per_run * args.pairs} attention calls; configured "
+          f"{stats.get('sample_rate')}, effective at the end {stats.get('effective_sample_rate')}"
+          f", overhead ratio {stats.get('overhead_ratio')})")
     print(f"attnscope: sampled={stats.get('sampled')} profiled={stats.get('profiled')} "
           f"granted={stats.get('profile_granted')} "
           f"emitted={stats.get('emitted')} effective_rate={stats.get('effective_sample_rate'):.4f}")
