@@ -31,6 +31,7 @@ from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, TraceFlags, T
 import attnscope
 from attnscope._export import metrics as _metrics
 from attnscope._record.capture import (
+    NO_FACTS,
     TIER_TIMING,
     AttentionFacts,
     Capture,
@@ -73,7 +74,7 @@ def _workload() -> None:
         attention(q, k, k, is_causal=1)  # an int is not causality: a key of its own
         attention(q, k, k, is_causal=1.0)
         attention(q[:1], k[:1], k[:1], is_causal=True)
-        attention(q, k, k, attn_mask=mask)  # a kept mask: counted per call
+        attention(q, k, k, attn_mask=mask)  # a kept mask: named by its value
         attention(torch.ones(3, 5), torch.ones(3, 5), torch.ones(3, 5))
         layer.forward(q, k, k)  # an instance: read per call
         with attnscope.span("block", tokens=3, attributes={"attnscope.flops": 7}):
@@ -149,10 +150,10 @@ def test_worker_keeps_plain_summaries_only_and_reuses_them() -> None:
     _workload()
     assert attnscope.flush(timeout_s=10)
     kept = runtime.worker.current.engine._shapes
-    # the plain summaries of one round: all but the masked call's and the instance's (the block's
-    # inner call has the summary of the one before it)
-    assert len(kept) == 8
-    assert kept.misses == 8 and kept.hits == 10
+    # the summaries of one round: all but the instance's (the block's inner call has the summary
+    # of the one before it; the masked call's is named by its mask's value)
+    assert len(kept) == 9
+    assert kept.misses == 9 and kept.hits == 11
 
 
 def test_summary_key_refuses_what_derive_reads_per_call() -> None:
@@ -178,7 +179,7 @@ def test_summary_key_refuses_what_derive_reads_per_call() -> None:
     assert len(keys) == 3  # equal values, hashed alike, read differently
 
 
-def test_a_layers_mask_is_named_by_its_value_or_its_copys_numbers() -> None:
+def test_a_mask_is_named_by_its_value_or_its_copys_numbers() -> None:
     from attnscope._runtime.masks import MAX_BYTES, MaskMemo
 
     memo, layer = MaskMemo(), object()
@@ -202,7 +203,20 @@ def test_a_layers_mask_is_named_by_its_value_or_its_copys_numbers() -> None:
     assert key(numbers) is not None and key(numbers) == key(same)
     assert key(numbers) != key(HostCopy(numbers.values, HostKind.MASK, (True, 2, 1)))
     assert key(numbers, device_reads=False) is None  # its events timed out: derive reads none
-    assert key(HostCopy(torch.tensor([1, 2]), HostKind.POSITIONS, (2, 3))) is None
+    assert key(HostCopy(torch.tensor([1, 2]), HostKind.INT)) is None
+    positions = HostCopy(torch.tensor([1, 2]), HostKind.POSITIONS, (2, 3))
+    assert key(positions) not in (None, key(HostCopy(torch.tensor([2, 2]), HostKind.POSITIONS,
+                                                     (2, 3))))
+    meta = TensorMeta((2, 4, 3, 8), torch.float32, torch.device("cpu"))
+    args = [("q", meta), ("k", meta), ("v", meta)]
+    traced = shapecache.summary_key([*args, ("attn_mask", mask)], None, NO_FACTS, memo)
+    assert traced is not None and traced == shapecache.summary_key(
+        [*args, ("attn_mask", mask.clone())], None, NO_FACTS, memo)
+    assert shapecache.summary_key([*args, ("attn_mask", changed)], None, NO_FACTS, memo) \
+        not in (traced, None)
+    assert shapecache.summary_key([*args, ("other", mask)], None, NO_FACTS, memo) is None
+    assert shapecache.summary_key([*args, ("attn_mask", numbers)], None, NO_FACTS, memo,
+                                  False) is None
     assert shapecache.summary_key([], layer, Facts(AttentionFacts(2, 3)), memo) == \
         shapecache.summary_key([], layer, Facts(AttentionFacts(2, 3)))  # no mask: as before
     odd = AttentionFacts(2, 3)

@@ -15,8 +15,8 @@ nothing else of that call: a cache length that is an int). Layers of one model c
 length share an entry. A layer's mask is named by what derive reads of it: a host tensor by its
 value (``runtime.masks.token``: equal masks, one token), a CUDA mask's host copy by its numbers
 (read once its events have passed); every layer of a forward given the same mask then shares
-one entry. A mask that cannot be named (over the copy bound, a copy whose events timed out) is
-read per call.
+one entry; a traced function's mask argument is named the same way. A mask that cannot be named
+(over the copy bound, a copy whose events timed out) is read per call.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .._record.capture import NO_FACTS, AttentionFacts, Facts, TensorMeta
+from .._record.capture import MASK_NAMES, NO_FACTS, AttentionFacts, Facts, TensorMeta
 from .._record.facts import HostCopy, HostKind
 
 __all__ = ["MAX_ENTRIES", "ShapeCache", "Shared", "summary_key"]
@@ -40,6 +40,7 @@ _FACT_FIELDS = operator.attrgetter(*AttentionFacts.__slots__)
 # a facts key's first item: never an argument summary's (a tuple of tuples)
 _FACTS_TAG = "attention facts"
 _MASK = AttentionFacts.__slots__.index("mask")
+_NAMED_COPIES = frozenset({HostKind.MASK, HostKind.POSITIONS})  # derive reads their numbers only
 # derive's result as span attributes (``derived.Derived.attributes``): read, never written
 Shared = dict[str, Any]
 
@@ -66,6 +67,11 @@ def summary_key(summary: Sequence[tuple[str, Any]], instance: Any,
             parts.append((name, value))
         elif kind in _SCALARS:
             parts.append((name, kind, value))
+        elif name in MASK_NAMES and masks is not None:
+            named = _mask_name(value, masks, device_reads)
+            if named is None:
+                return None
+            parts.append((name, named))
         else:
             return None
     return tuple(parts)
@@ -92,14 +98,14 @@ def _facts_key(facts: Any, masks: Any = None, device_reads: bool = True
 
 
 def _mask_name(mask: Any, masks: Any, device_reads: bool) -> tuple[Any, ...] | None:
-    """What derive reads of a layer's mask, as a key part: a host tensor's value token, a CUDA
-    mask copy's numbers and plan; None when it cannot be named."""
+    """What derive reads of a mask, as a key part: a host tensor's value token, a CUDA mask
+    copy's numbers, kind and plan; None when it cannot be named."""
     if type(mask) is torch.Tensor:  # exactly: a subclass's values may read otherwise
         token = masks.token(mask)
         return None if token is None else ("mask", token)
-    if type(mask) is HostCopy and mask.kind is HostKind.MASK and device_reads:
+    if type(mask) is HostCopy and mask.kind in _NAMED_COPIES and device_reads:
         try:
-            return ("copy", tuple(mask.read()), mask.plan)
+            return ("copy", mask.kind, tuple(mask.read()), mask.plan)
         except Exception:  # derive meets it again and says so
             return None
     return None
