@@ -207,3 +207,23 @@ def test_tokens_follow_values_shape_and_dtype_and_the_numbers_are_bounded(
     assert _numbers(mask, 1, mask_memo.MAX_NUMBERS + 8) == _fresh(
         mask, 1, mask_memo.MAX_NUMBERS + 8)  # still kept: no count
     assert len(counted) == mask_memo.MAX_NUMBERS + 10
+
+
+def test_masks_torch_cannot_compare_or_copy_have_no_token() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nested tensors are a prototype
+        rows = [torch.ones(2, 3), torch.ones(4, 3)]
+        odd = [torch.nested.nested_tensor(rows), torch.nested.nested_tensor(
+            rows, layout=torch.jagged), torch.ones(2, 3).to_sparse(),
+            torch.ones(2, 3).as_subclass(_Sub)]
+    for mask in odd:  # a fuzzed argument once made the worker's key raise (no span)
+        assert runtime.masks.token(mask) is None
+    with torch.inference_mode():
+        assert runtime.masks.token(torch.nested.nested_tensor(rows, layout=torch.jagged)) is None
+    assert runtime.masks.copies == []
+
+
+class _Sub(torch.Tensor):
+    pass

@@ -52,10 +52,18 @@ class MaskMemo:
 
     def token(self, mask: torch.Tensor) -> int | None:
         """The same int for host masks of equal shape, dtype and values while one of them is
-        among the recent ones; None for a mask not kept (on a device, or over ``MAX_BYTES``)."""
-        if (mask.is_cuda or mask.is_meta or mask.numel() == 0
-                or mask.numel() * mask.element_size() > MAX_BYTES):
+        among the recent ones; None for a mask not kept (on a device, over ``MAX_BYTES``, not a
+        plain strided tensor: nested, sparse, a subclass)."""
+        try:
+            if (type(mask) is not torch.Tensor or mask.layout is not torch.strided
+                    or mask.is_nested or mask.is_cuda or mask.is_meta or mask.numel() == 0
+                    or mask.numel() * mask.element_size() > MAX_BYTES):
+                return None
+            return self._token(mask)
+        except Exception:  # a tensor torch cannot compare or copy here: read per call
             return None
+
+    def _token(self, mask: torch.Tensor) -> int:
         copies = self.copies
         for token, copy in copies:
             if copy.shape == mask.shape and copy.dtype == mask.dtype and torch.equal(copy, mask):
