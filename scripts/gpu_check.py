@@ -19,7 +19,9 @@ Steps (``--steps``, comma-separated; default ``env,tests,bench``):
 - ``issue37`` (opt-in, a run of its own: ``--steps env,issue37``): issue 37's CUDA figures on its
   Llama (16 layers, hidden 2048, bf16, batch 8, 128-token prompt, 32 new tokens) — the first
   ``generate()`` of a process at production defaults (``bench_first_call.py``), every call traced
-  with metrics off and on, and the production defaults (``bench_model.py``).
+  with metrics off and on, and the production defaults, unpadded and left-padded
+  (``bench_model.py``; the padded run prints the realised sample rate). Its steps ask for 700 s:
+  give it ``--budget 590`` and a device timeout of 600.
 
 Each step has its own timeout, cut to what is left of ``--budget`` seconds (default 480: a device
 command may run 10 minutes); a failing step does not stop the next. ``DIR`` receives
@@ -233,7 +235,10 @@ def _issue37(run: Run, py: str) -> None:
                                                   "--metrics", "off"], 100),
             ("issue37 every call, metrics on", [*model, "--every-call", "--pairs", "20",
                                                  "--metrics", "on"], 100),
-            ("issue37 defaults", [*model, "--generate", "32", "--pairs", "60"], 150)):
+            ("issue37 defaults", [*model, "--generate", "32", "--pairs", "60"], 150),
+            # a batched server's left-padded batch: does the budget thin the sample (goal 5)?
+            ("issue37 defaults, left-padded", [*model, "--generate", "32", "--padded",
+                                               "--pairs", "60"], 150)):
         step = run.command(name, argv, limit)
         run.doc["benchmarks"][name] = {"rc": step.get("rc"), "output": step.get("output_tail")}
 
