@@ -45,6 +45,29 @@ def test_kept_summary_texts_outlive_a_new_rss_reading(monkeypatch: pytest.Monkey
     assert len(built) == 1 + len(readings)  # one kept text, then one per fresh summary compared
 
 
+def test_layers_of_one_shape_share_its_texts_unless_their_site_says_otherwise(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The layers of a forward (one site each) share a shape's kept texts, as long as the site's
+    attributes hold no part of them; a site that does gets its own, built from its values."""
+    built: list[int] = []
+    static_parts = readable._static_parts
+    monkeypatch.setattr(readable, "_static_parts",
+                        lambda attrs: built.append(1) or static_parts(attrs))
+    summaries = Summaries()
+    sites = [{"attnscope.module": f"layers.{i}.self_attn", "attnscope.layer_index": i}
+             for i in range(4)]
+    for site in sites:
+        attrs = {**_attrs(2_000, 3 << 20), **site}
+        assert summaries.call(attrs, (_SHAPE, site)) == call_summary(attrs)
+    assert len(built) == 1 + len(sites)  # one kept text, then the fresh ones compared
+    for own in ({"attnscope.phase": "decode"}, {"attnscope.flops": 8192},
+                {"attnscope.dtype": "bfloat16"}):
+        site = {**_SITE, **own}
+        attrs = {**_attrs(2_000, 3 << 20), **site}
+        got = summaries.call(attrs, (_SHAPE, site))
+        assert got == call_summary(attrs) and got != call_summary(_attrs(2_000, 3 << 20))
+
+
 def test_rss_is_the_summarys_last_part() -> None:
     text = call_summary(_attrs(2_000, 5 << 20))
     assert text.endswith(" · RSS 5 MiB")

@@ -62,6 +62,10 @@ def shapes(attrs: dict[str, Any]) -> str | None:
 
 
 _KEEP = 512  # texts kept per kind (bounded: cleared when full)
+# what the kept texts are made of (:func:`_static_parts`): a site whose attributes hold none of
+# these makes the same texts as any other site for the same shape
+_STATIC = frozenset((_FLOPS, _IMPL, _BACKEND, _PHASE, _TOKENS, _IN, _OUT, _EXACT, _REASON, _BATCH,
+                     _HEADS, _SEQ_Q, _HEAD_DIM, _KV_HEADS, _SEQ_KV, _DTYPE))
 
 
 class Summaries:
@@ -74,10 +78,14 @@ class Summaries:
     kept for the last reading only.
     """
 
-    __slots__ = ("_kept", "_rss")
+    __slots__ = ("_kept", "_rss", "_sites")
 
     def __init__(self) -> None:
         self._kept: dict[tuple[Any, ...], tuple[Any, Any, str, str]] = {}
+        # per site's attributes: (them, whether they hold a part of the kept texts); a site
+        # that holds none shares its shape's texts with every other site (the layers of a
+        # forward: a new shape each decode step when a padded batch's mask names it)
+        self._sites: dict[int, tuple[Any, bool]] = {}
         # the last RSS reading and its text: RSS is the marks' last part, added per span and not
         # part of the kept texts' key (each new reading missed every kept text: in a traced
         # generate() 9 spans in 10 rebuilt their texts; issue 37 goal 4)
@@ -96,6 +104,8 @@ class Summaries:
         texts: tuple[Any, Any, str, str] | None = None
         if kept is not None:
             shape, site = kept
+            if not self._site_matters(site):
+                site = None
             key = (id(shape), id(site), get(_IMPL), get(_BACKEND), get(_TIER),
                    get(_REPEATED), get(_PROFILED_BY), get(_SLOW), get(_PEAK))
             # an entry holds its two objects: while it is kept, their ids are no other object's
@@ -140,6 +150,15 @@ class Summaries:
             memory = self._rss[1]
         text = f"{busy}{texts[2]}{rate}{texts[3]}{memory}"
         return text if len(text) <= MAX_SUMMARY else text[:MAX_SUMMARY]
+
+    def _site_matters(self, site: Any) -> bool:
+        found = self._sites.get(id(site))
+        if found is None or found[0] is not site:
+            if len(self._sites) >= _KEEP:
+                self._sites.clear()
+            # the entry holds the site's attributes: while it is kept, their id is no other's
+            found = self._sites[id(site)] = (site, not _STATIC.isdisjoint(site))
+        return found[1]
 
 
 def _static_parts(attrs: dict[str, Any]) -> tuple[str, str]:
