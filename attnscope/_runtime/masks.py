@@ -89,7 +89,10 @@ class MaskMemo:
         if token is not None:
             kept = self.found
             if len(kept) >= MAX_NUMBERS:
-                kept = dict(itertools.islice(kept.items(), 1, None))  # a new dict: see above
+                try:  # a new dict: see above
+                    kept = dict(itertools.islice(kept.items(), 1, None))
+                except RuntimeError:  # the other worker added one meanwhile: start afresh
+                    kept = {}
             kept[key] = out
             self.found = kept
         return out
