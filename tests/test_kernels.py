@@ -271,6 +271,12 @@ def test_events_on_the_span_clock_keep_their_time() -> None:
                               max_spans=64, on_device=False)
     ((_, op_start, op_end, _, _),) = report.children
     assert (op_start, op_end) == (start + 10_000, start + 30_000)
+    # the calling thread preempted for 50 ms between the marker and the span's start: one clock
+    late = [events[0]._replace(start_ns=start - 50_000_000), events[1]]
+    report = _kernels.analyze(late, span_start_ns=start, span_end_ns=start + 1_000_000,
+                              max_spans=64, on_device=False)
+    ((_, op_start, op_end, _, _),) = report.children
+    assert (op_start, op_end) == (start + 10_000, start + 30_000)
     # another clock (the marker nowhere near the span's start): one offset, marker start = start
     far = [e._replace(start_ns=e.start_ns - 10**12, end_ns=e.end_ns - 10**12) for e in events]
     report = _kernels.analyze(far, span_start_ns=start, span_end_ns=start + 1_000_000,
