@@ -21,7 +21,7 @@ from attnscope._runtime import runtime
 @pytest.fixture(autouse=True)
 def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """How many times the numbers were computed, not reused."""
-    runtime.masks.clear()
+    runtime.masks.reset()
     calls: list[int] = []
     real = reduce.mask_numbers
 
@@ -31,7 +31,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 
     monkeypatch.setattr(mask_memo, "mask_numbers", counting)
     yield calls
-    runtime.masks.clear()
+    runtime.masks.reset()
 
 
 def _padded(batch: int, sq: int, skv: int, pads: list[int]) -> torch.Tensor:

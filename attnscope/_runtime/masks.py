@@ -40,15 +40,12 @@ class MaskMemo:
         self.reset()
 
     def reset(self) -> None:
+        """Forget every entry (tests; a stopping worker, which frees the copies)."""
         self.copies: list[tuple[int, torch.Tensor]] = []
         self.found: dict[tuple[Any, ...], torch.Tensor] = {}
 
     def after_fork(self) -> None:
         """Nothing to renew: no lock, and the parent's entries are still true of their masks."""
-
-    def clear(self) -> None:
-        """Forget every entry: a stopping worker frees the copies."""
-        self.reset()
 
     def token(self, mask: torch.Tensor) -> int | None:
         """The same int for host masks of equal shape, dtype and values while one of them is

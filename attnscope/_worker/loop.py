@@ -214,7 +214,7 @@ class Worker:
             if self.engine is not None:
                 self.engine.builder.give_up()
                 self.engine.end_batch()
-            runtime.masks.clear()  # the copies of recent masks go with the worker
+            runtime.masks.reset()  # the copies of recent masks go with the worker
             _retire(self)
 
     def _idle(self) -> None:
