@@ -7,7 +7,8 @@ store the outcome from C (``list.extend`` over ``map``/``starmap``: no Python li
 the call and the store), so the caller's list says what happened, whatever was raised.
 
 A ``finally`` that reads the list must decide without a call of its own (``if True in got:``),
-for the same reason. A leaf: it imports nothing of attnscope's.
+for the same reason. :func:`settle` runs a clean-up again when a Ctrl-C lands in it, for a second
+Ctrl-C during the clean-up a first one started. A leaf: it imports nothing of attnscope's.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from collections.abc import Callable
 from itertools import starmap
 from typing import Any, Protocol
 
-__all__ = ["take", "call_into"]
+__all__ = ["take", "call_into", "settle", "SETTLE_TRIES"]
+
+# Interrupts one clean-up outlasts (a storm of SIGINTs on a loaded machine: two landed in one)
+SETTLE_TRIES = 8
 
 
 class _Lock(Protocol):
@@ -35,3 +39,27 @@ def call_into(done: list[Any], fn: Callable[..., Any], *args: Any) -> None:
     """Call ``fn(*args)`` and append what it returned to ``done`` (a list the caller made
     before): ``done`` is not empty after any exception if ``fn`` returned."""
     done.extend(starmap(fn, (args,)))
+
+
+def settle(step: Callable[..., None], *args: Any) -> BaseException | None:
+    """Run ``step(*args)`` until it returns, again after each interrupt (a ``BaseException`` that
+    is not an ``Exception``) that lands in it, at most ``SETTLE_TRIES`` times in all. Returns the
+    first interrupt, for the caller to raise once the clean-up is done; None if none landed.
+
+    ``step`` must be safe to run again from any of its lines. An ``Exception`` out of it ends
+    the tries and is raised at once: a bug, not an interrupt. The handler below calls nothing (a
+    call is where CPython runs a signal handler, and one raising there would leave the loop).
+    """
+    first: BaseException | None = None
+    tries = SETTLE_TRIES
+    while tries:
+        tries -= 1
+        try:
+            step(*args)
+            return first
+        except Exception:
+            raise
+        except BaseException as exc:  # noqa: BLE001  (kept, raised by the caller after)
+            if first is None:
+                first = exc
+    return first

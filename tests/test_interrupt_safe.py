@@ -108,3 +108,37 @@ def test_a_ctrl_c_as_the_fork_hook_takes_the_import_lock_does_not_keep_it() -> N
     assert not handle.import_lock.locked()
     handle.after_fork_in_parent()  # once only
     assert not handle.import_lock.locked()
+
+
+def test_settle_runs_the_step_again_after_each_interrupt_and_returns_the_first() -> None:
+    runs: list[int] = []
+    raised = [KeyboardInterrupt("first"), KeyboardInterrupt("second")]
+
+    def step(x: int) -> None:
+        runs.append(x)
+        if raised:
+            raise raised.pop(0)
+
+    first = _interrupt_safe.settle(step, 7)
+    assert runs == [7, 7, 7]
+    assert isinstance(first, KeyboardInterrupt) and str(first) == "first"
+    assert _interrupt_safe.settle(step, 8) is None and runs[-1] == 8
+
+
+def test_settle_gives_up_after_its_tries_and_raises_an_error_at_once() -> None:
+    runs: list[int] = []
+
+    def interrupted() -> None:
+        runs.append(1)
+        raise KeyboardInterrupt
+
+    assert isinstance(_interrupt_safe.settle(interrupted), KeyboardInterrupt)
+    assert len(runs) == _interrupt_safe.SETTLE_TRIES
+
+    def broken() -> None:
+        runs.append(2)
+        raise ValueError("a bug")
+
+    with pytest.raises(ValueError, match="a bug"):
+        _interrupt_safe.settle(broken)
+    assert runs.count(2) == 1

@@ -32,6 +32,7 @@ Only one profiler may run in a process, and a second kineto session crashes it. 
 
 from __future__ import annotations
 
+import atexit
 import functools
 import gc
 import os
@@ -120,6 +121,8 @@ def start(cap: Capture, device: Any) -> bool:
         _skip("warming")
         warm_up_async(cuda=on_cuda)
         return False
+    if p.active is not None and p.owner == threading.get_ident() and _orphaned(p.active):
+        _close_orphan(p.active)
     if p.foreign or _user_profiler_active():
         _skip(_whose_profiler(p))
         return False
@@ -127,9 +130,9 @@ def start(cap: Capture, device: Any) -> bool:
         _skip("sync_debug")  # stopping CUPTI needs a stream sync, which the user asked to flag
         return False
     # Filled from C (_interrupt_safe): a Ctrl-C handled as a call returns cannot lose whether
-    # the lock was taken or kineto prepared, as `held = ...` could before it stored the result.
+    # the lock was taken, as `held = ...` could before it stored the result.
     held: list[bool] = []
-    prepared: list[Any] = []  # kineto prepared (enable() finishes it if a Ctrl-C came first)
+    session = ProfileSession(device, on_cuda, cap)
     started = False
     try:  # the lock is taken inside: a Ctrl-C on any line leaves it held only by a session
         _interrupt_safe.take(p.session_lock, held)
@@ -140,13 +143,15 @@ def start(cap: Capture, device: Any) -> bool:
             _skip("user_profiler")
             return False
         # stored before anything starts: whoever gives the capture up stops what runs
-        cap.profile = session = ProfileSession(device, on_cuda)
+        cap.profile = session
         config, activities = p.configs[on_cuda]
         p.owner = threading.get_ident()
         p.active = session
-        _cpp_warnings.hush()  # put back by _teardown, on every path out of the session
-        _interrupt_safe.call_into(prepared, p.entry_points["prepare"], config, activities)
-        p.entry_points["enable"](config, activities)
+        _cpp_warnings.hush()  # put back by _close, on every path out of the session
+        _interrupt_safe.call_into(session.prepared, p.entry_points["prepare"], config,
+                                  activities)
+        # one line, no call before enable's: a Ctrl-C lands before both or after enable ran
+        session.enabling = True; p.entry_points["enable"](config, activities)  # noqa: E702
         session.marker = p.torch.ops.profiler._record_function_enter_new(
             PROFILE_MARKER, None)
         started = True  # from here on the capture's leave() stops it
@@ -157,75 +162,101 @@ def start(cap: Capture, device: Any) -> bool:
     finally:  # Ctrl-C included: never leave the lock held or kineto on without a session
         if True in held and not started:
             cap.profile = None
-            _release(disable=True, prepared=prepared)
+            interrupt = _interrupt_safe.settle(_close, session)
+            if interrupt is not None:
+                raise interrupt
 
 
 def stop(session: ProfileSession) -> None:
     """Stop the session started by :func:`start` (calling thread; parsing is the worker's)."""
-    if session.aborted or runtime.profiler.active is not session:
+    if session.aborted or session.released:
         return
+    # every step once, again after a Ctrl-C that lands in it; that Ctrl-C is raised after
+    interrupt = _interrupt_safe.settle(_stop, session)
+    if interrupt is not None:
+        raise interrupt
+
+
+def _stop(session: ProfileSession) -> None:
+    """One run of :func:`stop`'s steps; each step done already is skipped."""
     p = runtime.profiler
+    if session.released:
+        return
     try:
-        if session.result is None:  # else a Ctrl-C landed after the disable: only release
-            if session.marker is not None:
+        if not session.stopped:
+            if session.marker is not None:  # ending it twice is a no-op
                 p.torch.ops.profiler._record_function_exit._RecordFunction(session.marker)
                 session.marker = None
-            if session.on_cuda:
+            if session.on_cuda and not session.synced:
                 # Kernels still queued when CUPTI stops are never reported: wait for this
                 # stream's work, as torch.profiler waits for the device. The one host wait
                 # attnscope makes, on profile-tier calls only (profile_max_per_minute); the
                 # timing tier never waits.
                 p.torch.cuda.current_stream(session.device).synchronize()
-            session.result = p.entry_points["disable"]()
-            with p.lock:
-                p.counts["profiled"] += 1
+                session.synced = True
+            if p.torch._C._autograd._profiler_enabled():
+                _interrupt_safe.call_into(session.stopped, p.entry_points["disable"])
+        if session.stopped and not session.counted:
+            with p.lock:  # one line, no call: counted once
+                session.counted = True; p.counts["profiled"] += 1  # noqa: E702
     except Exception as exc:
         _log.internal_error("profile-stop", exc)
-    finally:  # Ctrl-C included: the lock is released and kineto stopped on every path
-        _release(disable=session.result is None)
+    _close(session)
 
 
-def _release(disable: bool, prepared: list[Any] | None = None) -> None:
+def _close(session: ProfileSession) -> None:
+    """End what ``session`` started, once each: the SDPA recorder, kineto (finishing a session
+    only prepared), c10's log level; last, the lock. Safe to run again from any line."""
     p = runtime.profiler
-    try:  # nothing nested: a nested try's first line is outside this one's finally
-        _teardown(disable, prepared)
-    finally:
-        # One line, the session let go before the lock: a signal is handled only once a call
-        # returns, so a Ctrl-C lands before the line (the capture's stop() runs it again) or
-        # after the release, when stop() sees the session gone and does not release twice. (In
-        # the other order, one landing after the release made stop() release a lock it no longer
-        # held: RuntimeError into the user's call, or kineto left on and a crash at exit.)
-        p.owner = p.active = None; p.session_lock.release()  # noqa: E702
-
-
-def _teardown(disable: bool, prepared: list[Any] | None) -> None:
-    try:
-        _stop_session(disable, prepared)
-    finally:  # after kineto stopped: no block freed from now on is reported
-        _cpp_warnings.restore()
-
-
-def _stop_session(disable: bool, prepared: list[Any] | None) -> None:
-    p = runtime.profiler
+    if session.released:
+        return
     try:
         inner_sdpa.disarm()  # a profiled layer's SDPA recorder (capture.inner_sdpa)
-    except Exception as exc:  # noqa: BLE001  (the lock is released whatever happens)
+    except Exception as exc:
         _log.internal_error("inner-sdpa", exc)
-    if not disable or p.torch is None:
-        return
-    enabled = p.torch._C._autograd._profiler_enabled
     try:
-        # a session only prepared (a Ctrl-C before enable returned) makes the next prepare
-        # print torch's "disableProfiler called but no active profiling session": finish it
-        if prepared and not enabled():
-            config, activities = p.configs[bool(p.active and p.active.on_cuda)]
-            p.entry_points["enable"](config, activities)
-    except Exception:
-        pass
-    try:
-        if enabled():
+        enabled = p.torch._C._autograd._profiler_enabled
+        # a session only prepared makes the next prepare print torch's "disableProfiler called
+        # but no active profiling session": enable it, to disable it below
+        if session.prepared and not session.enabling:
+            session.enabling = True; p.entry_points["enable"](*p.configs[session.on_cuda])  # noqa: E702
+        if session.enabling and enabled():
             p.entry_points["disable"]()
-    except Exception:
+    except Exception as exc:
+        _log.internal_error("profile-stop", exc)
+    _cpp_warnings.restore()  # after kineto stopped: no block freed from now on is reported
+    if p.active is session:
+        p.owner = p.active = None
+    # One line, no call before the release: a Ctrl-C lands before it (the next run does it) or
+    # after the release (the next run returns above); never releases twice.
+    session.released = True; p.session_lock.release()  # noqa: E702
+
+
+def _orphaned(session: ProfileSession) -> bool:
+    """A session of this thread's whose call has ended: Ctrl-Cs landed in each clean-up that
+    would have closed it (the next profile-tier call on the thread closes it)."""
+    cap = session.capture
+    return cap is None or cap.end_perf_ns != 0 or cap.profile is not session
+
+
+def _close_orphan(session: ProfileSession) -> None:
+    """Close an orphaned session (its call's span went out timed, without a profile)."""
+    _log.debug_once("profile-orphan", "attnscope: closed a profiler session that Ctrl-Cs had "
+                    "left open")
+    interrupt = _interrupt_safe.settle(_stop, session)
+    if interrupt is not None:
+        raise interrupt
+
+
+def _close_at_exit() -> None:
+    """The main thread's session, if Ctrl-Cs left it open to the end: closed (kineto left on
+    crashes the process as it exits). Never raises."""
+    try:
+        p = runtime.profiler
+        session = p.active
+        if session is not None and p.owner == threading.main_thread().ident:
+            _interrupt_safe.settle(_stop, session)
+    except BaseException:  # noqa: BLE001  (exit goes on)
         pass
 
 
@@ -488,8 +519,10 @@ def _claim_for_user() -> None:
             # (claimed before the lock is let go, so no other thread starts one meanwhile).
             p.foreign = True
             session.aborted = True
-            _release(disable=True)
+            interrupt = _interrupt_safe.settle(_close, session)
             _skip("user_profiler")
+            if interrupt is not None:
+                raise interrupt
         else:
             _wait_for_session(p)
     except Exception as exc:
@@ -519,3 +552,4 @@ def _wait_for_session(p: Any) -> None:
 
 
 install_hooks()
+atexit.register(_close_at_exit)

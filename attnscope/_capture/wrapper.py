@@ -369,6 +369,8 @@ def _abandon(cap: Capture) -> None:
     """A capture given up between its start and the user's call (an exception, a Ctrl-C landing
     in attnscope's own code): a profiler session left open would hold the profiler lock and
     keep kineto on for good, and kept tensors their budget. Runs before the capture is current."""
+    # ended: a session a second Ctrl-C keeps open below is an orphan the next profiled call ends
+    cap.end_perf_ns = cap.end_perf_ns or 1
     try:
         if cap.profile is not None:
             _profiler.stop(cap.profile)  # a no-op unless it runs

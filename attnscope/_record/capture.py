@@ -272,16 +272,33 @@ def error_info(exc: BaseException) -> ErrorInfo | None:
 
 
 class ProfileSession:
-    """One profiler session around one call; ``result`` is torch's profile once stopped."""
+    """One profiler session around one call; ``result`` is torch's profile once stopped.
 
-    __slots__ = ("result", "marker", "device", "on_cuda", "aborted")
+    Its steps are flags and lists filled from C, so that a clean-up interrupted by a Ctrl-C and
+    run again (``_interrupt_safe.settle``) does each once: ``prepared`` / ``stopped`` hold what
+    kineto's prepare / disable returned, ``enabling`` is set just before enable is called.
+    """
 
-    def __init__(self, device: Any, on_cuda: bool) -> None:
-        self.result: Any = None
+    __slots__ = ("prepared", "stopped", "marker", "device", "on_cuda", "aborted", "enabling",
+                 "synced", "counted", "released", "capture")
+
+    def __init__(self, device: Any, on_cuda: bool, capture: Capture | None = None) -> None:
+        self.prepared: list[Any] = []
+        self.stopped: list[Any] = []
         self.marker: Any = None
         self.device = device
         self.on_cuda = on_cuda
         self.aborted = False
+        self.enabling = False
+        self.synced = False
+        self.counted = False  # in stats()'s "profiled"
+        self.released = False  # the session lock let go (once, by whichever run gets there)
+        self.capture = capture  # whose call it profiles: an orphaned session is one whose ended
+
+    @property
+    def result(self) -> Any:
+        """torch's profile, None until stopped (or when stopping failed)."""
+        return self.stopped[0] if self.stopped else None
 
 
 class DeviceMemory:

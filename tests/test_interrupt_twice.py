@@ -1,0 +1,181 @@
+"""Ctrl-Cs landing one after another in one profiled call (issue 35 §3; CI, 2026-12-06).
+
+The storm test (``test_interrupt_storm.py``) failed once in CI with kineto left on: a first
+SIGINT handled as kineto's enable returned, a second as the clean-up it started asked whether
+kineto was on, before it switched it off. Here, deterministically: the profiler's C entry points,
+torch's "is it on" flag and the session lock's release raise ``KeyboardInterrupt`` right after
+they return (where CPython runs a signal's handler), at every combination of up to three of their
+calls in one profiled call. Afterwards nothing may be left open, and the profile tier still works.
+
+A session that Ctrl-Cs kept open anyway (one landing in each clean-up's first line) is closed by
+the thread's next profiled call, and by the interpreter's exit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import attnscope
+from attnscope._capture import profiler_session, wrapper
+from attnscope._record.capture import Capture
+from attnscope._runtime import runtime
+from attnscope.testing import capture_spans
+
+_MAX_INTERRUPTS = 3
+_KINETO_ON = torch._C._autograd._profiler_enabled
+
+
+class _Interrupts:
+    """Counts the calls of the wrapped functions; raises ``KeyboardInterrupt`` right after the
+    chosen ones return (their result dropped, as by a signal handled there)."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.at: set[int] = set()
+        self.fired: list[str] = []
+        self.names: list[str] = []
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            result = fn(*args, **kwargs)
+            self.seen += 1
+            self.names.append(name)
+            if self.seen in self.at:
+                self.fired.append(name)
+                raise KeyboardInterrupt
+            return result
+
+        return call
+
+
+class _Lock:
+    """The session lock, its release wrapped. Its acquire is not: ``_interrupt_safe.take`` stores
+    what a real (C) acquire returned before any signal is handled, which a Python wrapper
+    raising inside the acquire would not model."""
+
+    def __init__(self, real: Any, interrupts: _Interrupts) -> None:
+        self.real = real
+        self.acquire = real.acquire
+        self.release = interrupts.wrap("release", real.release)
+        self.locked = real.locked
+
+
+@pytest.fixture
+def interrupts() -> Iterator[_Interrupts]:
+    p = runtime.profiler
+    chosen = _Interrupts()
+    real_lock, real_points = p.session_lock, dict(p.entry_points)
+    real_enabled = _KINETO_ON
+    try:
+        p.session_lock = _Lock(real_lock, chosen)  # type: ignore[assignment]
+        p.entry_points.update({n: chosen.wrap(n, f) for n, f in real_points.items()})
+        torch._C._autograd._profiler_enabled = chosen.wrap("enabled", real_enabled)
+        yield chosen
+    finally:
+        torch._C._autograd._profiler_enabled = real_enabled
+        p.session_lock = real_lock
+        p.entry_points.update(real_points)
+
+
+def _left_open() -> list[str]:
+    p = runtime.profiler
+    real = getattr(p.session_lock, "real", p.session_lock)
+    problems = []
+    if p.active is not None or real.locked():
+        problems.append("profiler session left open")
+    if _KINETO_ON():  # torch's own flag, not the wrapped one
+        problems.append("kineto left on")
+    if wrapper.current.get() is not None:
+        problems.append("a capture left current")
+    return problems
+
+
+def _attention(q: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+
+def test_up_to_three_ctrl_cs_in_one_profiled_call_leave_nothing_open(
+        interrupts: _Interrupts) -> None:
+    traced = attnscope.trace(name="attn")(_attention)
+    q = torch.ones(1, 2, 4, 8)
+    with capture_spans(profile_rate=1.0, profile_max_per_minute=1_000_000):
+        interrupts.at = set()
+        traced(q)  # warm, and counts the calls one profiled call makes
+        assert attnscope.flush(timeout_s=30)
+        calls = interrupts.seen
+        # prepare, enable, disable, the lock's release, and "is it on" asked in between
+        assert {"prepare", "enable", "disable", "release", "enabled"} <= set(interrupts.names)
+        tried = 0
+        for n in range(1, _MAX_INTERRUPTS + 1):
+            for at in itertools.combinations(range(1, calls + 3), n):
+                interrupts.seen, interrupts.at, interrupts.fired = 0, set(at), []
+                interrupts.names = []
+                try:
+                    traced(q)
+                except KeyboardInterrupt:
+                    pass
+                else:  # every chosen call ran: the user's call saw one of them
+                    assert not interrupts.fired, (at, interrupts.names)
+                problems = _left_open()
+                assert not problems, (at, interrupts.fired, interrupts.names, problems)
+                tried += 1
+        assert tried > 100
+        interrupts.at = set()
+        profiled = attnscope.stats()["profiled"]
+        traced(q)  # the profile tier still works
+        assert attnscope.flush(timeout_s=30)
+        assert attnscope.stats()["profiled"] == profiled + 1
+
+
+def test_a_session_left_open_is_closed_by_the_threads_next_profiled_call() -> None:
+    traced = attnscope.trace(name="attn")(_attention)
+    q = torch.ones(1, 2, 4, 8)
+    p = runtime.profiler
+    with capture_spans(profile_rate=1.0, profile_max_per_minute=1_000_000):
+        traced(q)  # warm
+        assert attnscope.flush(timeout_s=30)
+        # what a Ctrl-C in every clean-up leaves: a session whose call ended, never stopped
+        cap = Capture()
+        assert profiler_session.start(cap, None)
+        cap.end_perf_ns = 1
+        assert p.active is cap.profile and torch._C._autograd._profiler_enabled()
+        profiled = attnscope.stats()["profiled"]
+        traced(q)
+        assert attnscope.flush(timeout_s=30)
+        assert p.active is None and not p.session_lock.locked()
+        assert not torch._C._autograd._profiler_enabled()
+        # the orphan's stop, then the call's own session
+        assert attnscope.stats()["profiled"] == profiled + 2
+        assert attnscope.stats()["profile_skipped_nested"] == 0
+
+
+def test_a_session_still_open_at_exit_is_closed() -> None:
+    # registered before attnscope's: atexit runs it after attnscope's own handler
+    script = textwrap.dedent("""
+        import atexit, sys
+        import torch
+        atexit.register(lambda: print("on at exit:", torch._C._autograd._profiler_enabled(),
+                                      flush=True))
+        import attnscope
+        from attnscope._capture import profiler_session
+        from attnscope._record.capture import Capture
+        attnscope.configure(exporter="none", profile_rate=1.0)
+        assert profiler_session.warm_up()
+        assert profiler_session.start(Capture(), None)
+        print("on before exit:", torch._C._autograd._profiler_enabled(), flush=True)
+    """)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[:2] == ["on before exit: True", "on at exit: False"], \
+        (proc.stdout, proc.stderr[-2000:])
