@@ -179,3 +179,30 @@ def test_a_session_still_open_at_exit_is_closed() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split("\n")[:2] == ["on before exit: True", "on at exit: False"], \
         (proc.stdout, proc.stderr[-2000:])
+
+
+def test_ctrl_cs_in_the_profilers_warm_up_leave_nothing_open(interrupts: _Interrupts) -> None:
+    # warm_up runs on the main thread at import or configure() without CUDA: a Ctrl-C can land
+    p = runtime.profiler
+    with capture_spans(profile_rate=1.0, profile_max_per_minute=1_000_000):
+        assert profiler_session.warm_up(cuda=False)
+        interrupts.seen, interrupts.at, interrupts.names = 0, set(), []
+        p.warm_cpu = False
+        assert profiler_session.warm_up(cuda=False)
+        calls = interrupts.seen
+        assert {"prepare", "enable", "disable", "release"} <= set(interrupts.names)
+        for n in range(1, _MAX_INTERRUPTS + 1):
+            for at in itertools.combinations(range(1, calls + 3), n):
+                interrupts.seen, interrupts.at, interrupts.fired = 0, set(at), []
+                interrupts.names = []
+                p.warm_cpu = False
+                try:
+                    profiler_session.warm_up(cuda=False)
+                except KeyboardInterrupt:
+                    pass
+                problems = _left_open()
+                assert not problems, (at, interrupts.fired, interrupts.names, problems)
+        interrupts.at = set()
+        p.warm_cpu = False
+        assert profiler_session.warm_up(cuda=False)
+        assert not p.broken

@@ -377,20 +377,23 @@ def warm_up(cuda: bool | None = None) -> bool:
         _log.internal_error("profile-warmup", exc)
         return False
     got: list[bool] = []  # filled from C: a Ctrl-C (import on the main thread) cannot lose it
+    session = ProfileSession(None, bool(cuda))  # what _close ends, as for a call's session
     try:
         _interrupt_safe.take(p.session_lock, got)
         if True not in got or p.foreign:
             return False
         p.owner = threading.get_ident()
+        p.active = session
         config, activities = p.configs[bool(cuda)]
         p.kineto_ran = True
         _cpp_warnings.hush()  # the user's threads free blocks meanwhile too
-        p.entry_points["prepare"](config, activities)
-        p.entry_points["enable"](config, activities)
+        _interrupt_safe.call_into(session.prepared, p.entry_points["prepare"], config,
+                                  activities)
+        session.enabling = True; p.entry_points["enable"](config, activities)  # noqa: E702
         handle = p.torch.ops.profiler._record_function_enter_new(PROFILE_MARKER, None)
         p.torch.ops.profiler._record_function_exit._RecordFunction(handle)
-        result = p.entry_points["disable"]()
-        result.events()
+        _interrupt_safe.call_into(session.stopped, p.entry_points["disable"])
+        session.stopped[0].events()
         p.warm_cpu = True
         if cuda:
             p.warm_cuda = True
@@ -398,17 +401,12 @@ def warm_up(cuda: bool | None = None) -> bool:
     except Exception as exc:
         p.broken[bool(cuda)] = repr(exc)
         _log.internal_error("profile-warmup", exc)
-        try:
-            if p.torch._C._autograd._profiler_enabled():
-                p.entry_points["disable"]()
-        except Exception:
-            pass
         return False
-    finally:
+    finally:  # kineto off and the lock let go on every path, Ctrl-Cs included (_close)
         if True in got:
-            p.owner = None
-            # the lock first: a Ctrl-C inside restore() (attnscope's lines) must not keep it held
-            p.session_lock.release(), _cpp_warnings.restore()  # type: ignore[func-returns-value]
+            interrupt = _interrupt_safe.settle(_close, session)
+            if interrupt is not None:
+                raise interrupt
 
 
 def _load() -> bool:
