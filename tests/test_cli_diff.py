@@ -208,17 +208,22 @@ def slowed(q, k, v):  # the same result, three times the work
         sdpa(q, k, v)
     return sdpa(q, k, v)
 
-core = {"eager": eager, "sdpa": sdpa, "slowed": slowed}[opts["impl"]]
+def traced_as(impl):
+    core = {"eager": eager, "sdpa": sdpa, "slowed": slowed}[impl]
 
-@attnscope.trace(name="attention")
-def attention(q, k, v, is_causal=True):
-    return core(q, k, v)
+    def attention(q, k, v, is_causal=True):
+        return core(q, k, v)
 
+    return attnscope.trace(name="attention:" + impl)(attention)
+
+# "sdpa/eager": the two called in turn, call by call, in this one process
+calls = [traced_as(impl) for impl in opts["impl"].split("/")]
 torch.manual_seed(0)
 q, k, v = (torch.randn(1, 4, 256, 32) for _ in range(3))
 with torch.inference_mode():
     for _ in range(opts["calls"]):
-        attention(q, k, v, is_causal=True)
+        for call in calls:
+            call(q, k, v, is_causal=True)
 attnscope.shutdown(timeout_s=60)
 """
 
@@ -274,14 +279,36 @@ def _split_alternately(path: Path, first: Path, second: Path) -> None:
         out.write_text(json.dumps({**doc, "data": part}))
 
 
+def _split_by_name(path: Path, outs: Mapping[str, Path]) -> None:
+    """A run of implementations called in turn (``attention:<impl>`` spans), one file per
+    implementation, its spans named ``attention`` as a run of that one alone names them."""
+    doc = json.loads(path.read_text())
+    parts: dict[str, list[Any]] = {name: [] for name in outs}
+    for trace in doc["data"]:
+        names = {span["operationName"] for span in trace["spans"]} & set(outs)
+        assert len(names) == 1, names
+        (name,) = names
+        for span in trace["spans"]:
+            if span["operationName"] == name:
+                span["operationName"] = "attention"
+        parts[name].append(trace)
+    for name, out in outs.items():
+        out.write_text(json.dumps({**doc, "data": parts[name]}))
+
+
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("diff")
-    # every pair a test compares runs side by side (a core each on a 2-core machine): two
-    # separate runs on a shared machine can differ by 40% at p50 (seen in CI), so a pair run
-    # one after the other would measure the machine, not the programs
-    paths = _traces(tmp, {"sdpa1": "sdpa", "eager": "eager"}, calls=240)
-    paths.update(_traces(tmp, {"sdpa2": "sdpa", "slowed": "slowed"}))
+    # Each pair a test compares is called in turn, call by call, in one process: whatever the
+    # machine does meanwhile, it does to both. Two runs side by side were not enough: the calls
+    # take a fraction of a second, and a burst of load on one run's window made SDPA as slow as
+    # eager at p50 once in CI (a 2x gap unloaded); two runs one after the other differ by 40%.
+    runs = _traces(tmp, {"sdpa_eager": "sdpa/eager", "sdpa_slowed": "sdpa/slowed"}, calls=240)
+    paths = {name: tmp / f"{name}.json" for name in ("sdpa1", "eager", "sdpa2", "slowed")}
+    _split_by_name(runs["sdpa_eager"], {"attention:sdpa": paths["sdpa1"],
+                                        "attention:eager": paths["eager"]})
+    _split_by_name(runs["sdpa_slowed"], {"attention:sdpa": paths["sdpa2"],
+                                         "attention:slowed": paths["slowed"]})
     _split_alternately(paths["sdpa1"], tmp / "same_a.json", tmp / "same_b.json")
     return {**paths, "same_a": tmp / "same_a.json", "same_b": tmp / "same_b.json"}
 
