@@ -296,19 +296,28 @@ def _split_by_name(path: Path, outs: Mapping[str, Path]) -> None:
         out.write_text(json.dumps({**doc, "data": parts[name]}))
 
 
+def _paired(tmp: Path, *pairs: Mapping[str, str], calls: int = 120) -> dict[str, Path]:
+    """One trace file per name. Each mapping (name to implementation) is one program calling
+    its implementations in turn, call by call: whatever the machine does meanwhile, it does to
+    both. Two programs side by side were not enough: the calls take a fraction of a second, and a
+    burst of load on one program's window made SDPA as slow as eager at p50 once in CI (a 2x
+    gap unloaded); two runs one after the other differ by 40%."""
+    runs = _traces(tmp, {f"run{i}": "/".join(pair.values()) for i, pair in enumerate(pairs)},
+                   calls)
+    paths: dict[str, Path] = {}
+    for i, pair in enumerate(pairs):
+        outs = {}
+        for name, impl in pair.items():
+            paths[name] = outs["attention:" + impl] = tmp / f"{name}.json"
+        _split_by_name(runs[f"run{i}"], outs)
+    return paths
+
+
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("diff")
-    # Each pair a test compares is called in turn, call by call, in one process: whatever the
-    # machine does meanwhile, it does to both. Two runs side by side were not enough: the calls
-    # take a fraction of a second, and a burst of load on one run's window made SDPA as slow as
-    # eager at p50 once in CI (a 2x gap unloaded); two runs one after the other differ by 40%.
-    runs = _traces(tmp, {"sdpa_eager": "sdpa/eager", "sdpa_slowed": "sdpa/slowed"}, calls=240)
-    paths = {name: tmp / f"{name}.json" for name in ("sdpa1", "eager", "sdpa2", "slowed")}
-    _split_by_name(runs["sdpa_eager"], {"attention:sdpa": paths["sdpa1"],
-                                        "attention:eager": paths["eager"]})
-    _split_by_name(runs["sdpa_slowed"], {"attention:sdpa": paths["sdpa2"],
-                                         "attention:slowed": paths["slowed"]})
+    paths = _paired(tmp, {"sdpa1": "sdpa", "eager": "eager"}, {"sdpa2": "sdpa", "slowed": "slowed"},
+                    calls=240)
     _split_alternately(paths["sdpa1"], tmp / "same_a.json", tmp / "same_b.json")
     return {**paths, "same_a": tmp / "same_a.json", "same_b": tmp / "same_b.json"}
 

@@ -1,5 +1,6 @@
 """``attnscope diff --json``: the diary as JSON, checked against the statistics computed directly
-from the same trace files (two real programs run side by side, as in tests/test_cli_diff.py)."""
+from the same trace files (a real program calling both implementations in turn, as in
+tests/test_cli_diff.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ import pytest
 from attnscope.cli import main
 from attnscope.cli.diff._groups import diary
 from attnscope.cli.traces import attention_calls, load_spans
-from tests.test_cli_diff import _traces
+from tests.test_cli_diff import _paired
 
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return _traces(tmp_path_factory.mktemp("diffjson"), {"sdpa": "sdpa", "slowed": "slowed"},
+    return _paired(tmp_path_factory.mktemp("diffjson"), {"sdpa": "sdpa", "slowed": "slowed"},
                    calls=80)
 
 
