@@ -225,6 +225,7 @@ def _close(session: ProfileSession) -> None:
     except Exception as exc:
         _log.internal_error("profile-stop", exc)
     _cpp_warnings.restore()  # after kineto stopped: no block freed from now on is reported
+    session.capture = None  # no cycle with the capture (its profile held until a gc pass)
     if p.active is session:
         p.owner = p.active = None
     # One line, no call before the release: a Ctrl-C lands before it (the next run does it) or
