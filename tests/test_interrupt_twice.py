@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -206,3 +207,40 @@ def test_ctrl_cs_in_the_profilers_warm_up_leave_nothing_open(interrupts: _Interr
         p.warm_cpu = False
         assert profiler_session.warm_up(cuda=False)
         assert not p.broken
+
+
+@pytest.mark.internal_errors("profile-stop")
+def test_a_session_stopped_on_another_thread_stays_open_for_its_own() -> None:
+    # kineto's state is per thread: released from elsewhere, a second session could start
+    # beside the first (a crash); it stays open until its own thread's next profiled call
+    traced = attnscope.trace(name="attn")(_attention)
+    q = torch.ones(1, 2, 4, 8)
+    p = runtime.profiler
+    with capture_spans(profile_rate=1.0, profile_max_per_minute=1_000_000):
+        traced(q)  # warm
+        assert attnscope.flush(timeout_s=30)
+        cap = Capture()
+        assert profiler_session.start(cap, None)
+        session = cap.profile
+        assert session is not None
+        stopper = threading.Thread(target=profiler_session.stop, args=(session,))
+        stopper.start()
+        stopper.join(timeout=30)
+        assert p.active is session and p.session_lock.locked()
+        assert torch._C._autograd._profiler_enabled()
+        other: list[str] = []
+
+        def on_another_thread() -> None:
+            traced(q)
+            other.append("called")
+
+        worker = threading.Thread(target=on_another_thread)
+        worker.start()
+        worker.join(timeout=30)
+        assert other == ["called"]
+        assert attnscope.stats()["profile_skipped_busy"] >= 1  # timed, not a second session
+        cap.end_perf_ns = 1  # its call ended: the thread's next profiled call closes it
+        traced(q)
+        assert attnscope.flush(timeout_s=30)
+        assert p.active is None and not p.session_lock.locked()
+        assert not torch._C._autograd._profiler_enabled()
