@@ -185,7 +185,7 @@ def _stop(session: ProfileSession) -> None:
     if p.active is session and p.owner != threading.get_ident():  # (not yet half-closed)
         # kineto's state is the starting thread's, and only that thread can stop it. Letting the
         # lock go would let a second session start beside this one (which crashes the process):
-        # it stays open for its thread's next profiled call, or that thread's exit, to close.
+        # it stays open for its thread's next profiled call to close (the main thread's: exit).
         _log.internal_error("profile-stop", RuntimeError(
             "a profiler session was stopped on another thread than the one that started it"))
         return
