@@ -13,6 +13,7 @@ the thread's next profiled call, and by the interpreter's exit.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import subprocess
@@ -104,13 +105,29 @@ def _attention(q: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
 
 
-def test_up_to_three_ctrl_cs_in_one_profiled_call_leave_nothing_open(
-        interrupts: _Interrupts) -> None:
+@contextlib.contextmanager
+def _profiled_call() -> Iterator[Callable[[], Any]]:
+    """One sampled, profiled traced call to make, the profiler warm, spans captured."""
     traced = attnscope.trace(name="attn")(_attention)
     q = torch.ones(1, 2, 4, 8)
     with capture_spans(profile_rate=1.0, profile_max_per_minute=1_000_000):
-        interrupts.at = set()
-        traced(q)  # warm, and counts the calls one profiled call makes
+        traced(q)  # warm: the first session
+        assert attnscope.flush(timeout_s=30)
+        yield lambda: traced(q)
+
+
+def _session_of_a_call() -> Capture:
+    """A capture whose profiler session this thread started, as a call's start leaves it."""
+    cap = Capture()
+    assert profiler_session.start(cap, None) and cap.profile is not None
+    return cap
+
+
+def test_up_to_three_ctrl_cs_in_one_profiled_call_leave_nothing_open(
+        interrupts: _Interrupts) -> None:
+    with _profiled_call() as call:
+        interrupts.seen, interrupts.names = 0, []
+        call()  # counts the calls one profiled call makes
         assert attnscope.flush(timeout_s=30)
         calls = interrupts.seen
         # prepare, enable, disable, the lock's release, and "is it on" asked in between
@@ -121,7 +138,7 @@ def test_up_to_three_ctrl_cs_in_one_profiled_call_leave_nothing_open(
                 interrupts.seen, interrupts.at, interrupts.fired = 0, set(at), []
                 interrupts.names = []
                 try:
-                    traced(q)
+                    call()
                 except KeyboardInterrupt:
                     pass
                 else:  # every chosen call ran: the user's call saw one of them
@@ -132,25 +149,20 @@ def test_up_to_three_ctrl_cs_in_one_profiled_call_leave_nothing_open(
         assert tried > 100
         interrupts.at = set()
         profiled = attnscope.stats()["profiled"]
-        traced(q)  # the profile tier still works
+        call()  # the profile tier still works
         assert attnscope.flush(timeout_s=30)
         assert attnscope.stats()["profiled"] == profiled + 1
 
 
 def test_a_session_left_open_is_closed_by_the_threads_next_profiled_call() -> None:
-    traced = attnscope.trace(name="attn")(_attention)
-    q = torch.ones(1, 2, 4, 8)
     p = runtime.profiler
-    with capture_spans(profile_rate=1.0, profile_max_per_minute=1_000_000):
-        traced(q)  # warm
-        assert attnscope.flush(timeout_s=30)
+    with _profiled_call() as call:
         # what a Ctrl-C in every clean-up leaves: a session whose call ended, never stopped
-        cap = Capture()
-        assert profiler_session.start(cap, None)
+        cap = _session_of_a_call()
         cap.end_perf_ns = 1
         assert p.active is cap.profile and torch._C._autograd._profiler_enabled()
         profiled = attnscope.stats()["profiled"]
-        traced(q)
+        call()
         assert attnscope.flush(timeout_s=30)
         assert p.active is None and not p.session_lock.locked()
         assert not torch._C._autograd._profiler_enabled()
@@ -213,16 +225,10 @@ def test_ctrl_cs_in_the_profilers_warm_up_leave_nothing_open(interrupts: _Interr
 def test_a_session_stopped_on_another_thread_stays_open_for_its_own() -> None:
     # kineto's state is per thread: released from elsewhere, a second session could start
     # beside the first (a crash); it stays open until its own thread's next profiled call
-    traced = attnscope.trace(name="attn")(_attention)
-    q = torch.ones(1, 2, 4, 8)
     p = runtime.profiler
-    with capture_spans(profile_rate=1.0, profile_max_per_minute=1_000_000):
-        traced(q)  # warm
-        assert attnscope.flush(timeout_s=30)
-        cap = Capture()
-        assert profiler_session.start(cap, None)
+    with _profiled_call() as call:
+        cap = _session_of_a_call()
         session = cap.profile
-        assert session is not None
         stopper = threading.Thread(target=profiler_session.stop, args=(session,))
         stopper.start()
         stopper.join(timeout=30)
@@ -231,7 +237,7 @@ def test_a_session_stopped_on_another_thread_stays_open_for_its_own() -> None:
         other: list[str] = []
 
         def on_another_thread() -> None:
-            traced(q)
+            call()
             other.append("called")
 
         worker = threading.Thread(target=on_another_thread)
@@ -240,7 +246,7 @@ def test_a_session_stopped_on_another_thread_stays_open_for_its_own() -> None:
         assert other == ["called"]
         assert attnscope.stats()["profile_skipped_busy"] >= 1  # timed, not a second session
         cap.end_perf_ns = 1  # its call ended: the thread's next profiled call closes it
-        traced(q)
+        call()
         assert attnscope.flush(timeout_s=30)
         assert p.active is None and not p.session_lock.locked()
         assert not torch._C._autograd._profiler_enabled()
