@@ -17,10 +17,13 @@ Steps (``--steps``, comma-separated; default ``env,tests,bench``):
 - ``compile`` (opt-in, up to 8 minutes: five inductor compiles):
   ``tests/gpu/test_graph_compile.py``.
 - ``issue37`` (opt-in, a run of its own: ``--steps env,issue37``): issue 37's CUDA figures on its
-  Llama (16 layers, hidden 2048, bf16, batch 8, 128-token prompt, 32 new tokens) — the first
+  Llama (16 layers, hidden 2048, bf16, batch 8, 128-token prompt, 32 new tokens) — where a
+  process's first sampled calls spend their time, step by step, and whether the profiler's
+  warm-up freezes the calling thread (``bench_first_use.py``, written to
+  ``bench_first_use_cuda.json``), the first
   ``generate()`` of a process at production defaults (``bench_first_call.py``), every call traced
   with metrics off and on, and the production defaults, unpadded and left-padded
-  (``bench_model.py``; the padded run prints the realised sample rate). Its steps ask for 700 s:
+  (``bench_model.py``; the padded run prints the realised sample rate). Its steps ask for 790 s:
   give it ``--budget 590`` and a device timeout of 600.
 
 Each step has its own timeout, cut to what is left of ``--budget`` seconds (default 480: a device
@@ -226,6 +229,18 @@ def _bench(run: Run, py: str) -> None:
 
 
 def _issue37(run: Run, py: str) -> None:
+    # goal 1's first-use costs step by step, first: a fresh process, what the later steps pay
+    probe_json = run.out / "bench_first_use_cuda.json"
+    step = run.command("issue37 first-use probe", [py, "benchmarks/bench_first_use.py",
+                                                    "--device", "cuda", "--json", str(probe_json)],
+                       90)
+    found: dict[str, Any] = {"rc": step.get("rc"), "output": step.get("output_tail")}
+    if probe_json.exists():
+        try:
+            found["figures"] = json.loads(probe_json.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            found["unreadable"] = str(exc)
+    run.doc["benchmarks"]["issue37 first-use probe"] = found
     first = [py, "benchmarks/bench_first_call.py", "--generate", "32", "--model", "issue37",
              "--device", "cuda", "--runs", "2", "--generates", "3"]
     model = [py, "benchmarks/bench_model.py", "--model", "issue37", "--device", "cuda"]
