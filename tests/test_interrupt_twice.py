@@ -166,8 +166,8 @@ def test_a_session_left_open_is_closed_by_the_threads_next_profiled_call() -> No
         assert attnscope.flush(timeout_s=30)
         assert p.active is None and not p.session_lock.locked()
         assert not torch._C._autograd._profiler_enabled()
-        # the orphan's stop, then the call's own session
-        assert attnscope.stats()["profiled"] == profiled + 2
+        # the call's own session only: the orphan's call went out timed, with no profile
+        assert attnscope.stats()["profiled"] == profiled + 1
         assert attnscope.stats()["profile_skipped_nested"] == 0
 
 

@@ -251,6 +251,7 @@ def _close_orphan(session: ProfileSession) -> None:
     """Close an orphaned session (its call's span went out timed, without a profile)."""
     _log.debug_once("profile-orphan", "attnscope: closed a profiler session that Ctrl-Cs had "
                     "left open")
+    session.counted = True  # no profiled call: stats()' "profiled" counts profiles, not sessions
     interrupt = _interrupt_safe.settle(_stop, session)
     if interrupt is not None:
         raise interrupt
