@@ -102,6 +102,7 @@ def test_slow_span_is_marked_and_the_profiled_span_links_to_it() -> None:
     by_id = {s.context.span_id: s for s in spans}
     slow = [s for s in spans if s.attributes.get("attnscope.slow") is True]
     assert slow and all(s.attributes["attnscope.slow_quantile"] == 0.99 for s in slow)
+    assert attnscope.stats()["slow_calls"] == len(slow)
     assert all(s.attributes["attnscope.tier"] == "timing" for s in slow)
     profiled = [s for s in spans if s.attributes.get("attnscope.trigger") == "slow_call"]
     assert profiled
@@ -125,9 +126,11 @@ def test_no_escalation_before_enough_samples_or_when_off() -> None:
 
 def test_slow_calls_are_marked_but_not_profiled_with_the_profile_tier_off() -> None:
     spans = _run(600, profile_rate=0.0)
-    assert [s for s in spans if s.attributes.get("attnscope.slow") is True]
+    slow = [s for s in spans if s.attributes.get("attnscope.slow") is True]
+    assert slow
     assert not [s for s in spans if s.attributes["attnscope.tier"] == "profile"]
     assert attnscope.stats()["slow_granted"] == 0
+    assert attnscope.stats()["slow_calls"] == len(slow)  # counted as marked, granted or not
 
 
 def test_token_bucket_still_limits_escalated_profiles() -> None:

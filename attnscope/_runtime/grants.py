@@ -51,12 +51,16 @@ class Grants:
             self._matches = {}
             self.trigger = self.trigger_left > 0
 
+    def slow_found(self) -> None:
+        """One call found slow (``stats()["slow_calls"]``), whether or not a grant follows."""
+        with self.lock:
+            self.counts["slow_calls"] += 1
+
     def arm(self, site: SiteHandle, bucket: tuple[int, ...], link: int, quantile: float) -> bool:
         """After a slow call at ``site``: its next call in ``bucket`` gets the profile tier.
         False when the site is already armed or not capturing. The worker's one way to change a
         call site: under the lock, and the countdown a plain int write."""
         with self.lock:
-            self.counts["slow_calls"] += 1
             if not isinstance(site, CallSite) or site.grant is not None or site.disabled:
                 return False
             grant = Grant(SLOW, bucket, link, quantile)

@@ -109,6 +109,7 @@ class Escalator:
         slow = None
         if hist.added >= MIN_SAMPLES and ns > hist.threshold(quantile):
             slow = quantile
+            runtime.grants.slow_found()  # counted with the profile tier off too: it is marked
             if escalate:
                 runtime.grants.arm(cap.site, _buckets.bucket(cap.summary, cap.facts),
                                    cap.capture_id, quantile)
