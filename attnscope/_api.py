@@ -131,8 +131,9 @@ def _set(cfg: Config) -> None:
     """Apply ``cfg``: the sampler takes it; a running worker whose pipeline changed stops."""
     previous, runtime.config.current = runtime.config.current, cfg
     runtime.sampler.apply(cfg)
-    # kineto's first session on torch's thread (no stderr)
+    # kineto's first session on torch's thread (no stderr); with CUDA up, CUPTI's on a helper
     profiler_session.warm_up_on_main_thread(cfg)
+    profiler_session.warm_up_early(cfg)
     if previous is not None and any(
         getattr(previous, f) is not getattr(cfg, f) and getattr(previous, f) != getattr(cfg, f)
         for f in _PIPELINE_FIELDS

@@ -22,6 +22,8 @@ from .. import _log
 from .. import _schema as schema
 from .._attention.families.xlm import bidirectional_model
 from .._capture.compile import register_when_dynamo_loads
+from .._capture.profiler_session import warm_up_early
+from .._config import from_env
 from .._record.facts import BLOCK_FACTS, Facts
 from .._runtime import runtime
 from . import Extractor, torch_nn
@@ -201,6 +203,9 @@ def instrument(
         if trace_model:
             already += _instrument_root(model, root_name, name_prefix, sample_rate)
         register_when_dynamo_loads()
+        # a model on the GPU: CUDA is up now, so CUPTI's start-up can run during set-up (the
+        # settings the first call will take when none were set: warnings are that call's)
+        warm_up_early(runtime.config.current or from_env(strict=False))
     except Exception as err:  # never break the host program: keep what was done, log the rest
         _log.internal_error("instrument", err)
     if already:
