@@ -51,6 +51,8 @@ CALLING = (
     ("attnscope._capture.hostread", "to_host", "    host copy (pinned)"),
     ("attnscope._runtime.worker.WorkerHandle", "submit", "  hand-over (first: worker start)"),
 )
+# the decision inside enter, timed in place by bench_model.py --breakdown
+DECISION = ("attnscope._capture.decision", "decide", "  decision (in enter)")
 WORKER = (
     ("attnscope._worker.cuda.DeviceAccess", "prepare", "worker: device made current"),
     ("attnscope._worker.cuda", "relax_capture_mode", "worker: capture-mode exchange"),

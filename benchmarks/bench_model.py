@@ -24,6 +24,11 @@ realised sample rate over the timed pairs (sampled attention calls / attention c
 hooks on the plain copy's attention modules in an untimed run) next to the configured and the
 effective rate: with the defaults, the overhead budget must not thin the sample on a padded batch.
 
+``--breakdown RUNS``: after the timed pairs, RUNS more instrumented runs with each step of the
+calling thread's path timed in place (``enter``, the decision, ``_open``, the layer's extractor,
+the allocator readings, the CUDA event pair, ``leave``, the device-side counts and host copy, the
+hand-over): where a traced call's time goes there, on CPU or CUDA (issue 37 goal 4).
+
 ``--model issue37 --device cuda``: issue 37's GPU model instead — 16 layers, hidden 2048, 16 heads /
 8 KV heads, bf16, SDPA, a batch of 8 with a 128-token prompt, 32 new tokens (``--generate 32`` is
 implied). Each timed call ends with ``torch.cuda.synchronize()``. Without CUDA it stops with a
@@ -34,6 +39,7 @@ Run: python benchmarks/bench_model.py [--pairs 300]
      python benchmarks/bench_model.py --generate 32 --every-call --pairs 80 [--metrics on]
      python benchmarks/bench_model.py --generate 32 --padded --pairs 300 [--every-call]
      python benchmarks/bench_model.py --model issue37 --device cuda --every-call --pairs 30
+     python benchmarks/bench_model.py --generate 32 --every-call --pairs 20 --breakdown 10
 """
 
 from __future__ import annotations
@@ -158,6 +164,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                         help="default: bfloat16 for --model issue37 on CUDA, else float32")
     parser.add_argument("--batch", type=int, default=None,
                         help="prompts per call (default 1; 8 for --model issue37; 4 --padded)")
+    parser.add_argument("--breakdown", type=int, default=0, metavar="RUNS",
+                        help="after the timed pairs, RUNS more instrumented runs with each step "
+                             "of the calling thread's path timed in place (medians per step)")
     parser.add_argument("--padded", action="store_true",
                         help="left-pad the batch as a batched server does: row i starts with "
                              "i * prompt / (2 * batch) pad tokens, masked out by an attention "
@@ -301,6 +310,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"attnscope: sampled={stats.get('sampled')} profiled={stats.get('profiled')} "
           f"granted={stats.get('profile_granted')} "
           f"emitted={stats.get('emitted')} effective_rate={stats.get('effective_sample_rate'):.4f}")
+    if args.breakdown:
+        with torch.inference_mode():
+            breakdown(lambda: run(traced), args.breakdown)
     attnscope.shutdown()
     files.cleanup()
     if sink is not None:
@@ -308,6 +320,38 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         received = sink.communicate(timeout=30)[0].strip().splitlines()
         print(f"receiver ({args.exporter}): {received[-1] if received else 'said nothing'}")
     return {"median_ratio": med}
+
+
+def breakdown(run_traced: Any, runs: int) -> None:
+    """``--breakdown``: the instrumented copy run ``runs`` more times with each step of the calling
+    thread's path timed in place (after the timed pairs: the timers stay out of the ratios).
+    Medians per call, wall and thread CPU; each includes its timer's own cost (~0.6 µs in place
+    on the CPU) and those of the steps timed inside it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_first_use as probe
+
+    from attnscope._runtime import runtime
+
+    timings = probe.Timings()
+    steps = [*probe.CALLING[:1], probe.DECISION, *probe.CALLING[1:]]
+    for path, attr, label in steps:
+        timings.wrap(probe.resolve(path), attr, label, main_only=True)
+    extract = "    the layer's extractor"
+    for site in list(runtime.sampler._sites):
+        if site.extractor is not None:
+            timings.wrap(site, "extractor", extract, main_only=True)
+    for _ in range(runs):
+        run_traced()
+    print(f"in place, {runs} instrumented runs (median µs per call, wall / thread CPU):")
+    for label in [label for _, _, label in steps[:3]] + [extract] + \
+            [label for _, _, label in steps[3:]]:
+        rows = timings.rows.get(label) or []
+        if not rows:
+            print(f"  {label:44} not reached")
+            continue
+        print(f"  {label:44} {len(rows) / runs:6.1f} a run  "
+              f"{statistics.median(r[0] for r in rows) / 1e3:8.2f} / "
+              f"{statistics.median(r[1] for r in rows) / 1e3:8.2f}")
 
 
 def _quantile(values: list[int], q: float) -> float:

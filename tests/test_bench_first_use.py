@@ -1,4 +1,5 @@
-"""``benchmarks/bench_first_use.py``, the first-use probe a GPU run depends on, checked on CPU.
+"""``benchmarks/bench_first_use.py``, the first-use probe a GPU run depends on, checked on CPU
+(its step list is also what ``bench_model.py --breakdown`` times in place).
 
 A GPU is lent for minutes: the probe must not die there of a renamed step. Every step it wraps
 must still exist, and a CPU run (the same code, no CUDA row reached) must time the calling
@@ -20,9 +21,13 @@ SCRIPT = ROOT / "benchmarks" / "bench_first_use.py"
 
 def test_every_wrapped_step_exists() -> None:
     probe = load_script(SCRIPT, "bench_first_use")
-    for path, attr, _ in (*probe.CALLING, *probe.WORKER):
+    for path, attr, _ in (*probe.CALLING, *probe.WORKER, probe.DECISION):
         owner = probe.resolve(path)
         assert callable(getattr(owner, attr)), f"{path}.{attr}"
+    # bench_model.py --breakdown times each instrumented layer's extractor on its call site
+    from attnscope._capture.sampling import CallSite
+
+    assert "extractor" in CallSite.__slots__
 
 
 def test_longest_gap_is_measured_inside_the_span() -> None:
