@@ -87,3 +87,49 @@ def test_not_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     attnscope.configure(exporter="none")
     attnscope.instrument(_model())
     assert calls == []
+
+
+def test_a_warm_up_under_way_is_awaited_not_refused() -> None:
+    # set-up started one on a helper thread; a caller that needs the profiler warm (the GPU
+    # tests, after configure()) gets its outcome instead of "busy"
+    import threading
+    import time
+
+    p = runtime.profiler
+    assert profiler_session.warm_up(cuda=False)  # loaded, kineto's first session done
+    prepare = p.entry_points["prepare"]
+    started = threading.Event()
+
+    def slow_prepare(*args: Any) -> Any:
+        started.set()  # the helper holds the session lock from here
+        time.sleep(0.3)
+        return prepare(*args)
+
+    p.entry_points["prepare"] = slow_prepare
+    try:
+        p.warm_cpu = False
+        profiler_session.warm_up_async(cuda=False)
+        assert started.wait(timeout=30)
+        assert profiler_session.warm_up(cuda=False)
+        assert p.warming is not None and not p.warming.is_alive()
+    finally:
+        p.entry_points["prepare"] = prepare
+    assert not p.session_lock.locked() and p.warm_cpu
+
+
+def test_the_worker_leaves_a_warm_up_under_way_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[Any] = []
+    monkeypatch.setattr(profiler_session, "warm_up", lambda cuda=None: calls.append(cuda))
+
+    class Running:
+        def is_alive(self) -> bool:
+            return True
+
+    attnscope.configure(exporter="none")
+    cfg = runtime.config.current
+    monkeypatch.setattr(runtime.profiler, "warming", Running())
+    profiler_session.on_worker_start(cfg)
+    assert calls == []  # it would wait out CUPTI's start-up before building a span
+    monkeypatch.setattr(runtime.profiler, "warming", None)
+    profiler_session.on_worker_start(cfg)
+    assert calls == [None]

@@ -53,6 +53,7 @@ __all__ = ["start", "stop", "warm_up", "warm_up_async", "warm_up_early",
            "warm_up_on_main_thread", "on_worker_start", "install_hooks", "stats"]
 
 _USER_WAIT_S = 5.0
+_WARMING_WAIT_S = 60.0  # a warm-up under way, awaited by warm_up(): CUPTI took 4.5 s on an H200
 _USER_WAIT_MAX_S = 300.0
 _C10_ERROR = 2  # c10's (glog's) severities: 0 INFO, 1 WARNING, 2 ERROR
 
@@ -318,7 +319,9 @@ def stats() -> dict[str, int]:
 def on_worker_start(cfg: Config) -> None:
     """Worker thread: warm the profiler up when the configuration can ask for the profile tier."""
     try:
-        if cfg.enabled and cfg.profile_rate > 0 and cfg.profile_max_per_minute > 0:
+        helper = runtime.profiler.warming  # set-up's, under way: the worker builds spans meanwhile
+        if (helper is None or not helper.is_alive()) and cfg.enabled and cfg.profile_rate > 0 \
+                and cfg.profile_max_per_minute > 0:
             warm_up()
     except Exception as exc:
         _log.internal_error("profile-warmup", exc)
@@ -355,15 +358,11 @@ def warm_up_early(cfg: Config) -> None:
     start the CUDA warm-up on a helper thread now rather than at the first sampled call (a
     request). CUPTI's start-up took 4.5 s on an H200 (issue 37); the program's own set-up after
     this call can hide it. Never initialises CUDA; never raises."""
-    p = runtime.profiler
     try:
-        if p.warm_cuda or not (cfg.enabled and cfg.profile_rate > 0
-                               and cfg.profile_max_per_minute > 0):
-            return
-        torch = sys.modules.get("torch")
-        if torch is None or not torch.cuda.is_initialized():
-            return  # no CUDA context made here: a program may fork its workers after set-up
-        warm_up_async(cuda=True)
+        torch = sys.modules.get("torch")  # no CUDA context is made here (a program may fork)
+        if not runtime.profiler.warm_cuda and cfg.enabled and cfg.profile_rate > 0 \
+                and cfg.profile_max_per_minute > 0 and torch and torch.cuda.is_initialized():
+            warm_up_async(cuda=True)
     except Exception as exc:
         _log.internal_error("profile-warmup", exc)
 
@@ -397,6 +396,9 @@ def warm_up(cuda: bool | None = None) -> bool:
             cuda = bool(p.torch.cuda.is_available() and p.torch.cuda.is_initialized())
         if cuda and True in p.broken:
             cuda = False  # CUPTI refused once: keep the CPU side warm only
+        helper = p.warming
+        if helper is not None and helper is not threading.current_thread() and helper.is_alive():
+            helper.join(_WARMING_WAIT_S)  # one under way (warm_up_early's): its outcome, not a no
         if p.warm_cpu and (p.warm_cuda or not cuda):
             return True
         if p.foreign or _user_profiler_active():
