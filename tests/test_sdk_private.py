@@ -58,6 +58,10 @@ _ALLOWED = {
     ("attnscope/_export/pipeline.py", "_metric_readers"),  # the application's provider only
     ("attnscope/_export/otel_env.py", "_LIBERAL_HEADER_PATTERN"),
     ("attnscope/_export/otlp_status.py", "_endpoint"),  # an exporter the application made only
+    # the API's current-context ContextVar, read straight on a sampled call when the runtime
+    # context is the default one (else get_current()): tests/test_sampling_context.py
+    ("attnscope/_capture/sampling.py", "_RUNTIME_CONTEXT"),
+    ("attnscope/_capture/sampling.py", "_current_context"),
 }
 _BY_NAME = re.compile(r"""\b(?:getattr|hasattr)\(\s*[^,()]+(?:\([^()]*\))?\s*,\s*"""
                       r"""["'](_[A-Za-z]\w*)["']""")
