@@ -26,6 +26,8 @@ tests=(
     tests/test_emit.py
     tests/test_otlp_json.py
     tests/test_jaeger_json.py
+    # the API's current-context ContextVar, read straight on a sampled call (else get_current())
+    tests/test_sampling_context.py
 )
 deps=("torch==2.13.0" "numpy<3" "psutil>=5.9" "structlog>=23.1" "pytest>=8" "hypothesis>=6"
     "transformers>=4.57")

@@ -139,11 +139,15 @@ def decide(sampler: Sampler, site: CallSite,
 def _current_context_reader() -> Callable[[], Any]:
     """``opentelemetry.context.get_current``, or the one ``ContextVar.get`` it comes down to when
     the runtime context is OpenTelemetry's default (two Python calls fewer on a sampled call)."""
-    runtime_context = getattr(otel_context, "_RUNTIME_CONTEXT", None)
-    var = getattr(runtime_context, "_current_context", None)
-    if type(runtime_context).__name__ == "ContextVarsRuntimeContext" \
-            and isinstance(var, contextvars.ContextVar):
-        return var.get
+    try:
+        otel_context.get_current()  # up to 1.24 the runtime context is made on first use
+        runtime_context = getattr(otel_context, "_RUNTIME_CONTEXT", None)
+        var = getattr(runtime_context, "_current_context", None)
+        if type(runtime_context).__name__ == "ContextVarsRuntimeContext" \
+                and isinstance(var, contextvars.ContextVar):
+            return var.get
+    except Exception:  # noqa: BLE001  (an import must not fail on it: the public call then)
+        pass
     return otel_context.get_current
 
 
