@@ -208,18 +208,26 @@ def _compile(run: Run, py: str) -> None:
     run.doc["tests"] = merge_summaries([run.doc.get("tests") or {}, junit_summary(xml)])
 
 
-def _bench(run: Run, py: str) -> None:
-    profile_json = run.out / "bench_profile_cuda.json"
-    step = run.command("bench_profile", [py, "benchmarks/bench_profile.py", "--device", "cuda",
-                                         "--runs", "3", "-n", "200", "--json", str(profile_json)],
-                       150)
+def _with_json(run: Run, name: str, argv: list[str], limit: float, json_name: str,
+               output: bool = True) -> None:
+    """A benchmark run with ``--json`` into ``DIR/json_name``: its figures kept under ``name``."""
+    path = run.out / json_name
+    step = run.command(name, [*argv, "--json", str(path)], limit)
     found: dict[str, Any] = {"rc": step.get("rc")}
-    if profile_json.exists():
+    if output:
+        found["output"] = step.get("output_tail")
+    if path.exists():
         try:
-            found["figures"] = json.loads(profile_json.read_text(encoding="utf-8"))
+            found["figures"] = json.loads(path.read_text(encoding="utf-8"))
         except ValueError as exc:
             found["unreadable"] = str(exc)
-    run.doc["benchmarks"]["bench_profile"] = found
+    run.doc["benchmarks"][name] = found
+
+
+def _bench(run: Run, py: str) -> None:
+    _with_json(run, "bench_profile", [py, "benchmarks/bench_profile.py", "--device", "cuda",
+                                      "--runs", "3", "-n", "200"], 150, "bench_profile_cuda.json",
+               output=False)
     for name, argv, limit in (
             ("bench_mask_reduce", [py, "benchmarks/bench_mask_reduce.py", "--device", "cuda"], 90),
             ("bench_graph_replay", [py, "benchmarks/bench_graph_replay.py", "--device", "cuda"],
@@ -230,17 +238,8 @@ def _bench(run: Run, py: str) -> None:
 
 def _issue37(run: Run, py: str) -> None:
     # goal 1's first-use costs step by step, first: a fresh process, what the later steps pay
-    probe_json = run.out / "bench_first_use_cuda.json"
-    step = run.command("issue37 first-use probe", [py, "benchmarks/bench_first_use.py",
-                                                    "--device", "cuda", "--json", str(probe_json)],
-                       90)
-    found: dict[str, Any] = {"rc": step.get("rc"), "output": step.get("output_tail")}
-    if probe_json.exists():
-        try:
-            found["figures"] = json.loads(probe_json.read_text(encoding="utf-8"))
-        except ValueError as exc:
-            found["unreadable"] = str(exc)
-    run.doc["benchmarks"]["issue37 first-use probe"] = found
+    _with_json(run, "issue37 first-use probe", [py, "benchmarks/bench_first_use.py", "--device",
+                                                "cuda"], 90, "bench_first_use_cuda.json")
     first = [py, "benchmarks/bench_first_call.py", "--generate", "32", "--model", "issue37",
              "--device", "cuda", "--runs", "2", "--generates", "3"]
     model = [py, "benchmarks/bench_model.py", "--model", "issue37", "--device", "cuda"]
