@@ -225,8 +225,10 @@ def test_a_call_inside_a_profiled_call_says_so_and_is_counted_as_nested(
         assert a["attnscope.num_heads"] == 4
         facts = call_summary_facts(a)
         assert facts["shapes"] == "q[2,4,6,8] k[2,4,6,8] fp32"
-        assert facts["words"] == ("K/V repeated from 2 heads · timed inside an enclosing call's "
-                                  "profile")
+        # the backend its ops (handed down from the layer's profile) name
+        assert a["attnscope.backend"] == "flash"
+        assert facts["words"] == ("flash · K/V repeated from 2 heads · timed inside an enclosing "
+                                  "call's profile")
         # the kernel's ops came from the layer's profile
         assert any(r.parent_id == kernel.span_id for r in rows)
     for layer in layers:

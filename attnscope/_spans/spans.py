@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, Link, SpanContext, TraceFlags
 
 from .. import _dist, _log
 from .. import _schema as schema
-from .._profiles.optree import hand_down
+from .._profiles.kernels import KIND_CPU_OP, KIND_CUDA_KERNEL, detect_backend
+from .._profiles.optree import Children, hand_down
 from .._record.capture import ErrorInfo
 from .calls import Result, capture_attributes, implementation_of, result_of, site_attributes
 from .emit import DirectEmitter, Emitter, OpenSpan
@@ -28,7 +29,7 @@ from .steps import StepTraces, configured_run_id
 from .summary import Summaries, op_summary
 
 __all__ = ["SpanBuilder", "Result", "result_of", "capture_attributes", "implementation_of",
-           "site_attributes", "BuildStats"]
+           "site_attributes", "BuildStats", "backend_of_spans"]
 
 # Built span contexts kept so late children (other threads) still find their parent.
 BUILT_KEEP = 4096
@@ -57,6 +58,7 @@ _LAYERS_CALLS, _LAYERS_FLOPS, _LAYERS_BYTES = (schema.LAYERS_CALLS.name, schema.
 _BYTES, _SEQ_Q = schema.BYTES.name, schema.SEQ_LEN_Q.name
 _NUM_HEADS, _NUM_KV_HEADS = schema.NUM_HEADS.name, schema.NUM_KV_HEADS.name
 _KV_REPEATED_FROM, _PROFILED_BY = schema.KV_REPEATED_FROM.name, schema.PROFILED_BY.name
+_BACKEND = schema.BACKEND.name
 
 
 class BuildStats:
@@ -390,7 +392,10 @@ class SpanBuilder:
     def _children(self, item: Result, sc: SpanContext) -> None:
         """Kernel/op spans, each under its parent op (parents come first). Ops that ran inside a
         nested capture still waiting here go to it, and are built under its span."""
-        children = hand_down(item.children, self._stash.get(item.capture_id, ()))
+        nested = self._stash.get(item.capture_id, ())
+        children = hand_down(item.children, nested)
+        for res in nested:  # a call timed inside this profile: the backend its ops name
+            _name_backend(res)
         item.children = []
         built: list[SpanContext] = []
         for child in children:
@@ -446,3 +451,34 @@ class SpanBuilder:
         return False
 
 
+def _name_backend(res: Result) -> None:
+    """The attention backend of a call timed inside a profiled one, from the ops handed down to
+    it (what a profiled call's own span says, from its events): unless it says one already, and
+    not when its ops name none (a layer without attention, a block)."""
+    kids = res.children
+    if not kids or _BACKEND in res.attrs:
+        return
+    try:
+        backend = backend_of_spans(kids.uncapped if isinstance(kids, Children) else kids)
+    except Exception as exc:  # the span goes out without it
+        _log.internal_error("backend", exc)
+        return
+    if backend != "unknown":
+        res.attrs[_BACKEND] = backend
+
+
+def backend_of_spans(children: Iterable[Any]) -> str:
+    """:func:`detect_backend` of a call's op and kernel spans (``name``, ``attributes``): those a
+    profiled call handed down to a call timed inside it. An op's label (``aten::linear
+    (q_proj)``) is left off; an op's folded inner ops count (the fused SDPA op is usually one)."""
+    ops: list[str] = []
+    kernels: list[str] = []
+    inner_key = schema.KERNEL_INNER.name
+    for child in children:
+        kind = child.attributes.get(schema.KERNEL_KIND.name)
+        if kind == KIND_CPU_OP:
+            ops.append(child.name.split(" (", 1)[0])
+            ops.extend(str(name) for name in child.attributes.get(inner_key) or ())
+        elif kind == KIND_CUDA_KERNEL:
+            kernels.append(child.name)
+    return detect_backend(ops, kernels)
