@@ -6,8 +6,9 @@ unknown). A layer and phase that ran under several backends get one row per back
 ``module · backend`` (else the label is the module).
 
 What the numbers are — counts and totals from **every sampled call**, latency and rates from the
-**timed** calls (the profiled ones ran under ``torch.profiler``, which slows them; a row whose
-calls were all profiled takes them, and says so in ``latency_of``):
+**timed** calls (the profiled ones, and those timed inside a profiled call —
+``attnscope.profiled_by`` — ran under ``torch.profiler``, which slows them; a row whose calls all
+did takes them, and says so in ``latency_of``):
 
 - ``calls``: sampled calls; ``estimated_calls``: Σ ``1/attnscope.sample_rate`` over them (the calls
   the program made if sampling was uniform); ``profiled``; ``latency_calls``: the calls the
@@ -41,7 +42,7 @@ from .traces import GroupKey, SpanRow, call_backends, group_key
 
 __all__ = ["Quantiles", "GroupStats", "Summary", "summarize", "quantiles", "time_ns", "wall_ns",
            "latency_rows", "operator_spans", "int_attribute", "sample_rate", "is_profiled",
-           "PHASE_ORDER"]
+           "under_profiler", "PHASE_ORDER"]
 
 PHASE_ORDER = {"prefill": 0, "decode": 1, None: 2}
 
@@ -147,9 +148,16 @@ def is_profiled(row: SpanRow) -> bool:
     return row.attributes.get(schema.TIER.name) == "profile"
 
 
+def under_profiler(row: SpanRow) -> bool:
+    """Profiled, or timed inside a profiled call (``attnscope.profiled_by``): either way the
+    profiler ran during the call and slowed it (5x for a prefill layer on CPU)."""
+    return is_profiled(row) or schema.PROFILED_BY.name in row.attributes
+
+
 def latency_rows(rows: Sequence[SpanRow]) -> list[SpanRow]:
-    """The calls latency and rates are of: the timed ones, else (all profiled) all of them."""
-    return [r for r in rows if not is_profiled(r)] or list(rows)
+    """The calls latency and rates are of: those the profiler did not slow, else (it slowed all)
+    all of them."""
+    return [r for r in rows if not under_profiler(r)] or list(rows)
 
 
 def _over_time(rows: Sequence[SpanRow], key: str) -> tuple[int, int] | None:
@@ -200,7 +208,7 @@ def _stats(key: GroupKey, label: str, rows: Sequence[SpanRow], price_per_hour: f
         module=key[0], phase=key[1], backend=key[2], label=label, calls=len(rows),
         estimated_calls=sum(1.0 / sample_rate(r) for r in rows), profiled=len(profiled),
         latency_calls=len(timed),
-        latency_of="timed" if any(not is_profiled(r) for r in rows) else "profiled",
+        latency_of="timed" if any(not under_profiler(r) for r in rows) else "profiled",
         wall=quantiles([wall_ns(r) for r in timed]),
         device=quantiles(devices) if devices else None,
         time_ns=sum(time_ns(r) for r in timed), tokens=tokens,

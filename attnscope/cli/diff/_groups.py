@@ -6,8 +6,9 @@ runs of :mod:`._runs`. A run keeps its calls apart from the other runs' througho
 Per call, from the span's attributes:
 
 - time: device time (``attnscope.device_ns``) when measured, else wall time (``summary.time_ns``,
-  the same rule as ``attnscope report``); profiled calls are left out (they ran under
-  ``torch.profiler``, which slows them down and would mix two populations);
+  the same rule as ``attnscope report``); profiled calls, and calls timed inside a profiled one
+  (``attnscope.profiled_by``), are left out (they ran under ``torch.profiler``, which slows them
+  down and would mix two populations);
 - tokens/s: ``attnscope.tokens`` ÷ that time, for the same calls;
 - memory peak: ``attnscope.memory.peak_bytes``, from every call that has it (the profiled ones on
   CPU; on CUDA also timed calls with ``reset_peak_memory_stats``). A side that measured it keeps
@@ -26,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ... import _schema as schema
-from ..summary import PHASE_ORDER, time_ns
+from ..summary import PHASE_ORDER, time_ns, under_profiler
 from ..traces import SpanRow, call_backends, group_key
 from ._runs import compare_runs, noise_floor, run_quantiles
 from ._stats import CONFIDENCE, FEW, METRICS, Change, compare, gate_failed, gate_inconclusive
@@ -132,7 +133,7 @@ def _clock(rows: Sequence[SpanRow]) -> str:
 
 def per_call_values(rows: Sequence[SpanRow]) -> dict[str, list[float]]:
     """The per-call samples of one group, by ``Metric.value``."""
-    timed = [r for r in rows if r.attributes.get(schema.TIER.name) != "profile"]
+    timed = [r for r in rows if not under_profiler(r)]  # the profiler slowed the others
     times = [float(time_ns(r)) for r in timed]
     rates = [tokens / t * 1e9 for r, t in zip(timed, times, strict=True)
              if (tokens := _int(r, schema.TOKENS.name)) is not None and t > 0]

@@ -116,8 +116,8 @@ def method_note(result: Diary) -> str:
     rule = (f"a verdict (slower, faster, larger, smaller) needs the whole interval beyond "
             f"±{result.min_change:.0%}, however wide; inconclusive: it excludes 0 but straddles "
             f"±{result.min_change:.0%}. "
-            "Time: timed calls (profiled calls left out); memory peak: the calls that measured "
-            "it.")
+            "Time: timed calls (profiled calls and calls inside them left out); memory peak: "
+            "the calls that measured it.")
     if result.run_level:
         return (f"change = AFTER / BEFORE - 1 of each side's median over runs of the per-run "
                 f"quantile ({result.runs_before} BEFORE runs, {result.runs_after} AFTER runs); "
