@@ -202,3 +202,28 @@ def test_an_armed_site_restores_its_countdown() -> None:
                                  [("x", TensorMeta((1,), torch.float32, None))], tier)
     assert chosen is grant and tier == 2
     assert site.grant is None and site.countdown == 38  # 40, less the two armed calls
+
+
+def test_a_call_slowed_by_an_enclosing_profile_is_not_a_slow_call() -> None:
+    # A call timed inside a profiled one (a layer inside a profiled decoder layer, as attnscope
+    # run traces models) ran under the profiler: several times its usual time, none of it the
+    # call's own. Marked slow, it would send its reader after nothing and spend a profile.
+    with capture_spans(profile_max_per_minute=1e6, profile_rate=ON) as spans:
+        profiler.warm_up()
+        gc.collect()
+        gc.freeze()  # no full collection in a fast call (see _run)
+        try:
+            for i in range(MIN_SAMPLES + 20):
+                attention(Q, SMALL, i)
+            attnscope.flush()
+            with attnscope.sampling(force=True, profile=True), attnscope.span("layer"):
+                attention(Q, BIG, 0)  # 50 ms: far beyond the site's p99
+            attnscope.flush()
+        finally:
+            gc.unfreeze()
+        stats = attnscope.stats()
+    (inside,) = [s for s in spans if s.attributes.get("attnscope.profiled_by") == "enclosing"]
+    assert inside.attributes["attnscope.tier"] == "timing"
+    assert "attnscope.slow" not in inside.attributes
+    marked = [s for s in spans if s.attributes.get("attnscope.slow") is True]
+    assert stats["slow_calls"] == len(marked)  # whatever else was slow, not this call

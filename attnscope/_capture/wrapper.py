@@ -169,6 +169,9 @@ def leave(site: CallSite, active: Active, error: BaseException | None, result: A
         if cap.timer is not None or cap.profile is not None or cap.memory is not None \
                 or error is not None or site.on_result is not None:
             _end(site, cap, error, result)
+        profiler = runtime.profiler
+        if profiler.active is not None and cap.tier != TIER_PROFILE:  # an enclosing call's
+            cap.in_profile = profiler.owner == threading.get_ident()  # session ran over it
         starting = runtime.worker.current is None
         t_submit = _perf_ns() if starting else 0
         block = cap.batch

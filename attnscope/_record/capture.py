@@ -173,6 +173,7 @@ class Capture:
         "counted",
         "graph",
         "replay",
+        "in_profile",
     )
 
     def __init__(self) -> None:
@@ -215,6 +216,8 @@ class Capture:
         self.graph: GraphRecord | None = None
         # (GraphRecord, generation): a sampled replay of that graph, the replay's number
         self.replay: tuple[GraphRecord, int] | None = None
+        # timed while attnscope profiled an enclosing call on this thread: the profiler slowed it
+        self.in_profile = False
 
     def expand(self) -> None:
         """``summary`` made from ``flat_summary`` when the call left one (the worker does, first

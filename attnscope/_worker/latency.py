@@ -96,7 +96,9 @@ class Escalator:
         ``profile_max_per_minute`` is 0): slow calls are marked, no site is armed."""
         if cap.grant is not None:
             return cap.grant.kind, None
-        if quantile >= 1.0 or cap.tier != TIER_TIMING or cap.error is not None:
+        # in_profile: an enclosing call's profiler slowed it, so it is neither slow nor a sample
+        if quantile >= 1.0 or cap.tier != TIER_TIMING or cap.error is not None \
+                or cap.in_profile:
             return None, None
         ns = device_ns if isinstance(device_ns, int) and device_ns > 0 else cap.wall_ns
         phases = self._phases(cap.site)
