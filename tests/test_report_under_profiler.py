@@ -70,3 +70,14 @@ def test_calls_timed_inside_a_profiled_call_are_not_timed_calls(
     assert group["latency_of"] == "timed"
     walls = sorted(int(r.attributes["attnscope.wall_ns"]) for r in alone)
     assert group["wall_ns"]["max"] == walls[-1] and group["wall_ns"]["min"] == walls[0]
+
+
+def test_the_report_says_how_many_calls_a_profile_ran_over(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from attnscope.cli import main
+
+    path, calls = _trace(tmp_path)
+    assert main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "33 attention calls sampled (sample rate 1): 30 timed, 0 profiled, 3 timed inside a " \
+        "profiled call." in " ".join(out.split())

@@ -226,7 +226,7 @@ def render_terminal(summary: Summary, *, source: str, spans: int, top: int, out:
         console.print(line, highlight=False, markup=False, style="dim")
     console.print(f"{spans} spans, {o.calls} attention calls sampled (sample rate {rates}"
                   + (f"; ≈ {o.estimated_calls:,.0f} calls made" if summary.sampled else "")
-                  + f"): {o.calls - o.profiled} timed, {o.profiled} profiled.", highlight=False)
+                  + f"): {_split(o)}.", highlight=False)
     console.print(_calls_table(summary))
     console.print(_latency_table(
         summary, "Latency per attention layer (wall time of the timed calls: the profiler slows "
@@ -254,6 +254,14 @@ def render_terminal(summary: Summary, *, source: str, spans: int, top: int, out:
         if context.requests is not None:
             print_requests(console, context.requests, top)
     _kernels_and_slowest(console, summary, top)
+
+
+def _split(o: GroupStats) -> str:
+    """The sampled calls as timed, profiled and (when any) timed inside a profiled call, which the
+    latency and rates leave out as they do profiled calls."""
+    inside = o.calls - o.profiled - o.latency_calls if o.latency_of == "timed" else 0
+    return (f"{o.calls - o.profiled - inside} timed, {o.profiled} profiled"
+            + (f", {inside} timed inside a profiled call" if inside else ""))
 
 
 def _end_to_end(console: Any, e2e: EndToEnd) -> None:
