@@ -316,12 +316,16 @@ def stats() -> dict[str, int]:
 
 # ---- warm-up and the user's profiler ---------------------------------------------------------
 
+def _profile_tier_on(cfg: Config) -> bool:
+    """Whether the configuration can ask for the profile tier (what the warm-ups wait on)."""
+    return cfg.enabled and cfg.profile_rate > 0 and cfg.profile_max_per_minute > 0
+
+
 def on_worker_start(cfg: Config) -> None:
     """Worker thread: warm the profiler up when the configuration can ask for the profile tier."""
     try:
         helper = runtime.profiler.warming  # set-up's, under way: the worker builds spans meanwhile
-        if (helper is None or not helper.is_alive()) and cfg.enabled and cfg.profile_rate > 0 \
-                and cfg.profile_max_per_minute > 0:
+        if (helper is None or not helper.is_alive()) and _profile_tier_on(cfg):
             warm_up()
     except Exception as exc:
         _log.internal_error("profile-warmup", exc)
@@ -342,7 +346,7 @@ def warm_up_on_main_thread(cfg: Config) -> None:
         # once per process (under CUDA the worker's)
         if p.torch is not None or threading.current_thread() is not threading.main_thread():
             return
-        if not (cfg.enabled and cfg.profile_rate > 0 and cfg.profile_max_per_minute > 0):
+        if not _profile_tier_on(cfg):
             return
         import torch
 
@@ -360,8 +364,8 @@ def warm_up_early(cfg: Config) -> None:
     this call can hide it. Never initialises CUDA; never raises."""
     try:
         torch = sys.modules.get("torch")  # no CUDA context is made here (a program may fork)
-        if not runtime.profiler.warm_cuda and cfg.enabled and cfg.profile_rate > 0 \
-                and cfg.profile_max_per_minute > 0 and torch and torch.cuda.is_initialized():
+        if not runtime.profiler.warm_cuda and _profile_tier_on(cfg) and torch \
+                and torch.cuda.is_initialized():
             warm_up_async(cuda=True)
     except Exception as exc:
         _log.internal_error("profile-warmup", exc)
