@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import pkgutil
 import statistics
 import sys
 import threading
@@ -84,19 +85,8 @@ class Timings:
 
 
 def resolve(path: str) -> Any:
-    """The module or class named by a dotted path."""
-    import importlib
-
-    parts = path.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            found: Any = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        for name in parts[cut:]:
-            found = getattr(found, name)
-        return found
-    raise ImportError(path)
+    """The module, class or function named by a dotted path."""
+    return pkgutil.resolve_name(path)
 
 
 def inputs(device: str) -> tuple[Any, Any, Any, Any]:
