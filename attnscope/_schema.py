@@ -125,7 +125,8 @@ KERNEL_TOP_NAMES = attribute("kernel.top_names", "string[]", "", "the 5 with the
 KERNEL_TOP_NS = attribute("kernel.top_ns", "int[]", _NS, "their times")
 KERNEL_TOP = attribute("kernel.top", "string[]", "", "the same 5 as \"name: time\"")
 PROFILED_BY = attribute("profiled_by", "string", "",
-                        "enclosing: timed inside a profiled call, its ops from that profile")
+                        "enclosing: timed inside a profiled call, its ops from that profile; "
+                        "nested: holds a profiled call")
 KERNEL_FOLDED = attribute("kernel.folded", "int", "", "ops folded into the span's own time")
 BACKEND = attribute("backend", "string", "", "the attention backend that ran")
 # Silent fallback (_derive/fallback.py): set on SDPA calls whose backend is known.

@@ -253,6 +253,27 @@ def test_attention_calls_outermost_call_with_facts_else_innermost() -> None:
     assert [r.span_id for r in attention_calls(plain)] == ["inner"]
 
 
+def _named(span_id: str, parent: str | None, name: str, attrs: dict[str, Any]) -> SpanRow:
+    return SpanRow("t" * 32, span_id, parent, name, 0, 1, attrs, None)
+
+
+def test_attention_calls_leave_out_an_inner_site_nested_or_not() -> None:
+    """SDPA sampled inside a layer call that was not sampled is that layer's work as much as an
+    SDPA nested in a sampled one: reporting it too counts the attention twice."""
+    facts = {"attnscope.tier": "timing", "attnscope.flops": 10}
+    rows = [_row("block", None, **{"attnscope.tier": "timing"}),  # a decoder layer
+            _row("layer", "block", **facts, **{"attnscope.module": "layers.0.attn"}),
+            _named("nested", "layer", "sdpa", facts),
+            _named("alone", "block", "sdpa", facts),  # its layer call was not sampled
+            _row("other", None, **{**facts, "attnscope.module": "head"})]
+    assert [r.span_id for r in attention_calls(rows)] == ["layer", "other"]
+    # the same site seen only on its own is reported; a call of a site nested in a call of
+    # the same site (recursion) is the outer call's, the site stays
+    assert [r.span_id for r in attention_calls([rows[0], rows[3]])] == ["alone"]
+    same = [_named("outer", None, "f", facts), _named("again", "outer", "f", facts)]
+    assert [r.span_id for r in attention_calls(same)] == ["outer"]
+
+
 def test_html_is_self_contained(traces: TraceFiles, tmp_path: Path) -> None:
     out = tmp_path / "report.html"
     done = _report(traces.directory, "--html", out)

@@ -198,6 +198,8 @@ def _marks(attrs: dict[str, Any]) -> str:
         parts.append("profiled")
     elif attrs.get(_PROFILED_BY) == "enclosing":
         parts.append("timed inside an enclosing call's profile")
+    elif attrs.get(_PROFILED_BY) == "nested":
+        parts.append("a call in it profiled")
     if attrs.get(_SLOW) is True:
         parts.append("slow")
     peak = attrs.get(_PEAK)

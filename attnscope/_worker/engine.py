@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.trace import NoOpTracer
 
 from .. import _log
+from .. import _schema as schema
 from .._config import Config
 from .._derive import call as derive
 from .._derive.result import Derived, Measured
 from .._export import metrics, pipeline
 from .._profiles import session as profile
 from .._record.batches import BatchRecord
-from .._record.capture import Capture
+from .._record.capture import TIER_PROFILE, Capture
 from .._runtime import runtime
 from .._spans import emit, requests
 from .._spans.calls import implementation_of, result_of, site_attributes
@@ -40,6 +41,13 @@ __all__ = ["Engine", "MetricsBatch"]
 # on how late a value is recorded when captures arrive faster than the worker's batches end.
 _METRICS_BATCH_MAX = 1024
 _IMPLS_MAX = 4096  # modules whose implementation one batch keeps
+# Calls still to arrive that hold a profiled call (Engine._around): a call arrives after the calls
+# nested in it, so one that never does (its capture dropped) must not be waited for forever.
+_AROUND_MAX = 4096
+# What a profiled call's span says of the attention that ran, told to the attention call it ran in
+_RAN = tuple(a.name for a in (schema.BACKEND, schema.BACKEND_FALLBACK, schema.BACKEND_EXPECTED,
+                              schema.BACKEND_REASON, schema.IMPLEMENTATION_RAN))
+_ATTENTION = (schema.FLOPS.name, schema.NUM_HEADS.name)
 
 
 class Engine:
@@ -60,6 +68,8 @@ class Engine:
         self._impls: dict[int, tuple[Any, str | None]] = {}
         # what every span of one shape, site, tier and rate starts with (spans.capture_attributes)
         self._bases: dict[tuple[Any, ...], Any] = {}
+        # capture id -> what the profiled call nested in it found of the attention that ran
+        self._around: dict[int, dict[str, Any]] = {}
         try:
             built = (build or pipeline.build)(cfg)
             recorder = metrics.recorder(cfg, built)
@@ -104,12 +114,17 @@ class Engine:
         cfg = runtime.config.current or self._cfg
         if cap.profile is not None:
             found.profile, children = profile.finish(cap, cfg, derived)
+        held = self._around.pop(cap.capture_id, None) if self._around else None
+        if held is not None:  # its nested call's profiler slowed it: neither slow nor a sample
+            cap.in_profile = True
         # slow? arm the site; a granted call says why
         found.trigger, found.slow_quantile = escalator.observe(
             cap, found.device_ns, cfg.slow_call_quantile,
             cfg.profile_rate > 0 and cfg.profile_max_per_minute > 0)
         result = result_of(cap, shape, found, children, self._site_attrs(cap.site),
                            self._implementation, self._bases)
+        if held is not None or cap.tier == TIER_PROFILE:
+            self._tell_around(cap, result.attrs, held)
         if cap.batch is not None:  # inside attnscope.batch(): the call's share of each row
             try:
                 padding = self.ledger.observe(
@@ -120,6 +135,25 @@ class Engine:
             except Exception as exc:  # the call's span goes out unsplit
                 _log.internal_error("apportion", exc)
         self.builder.add(result)
+
+    def _tell_around(self, cap: Capture, attrs: dict[str, Any],
+                     held: dict[str, Any] | None) -> None:
+        """A call that holds a profiled call ran under the profiler too: its span says so
+        (``profiled_by`` ``nested``, as ``attnscope report`` reads it), and an attention call
+        whose SDPA call was profiled names the backend that ran, as a profiled one does. Its
+        parent, when it arrives, holds one as well."""
+        if held is not None:
+            attrs[schema.PROFILED_BY.name] = "nested"
+            if schema.BACKEND.name not in attrs and any(k in attrs for k in _ATTENTION):
+                attrs.update(held)
+        if cap.parent_id is None:
+            return
+        around = self._around
+        if len(around) >= _AROUND_MAX:
+            del around[next(iter(around))]
+        # the first profiled call a parent holds names what ran; a deeper one only marks it
+        ran = {k: attrs[k] for k in _RAN if k in attrs} if held is None else {}
+        around.setdefault(cap.parent_id, ran)
 
     def end_block(self, block: BatchRecord) -> None:
         """An ended ``batch`` block whose calls have all arrived: its request spans."""

@@ -8,7 +8,10 @@ unknown). A layer and phase that ran under several backends get one row per back
 What the numbers are — counts and totals from **every sampled call**, latency and rates from the
 **timed** calls (the profiled ones, and those timed inside a profiled call —
 ``attnscope.profiled_by`` — ran under ``torch.profiler``, which slows them; a row whose calls all
-did takes them, and says so in ``latency_of``):
+did takes them, and says so in ``latency_of``). A call is **profiled** when it was, or when a
+call nested in it was (``profiled_by`` ``nested``: the SDPA call inside a layer call, profiled on
+its own sampling): its kernels, core time and backend are then that nested call's
+(:func:`profiles_within`).
 
 - ``calls``: sampled calls; ``estimated_calls``: Σ ``1/attnscope.sample_rate`` over them (the calls
   the program made if sampling was uniform); ``profiled``; ``latency_calls``: the calls the
@@ -25,7 +28,9 @@ did takes them, and says so in ``latency_of``):
   that saw the most (every token passes every layer once); tokens/s = 1 ÷ Σ over modules of
   (Σ time ÷ Σ tokens of its timed calls), the attention time a token spends in all layers.
 - Kernels/ops: from profiled calls' ``attnscope.kernel.top_names``/``top_ns`` (each call's five
-  biggest), as a share of their ``attnscope.kernel.total_ns``.
+  biggest), as a share of their ``attnscope.kernel.total_ns``; the overall row's also from
+  profiled calls of an inner site that ran on their own (``traces.attention_calls``: SDPA in a
+  layer call that was not sampled), whose layer is not known.
 - Cost per 1,000 tokens: price per second ÷ tokens/s × 1,000 (attention time only).
 """
 
@@ -38,11 +43,13 @@ from typing import Any
 
 from .. import _schema as schema
 from .roofline import FallbackStats, RooflineStats, fallbacks_of, roofline_of
-from .traces import GroupKey, SpanRow, call_backends, group_key
+from .traces import ATTENTION_FACTS, GroupKey, SpanRow, call_backends, group_key
 
 __all__ = ["Quantiles", "GroupStats", "Summary", "summarize", "quantiles", "time_ns", "wall_ns",
            "latency_rows", "operator_spans", "int_attribute", "sample_rate", "is_profiled",
-           "under_profiler", "PHASE_ORDER"]
+           "under_profiler", "profiles_within", "PHASE_ORDER"]
+
+CallId = tuple[str, str]  # (trace id, span id)
 
 PHASE_ORDER = {"prefill": 0, "decode": 1, None: 2}
 
@@ -69,7 +76,7 @@ class GroupStats:
     label: str           # the module, with " · backend" when its phase ran under several
     calls: int
     estimated_calls: float
-    profiled: int
+    profiled: int        # own profile, or a nested call's (see profiled_inside)
     latency_calls: int   # the calls the percentiles, time and rates are of
     latency_of: str      # "timed", or "profiled" when every call of the row was profiled
     wall: Quantiles
@@ -81,13 +88,16 @@ class GroupStats:
     tflops: float | None
     core_tflops: float | None
     memory_peak_bytes: int | None
-    backends: Mapping[str, int]  # calls that recorded attnscope.backend themselves, per name
+    # calls that recorded attnscope.backend themselves, per name (overall: and loose profiles)
+    backends: Mapping[str, int]
     kernels: list[tuple[str, int, float]]  # (name, ns, share of profiled kernel time)
     cost_per_1k_tokens: float | None
     # calls marked attnscope.exact=false, per attnscope.inexact_reason (empty: all exact)
     inexact: Mapping[str, int] = field(default_factory=dict)
     roofline: RooflineStats | None = None  # :mod:`.roofline`: calls with a roofline
     fallbacks: FallbackStats | None = None  # calls named a silent fallback
+    profiled_inside: int = 0  # of ``profiled``: through a call nested in them
+    profiles: int = 0  # the profiled spans ``kernels`` and core TFLOP/s are of
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +110,9 @@ class Summary:
     sample_rates: list[float]
     price_per_hour: float | None
     services: list[str] = field(default_factory=list)
-    labels: Mapping[tuple[str, str], str] = field(default_factory=dict)  # call id -> row label
+    labels: Mapping[CallId, str] = field(default_factory=dict)  # call id -> row label
+    # a call profiled through calls nested in it: those calls (profiles_within)
+    within: Mapping[CallId, list[SpanRow]] = field(default_factory=dict)
 
     @property
     def sampled(self) -> bool:
@@ -154,10 +166,36 @@ def under_profiler(row: SpanRow) -> bool:
     return is_profiled(row) or schema.PROFILED_BY.name in row.attributes
 
 
-def latency_rows(rows: Sequence[SpanRow]) -> list[SpanRow]:
+def latency_rows(rows: Sequence[SpanRow],
+                 within: Mapping[CallId, Any] | None = None) -> list[SpanRow]:
     """The calls latency and rates are of: those the profiler did not slow, else (it slowed all)
-    all of them."""
-    return [r for r in rows if not under_profiler(r)] or list(rows)
+    all of them. ``within``: calls profiled through a nested call (:func:`profiles_within`),
+    slowed too."""
+    return [r for r in rows if not under_profiler(r)
+            and (within is None or (r.trace_id, r.span_id) not in within)] or list(rows)
+
+
+def profiles_within(rows: Sequence[SpanRow], calls: Sequence[SpanRow]
+                    ) -> tuple[dict[CallId, list[SpanRow]], list[SpanRow]]:
+    """The profiled call spans among ``rows`` that are not among ``calls``: by the call of
+    ``calls`` they are a child of (the SDPA call inside a layer call: the layer's attention
+    core, profiled), and those with attention facts that are no call's child (an inner site's
+    call that ran on its own). A profiled decoder layer or forward is neither."""
+    reported = {(c.trace_id, c.span_id) for c in calls}
+    within: dict[CallId, list[SpanRow]] = defaultdict(list)
+    loose: list[SpanRow] = []
+    for r in rows:
+        if not is_profiled(r) or schema.KERNEL_KIND.name in r.attributes \
+                or (r.trace_id, r.span_id) in reported:
+            continue
+        if r.parent_id and (r.trace_id, r.parent_id) in reported:
+            within[(r.trace_id, r.parent_id)].append(r)
+        elif any(key in r.attributes for key in ATTENTION_FACTS):
+            loose.append(r)
+    for c in calls:  # said by the worker, its nested span not in the file (cut, or filtered)
+        if c.attributes.get(schema.PROFILED_BY.name) == "nested":
+            within.setdefault((c.trace_id, c.span_id), [])
+    return dict(within), loose
 
 
 def _over_time(rows: Sequence[SpanRow], key: str) -> tuple[int, int] | None:
@@ -187,28 +225,34 @@ def _kernels(rows: Sequence[SpanRow]) -> list[tuple[str, int, float]]:
 
 
 def _stats(key: GroupKey, label: str, rows: Sequence[SpanRow], price_per_hour: float | None,
-           tokens: int | None = None, tokens_per_s: float | None = None) -> GroupStats:
-    """One row. ``tokens``/``tokens_per_s``: given for the overall row (see the module doc)."""
-    timed = latency_rows(rows)
+           within: Mapping[CallId, list[SpanRow]], tokens: int | None = None,
+           tokens_per_s: float | None = None, loose: Sequence[SpanRow] = ()) -> GroupStats:
+    """One row. ``tokens``/``tokens_per_s``/``loose``: given for the overall row (see the module
+    doc); ``within``: :func:`profiles_within`."""
+    timed = latency_rows(rows, within)
     devices = _ints(timed, schema.DEVICE_NS.name)
     all_tokens, all_flops = _ints(rows, schema.TOKENS.name), _ints(rows, schema.FLOPS.name)
     if tokens is None and all_tokens:
         tokens = sum(all_tokens)
     if tokens_per_s is None:
         tokens_per_s = _rate(_over_time(timed, schema.TOKENS.name))
+    inside = [r for r in rows if not is_profiled(r) and (r.trace_id, r.span_id) in within]
     profiled = [r for r in rows if is_profiled(r)]
-    cored = [(f, c) for r in profiled if (f := int_attribute(r, schema.FLOPS.name)) is not None
+    profiles = [*profiled, *(p for r in inside for p in within[(r.trace_id, r.span_id)]),
+                *loose]
+    cored = [(f, c) for r in profiles if (f := int_attribute(r, schema.FLOPS.name)) is not None
              and (c := int_attribute(r, schema.CORE_NS.name))]
     core = _rate((sum(f for f, _ in cored), sum(c for _, c in cored))) if cored else None
     flop_rate = _rate(_over_time(timed, schema.FLOPS.name))
     peaks = _ints(rows, schema.PEAK_BYTES.name)
-    backends = Counter(str(r.attributes[schema.BACKEND.name]) for r in rows
+    backends = Counter(str(r.attributes[schema.BACKEND.name]) for r in (*rows, *loose)
                        if schema.BACKEND.name in r.attributes)
     return GroupStats(
         module=key[0], phase=key[1], backend=key[2], label=label, calls=len(rows),
-        estimated_calls=sum(1.0 / sample_rate(r) for r in rows), profiled=len(profiled),
-        latency_calls=len(timed),
-        latency_of="timed" if any(not under_profiler(r) for r in rows) else "profiled",
+        estimated_calls=sum(1.0 / sample_rate(r) for r in rows),
+        profiled=len(profiled) + len(inside), latency_calls=len(timed),
+        latency_of="timed" if any(not under_profiler(r) and (r.trace_id, r.span_id) not in within
+                                  for r in rows) else "profiled",
         wall=quantiles([wall_ns(r) for r in timed]),
         device=quantiles(devices) if devices else None,
         time_ns=sum(time_ns(r) for r in timed), tokens=tokens,
@@ -216,12 +260,13 @@ def _stats(key: GroupKey, label: str, rows: Sequence[SpanRow], price_per_hour: f
         tflops=flop_rate / 1e12 if flop_rate is not None else None,
         core_tflops=core / 1e12 if core is not None else None,
         memory_peak_bytes=max(peaks) if peaks else None, backends=dict(backends),
-        kernels=_kernels(profiled),
+        kernels=_kernels(profiles),
         cost_per_1k_tokens=(price_per_hour / 3600 / tokens_per_s * 1e3
                             if price_per_hour is not None and tokens_per_s else None),
         inexact=dict(Counter(str(r.attributes.get(schema.INEXACT_REASON.name, "unknown"))
                              for r in rows if r.attributes.get(schema.EXACT.name) is False)),
-        roofline=roofline_of(rows), fallbacks=fallbacks_of(rows))
+        roofline=roofline_of(rows), fallbacks=fallbacks_of(rows), profiled_inside=len(inside),
+        profiles=len(profiles))
 
 
 def sample_rate(row: SpanRow) -> float:
@@ -235,7 +280,8 @@ def _order(key: GroupKey, rows: Sequence[SpanRow]) -> tuple[Any, ...]:
             min(r.start_ns for r in rows), key[2] or "")
 
 
-def _overall_tokens_per_s(calls: Sequence[SpanRow]) -> float | None:
+def _overall_tokens_per_s(calls: Sequence[SpanRow],
+                          within: Mapping[CallId, list[SpanRow]]) -> float | None:
     """1 ÷ Σ over modules of (Σ time ÷ Σ tokens of its timed calls): a token passes every
     layer once, so its attention time is the sum of the layers' time per token."""
     per_module: dict[str, list[SpanRow]] = defaultdict(list)
@@ -243,7 +289,7 @@ def _overall_tokens_per_s(calls: Sequence[SpanRow]) -> float | None:
         per_module[group_key(row)[0]].append(row)
     seconds_per_token = 0.0
     for rows in per_module.values():
-        pair = _over_time(latency_rows(rows), schema.TOKENS.name)
+        pair = _over_time(latency_rows(rows, within), schema.TOKENS.name)
         if pair and pair[0]:
             seconds_per_token += pair[1] / 1e9 / pair[0]
     return 1.0 / seconds_per_token if seconds_per_token > 0 else None
@@ -254,7 +300,9 @@ def summarize(calls: Sequence[SpanRow], price_per_hour: float | None = None,
     """The report's numbers for ``calls`` (from :func:`attnscope.cli.traces.attention_calls`).
     ``rows``: every span of the trace, whose call spans nested in ``calls`` tell their sites
     apart (:func:`attnscope.cli.traces.call_backends`); default ``calls``."""
-    backend_of = call_backends(calls if rows is None else rows, calls)
+    every = calls if rows is None else rows
+    backend_of = call_backends(every, calls)
+    within, loose = profiles_within(every, calls)
     grouped: dict[GroupKey, list[SpanRow]] = defaultdict(list)
     for row in calls:
         module, phase = group_key(row)
@@ -266,18 +314,19 @@ def summarize(calls: Sequence[SpanRow], price_per_hour: float | None = None,
         backends_per_row[(k[0], k[1])].add(k[2])
     label = {k: f"{k[0]} · {k[2] or '—'}" if len(backends_per_row[(k[0], k[1])]) > 1 else k[0]
              for k in keys}
-    groups = [_stats(k, label[k], grouped[k], price_per_hour) for k in keys]
+    groups = [_stats(k, label[k], grouped[k], price_per_hour, within) for k in keys]
     per_module: Counter[str] = Counter()
     for g in groups:
         per_module[g.module] += g.tokens or 0
     most_tokens = max(per_module.values(), default=0) or None
-    overall = _stats(("all layers", None, None), "all layers", calls, price_per_hour,
-                     tokens=most_tokens, tokens_per_s=_overall_tokens_per_s(calls))
+    overall = _stats(("all layers", None, None), "all layers", calls, price_per_hour, within,
+                     tokens=most_tokens, tokens_per_s=_overall_tokens_per_s(calls, within),
+                     loose=loose)
     slowest = sorted(calls, key=lambda r: (-time_ns(r), r.start_ns))[:top]
     rates = sorted({sample_rate(r) for r in calls})
     services = sorted({r.service for r in calls if r.service})
     labels = {(r.trace_id, r.span_id): label[k] for k, members in grouped.items() for r in members}
-    return Summary(groups, overall, slowest, rates, price_per_hour, services, labels)
+    return Summary(groups, overall, slowest, rates, price_per_hour, services, labels, within)
 
 
 def operator_spans(rows: Sequence[SpanRow], call: SpanRow) -> list[SpanRow]:

@@ -141,10 +141,14 @@ def attention_calls(rows: Sequence[SpanRow]) -> list[SpanRow]:
 
     Candidates are attnscope's call spans (with ``attnscope.tier``), never its operator/kernel
     child spans (``attnscope.kernel.kind``). When some candidates carry attention facts
-    (``ATTENTION_FACTS``: head counts or FLOPs), the calls are those, except one nested inside
-    another call (an SDPA traced under an instrumented layer: its time is already the layer's);
-    model forwards, ``generate()`` and ``span()`` blocks around them are left out. When none
-    does (only ``@trace``/``span()`` on inputs attnscope did not recognise), the calls are the
+    (``ATTENTION_FACTS``: head counts or FLOPs), the calls are those, except the calls of an
+    **inner site**: a site (:func:`group_key`'s layer or name) one of whose calls ran nested in
+    another site's call — SDPA traced inside an instrumented layer. Its calls are that layer's
+    work, nested or not: each was sampled on its own, so at a sample rate below 1 most of them
+    ran inside a layer call that was not sampled, and reporting them as well would count that
+    attention twice (and the report's rows would change with the sample rate). Model forwards,
+    ``generate()`` and ``span()`` blocks around the calls are left out. When no candidate has
+    facts (only ``@trace``/``span()`` on inputs attnscope did not recognise), the calls are the
     innermost candidates, so such a trace is still reported.
     """
     candidates = [r for r in rows if schema.TIER.name in r.attributes
@@ -152,8 +156,16 @@ def attention_calls(rows: Sequence[SpanRow]) -> list[SpanRow]:
     by_id = {r.span_id: r for r in candidates}
     with_facts = {r.span_id for r in candidates if _has_facts(r)}
     if with_facts:
-        return [r for r in candidates if r.span_id in with_facts
-                and not any(a.span_id in with_facts for a in _ancestors(r, by_id))]
+        outermost, inner_sites = [], set()
+        for r in candidates:
+            if r.span_id not in with_facts:
+                continue
+            above = next((a for a in _ancestors(r, by_id) if a.span_id in with_facts), None)
+            if above is None:
+                outermost.append(r)
+            elif group_key(above)[0] != group_key(r)[0]:
+                inner_sites.add(group_key(r)[0])
+        return [r for r in outermost if group_key(r)[0] not in inner_sites]
     parents = {a.span_id for r in candidates for a in _ancestors(r, by_id)}
     return [r for r in candidates if r.span_id not in parents]
 
@@ -171,7 +183,9 @@ def call_backends(rows: Sequence[SpanRow],
     backend is unknown is left out (reported as "—").
 
     1. The call's own ``attnscope.backend``: written when it was profiled (the profiler saw
-       which kernels ran).
+       which kernels ran), or when a call in it was (the worker names a layer call's backend
+       from its profiled SDPA call, or the ops of a profile around it). Else that of the
+       profiled calls it holds, when they agree (a trace written before the worker did).
     2. Else the backend of its **site**, when every call of the site that recorded one recorded
        the same: a site is the calls with the same :func:`group_key` and the same names of the
        call spans nested in them (``rows``: the trace's spans) — one piece of code. The demo runs
@@ -198,6 +212,12 @@ def call_backends(rows: Sequence[SpanRow],
 
     own = {(c.trace_id, c.span_id): str(b) for c in calls
            if (b := c.attributes.get(schema.BACKEND.name))}
+    for c in calls:
+        held = {str(b) for kid in children.get((c.trace_id, c.span_id), ())
+                if kid.attributes.get(schema.TIER.name) == "profile"
+                and (b := kid.attributes.get(schema.BACKEND.name))}
+        if len(held) == 1 and (c.trace_id, c.span_id) not in own:
+            own[(c.trace_id, c.span_id)] = held.pop()
     site_of = {(c.trace_id, c.span_id): site(c) for c in calls}
     seen_at: dict[tuple[str, str | None, frozenset[str]], set[str]] = defaultdict(set)
     for key, backend in own.items():

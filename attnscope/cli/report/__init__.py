@@ -261,6 +261,8 @@ def _split(o: GroupStats) -> str:
     latency and rates leave out as they do profiled calls."""
     inside = o.calls - o.profiled - o.latency_calls if o.latency_of == "timed" else 0
     return (f"{o.calls - o.profiled - inside} timed, {o.profiled} profiled"
+            + (f" ({o.profiled_inside} through the call nested in it)" if o.profiled_inside
+               else "")
             + (f", {inside} timed inside a profiled call" if inside else ""))
 
 
@@ -337,10 +339,12 @@ def _calls_table(summary: Summary) -> Table:
 
 
 def backend_cell(summary: Summary, g: GroupStats) -> str:
-    """A row's backend; the "all layers" row's: every backend of the rows above (terminal and
-    HTML alike)."""
+    """A row's backend; the "all layers" row's: every backend of the rows above, and of the
+    profiled calls no row holds (an SDPA call whose layer call was not sampled), terminal and
+    HTML alike."""
     if g is summary.overall:
-        return ",".join(sorted({b.backend for b in summary.groups if b.backend})) or MISSING
+        return ",".join(sorted({b.backend for b in summary.groups if b.backend}
+                               | set(g.backends))) or MISSING
     return g.backend or MISSING
 
 
@@ -406,7 +410,7 @@ def _table(title: str, columns: tuple[str, ...]) -> Table:
 def _kernels_and_slowest(console: Any, summary: Summary, top: int) -> None:
     kernels = summary.overall.kernels[:top]
     if kernels:
-        k = _table(f"Top kernels/ops of the {summary.overall.profiled} profiled calls",
+        k = _table(f"Top kernels/ops of the {summary.overall.profiles} profiled calls",
                    ("kernel / op", "time", "share"))
         for name, ns, share in kernels:
             k.add_row(name, duration(ns), f"{share:.1%}")

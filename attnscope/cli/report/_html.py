@@ -168,7 +168,7 @@ def _latency_plot(summary: Summary, calls: Sequence[SpanRow]) -> str:
         values.setdefault((summary.label_of(r), group_key(r)[1]), []).append(r)
     fig = figure(11, 0.9 + 0.42 * len(groups))
     ax = fig.subplots()
-    data = [[wall_ns(r) / 1e6 for r in latency_rows(values[(g.label, g.phase)])]
+    data = [[wall_ns(r) / 1e6 for r in latency_rows(values[(g.label, g.phase)], summary.within)]
             for g in groups]
     positions = list(range(len(groups)))[::-1]
     parts = ax.boxplot(data, positions=positions, orientation="horizontal", widths=0.6,
@@ -242,7 +242,7 @@ def _kernel_plot(summary: Summary, top: int, duration: Any) -> str:
     ax.set_xlim(0, max(share for _, _, share in kernels) * 125)
     ax.grid(axis="x", color="#e6e8ec")
     ax.set_axisbelow(True)
-    note = (f"<p class=\"note\">From the {summary.overall.profiled} profiled calls: each call's "
+    note = (f"<p class=\"note\">From the {summary.overall.profiles} profiled calls: each call's "
             "five biggest kernels/ops (<code>attnscope.kernel.top_names</code>), as a share of "
             "their kernel time.</p>")
     return note + svg(fig)
@@ -255,7 +255,8 @@ def _short(text: str, n: int) -> str:
 def _timeline(summary: Summary, rows: Sequence[SpanRow], calls: Sequence[SpanRow],
               duration: Any) -> str:
     profiled = [(c, spans_under(rows, c)) for c in calls
-                if c.attributes.get(schema.TIER.name) == "profile"]
+                if c.attributes.get(schema.TIER.name) == "profile"
+                or summary.within.get((c.trace_id, c.span_id))]
     profiled = [(c, spans) for c, spans in profiled if spans]
     if not profiled:
         return "<p class=\"note\">No profiled call with operator spans in this trace.</p>"

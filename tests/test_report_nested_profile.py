@@ -1,0 +1,147 @@
+"""A profile that lands on the SDPA call inside a layer call is the layer call's profile.
+
+``attnscope run`` traces each layer's attention and SDPA itself, each sampled on its own, so a
+profile often lands on the SDPA call of a layer call that was only timed. The report used to
+drop it (SDPA nested in a layer is the layer's work): "No profiled calls", the layer's backend
+unknown, and the layer call, slowed by the profiler, counted in the latency. The SDPA calls that
+ran inside a layer call that was not sampled were a row of their own, their attention counted a
+second time in "all layers".
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnscope
+from attnscope._runtime import runtime
+from attnscope._worker import latency
+from attnscope.cli.report import backend_cell
+from attnscope.cli.summary import summarize
+from attnscope.cli.traces import attention_calls
+
+from .support.helpers import traced_to_file
+
+_CALLS, _PROFILED = 20, 2
+
+
+def _layer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    out: torch.Tensor = F.scaled_dot_product_attention(q, k, v)  # looked up now: the wrapper
+    return out
+
+
+def _trace(tmp_path: Path, seen: list[tuple[str, bool]] | None = None,
+           monkeypatch: pytest.MonkeyPatch | None = None) -> tuple[Path, list[Any]]:
+    layer = attnscope.trace(_layer, name="layer")
+    q = torch.randn(2, 4, 32, 16)
+    path = tmp_path / "t.json"
+    if seen is not None and monkeypatch is not None:
+        observe = latency.Escalator.observe
+
+        def spy(self: Any, cap: Any, *args: Any, **kwargs: Any) -> Any:
+            seen.append((cap.site.name, cap.in_profile))
+            return observe(self, cap, *args, **kwargs)
+
+        monkeypatch.setattr(latency.Escalator, "observe", spy)
+
+    def run() -> None:
+        attnscope.instrument_sdpa()
+        try:
+            with torch.no_grad():
+                for _ in range(_CALLS):
+                    layer(q, q, q)
+                assert attnscope.flush(timeout_s=30)
+                # on demand (attnscope trigger): the next sampled SDPA calls are profiled; the
+                # layer calls around them stay on the timing tier (profile rate 0)
+                runtime.grants.set_trigger(_PROFILED, "scaled_dot_product_attention")
+                for _ in range(_PROFILED):
+                    layer(q, q, q)
+        finally:
+            attnscope.uninstrument_sdpa()
+
+    return path, traced_to_file(path, "jaeger-json", run)
+
+
+def test_the_layer_call_holding_a_profiled_call_says_so_and_names_its_backend(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[str, bool]] = []
+    _, rows = _trace(tmp_path, seen, monkeypatch)
+    sdpa = [r for r in rows if r.name == "scaled_dot_product_attention"]
+    layers = [r for r in rows if r.name == "layer"]
+    assert len(sdpa) == len(layers) == _CALLS + _PROFILED
+    profiled = [r for r in sdpa if r.attributes["attnscope.tier"] == "profile"]
+    assert len(profiled) == _PROFILED and all(r.attributes.get("attnscope.backend")
+                                              for r in profiled)
+    held = [r for r in layers if "attnscope.profiled_by" in r.attributes]
+    assert sorted(r.span_id for r in held) == sorted(str(r.parent_id) for r in profiled)
+    by_id = {r.span_id: r for r in profiled}
+    for layer in held:
+        assert layer.attributes["attnscope.tier"] == "timing"
+        assert layer.attributes["attnscope.profiled_by"] == "nested"
+        inner = next(r for r in profiled if r.parent_id == layer.span_id)
+        for key in ("attnscope.backend", "attnscope.backend.fallback",
+                    "attnscope.implementation.ran"):
+            assert layer.attributes.get(key) == inner.attributes.get(key), key
+        assert "a call in it profiled" in layer.attributes["attnscope.summary"]
+        assert by_id[inner.span_id] is inner
+    assert all("attnscope.backend" not in r.attributes for r in layers if r not in held)
+    # the latency estimate never learned the slowed layer calls (nor could mark one slow)
+    assert sorted(seen).count(("layer", True)) == _PROFILED
+    assert ("layer", False) in seen
+
+
+def test_the_report_counts_it_profiled_with_its_kernels_and_leaves_it_out_of_latency(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from attnscope.cli import main
+
+    path, rows = _trace(tmp_path)
+    calls = attention_calls(rows)
+    assert {r.name for r in calls} == {"layer"}  # SDPA in a layer is the layer's work
+    profiled = [r for r in rows if r.attributes.get("attnscope.tier") == "profile"]
+    backend = profiled[0].attributes["attnscope.backend"]
+
+    assert main(["report", str(path), "--json", "-"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (group,) = doc["groups"]
+    assert group["module"] == "layer" and group["backend"] == backend
+    assert group["calls"] == _CALLS + _PROFILED and group["profiled_calls"] == _PROFILED
+    assert group["latency_calls"] == _CALLS
+    walls = sorted(int(r.attributes["attnscope.wall_ns"]) for r in calls
+                   if "attnscope.profiled_by" not in r.attributes)
+    assert group["wall_ns"]["max"] == walls[-1] and group["wall_ns"]["min"] == walls[0]
+    # kernels: the profiled SDPA calls' own, as an independent sum of their top five
+    expected: dict[str, int] = {}
+    for r in profiled:
+        for name, ns in zip(r.attributes["attnscope.kernel.top_names"],
+                            r.attributes["attnscope.kernel.top_ns"], strict=True):
+            expected[name] = expected.get(name, 0) + int(ns)
+    total = sum(int(r.attributes["attnscope.kernel.total_ns"]) for r in profiled)
+    got = {k["name"]: (k["ns"], k["share"]) for k in group["kernels"]}
+    assert got == {name: (ns, pytest.approx(ns / total)) for name, ns in expected.items()}
+
+    assert main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert (f"{_CALLS} timed, {_PROFILED} profiled ({_PROFILED} through the call nested in it)"
+            in " ".join(out.split()))
+    assert f"Top kernels/ops of the {_PROFILED} profiled calls" in out
+    assert "No profiled calls" not in out
+
+
+def test_a_profiled_inner_call_on_its_own_still_gives_its_kernels(tmp_path: Path) -> None:
+    """An SDPA call profiled while its layer call was not sampled: its layer is not known, but
+    its kernels are the program's attention kernels (the overall table's)."""
+    _, rows = _trace(tmp_path)
+    profiled = {r.span_id for r in rows if r.attributes.get("attnscope.tier") == "profile"}
+    kept = [r for r in rows if r.span_id not in {p.parent_id for p in rows
+                                                 if p.span_id in profiled}]
+    summary = summarize(attention_calls(kept), rows=kept)
+    assert summary.overall.profiled == 0 and summary.overall.profiles == _PROFILED
+    assert summary.overall.kernels and all(g.profiles == 0 for g in summary.groups)
+    backends = {r.attributes["attnscope.backend"] for r in rows if r.span_id in profiled}
+    assert all(g.backend is None for g in summary.groups)  # whose layer call, not known
+    assert backend_cell(summary, summary.overall) == ",".join(sorted(backends))
