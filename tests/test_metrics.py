@@ -110,6 +110,27 @@ def test_recorder_weights_prefers_device_time_and_records_memory(
     assert point.count == 1 and point.sum == 3 * 2**20
 
 
+def test_the_duration_leaves_out_calls_the_profiler_ran_over(
+    meter_provider: MeterProvider, reader: InMemoryMetricReader
+) -> None:
+    """A profiled call, and a call timed inside or around one, ran slowed by the profiler: their
+    times are not the attention's. Their tokens and memory peaks still count."""
+    record = _metrics._instruments_for(meter_provider).record
+    base = {"attnscope.tier": "timing", "attnscope.tokens": 4, "attnscope.sample_rate": 1.0,
+            "attnscope.memory.peak_bytes": 1024}
+    record(_result({**base, "attnscope.wall_ns": 1_000}))
+    record(_result({**base, "attnscope.wall_ns": 50_000, "attnscope.tier": "profile"}))
+    for by in ("enclosing", "nested"):
+        record(_result({**base, "attnscope.wall_ns": 20_000, "attnscope.profiled_by": by}))
+    metrics = _metrics_by_name(reader)
+    (duration,) = _points(metrics["attnscope.attention.duration"])
+    assert duration.count == 1 and duration.sum == pytest.approx(1e-6)
+    (tokens,) = _points(metrics["attnscope.attention.tokens"])
+    assert tokens.value == pytest.approx(16.0)
+    (peak,) = _points(metrics["attnscope.memory.peak"])
+    assert peak.count == 4
+
+
 def test_recorder_never_raises(meter_provider: MeterProvider, reader: InMemoryMetricReader) -> None:
     record = _metrics._instruments_for(meter_provider).record
     record(_result({"attnscope.wall_ns": "not a number", "attnscope.tokens": True}))
