@@ -623,6 +623,35 @@ def test_users_profiler_prepared_before_attnscope_import() -> None:
     assert "tiers ['timing', 'timing', 'timing']" in proc.stdout
 
 
+def test_a_users_profiler_waiting_for_the_warm_up_is_told_so(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The warm-up holds the session for seconds on CUDA (no call is being profiled then)."""
+    import logging
+    import time
+
+    from attnscope._record.capture import ProfileSession
+
+    monkeypatch.setattr(_profile, "_USER_WAIT_S", 0.05)
+    p = runtime.profiler
+    p.session_lock.acquire()
+    p.active = ProfileSession(None, True)  # warm_up()'s: no capture
+
+    def end_warm_up() -> None:
+        time.sleep(0.3)
+        p.active = None
+        p.session_lock.release()
+
+    threading.Thread(target=end_warm_up).start()
+    with caplog.at_level(logging.WARNING, logger="attnscope"):
+        _profile._claim_for_user()
+    try:
+        (line,) = [r.getMessage() for r in caplog.records if "your profiler waits" in
+                   r.getMessage()]
+        assert "profiler warm-up" in line and "traced call" not in line
+    finally:
+        p.foreign = False
+
+
 def test_a_users_profiler_waits_for_a_long_profiled_call_on_another_thread(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """It used to start beside attnscope's session after 5 s: two kineto sessions crash."""

@@ -567,11 +567,15 @@ def _wait_for_session(p: Any) -> None:
     ``_USER_WAIT_MAX_S``."""
     p.foreign = True  # no new attnscope session starts meanwhile, on any thread
     got: list[bool] = []  # filled from C: a Ctrl-C cannot lose a lock taken (_interrupt_safe)
+    session = p.active  # read unlocked: it only picks the words below
+    what = ("attnscope's profiler warm-up (the profiler's first use: seconds on CUDA)"
+            if session is not None and session.capture is None
+            else "a traced call attnscope is profiling")
     try:
         _interrupt_safe.take(p.session_lock, got, _USER_WAIT_S)
         if True not in got:
-            _log.warn_once("profile-user-wait", "attnscope: your profiler waits for a traced "
-                           "call attnscope is profiling on another thread to end")
+            _log.warn_once("profile-user-wait", f"attnscope: your profiler waits for {what} on "
+                           "another thread to end")
             _interrupt_safe.take(p.session_lock, got, _USER_WAIT_MAX_S - _USER_WAIT_S)
             if True not in got:
                 _log.warn_once("profile-user-gave-up", "attnscope: a profiled call has run for "
