@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from . import _exit_status, _interrupt_safe, _log, _nothing_sampled
-from ._capture import profiler_session, wrapper
+from ._capture import early_warmup, profiler_session, wrapper
 from ._capture.args import check_attributes
 from ._capture.sampling import force as _force
 from ._config import Config, check_rate, from_env, shown, validate
@@ -133,7 +133,7 @@ def _set(cfg: Config) -> None:
     runtime.sampler.apply(cfg)
     # kineto's first session on torch's thread (no stderr); with CUDA up, CUPTI's on a helper
     profiler_session.warm_up_on_main_thread(cfg)
-    profiler_session.warm_up_early(cfg)
+    early_warmup.warm_up_early(cfg)
     if previous is not None and any(
         getattr(previous, f) is not getattr(cfg, f) and getattr(previous, f) != getattr(cfg, f)
         for f in _PIPELINE_FIELDS

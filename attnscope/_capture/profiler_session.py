@@ -36,7 +36,6 @@ import atexit
 import functools
 import gc
 import os
-import sys
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -49,8 +48,8 @@ from . import fork_exit, inner_sdpa  # noqa: F401  (fork_exit: a forked child ex
 if TYPE_CHECKING:
     from .._config import Config
 
-__all__ = ["start", "stop", "warm_up", "warm_up_async", "warm_up_early",
-           "warm_up_on_main_thread", "on_worker_start", "install_hooks", "stats"]
+__all__ = ["start", "stop", "warm_up", "warm_up_async", "warm_up_on_main_thread",
+           "on_worker_start", "install_hooks", "stats", "profile_tier_on"]
 
 _USER_WAIT_S = 5.0
 _WARMING_WAIT_S = 60.0  # a warm-up under way, awaited by warm_up(): CUPTI took 4.5 s on an H200
@@ -316,7 +315,7 @@ def stats() -> dict[str, int]:
 
 # ---- warm-up and the user's profiler ---------------------------------------------------------
 
-def _profile_tier_on(cfg: Config) -> bool:
+def profile_tier_on(cfg: Config) -> bool:
     """Whether the configuration can ask for the profile tier (what the warm-ups wait on)."""
     return cfg.enabled and cfg.profile_rate > 0 and cfg.profile_max_per_minute > 0
 
@@ -325,7 +324,7 @@ def on_worker_start(cfg: Config) -> None:
     """Worker thread: warm the profiler up when the configuration can ask for the profile tier."""
     try:
         helper = runtime.profiler.warming  # set-up's, under way: the worker builds spans meanwhile
-        if (helper is None or not helper.is_alive()) and _profile_tier_on(cfg):
+        if (helper is None or not helper.is_alive()) and profile_tier_on(cfg):
             warm_up()
     except Exception as exc:
         _log.internal_error("profile-warmup", exc)
@@ -346,7 +345,7 @@ def warm_up_on_main_thread(cfg: Config) -> None:
         # once per process (under CUDA the worker's)
         if p.torch is not None or threading.current_thread() is not threading.main_thread():
             return
-        if not _profile_tier_on(cfg):
+        if not profile_tier_on(cfg):
             return
         import torch
 
@@ -357,28 +356,16 @@ def warm_up_on_main_thread(cfg: Config) -> None:
         _log.internal_error("profile-warmup", exc)
 
 
-def warm_up_early(cfg: Config) -> None:
-    """Set-up (``configure()``, ``instrument()``): when this process has initialised CUDA already,
-    start the CUDA warm-up on a helper thread now rather than at the first sampled call (a
-    request). CUPTI's start-up took 4.5 s on an H200 (issue 37); the program's own set-up after
-    this call can hide it. Never initialises CUDA; never raises."""
-    try:
-        torch = sys.modules.get("torch")  # no CUDA context is made here (a program may fork)
-        if not runtime.profiler.warm_cuda and _profile_tier_on(cfg) and torch \
-                and torch.cuda.is_initialized():
-            warm_up_async(cuda=True)
-    except Exception as exc:
-        _log.internal_error("profile-warmup", exc)
-
-
-def warm_up_async(cuda: bool | None = None) -> None:
-    """Warm the profiler up on a helper thread (at most one at a time). Never raises."""
+def warm_up_async(cuda: bool | None = None,
+                  target: Callable[[bool | None], bool] | None = None) -> None:
+    """Warm the profiler up on a helper thread (at most one at a time): :func:`warm_up`, or
+    ``target`` (which calls it). Never raises."""
     p = runtime.profiler
     try:
         with p.lock:
             if p.warming is not None and p.warming.is_alive():
                 return
-            thread = threading.Thread(target=warm_up, args=(cuda,), daemon=True,
+            thread = threading.Thread(target=target or warm_up, args=(cuda,), daemon=True,
                                       name="attnscope-profiler-warmup")
             p.warming = thread
         thread.start()
@@ -402,7 +389,7 @@ def warm_up(cuda: bool | None = None) -> bool:
             cuda = False  # CUPTI refused once: keep the CPU side warm only
         helper = p.warming
         if helper is not None and helper is not threading.current_thread() and helper.is_alive():
-            helper.join(_WARMING_WAIT_S)  # one under way (warm_up_early's): its outcome, not a no
+            helper.join(_WARMING_WAIT_S)  # one under way (early_warmup's): its outcome, not a no
         if p.warm_cpu and (p.warm_cuda or not cuda):
             return True
         if p.foreign or _user_profiler_active():

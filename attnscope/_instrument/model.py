@@ -22,7 +22,7 @@ from .. import _log
 from .. import _schema as schema
 from .._attention.families.xlm import bidirectional_model
 from .._capture.compile import register_when_dynamo_loads
-from .._capture.profiler_session import warm_up_early
+from .._capture.early_warmup import warm_up_early
 from .._config import from_env
 from .._record.facts import BLOCK_FACTS, Facts
 from .._runtime import runtime

@@ -44,6 +44,7 @@ class ProfilerGate:
         self.warm_cuda = False
         self.broken: dict[bool, str] = {}  # on_cuda -> why kineto refused at warm-up
         self.kineto_ran = False  # attnscope started a kineto session (capture.fork_exit)
+        self.cuda_init_queued = False  # the warm-up waits in torch's queue for CUDA's start-up
 
     def reset(self) -> None:
         """Zero counts (tests); the process-lifetime facts stay."""
