@@ -177,7 +177,7 @@ def test_fallbacks_are_counted_per_series() -> None:
 
     reader = InMemoryMetricReader()
     record = _metrics._instruments_for(MeterProvider(metric_readers=[reader])).record
-    base = {"attnscope.wall_ns": 1000, "attnscope.backend": "math"}
+    base = {"attnscope.wall_ns": 1000, "attnscope.backend": "math", "attnscope.tier": "profile"}
     for fell in (True, True, False):
         record(SimpleNamespace(name="sdpa", attrs={**base, "attnscope.backend.fallback": fell}))
     record(SimpleNamespace(name="sdpa", attrs={"attnscope.wall_ns": 1000,

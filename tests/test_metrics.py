@@ -131,6 +131,20 @@ def test_the_duration_leaves_out_calls_the_profiler_ran_over(
     assert peak.count == 4
 
 
+def test_a_fallback_is_counted_once_on_the_profiled_call(
+    meter_provider: MeterProvider, reader: InMemoryMetricReader
+) -> None:
+    """The layer around a profiled SDPA call, or the one timed inside a profiled decoder layer,
+    carries that call's verdict too: one SDPA call, one count."""
+    record = _metrics._instruments_for(meter_provider).record
+    fell = {"attnscope.backend.fallback": True, "attnscope.wall_ns": 1_000}
+    record(_result({**fell, "attnscope.tier": "profile"}))
+    for by in ("enclosing", "nested"):
+        record(_result({**fell, "attnscope.tier": "timing", "attnscope.profiled_by": by}))
+    (point,) = _points(_metrics_by_name(reader)["attnscope.attention.backend_fallbacks"])
+    assert point.value == 1
+
+
 def test_recorder_never_raises(meter_provider: MeterProvider, reader: InMemoryMetricReader) -> None:
     record = _metrics._instruments_for(meter_provider).record
     record(_result({"attnscope.wall_ns": "not a number", "attnscope.tokens": True}))
@@ -355,7 +369,9 @@ def test_prometheus_reader_serves_the_histogram(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", "prometheus")
     monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_HOST", "127.0.0.1")
     monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_PORT", str(port))
-    attnscope.configure(exporter="none", sample_rate=1.0, warmup_calls=0, overhead_budget=1.0)
+    # profile_rate 0: a profiled call (5% at the default) records no duration
+    attnscope.configure(exporter="none", sample_rate=1.0, warmup_calls=0, overhead_budget=1.0,
+                        profile_rate=0.0)
     q = torch.randn(1, 1, 4, 4)
     attention(q, q, q)
     assert attnscope.flush(timeout_s=5.0)

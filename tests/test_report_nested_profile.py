@@ -145,3 +145,69 @@ def test_a_profiled_inner_call_on_its_own_still_gives_its_kernels(tmp_path: Path
     backends = {r.attributes["attnscope.backend"] for r in rows if r.span_id in profiled}
     assert all(g.backend is None for g in summary.groups)  # whose layer call, not known
     assert backend_cell(summary, summary.overall) == ",".join(sorted(backends))
+
+
+def test_only_the_calls_holding_the_profile_are_marked(tmp_path: Path) -> None:
+    """A block holding two layer calls, the first one's SDPA call profiled: the block and that
+    layer call held the profile; the second layer call ran without it and stays a timed call
+    (a ``nested`` parent is not an ``enclosing`` one)."""
+    layer = attnscope.trace(_layer, name="layer")
+    q = torch.randn(2, 4, 32, 16)
+
+    def run() -> None:
+        attnscope.instrument_sdpa()
+        try:
+            with torch.no_grad():
+                for _ in range(3):
+                    layer(q, q, q)
+                assert attnscope.flush(timeout_s=30)
+                runtime.grants.set_trigger(1, "scaled_dot_product_attention")
+                with attnscope.span("block"):
+                    layer(q, q, q)
+                    layer(q, q, q)
+        finally:
+            attnscope.uninstrument_sdpa()
+
+    rows = traced_to_file(tmp_path / "t.json", "jaeger-json", run)
+    (block,) = [r for r in rows if r.name == "block"]
+    first, second = sorted((r for r in rows if r.name == "layer" and r.parent_id == block.span_id),
+                           key=lambda r: r.start_ns)
+    assert block.attributes.get("attnscope.profiled_by") == "nested"
+    assert "attnscope.backend" not in block.attributes  # no attention call: what ran is its calls'
+    assert first.attributes.get("attnscope.profiled_by") == "nested"
+    assert "attnscope.profiled_by" not in second.attributes
+    assert [r.span_id for r in attention_calls(rows) if "attnscope.profiled_by" not in
+            r.attributes][-1] == second.span_id
+
+
+def test_the_attention_call_timed_inside_a_profiled_block_takes_its_fallback_verdict(
+        tmp_path: Path) -> None:
+    """The verdict of a profiled call that is no attention call (a decoder layer, a block) is
+    judged on the one SDPA call made in it: the attention call timed inside it made that call."""
+    layer = attnscope.trace(_layer, name="layer")
+    q = torch.randn(2, 4, 32, 16)
+
+    def run() -> None:
+        with torch.no_grad():
+            for _ in range(2):
+                with attnscope.sampling(force=True, profile=True), attnscope.span("block"):
+                    layer(q, q, q)
+            with attnscope.sampling(force=True, profile=True), attnscope.span("two"):
+                layer(q, q, q)
+                layer(q, q, q)
+
+    rows = traced_to_file(tmp_path / "t.json", "jaeger-json", run, profile_max_per_minute=1000)
+    verdict = ("attnscope.backend.fallback", "attnscope.backend.expected",
+               "attnscope.backend.reason")
+    blocks = [r for r in rows if r.name == "block"]
+    assert len(blocks) == 2
+    for block in blocks:
+        assert block.attributes["attnscope.tier"] == "profile"
+        assert "attnscope.backend.fallback" in block.attributes
+        (inner,) = [r for r in rows if r.name == "layer" and r.parent_id == block.span_id]
+        assert inner.attributes["attnscope.profiled_by"] == "enclosing"
+        assert {k: inner.attributes.get(k) for k in verdict} == \
+            {k: block.attributes.get(k) for k in verdict}
+    (two,) = [r for r in rows if r.name == "two"]
+    assert all("attnscope.backend.fallback" not in r.attributes
+               for r in rows if r.name == "layer" and r.parent_id == two.span_id)

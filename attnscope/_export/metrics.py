@@ -254,7 +254,9 @@ class _Instruments:
             fraction = attrs.get(_FRACTION)
             if isinstance(fraction, float):  # only where the span has a roofline
                 self.roofline_fraction.record(fraction, labels)
-            if attrs.get(_FALLBACK) is True:
+            # a profiled call's own verdict: the calls around or inside it that carry it too
+            # (``profiled_by``) would count the one SDPA call again
+            if attrs.get(_FALLBACK) is True and attrs.get(_TIER) == "profile":
                 falls = self._fallback_totals
                 if series in falls or len(falls) < _MAX_TOKEN_SERIES:
                     falls[series] = falls.get(series, 0) + 1

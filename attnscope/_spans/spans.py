@@ -58,6 +58,8 @@ _LAYERS_CALLS, _LAYERS_FLOPS, _LAYERS_BYTES = (schema.LAYERS_CALLS.name, schema.
 _BYTES, _SEQ_Q = schema.BYTES.name, schema.SEQ_LEN_Q.name
 _NUM_HEADS, _NUM_KV_HEADS = schema.NUM_HEADS.name, schema.NUM_KV_HEADS.name
 _KV_REPEATED_FROM, _PROFILED_BY = schema.KV_REPEATED_FROM.name, schema.PROFILED_BY.name
+_FALLBACK = schema.BACKEND_FALLBACK.name
+_VERDICT = (_FALLBACK, schema.BACKEND_EXPECTED.name, schema.BACKEND_REASON.name)
 _BACKEND = schema.BACKEND.name
 
 
@@ -86,11 +88,19 @@ def _tell_nested(parent: dict[str, Any], nested: list[Result]) -> None:
     timed inside a profiled one (at any depth) has its ops from that profile (``profiled_by``:
     the nested call found attnscope's profiler running, ``profile_skipped_nested``), and a kernel
     that got K/V repeated to more heads than its layer has names the layer's count
-    (``kv_repeated_from``: ``num_kv_heads`` stays what the kernel received)."""
-    profiled = parent.get(_TIER) == "profile" or _PROFILED_BY in parent
+    (``kv_repeated_from``: ``num_kv_heads`` stays what the kernel received). The one attention
+    call timed inside a profiled call takes its fallback verdict: judged on the SDPA call in it
+    (:mod:`attnscope._capture.inner_sdpa`), which is this call's."""
+    own = parent.get(_TIER) == "profile"
+    # not "nested": a call holding a profiled one; its other calls ran without the profiler
+    profiled = own or parent.get(_PROFILED_BY) == "enclosing"
     heads, kv = parent.get(_NUM_HEADS), parent.get(_NUM_KV_HEADS)
     kv_heads = kv if _MODULE in parent and type(heads) is int and type(kv) is int and kv > 0 \
         else 0
+    if own and _FALLBACK in parent and _FLOPS not in parent and _NUM_HEADS not in parent:
+        calls = [c for c in nested if _FLOPS in c.attrs or _NUM_HEADS in c.attrs]
+        if len(calls) == 1 and _FALLBACK not in calls[0].attrs:
+            calls[0].attrs.update({k: parent[k] for k in _VERDICT if k in parent})
     for child in nested:
         attrs = child.attrs
         if profiled and attrs.get(_TIER) == "timing":
