@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from attnscope.cli.traces import SpanRow, attention_calls, load_spans
+from attnscope.cli.traces import SpanRow, attention_calls, call_backends, load_spans
 from tests.support.browser import dom_of
 from tests.support.cli_traces import TraceFiles, generate, jaeger_spans
 
@@ -612,3 +612,32 @@ def test_the_demo_trace_reports_two_rows_per_layer_as_its_tables(tmp_path: Path)
         for (module, which), n in expected.items():
             if which == impl:
                 assert re.search(rf"\n\s*{re.escape(module)}\s+—\s+{n}\s", table), table
+
+
+def test_a_call_missing_a_sampled_nested_call_is_still_its_sites() -> None:
+    """Layer calls whose SDPA call was sampled, and those whose was not, are one piece of code:
+    they take the backend a profiled one of them recorded (it was a row of its own, "· —").
+    Calls of two different functions nested in the same layer (naive, sdpa) stay apart, and one
+    with neither nested could be either."""
+    facts = {"attnscope.tier": "timing", "attnscope.flops": 10, "attnscope.module": "l0"}
+    timed = {"attnscope.tier": "timing"}
+    rows = [_named("p", None, "layer", {**facts, "attnscope.tier": "profile",
+                                          "attnscope.backend": "flash"}),
+            _named("p.sdpa", "p", "sdpa", {"attnscope.tier": "timing"}),
+            _named("a", None, "layer", facts),                # its SDPA call not sampled
+            _named("b", None, "layer", facts),
+            _named("b.sdpa", "b", "sdpa", {"attnscope.tier": "timing"})]
+    calls = attention_calls(rows)
+    assert {k[1]: v for k, v in call_backends(rows, calls).items()} == \
+        {"p": "flash", "a": "flash", "b": "flash"}
+    demo = [_named("n", None, "layer", {**facts, "attnscope.tier": "profile",
+                                          "attnscope.backend": "math"}),
+            _named("n.i", "n", "naive", {"attnscope.tier": "timing"}),
+            _named("s", None, "layer", {**facts, "attnscope.tier": "profile",
+                                          "attnscope.backend": "flash"}),
+            _named("s.i", "s", "fast", {"attnscope.tier": "timing"}),
+            _named("n2", None, "layer", facts), _named("n2.i", "n2", "naive", timed),
+            _named("s2", None, "layer", facts), _named("s2.i", "s2", "fast", timed),
+            _named("x", None, "layer", facts)]
+    got = {k[1]: v for k, v in call_backends(demo, attention_calls(demo)).items()}
+    assert got == {"n": "math", "s": "flash", "n2": "math", "s2": "flash"}  # x: either

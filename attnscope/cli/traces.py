@@ -190,7 +190,10 @@ def call_backends(rows: Sequence[SpanRow],
        the same: a site is the calls with the same :func:`group_key` and the same names of the
        call spans nested in them (``rows``: the trace's spans) — one piece of code. The demo runs
        ``attention.naive`` and ``attention.sdpa`` inside the same layers: two sites per layer,
-       told apart by that nested span.
+       told apart by that nested span. A nested call is sampled on its own, so a call missing
+       one may be either site's: names that one site's hold all of, another's being a subset,
+       are the same code as far as the trace can tell (a layer call whose SDPA call was not
+       sampled, beside one whose was); incomparable ones (naive beside sdpa) are not.
     3. Else unknown: no profiled call of the site, or profiled calls that disagree.
     """
     children: dict[tuple[str, str], list[SpanRow]] = defaultdict(list)
@@ -219,13 +222,18 @@ def call_backends(rows: Sequence[SpanRow],
         if len(held) == 1 and (c.trace_id, c.span_id) not in own:
             own[(c.trace_id, c.span_id)] = held.pop()
     site_of = {(c.trace_id, c.span_id): site(c) for c in calls}
-    seen_at: dict[tuple[str, str | None, frozenset[str]], set[str]] = defaultdict(set)
+    seen_at: dict[tuple[str, str | None], dict[frozenset[str], set[str]]] = defaultdict(dict)
     for key, backend in own.items():
-        seen_at[site_of[key]].add(backend)
+        module, phase, names = site_of[key]
+        seen_at[(module, phase)].setdefault(names, set()).add(backend)
     out = dict(own)
-    for key, where in site_of.items():
-        if key not in out and len(seen_at[where]) == 1:
-            out[key] = next(iter(seen_at[where]))
+    for key, (module, phase, names) in site_of.items():
+        if key in out:
+            continue
+        backends = {b for other, found in seen_at[(module, phase)].items()
+                    if other <= names or names <= other for b in found}
+        if len(backends) == 1:
+            out[key] = backends.pop()
     return out
 
 
