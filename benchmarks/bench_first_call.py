@@ -29,7 +29,10 @@ batch 8, 128-token prompt), ``generate()`` of N new tokens, ``--generates`` call
 ``--warm K`` plain ``generate()`` calls run before ``configure()``: torch's own first-use cost
 (several times a later call on CPU, with or without attnscope) stays out of what is compared;
 ``--warm 0`` shows it. Modes: ``plain``, ``instrumented`` (configure and instrument right before
-the first call) and ``instrumented+setup`` (0.5 s of the program's own set-up in between).
+the first call), ``instrumented+setup`` (0.5 s of the program's own set-up in between) and
+``configured-first`` (a service's usual order: ``configure()`` before the model is built and moved
+to its device, ``instrument()`` after; on CUDA the profiler's warm-up then waits in torch's queue
+for CUDA's start-up; the ``--warm`` generates are instrumented).
 Goal: the first instrumented ``generate()`` within 1.2x of a later one. ``--device cuda`` stops
 with a message when this torch has no CUDA.
 
@@ -95,7 +98,12 @@ GENERATE_CHILD = textwrap.dedent("""
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     device = spec["device"]
+    if mode == "configured-first":  # a service's order: attnscope first, then the model's device
+        import attnscope
+        attnscope.configure(exporter="none")
     model = LlamaForCausalLM(cfg).eval().to(getattr(torch, spec["dtype"])).to(device)
+    if mode == "configured-first":
+        attnscope.instrument(model)
     ids = torch.randint(0, vocab, (spec["batch"], spec["prompt"]), device=device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     def generate():
@@ -108,7 +116,7 @@ GENERATE_CHILD = textwrap.dedent("""
         return time.perf_counter() - t
     for _ in range(spec["warm"]):
         generate()
-    if mode != "plain":
+    if mode in ("instrumented", "instrumented+setup"):
         import attnscope
         attnscope.configure(exporter="none")  # production defaults otherwise
         attnscope.instrument(model)
@@ -125,7 +133,7 @@ GENERATE_CHILD = textwrap.dedent("""
     os._exit(0)  # no exit flush: only the calls are measured
 """)
 
-GENERATE_MODES = ("plain", "instrumented", "instrumented+setup")
+GENERATE_MODES = ("plain", "instrumented", "instrumented+setup", "configured-first")
 # (layers, hidden, intermediate, heads, KV heads, vocab): as benchmarks/bench_model.py's MODELS
 GENERATE_MODELS = {"tiny": (4, 256, 512, 8, 4, 1000), "issue37": (16, 2048, 8192, 16, 8, 32000)}
 
@@ -184,7 +192,8 @@ def main_generate(args: argparse.Namespace) -> dict[str, float]:
     print(f"attnscope {attnscope.__version__} from {os.path.dirname(attnscope.__file__)}; "
           f"model {args.model} {spec['dtype']} on {args.device}, batch {spec['batch']}, "
           f"prompt {spec['prompt']}, {args.generate} new tokens; {args.warm} plain generate() "
-          f"before configure(); {args.runs} fresh processes per mode, {args.generates} "
+          f"before configure() (configured-first: instrumented ones after it); {args.runs} "
+          f"fresh processes per mode, {args.generates} "
           f"generate() each; production defaults (configure(exporter='none')); load average "
           f"{os.getloadavg()[0]:.1f}. Medians over processes, ms:")
     print(f"{'mode':20} {'first':>9} {'later':>9} {'first/later':>12} {'min':>6} {'max':>6}"
