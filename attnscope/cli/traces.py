@@ -190,10 +190,10 @@ def call_backends(rows: Sequence[SpanRow],
        the same: a site is the calls with the same :func:`group_key` and the same names of the
        call spans nested in them (``rows``: the trace's spans) — one piece of code. The demo runs
        ``attention.naive`` and ``attention.sdpa`` inside the same layers: two sites per layer,
-       told apart by that nested span. A nested call is sampled on its own, so a call missing
-       one may be either site's: names that one site's hold all of, another's being a subset,
-       are the same code as far as the trace can tell (a layer call whose SDPA call was not
-       sampled, beside one whose was); incomparable ones (naive beside sdpa) are not.
+       told apart by that nested span. A nested call is sampled on its own, so two sites whose
+       nested names are one a subset of the other (a layer call whose SDPA call was not
+       sampled, beside one whose was) count as one piece of code; sites whose names are not
+       (naive beside sdpa) stay apart.
     3. Else unknown: no profiled call of the site, or profiled calls that disagree.
     """
     children: dict[tuple[str, str], list[SpanRow]] = defaultdict(list)
