@@ -8,6 +8,7 @@ import gc
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -28,9 +29,9 @@ Q = torch.zeros(4)
 @attnscope.trace
 def attention(q: torch.Tensor, k: torch.Tensor, i: int) -> torch.Tensor:
     if k.shape[0] > 100:  # the slow pattern: every 50th call has a long key sequence
-        # far above what a loaded machine adds to a fast call: a fast call delayed past the
-        # site's p99 (about this long) is rightly escalated, and the tests below assume none is
-        # (2 cores busy with several CPU burners: fast calls took up to 21 ms; 20 ms was too short)
+        # far above what a loaded machine adds to most fast calls: a fast call delayed past the
+        # site's p99 (about this long) is rightly escalated (2 cores busy with several CPU
+        # burners: fast calls took up to 21 ms; 20 ms was too short)
         time.sleep(0.05)
     return q
 
@@ -84,14 +85,24 @@ def test_profiles_concentrate_on_the_slow_pattern() -> None:
     escalated = [s for s in profiled if s.attributes.get("attnscope.trigger") == "slow_call"]
     assert escalated
     by_id = {s.context.span_id: s for s in spans}
+    # the timed calls in call order: what the site's latency estimate learnt, one after another
+    timed = sorted((s for s in spans if s.attributes["attnscope.tier"] == "timing"),
+                   key=lambda s: s.start_time)
+    place = {s.context.span_id: n for n, s in enumerate(timed)}
+    walls = [s.attributes["attnscope.wall_ns"] for s in timed]
     for span in escalated:
         (link,) = span.links
         cause = by_id[link.context.span_id]
         assert cause.attributes.get("attnscope.slow") is True
-        # the slow pattern's next call, or the call after a fast one that the machine's load held
-        # past the site's p99 (about 50 ms: rightly slow; CI under two CPU burners, 1 run)
-        held = cause.attributes["attnscope.wall_ns"] > 40_000_000
-        assert _is_slow_pattern(span) or _is_slow_pattern(cause) or held, span.attributes
+        # The slow pattern's next call, or the call after a fast one that the machine's load held
+        # past the site's p99 of the calls before it: rightly slow. Under four CPU burners the
+        # fast calls' tail reaches that p99 (a fast call marked slow at under 40 ms, 1 run of the
+        # suite), so the p99 is taken here, by numpy, not assumed; 0.9: the estimate's log
+        # buckets are 9% wide.
+        before = walls[:place[cause.context.span_id]]
+        held = cause.attributes["attnscope.wall_ns"] >= 0.9 * float(np.percentile(before, 99))
+        assert _is_slow_pattern(span) or _is_slow_pattern(cause) or held, \
+            (span.attributes, cause.attributes["attnscope.wall_ns"], np.percentile(before, 99))
     assert sum(map(_is_slow_pattern, escalated)) > len(escalated) / 2
     stats = attnscope.stats()
     assert stats["slow_granted"] == len(escalated) and stats["slow_calls"] >= len(escalated)
