@@ -29,7 +29,7 @@ from .steps import StepTraces, configured_run_id
 from .summary import Summaries, op_summary
 
 __all__ = ["SpanBuilder", "Result", "result_of", "capture_attributes", "implementation_of",
-           "site_attributes", "BuildStats", "backend_of_spans"]
+           "site_attributes", "BuildStats", "backend_of_spans", "is_attention_call"]
 
 # Built span contexts kept so late children (other threads) still find their parent.
 BUILT_KEEP = 4096
@@ -83,6 +83,12 @@ class _Opened:
         self.emitted = 0  # children emitted under it: orphans if it never arrives
 
 
+def is_attention_call(attrs: dict[str, Any]) -> bool:
+    """A call span's attributes name an attention call (its FLOPs or heads), not a decoder
+    layer, a model forward or a block around one."""
+    return _FLOPS in attrs or _NUM_HEADS in attrs
+
+
 def _tell_nested(parent: dict[str, Any], nested: list[Result]) -> None:
     """What the calls nested in ``parent``'s call say that their own figures cannot: a call
     timed inside a profiled one (at any depth) has its ops from that profile (``profiled_by``:
@@ -97,8 +103,8 @@ def _tell_nested(parent: dict[str, Any], nested: list[Result]) -> None:
     heads, kv = parent.get(_NUM_HEADS), parent.get(_NUM_KV_HEADS)
     kv_heads = kv if _MODULE in parent and type(heads) is int and type(kv) is int and kv > 0 \
         else 0
-    if own and _FALLBACK in parent and _FLOPS not in parent and _NUM_HEADS not in parent:
-        calls = [c for c in nested if _FLOPS in c.attrs or _NUM_HEADS in c.attrs]
+    if own and _FALLBACK in parent and not is_attention_call(parent):
+        calls = [c for c in nested if is_attention_call(c.attrs)]
         if len(calls) == 1 and _FALLBACK not in calls[0].attrs:
             calls[0].attrs.update({k: parent[k] for k in _VERDICT if k in parent})
     for child in nested:

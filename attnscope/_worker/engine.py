@@ -26,7 +26,7 @@ from .._record.capture import TIER_PROFILE, Capture
 from .._runtime import runtime
 from .._spans import emit, requests
 from .._spans.calls import implementation_of, result_of, site_attributes
-from .._spans.spans import SpanBuilder
+from .._spans.spans import SpanBuilder, is_attention_call
 from .._version import __version__
 from . import apportion
 from .shapecache import ShapeCache, summary_key
@@ -47,7 +47,6 @@ _AROUND_MAX = 4096
 # What a profiled call's span says of the attention that ran, told to the attention call it ran in
 _RAN = tuple(a.name for a in (schema.BACKEND, schema.BACKEND_FALLBACK, schema.BACKEND_EXPECTED,
                               schema.BACKEND_REASON, schema.IMPLEMENTATION_RAN))
-_ATTENTION = (schema.FLOPS.name, schema.NUM_HEADS.name)
 
 
 class Engine:
@@ -144,7 +143,7 @@ class Engine:
         parent, when it arrives, holds one as well."""
         if held is not None:
             attrs[schema.PROFILED_BY.name] = "nested"
-            if schema.BACKEND.name not in attrs and any(k in attrs for k in _ATTENTION):
+            if schema.BACKEND.name not in attrs and is_attention_call(attrs):
                 attrs.update(held)
         if cap.parent_id is None:
             return
