@@ -19,6 +19,7 @@ from attnscope._capture.sampling import CallSite
 from attnscope._record import buckets as _buckets
 from attnscope._record.capture import TensorMeta
 from attnscope._runtime import runtime
+from attnscope._runtime.sampler import TokenBucket
 from attnscope._worker.latency import MIN_SAMPLES, Histogram
 from attnscope.testing import capture_spans
 
@@ -148,6 +149,37 @@ def test_token_bucket_still_limits_escalated_profiles() -> None:
     _run(1000, profile_max_per_minute=1)
     stats = attnscope.stats()
     assert stats["slow_granted"] == 1 and stats["slow_lapsed"] >= 1
+
+
+def test_random_profiles_leave_slow_calls_their_share_of_the_tokens() -> None:
+    # A busy service under the default limit: every sampled call draws a random profile
+    # (profile_rate 1) and the bucket (2 a minute, on a clock that moves 2 s a call) gets one
+    # token back every 15 calls. Random draws alone would take each token as it comes: a slow
+    # call's grant, 50 calls later, would find none (before: 0-2 of the slow calls granted).
+    now = [0.0]
+    with capture_spans(profile_max_per_minute=2, profile_rate=1.0) as spans:
+        runtime.sampler.bucket = TokenBucket(2, lambda: now[0])
+        profiler.warm_up()
+        gc.collect()
+        gc.freeze()  # as in _run: a full collection in a fast call would make it a slow one
+        try:
+            for i in range(1, 1001):
+                now[0] += 2.0
+                attention(Q, BIG if i % 50 == 0 else SMALL, i)
+                if i % 50 == 0:  # the worker sees it (and arms the site) before the next calls
+                    attnscope.flush()
+        finally:
+            gc.unfreeze()
+    profiled = [s for s in spans if s.attributes["attnscope.tier"] == "profile"]
+    escalated = [s for s in profiled if s.attributes.get("attnscope.trigger") == "slow_call"]
+    # at most the limit over the run's 2,000 s of its clock (67), and the burst of 2
+    assert len(profiled) <= 2 + 2000 / 30
+    # 20 slow calls, the first two before the site's estimate has its 100 timed calls; a slow
+    # call arms the site, the next one is profiled (so not timed, not slow), the next slow again:
+    # about 9 grants
+    assert len(escalated) >= 6, len(escalated)
+    # and random draws still get the tokens no slow call waits for
+    assert len(profiled) - len(escalated) >= len(escalated), (len(profiled), len(escalated))
 
 
 def _sampled_calls(escalate: bool) -> list[int]:

@@ -204,6 +204,64 @@ def test_token_bucket_never_grants_more_than_its_cap(per_minute: float, steps: l
         assert grants <= bucket.capacity + per_minute * elapsed / 60.0 + 1e-9
 
 
+def test_random_draws_keep_a_token_for_a_slow_call_once_one_wanted_it() -> None:
+    clock = FakeClock()
+    bucket = TokenBucket(2, clock)
+    bucket.owe()  # a slow call's grant was armed
+    assert bucket.take_random()  # 2 tokens: one may go to a random draw ...
+    assert not bucket.take_random()  # ... the last is kept for the slow call
+    assert bucket.take(slow_call=True)
+    clock.now += 30  # one token back; no slow call wants one now
+    assert bucket.take_random()
+    clock.now += 30
+    assert bucket.take_random()  # nothing owed: random draws take every token
+    bucket.owe()
+    clock.now += 30
+    assert not bucket.take_random()  # owed, and the last token went to a random draw
+    assert bucket.take(slow_call=True)
+    bucket.owe()
+    clock.now += 30
+    assert bucket.take_random()  # the last went to a slow call: a random draw's turn
+    clock.now += 30
+    assert not bucket.take_random()
+    bucket.paid()  # a random draw's profile served the slow call instead
+    assert bucket.take_random()
+
+
+def test_a_forced_profile_and_a_one_token_bucket_keep_nothing_back() -> None:
+    clock = FakeClock()
+    bucket = TokenBucket(2, clock)
+    bucket.owe()
+    assert bucket.take_random() and bucket.take() and not bucket.take()
+    clock.now += 30
+    assert not bucket.take_random()  # a forced profile does not pay what a slow call is owed
+    one = TokenBucket(1, clock)
+    one.owe()
+    assert one.take_random() and not one.take(slow_call=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    per_minute=st.floats(min_value=0.1, max_value=120),
+    steps=st.lists(st.tuples(st.floats(min_value=0, max_value=20), st.integers(0, 3),
+                             st.integers(0, 3), st.booleans()), max_size=60),
+)
+def test_token_bucket_with_both_takers_never_grants_more_than_its_cap(
+        per_minute: float, steps: list) -> None:
+    clock = FakeClock()
+    bucket = TokenBucket(per_minute, clock)
+    grants = 0
+    start = clock.now
+    for dt, randoms, slows, owe in steps:
+        clock.now += dt
+        if owe:
+            bucket.owe()
+        grants += sum(bucket.take_random() for _ in range(randoms))
+        grants += sum(bucket.take(slow_call=True) for _ in range(slows))
+        elapsed = clock.now - start
+        assert grants <= bucket.capacity + per_minute * elapsed / 60.0 + 1e-9
+
+
 def test_zero_profile_budget_never_profiles() -> None:
     bucket = TokenBucket(0.0, FakeClock())
     assert not any(bucket.take() for _ in range(100))

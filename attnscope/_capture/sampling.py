@@ -129,7 +129,7 @@ def decide(sampler: Sampler, site: CallSite,
             else sampler.profile_rate
     else:
         profile_rate = sampler.profile_rate
-    if profile_rate > 0 and rng.random() < profile_rate and sampler.bucket.take():
+    if profile_rate > 0 and rng.random() < profile_rate and sampler.bucket.take_random():
         sampler.count(profile=True)
         return TIER_PROFILE, rate
     with sampler.lock:  # sampler.count(profile=False), inlined: the most common sampled call

@@ -12,7 +12,7 @@ import threading
 
 from .._record.handles import SiteHandle
 from .grant import Grant
-from .sampler import CallSite
+from .sampler import CallSite, TokenBucket
 
 __all__ = ["Grant", "Grants", "SLOW", "ON_DEMAND", "MAX_TRIGGER_CALLS"]
 
@@ -56,16 +56,20 @@ class Grants:
         with self.lock:
             self.counts["slow_calls"] += 1
 
-    def arm(self, site: SiteHandle, bucket: tuple[int, ...], link: int, quantile: float) -> bool:
-        """After a slow call at ``site``: its next call in ``bucket`` gets the profile tier.
-        False when the site is already armed or not capturing. The worker's one way to change a
-        call site: under the lock, and the countdown a plain int write."""
+    def arm(self, site: SiteHandle, bucket: tuple[int, ...], link: int, quantile: float,
+            tokens: TokenBucket | None = None) -> bool:
+        """After a slow call at ``site``: its next call in ``bucket`` gets the profile tier (a
+        token of ``tokens`` permitting, which random draws then keep for a slow call). False
+        when the site is already armed or not capturing. The worker's one way to change a call
+        site: under the lock, and the countdown a plain int write."""
         with self.lock:
             if not isinstance(site, CallSite) or site.grant is not None or site.disabled:
                 return False
             grant = Grant(SLOW, bucket, link, quantile)
             grant.left = site.countdown
             site.grant = grant
+        if tokens is not None:
+            tokens.owe()
         site.countdown = 1  # a plain int write: the next call leaves the fast path
         return True
 

@@ -81,11 +81,22 @@ class CallSite:
 
 
 class TokenBucket:
-    """At most ``per_minute`` grants per minute, bursting to ``max(1, per_minute)``."""
+    """At most ``per_minute`` grants per minute, bursting to ``max(1, per_minute)``.
+
+    Random profile draws (:meth:`take_random`) share it with slow-call grants and forced
+    profiles (:meth:`take`). Once a slow call has wanted a token (:meth:`owe`) and until one
+    goes to a slow-call grant, a random draw right after another random one leaves the bucket's
+    last token. Without that, in a busy service the
+    random draws, far more frequent, take each token as it comes back and no slow call is ever
+    followed by a profile; with it the two alternate, under the same limit. A bucket of one token
+    keeps nothing back.
+    """
 
     def __init__(self, per_minute: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._lock = threading.Lock()
+        self._owed = False  # a slow call wanted a token since the last one a slow call got
+        self._last_random = True  # the last token went to a random draw
         self.set_rate(per_minute)
 
     def set_rate(self, per_minute: float) -> None:
@@ -98,16 +109,41 @@ class TokenBucket:
     def after_fork(self) -> None:
         self._lock = threading.Lock()
 
-    def take(self) -> bool:
+    def owe(self) -> None:
+        """A slow call wants a token (its grant was armed): random draws leave one for it."""
+        self._owed = True  # a plain write: read under the lock by take_random
+
+    def paid(self) -> None:
+        """A random draw's token went to the call a slow-call grant was waiting for."""
         with self._lock:
-            now = self._clock()
-            self.tokens = min(self.capacity,
-                              self.tokens + (now - self.stamp) * self.per_minute / 60.0)
-            self.stamp = now
-            if self.tokens >= 1.0:
-                self.tokens -= 1.0
-                return True
-            return False
+            self._owed = self._last_random = False
+
+    def take(self, *, slow_call: bool = False) -> bool:
+        """A token for a slow-call grant or a forced profile, if there is one."""
+        with self._lock:
+            taken = self._take(1.0)
+            if taken and slow_call:  # a forced profile leaves the turn as it was
+                self._owed = self._last_random = False
+            return taken
+
+    def take_random(self) -> bool:
+        """A token for a random profile draw, if there is one it may take."""
+        with self._lock:
+            keep = self._owed and self._last_random and self.capacity >= 2.0
+            taken = self._take(2.0 if keep else 1.0)
+            if taken:
+                self._last_random = True
+            return taken
+
+    def _take(self, need: float) -> bool:
+        now = self._clock()
+        self.tokens = min(self.capacity,
+                          self.tokens + (now - self.stamp) * self.per_minute / 60.0)
+        self.stamp = now
+        if self.tokens >= need:
+            self.tokens -= 1.0
+            return True
+        return False
 
 
 class OverheadBudget:

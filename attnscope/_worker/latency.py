@@ -114,7 +114,7 @@ class Escalator:
             runtime.grants.slow_found()  # counted with the profile tier off too: it is marked
             if escalate:
                 runtime.grants.arm(cap.site, _buckets.bucket(cap.summary, cap.facts),
-                                   cap.capture_id, quantile)
+                                   cap.capture_id, quantile, runtime.sampler.bucket)
         hist.add(ns)
         return None, slow
 
