@@ -155,6 +155,18 @@ def test_kernels_and_slowest_calls_match_the_spans(traces: TraceFiles, tmp_path:
     assert len(unslowed) < len(calls)
     slowest = sorted(unslowed, key=lambda s: -s["tags"]["attnscope.wall_ns"])[:3]
     assert [c["span_id"] for c in report["slowest"]] == [s["spanID"] for s in slowest]
+    # each with its shape and its time against the median of its layer and phase's unslowed calls
+    for call, span in zip(report["slowest"], slowest, strict=True):
+        tags = span["tags"]
+        assert (call["batch_size"], call["seq_len_q"], call["seq_len_kv"]) == \
+            (tags["attnscope.batch_size"], tags["attnscope.seq_len_q"],
+             tags["attnscope.seq_len_kv"])
+        peers = [s["tags"]["attnscope.wall_ns"] for s in unslowed
+                 if (s["tags"]["attnscope.module"], s["tags"]["attnscope.phase"])
+                 == (tags["attnscope.module"], tags["attnscope.phase"])]
+        assert call["times_p50"] == pytest.approx(tags["attnscope.wall_ns"]
+                                                  / np.percentile(peers, 50))
+        assert call["times_p50"] >= 1.0 and call["slow"] is False  # too few calls to judge one
 
 
 def test_terminal_report_names_every_layer_and_phase(traces: TraceFiles) -> None:
@@ -165,6 +177,8 @@ def test_terminal_report_names_every_layer_and_phase(traces: TraceFiles) -> None
                           for s in _raw_calls(traces.jaeger)}:
         assert re.search(rf"{re.escape(module)}\s+{phase}", done.stdout), done.stdout
     assert "Slowest calls" in done.stdout and "$/1k tok" in done.stdout
+    slowest = done.stdout[done.stdout.index("Slowest calls"):]
+    assert re.search(r"\s\d+×\d+×\d+\s.*\s\d\.?\d*×\s+[0-9a-f]{32}", slowest), slowest
     assert max(len(line.rstrip()) for line in done.stdout.splitlines()) <= 100, done.stdout
 
 
@@ -288,6 +302,14 @@ def test_html_is_self_contained(traces: TraceFiles, tmp_path: Path) -> None:
     assert not [r for r in refs if not r.startswith("#")], refs
     assert "<script" not in text and "@import" not in text
     assert not re.findall(r"url\((?!#)", text)  # url(#clip-id) only: nothing outside the file
+    # the slowest calls' rows: each call's shape and its time against its row's p50
+    report = _json_report(traces.directory, tmp_path)
+    slowest = text[text.index("Slowest calls"):]
+    assert "<th>B×Sq×Skv</th>" in slowest and "<th>× p50</th>" in slowest
+    for call in report["slowest"]:
+        row = next(r for r in slowest.split("<tr") if call["span_id"] in r)
+        shape = f"{call['batch_size']}×{call['seq_len_q']}×{call['seq_len_kv']}"
+        assert f">{shape}<" in row and f">{call['times_p50']:.3g}×<" in row, row
 
 
 def test_html_renders_in_chromium(traces: TraceFiles, tmp_path: Path) -> None:

@@ -46,8 +46,8 @@ from .roofline import FallbackStats, RooflineStats, fallbacks_of, roofline_of
 from .traces import ATTENTION_FACTS, GroupKey, SpanRow, call_backends, group_key
 
 __all__ = ["Quantiles", "GroupStats", "Summary", "summarize", "quantiles", "time_ns", "wall_ns",
-           "latency_rows", "operator_spans", "int_attribute", "sample_rate", "is_profiled",
-           "under_profiler", "profiles_within", "PHASE_ORDER"]
+           "latency_rows", "operator_spans", "int_attribute", "shape_text", "sample_rate",
+           "is_profiled", "under_profiler", "profiles_within", "PHASE_ORDER"]
 
 CallId = tuple[str, str]  # (trace id, span id)
 
@@ -123,6 +123,18 @@ class Summary:
         """The row label of one of the summarised calls."""
         return self.labels.get((row.trace_id, row.span_id), group_key(row)[0])
 
+    def times_p50(self, row: SpanRow) -> float | None:
+        """The call's time (:func:`time_ns`) ÷ the p50 of its table row (layer, phase, backend)
+        in the same measure, device or wall time; None when that row has no such p50."""
+        label, phase = self.label_of(row), group_key(row)[1]
+        group = next((g for g in self.groups if g.label == label and g.phase == phase), None)
+        if group is None:
+            return None
+        device = int_attribute(row, schema.DEVICE_NS.name)
+        p50 = (group.device.p50 if group.device is not None else None) \
+            if device is not None and device > 0 else group.wall.p50
+        return time_ns(row) / p50 if p50 else None
+
 
 def quantiles(values: Sequence[float]) -> Quantiles:
     import numpy as np
@@ -145,6 +157,15 @@ def wall_ns(row: SpanRow) -> int:
     """The call's wall time (``attnscope.wall_ns``, else the span's length)."""
     wall = row.attributes.get(schema.WALL_NS.name)
     return wall if isinstance(wall, int) and not isinstance(wall, bool) else row.duration_ns
+
+
+def shape_text(row: SpanRow) -> str | None:
+    """``B×Sq×Skv`` of a call (``?`` for one its span does not give); None without lengths."""
+    sizes = [int_attribute(row, a.name)
+             for a in (schema.BATCH_SIZE, schema.SEQ_LEN_Q, schema.SEQ_LEN_KV)]
+    if sizes[1] is None and sizes[2] is None:
+        return None
+    return "×".join("?" if n is None else str(n) for n in sizes)
 
 
 def int_attribute(row: SpanRow, key: str) -> int | None:

@@ -23,16 +23,18 @@ from ... import _schema as schema
 from .._errors import CLIError, positive_int
 from ..e2e import EndToEnd, end_to_end
 from ..render.console import console as make_console
+from ..render.console import fold
 from ..render.units import MISSING, bytes_, duration, si, when
 from ..render.writer import check_output, write_text
 from ..runinfo import describe, run_info
-from ..summary import GroupStats, Quantiles, Summary, summarize, time_ns
+from ..summary import GroupStats, Quantiles, Summary, shape_text, summarize, time_ns
 from ..traces import SpanRow, attention_calls, group_key, load_spans
 from ._fallbacks import fallback_lines
 from ._replayed import replayed_counts, replayed_lines
 from ._requests import Requests, print_requests, requests_json, requests_of
 
-__all__ = ["Context", "backend_cell", "register", "run_report", "to_json", "render_terminal"]
+__all__ = ["Context", "backend_cell", "register", "run_report", "to_json", "render_terminal",
+           "times_cell"]
 
 
 def register(sub: Any, formatter: Any) -> None:
@@ -166,7 +168,10 @@ def _call_json(summary: Summary, row: SpanRow) -> dict[str, Any]:
             "trace_id": row.trace_id, "span_id": row.span_id, "start_unix_ns": row.start_ns,
             "start": when(row.start_ns), "wall_ns": a.get(schema.WALL_NS.name),
             "device_ns": a.get(schema.DEVICE_NS.name), "time_ns": time_ns(row),
-            "tier": a.get(schema.TIER.name), "replayed": a.get(schema.REPLAYED.name) is True}
+            "tier": a.get(schema.TIER.name), "replayed": a.get(schema.REPLAYED.name) is True,
+            "batch_size": a.get(schema.BATCH_SIZE.name), "seq_len_q": a.get(schema.SEQ_LEN_Q.name),
+            "seq_len_kv": a.get(schema.SEQ_LEN_KV.name), "times_p50": summary.times_p50(row),
+            "slow": a.get(schema.SLOW.name) is True}
 
 
 def _e2e_json(e2e: EndToEnd) -> dict[str, Any]:
@@ -417,9 +422,25 @@ def _kernels_and_slowest(console: Any, summary: Summary, top: int) -> None:
         console.print(k)
     else:
         console.print("No profiled calls: no kernel breakdown (raise profile_rate to get one).")
-    s = _table("Slowest calls",
-               ("layer", "phase", "time", "start (UTC)", "trace id"))
-    for row in summary.slowest:
-        s.add_row(summary.label_of(row), group_key(row)[1] or MISSING, duration(time_ns(row)),
-                  when(row.start_ns)[11:23], row.trace_id)
-    console.print(s)
+    cells = [[summary.label_of(row), group_key(row)[1] or MISSING, shape_text(row) or MISSING,
+              duration(time_ns(row)), times_cell(summary.times_p50(row)), row.trace_id]
+             for row in summary.slowest]
+
+    def table_of(columns: Sequence[int]) -> Table:
+        t = _table("Slowest calls", tuple(SLOWEST[c] for c in columns))
+        for row in cells:
+            t.add_row(*(row[c] for c in columns))
+        return t
+
+    for part in fold(console, table_of, len(SLOWEST), keys=2):
+        console.print(part)
+
+
+# The slowest calls' columns: B×Sq×Skv its shape, "× p50" its time ÷ its table row's p50. Its
+# start is in --json and --html: with it the table is 110 columns, over the 100 of a file.
+SLOWEST = ("layer", "phase", "B×Sq×Skv", "time", "× p50", "trace id")
+
+
+def times_cell(ratio: float | None) -> str:
+    """A call's time ÷ its row's p50 (:meth:`Summary.times_p50`), as the report shows it."""
+    return MISSING if ratio is None else f"{ratio:.3g}×"
