@@ -258,6 +258,31 @@ def test_each_process_writes_its_own_files(tmp_path: Path) -> None:
     assert sorted(out.glob("traces.pid*.otlp.jsonl"))
 
 
+LAUNCHER_APP = """
+    import os, subprocess, sys
+    # as torchrun launches: a launcher that never imports torch, ranks in processes of their own
+    worker = sys.argv[1]
+    ranks = [subprocess.Popen([sys.executable, worker, "--calls", str(3 + rank)],
+                              env={**os.environ, "RANK": str(rank), "WORLD_SIZE": "2"})
+             for rank in range(2)]
+    sys.exit(max(p.wait() for p in ranks))
+"""
+
+
+def test_the_report_of_a_launched_job_is_of_every_rank(tmp_path: Path) -> None:
+    worker = _write(tmp_path, "app.py", SDPA_APP)
+    launcher = _write(tmp_path, "launch.py", LAUNCHER_APP)
+    result = _run(tmp_path, sys.executable, str(launcher), str(worker), report=True)
+    stderr = " ".join(result.stderr.decode().split())  # the report folds long lines
+    assert result.returncode == 0, stderr
+    out = tmp_path / "out"
+    assert not (out / "traces.otlp.jsonl").exists()  # the launcher traced nothing
+    assert _otlp_names(out / "traces.rank1.otlp.jsonl") == {"scaled_dot_product_attention": 4}
+    # the report is of the run's directory, both ranks' calls: 3 + 4 (before: rank 0's file, 3)
+    assert f"attnscope report — {out} " in stderr, stderr
+    assert "7 attention calls sampled" in stderr and "2 processes" in stderr, stderr
+
+
 POOL_APP = """
     import multiprocessing as mp
     import sys

@@ -307,22 +307,22 @@ def _report(out: Path, ended: Ended, *, full: bool) -> None:
     counted = f"{spans} spans" if spans is not None else "trace files"
     print(f"attnscope run: {counted} written: {shown}", file=err)
     if full:
-        _full_report(out, files)
+        _full_report(out)
 
 
-def _full_report(out: Path, files: list[Path]) -> None:
+def _full_report(out: Path) -> None:
     from .. import build_parser, main
 
     commands = next((a.choices for a in build_parser()._actions
                      if isinstance(a, argparse._SubParsersAction)), {})
     if "report" not in commands:
         return  # `attnscope report` is not part of this version
-    target = out if (out / output.OTLP).is_file() else files[0]
     html = out / "report.html"
     try:
         # `attnscope report` says where it wrote the page, in its one line on stderr
         with contextlib.redirect_stdout(sys.stderr):
-            main(["report", str(target), "--html", str(html)])
+            # the directory: every process's files (a launcher such as torchrun traces nothing)
+            main(["report", str(out), "--html", str(html)])
     except (Exception, SystemExit) as exc:
         print(f"attnscope run: the report failed ({exc!r:.200})", file=sys.stderr)
 
