@@ -274,6 +274,23 @@ def test_a_failure_while_writing_is_one_line_and_exit_2(
         "(No space left on device)"]
 
 
+def test_the_entry_is_written_when_the_reader_of_the_output_goes_away(
+        sides: dict[str, Any], tmp_path: Path) -> None:
+    """`attnscope diff ... --append-diary D | head -2`: the entry asked for is in the diary."""
+    diary = tmp_path / "diary.jsonl"
+    read, write = os.pipe()
+    os.close(read)  # nothing reads what diff prints: its first write to stdout fails
+    try:
+        done = subprocess.run([sys.executable, "-m", "attnscope", "diff", str(sides["b1"]),
+                               str(sides["a1"]), "--append-diary", str(diary)],
+                              stdout=write, stderr=subprocess.PIPE, timeout=120, cwd=ROOT)
+    finally:
+        os.close(write)
+    assert done.returncode != 0  # its output was lost, and that is not a success
+    (line,) = diary.read_text().splitlines()
+    assert json.loads(line)["before"]["paths"] == [str(sides["b1"])]
+
+
 # -- diff shows the backends -----------------------------------------------------------------
 
 

@@ -118,15 +118,23 @@ def run_diff(args: argparse.Namespace) -> int:
         _write_json(args.json, to_json(result, before=before, after=after, limit=limit,
                                        failures=failures, judged=judged, noise=floors)
                     | {"replayed_calls": replayed_json(result, runs[0], runs[1])})
-    if args.json != "-":
-        _print(result, before, after, limit, failures, judged, floors, replayed)
-    if args.append_diary:  # last: the comparison is shown even when the diary cannot be written
+    # The diary before the terminal: `attnscope diff ... | head` closes stdout mid-table, and the
+    # entry asked for must not be lost with it. Its error is said after the comparison.
+    unwritten: CLIError | None = None
+    if args.append_diary:
         from ._diary import append, entry
 
-        append(args.append_diary, entry(
-            result, note_text=args.diary_note, paths=sides, runs=[len(r) for r in runs],
-            info=[side.info() for side in loaded], limit=limit, judged=bool(judged),
-            failures=failures, floors=floors))
+        try:
+            append(args.append_diary, entry(
+                result, note_text=args.diary_note, paths=sides, runs=[len(r) for r in runs],
+                info=[side.info() for side in loaded], limit=limit, judged=bool(judged),
+                failures=failures, floors=floors))
+        except CLIError as exc:
+            unwritten = exc
+    if args.json != "-":
+        _print(result, before, after, limit, failures, judged, floors, replayed)
+    if unwritten is not None:
+        raise unwritten
     return 1 if failures else UNJUDGED_EXIT if limit is not None and not judged else 0
 
 
