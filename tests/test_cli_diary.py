@@ -345,10 +345,14 @@ def _expected_rows(sides: dict[str, Any]) -> list[list[str]]:
             ("b3", "same3", "—", "2 no change, 1 too few calls", "passed (20%)")), 1):
         changes = {m: p50(a, m) / p50(b, m) - 1 for m in ("layer0", "layer1", "layer2")}
         largest = max(changes, key=lambda m: abs(changes[m]))
+        # _side: layer1 slower AFTER but in the A/A pair, layer2 too few calls for a verdict
+        verdict = {"layer0": "no change", "layer1": "no change" if a == "same3" else "slower",
+                   "layer2": "too few calls"}[largest]
+        said = "" if verdict == "slower" else f": {verdict}"
         after_cmd = " ".join(COMMANDS["after"])
         rows.append([str(k), None, note, f"{' '.join(COMMANDS['before'])} → {after_cmd}",
                      f"{1 if b == 'b1' else 3} / {1 if b == 'b1' else 3}", verdicts,
-                     f"{changes[largest] * 100:+.1f}% {largest} (decode)", gate])
+                     f"{changes[largest] * 100:+.1f}% {largest} (decode){said}", gate])
     return rows
 
 
@@ -446,9 +450,16 @@ def test_the_largest_change_is_by_size_either_way_and_unknown_figures_are_left_o
                         group("flat", 0.0, "no change")],
              "gate": {"fail_if_slower": None, "outcome": "no gate"}}
     row = summary(entry)
-    assert row["largest_p50_change"] == {"group": "down", "change": -0.5}
+    assert row["largest_p50_change"] == {"group": "down", "change": -0.5, "verdict": "faster"}
     assert row["verdicts"] == {"slower": 1, "no change": 1, "faster": 1, "too few calls": 1}
     assert (row["before_command"], row["after_command"]) == ("a", "b")  # no command: the paths
+    assert "-50.0% down<" in render_html([entry])  # a direction: nothing added
+    # a larger change of a group too few calls judged: shown, with what its verdict was
+    entry["groups"].append(group("few", -0.9, "too few calls (< 20 in a run)"))
+    row = summary(entry)
+    assert row["largest_p50_change"] == {"group": "few", "change": -0.9,
+                                         "verdict": "too few calls"}
+    assert "-90.0% few: too few calls<" in render_html([entry])
 
 
 def test_report_diary_on_the_command_line(filled: dict[str, Any], tmp_path: Path) -> None:

@@ -124,15 +124,16 @@ def _verdict_word(verdict: str) -> str:
 def summary(entry: Mapping[str, Any]) -> dict[str, Any]:
     """What the diary table shows of one entry, as plain values: date, note, each side's
     command and runs, how many groups got each p50 verdict, the largest p50 change (by
-    size, either way) and its group, the gate's outcome."""
+    size, either way), its group and that group's p50 verdict, the gate's outcome."""
     groups = entry["groups"]
     verdicts = Counter(_verdict_word(str(g["verdict"])) for g in groups
                        if g.get("verdict") is not None)
-    largest: tuple[float, str] | None = None
+    largest: tuple[float, str, str | None] | None = None
     for g in groups:
         change = _finite(_time(g, "p50").get("change"))
         if change is not None and (largest is None or abs(change) > abs(largest[0])):
-            largest = (change, _label(g))
+            verdict = g.get("verdict")
+            largest = (change, _label(g), _verdict_word(str(verdict)) if verdict else None)
     given = entry.get("gate")
     gate: Mapping[str, Any] = given if isinstance(given, dict) else {}
     limit = _finite(gate.get("fail_if_slower"))
@@ -142,7 +143,7 @@ def summary(entry: Mapping[str, Any]) -> dict[str, Any]:
         "runs_before": entry["before"].get("runs"), "runs_after": entry["after"].get("runs"),
         "verdicts": dict(sorted(verdicts.items(), key=lambda kv: _verdict_order(kv[0]))),
         "largest_p50_change": None if largest is None else
-        {"group": largest[1], "change": largest[0]},
+        {"group": largest[1], "change": largest[0], "verdict": largest[2]},
         "gate": {"fail_if_slower": limit, "outcome": gate.get("outcome", "no gate")},
     }
 
@@ -157,7 +158,9 @@ def _cells(index: int, row: Mapping[str, Any]) -> list[str]:
     counts = ", ".join(f"{n} {word}" for word, n in row["verdicts"].items()) or MISSING
     largest = row["largest_p50_change"]
     moved = MISSING if largest is None else \
-        f"{largest['change'] * 100:+.1f}% {largest['group']}"
+        f"{largest['change'] * 100:+.1f}% {largest['group']}" + \
+        ("" if largest.get("verdict") in (None, "slower", "faster")
+         else f": {largest['verdict']}")  # a change no verdict stands behind says so
     gate = row["gate"]
     limit = gate["fail_if_slower"]
     outcome = str(gate["outcome"]) + (f" ({limit * 100:g}%)" if limit is not None else "")
