@@ -454,6 +454,7 @@ def test_the_largest_change_is_by_size_either_way_and_unknown_figures_are_left_o
     assert row["verdicts"] == {"slower": 1, "no change": 1, "faster": 1, "too few calls": 1}
     assert (row["before_command"], row["after_command"]) == ("a", "b")  # no command: the paths
     assert "-50.0% down<" in render_html([entry])  # a direction: nothing added
+    assert "1 entry, " in render_html([entry]) and "2 entries, " in render_html([entry] * 2)
     # a larger change of a group too few calls judged: shown, with what its verdict was
     entry["groups"].append(group("few", -0.9, "too few calls (< 20 in a run)"))
     row = summary(entry)

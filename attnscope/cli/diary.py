@@ -286,7 +286,8 @@ def render_html(entries: Sequence[Mapping[str, Any]]) -> str:
     first = entries[0]["date"] if entries else MISSING
     last = entries[-1]["date"] if entries else MISSING
     return _html.page("attnscope performance diary", [(h, b) for h, b in sections if b],
-                      subtitle=f"{len(entries)} entries, {first} … {last}")
+                      subtitle=f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, "
+                      f"{first} … {last}")
 
 
 def run_diary_report(path: str, *, html: str | None = None, json_path: str | None = None,
