@@ -117,6 +117,40 @@ def test_forwards_and_calls_holding_a_profiled_call_are_left_out_while_others_re
     assert (g.calls, g.used) == (1, 1)
 
 
+def _block(span_id: str, parent: str | None, start_ms: float, wall_ms: float, name: str,
+           **attrs: Any) -> SpanRow:
+    """An attnscope.span block: no function, the name the application gave."""
+    a = {"attnscope.tier": "timing", "attnscope.sample_rate": 1.0,
+         "attnscope.wall_ns": int(wall_ms * MS), **attrs}
+    start = int(start_ms * MS)
+    return SpanRow("t" * 32, span_id, parent, name, start, start + int(wall_ms * MS), a, "svc")
+
+
+def test_blocks_are_the_applications_own_spans_with_their_attention_share() -> None:
+    # a request block (tokens 16) around the generate() of _generate_rows (100 ms, attention
+    # 10 + 9 ms); another at rate 0.5 holding one attention call at rate 0.25 directly
+    rows = [_block("r", None, 0, 200, "request", **{"attnscope.tokens": 16})]
+    rows += [r if r.span_id != "g" else SpanRow(r.trace_id, r.span_id, "r", r.name, r.start_ns,
+                                                 r.end_ns, r.attributes, r.service)
+             for r in _generate_rows()]
+    rows += [_block("s", None, 300, 40, "request", **{"attnscope.sample_rate": 0.5}),
+             _attn("x", "s", 301, 5, "decode", **{"attnscope.sample_rate": 0.25}),
+             # not blocks: attnscope's own spans, an operator span, a replay
+             _block("q", "s", 302, 1, "attnscope.request"),
+             _block("k", "x", 302, 1, "aten::mm", **{"attnscope.kernel.kind": "op"}),
+             _block("c", None, 400, 1, "cuda_graph.replay", **{"attnscope.graph.replay": 3})]
+    (b,) = end_to_end(rows).blocks
+    assert (b.name, b.calls, b.used) == ("request", 2, 2)
+    assert (b.wall.min, b.wall.max) == (40 * MS, 200 * MS)
+    assert b.tokens_per_s == pytest.approx(16 / 0.2)  # of the blocks that counted tokens
+    assert b.attention_calls == 2 + 3 + 1  # the prefill and decode calls of generate(), x
+    assert b.block_ns == pytest.approx(200 * MS + 40 * MS / 0.5)
+    # the call in s stands for 1/(0.5*0.25) calls
+    assert b.attention_ns == pytest.approx((10 + 9) * MS + 5 * MS / 0.125)
+    assert b.share == pytest.approx(b.attention_ns / b.block_ns)
+    assert end_to_end(_generate_rows()).blocks == []  # generate, forwards, calls: none
+
+
 def test_command_args_are_bounded() -> None:
     long = ["python", "x" * 2000] + [f"a{i}" for i in range(100)]
     args = command_args(long)
@@ -188,6 +222,25 @@ def test_report_json_end_to_end_matches_the_raw_spans(traces: TraceFiles,
         assert shares[phase]["forwards"] == len(forwards)
         assert shares[phase]["model_ns"] == pytest.approx(model_ns)
         assert shares[phase]["attention_ns"] == pytest.approx(attn_ns)
+    # the workload's attnscope.span("request") blocks, one around each generate()
+    requests = [s for s in spans if s["operationName"] == "request"]
+    (block,) = doc["end_to_end"]["blocks"]
+    assert block["name"] == "request" and block["calls"] == block["timed"] == len(requests) == 3
+    walls = [tag(s, "attnscope.wall_ns") for s in requests]
+    for q in ("p50", "p95", "p99"):
+        assert block["wall_ns"][q] == pytest.approx(float(np.percentile(walls, int(q[1:]))))
+    under: list[dict[str, Any]] = []
+    frontier = {s["spanID"] for s in requests}
+    while frontier:  # every span under the blocks
+        level = [s for s in spans if parent(s) in frontier]
+        under += level
+        frontier = {s["spanID"] for s in level}
+    layers = [s for s in under if tag(s, "attnscope.num_heads") is not None
+              and tag(s, "code.function.name") != "scaled_dot_product_attention"]
+    assert block["attention_calls"] == len(layers)
+    assert block["attention_ns"] == pytest.approx(sum(tag(s, "attnscope.wall_ns") for s in layers))
+    assert block["share"] == pytest.approx(block["attention_ns"] / sum(walls))
+    assert block["tokens_per_s"] is None  # the blocks were given no tokens
     run = doc["run"]
     assert run["versions"]["torch"] == str(torch.__version__)
     assert run["versions"]["attnscope"] == attnscope.__version__
@@ -203,11 +256,13 @@ def test_report_terminal_shows_the_run_and_the_end_to_end_tables(traces: TraceFi
     assert done.returncode == 0, done.stderr
     page = (tmp_path / "r.html").read_text()
     assert "<h2>Run</h2>" in page and f"torch {torch.__version__}" in page
-    assert "End to end: generate() and the model" in page and "TTFT p50" in page
+    assert "End to end: generate(), the model" in page and "TTFT p50" in page
+    assert "<th>attn share</th>" in page
     out = done.stdout
     assert f"versions: attnscope {attnscope.__version__}, torch {torch.__version__}" in out
     assert "configured: sample rate 1, profile rate 0," in out
     assert "generate() end to end" in out and "Attention's share of the model's time" in out
+    assert "Your traced blocks" in out and " request " in out
 
 
 def test_run_writes_run_json_and_report_reads_it(tmp_path: Path) -> None:

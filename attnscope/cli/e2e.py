@@ -7,6 +7,9 @@ share of the model's time.
   call ÷ its decode forwards). TTFT needs the call's prefill forward traced (``instrument(...,
   trace_model=True)``, as ``attnscope run`` does); TPOT needs every forward of the call traced
   (forwards at sample rate 1): else they are unknown for that call, never estimated.
+- **blocks**: per name, the application's own traced spans (``attnscope.span`` blocks, functions
+  under ``@attnscope.trace`` that are not attention calls): their wall time, tokens/s and
+  attention's share of their time, estimated as for forwards (below).
 - **attention share**, per model and phase: the time of attention calls nested in the model's
   traced forwards ÷ those forwards' time; a forward weighs 1/its sample rate, a nested call
   1/(its rate × its forward's), so below rate 1 the share is a ratio of two estimated totals.
@@ -21,13 +24,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .. import _schema as schema
 from .summary import Quantiles, int_attribute, is_profiled, quantiles, sample_rate, wall_ns
 from .traces import SpanRow, attention_calls
 
-__all__ = ["GenerateStats", "ShareStats", "EndToEnd", "end_to_end"]
+__all__ = ["GenerateStats", "ShareStats", "BlockStats", "EndToEnd", "end_to_end"]
 
 _FORWARD = ".forward"
 _GENERATE = ".generate"
@@ -60,9 +63,26 @@ class ShareStats:
 
 
 @dataclass(frozen=True, slots=True)
+class BlockStats:
+    """The application's own traced spans of one name: ``attnscope.span`` blocks and
+    ``@attnscope.trace``'d functions that are not attention calls, forwards or ``generate()``."""
+
+    name: str
+    calls: int
+    used: int  # calls the times are of (those without a profiled call, when there are any)
+    wall: Quantiles
+    tokens_per_s: float | None  # Σ attnscope.tokens ÷ Σ wall time of the used calls that have it
+    attention_calls: int  # attention calls sampled inside the used calls
+    block_ns: float  # weighted by 1/sample rate, as ShareStats
+    attention_ns: float
+    share: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class EndToEnd:
     generates: list[GenerateStats]
     shares: list[ShareStats]
+    blocks: list[BlockStats] = field(default_factory=list)
 
 
 def _function(row: SpanRow) -> str:
@@ -96,8 +116,43 @@ def end_to_end(rows: Sequence[SpanRow]) -> EndToEnd:
     # the outermost forwards only: a model inside a traced model is part of its time
     by_id = {r.span_id: r for r in rows}
     outer = [r for r in forwards if not _has_ancestor(r, by_id, forward_ids)]
+    blocks = [r for r in rows if _is_block(r, attention)]
     return EndToEnd(_generates(rows, children, forward_ids),
-                    _shares(outer, children, attention))
+                    _shares(outer, children, attention), _blocks(blocks, children, attention))
+
+
+def _is_block(row: SpanRow, attention: set[str]) -> bool:
+    """One of the application's own traced spans (see :class:`BlockStats`)."""
+    a = row.attributes
+    return (schema.TIER.name in a and row.span_id not in attention
+            and schema.KERNEL_KIND.name not in a and schema.NUM_HEADS.name not in a
+            and schema.GRAPH_REPLAY.name not in a and not row.name.startswith(schema.PREFIX)
+            and not _function(row).endswith((_FORWARD, _GENERATE)))
+
+
+def _blocks(blocks: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
+            attention: set[str]) -> list[BlockStats]:
+    by_name: dict[str, list[SpanRow]] = defaultdict(list)
+    for r in blocks:
+        by_name[r.name].append(r)
+    out = []
+    for name, every in sorted(by_name.items()):
+        kept = _unslowed(every, children)
+        with_tokens = [(t, wall_ns(b)) for b in kept
+                       if (t := int_attribute(b, schema.TOKENS.name)) is not None]
+        tokens_ns = sum(ns for _, ns in with_tokens)
+        block_ns = sum(wall_ns(b) * _weight(b) for b in kept)
+        nested = [(d, b) for b in kept for d in _descendants(b, children)
+                  if d.span_id in attention]
+        attention_ns = sum(wall_ns(d) * _weight(d) * _weight(b) for d, b in nested)
+        out.append(BlockStats(
+            name=name, calls=len(every), used=len(kept),
+            wall=quantiles([wall_ns(b) for b in kept]),
+            tokens_per_s=sum(t for t, _ in with_tokens) / (tokens_ns / 1e9)
+            if with_tokens and tokens_ns > 0 else None,
+            attention_calls=len(nested), block_ns=block_ns, attention_ns=attention_ns,
+            share=attention_ns / block_ns if block_ns > 0 and nested else None))
+    return out
 
 
 def _has_ancestor(row: SpanRow, by_id: Mapping[str, SpanRow], ids: set[str]) -> bool:

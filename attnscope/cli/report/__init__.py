@@ -33,8 +33,8 @@ from ._fallbacks import fallback_lines
 from ._replayed import replayed_counts, replayed_lines
 from ._requests import Requests, print_requests, requests_json, requests_of
 
-__all__ = ["Context", "backend_cell", "register", "run_report", "to_json", "render_terminal",
-           "times_cell"]
+__all__ = ["BLOCKS", "Context", "backend_cell", "register", "run_report", "to_json",
+           "render_terminal", "times_cell"]
 
 
 def register(sub: Any, formatter: Any) -> None:
@@ -186,6 +186,10 @@ def _e2e_json(e2e: EndToEnd) -> dict[str, Any]:
                              "timed": s.used, "attention_calls": s.calls,
                              "model_ns": s.model_ns, "attention_ns": s.attention_ns,
                              "share": s.share} for s in e2e.shares],
+        "blocks": [{"name": b.name, "calls": b.calls, "timed": b.used,
+                    "wall_ns": _quantiles_json(b.wall), "tokens_per_s": b.tokens_per_s,
+                    "attention_calls": b.attention_calls, "block_ns": b.block_ns,
+                    "attention_ns": b.attention_ns, "share": b.share} for b in e2e.blocks],
     }
 
 
@@ -296,10 +300,23 @@ def _end_to_end(console: Any, e2e: EndToEnd) -> None:
                       duration(s.model_ns), duration(s.attention_ns) if s.calls else MISSING,
                       MISSING if s.share is None else f"{s.share:.1%}")
         console.print(t)
-    if e2e.generates or e2e.shares:
-        console.print("timed: the calls and forwards with no profiled span in them (the call, a "
-                      "forward or a layer: the profiler slows them), unless all have one.",
-                      highlight=False)
+    if e2e.blocks:
+        t = _table("Your traced blocks (attnscope.span, @trace; wall time)", BLOCKS)
+        for b in e2e.blocks:
+            t.add_row(b.name, str(b.calls), str(b.used), duration(b.wall.p50),
+                      duration(b.wall.p95), duration(b.wall.p99), si(b.tokens_per_s),
+                      str(b.attention_calls), MISSING if b.share is None else f"{b.share:.1%}")
+        console.print(t)
+    if e2e.generates or e2e.shares or e2e.blocks:
+        console.print("timed: the calls, forwards and blocks with no profiled span in them (the "
+                      "call, a forward or a layer: the profiler slows them), unless all have "
+                      "one. Share: the attention calls in them ÷ their time, each weighted by "
+                      "1/sample rate.", highlight=False)
+
+
+# The blocks table's columns: "attn calls" sampled inside the timed blocks, "attn share" their
+# time's share of the blocks' (e2e.BlockStats)
+BLOCKS = ("block", "calls", "timed", "p50", "p95", "p99", "tok/s", "attn calls", "attn share")
 
 
 INEXACT_MARK = " †"
@@ -407,7 +424,7 @@ def _table(title: str, columns: tuple[str, ...]) -> Table:
               min_width=len(title) + 1, collapse_padding=True, title_style="bold")
     for col in columns:
         left = col in ("layer", "phase", "backend", "kernel / op", "start (UTC)", "trace id",
-                       "call", "model")
+                       "call", "model", "block")
         t.add_column(col, justify="left" if left else "right", no_wrap=True)
     return t
 

@@ -21,7 +21,7 @@ from ..render.units import MISSING, duration, si, when
 from ..runinfo import describe
 from ..summary import GroupStats, Summary, latency_rows, shape_text, time_ns, wall_ns
 from ..traces import SpanRow, attention_calls, group_key
-from . import INEXACT_MARK, backend_cell, inexact_lines, times_cell
+from . import BLOCKS, INEXACT_MARK, backend_cell, inexact_lines, times_cell
 from ._fallbacks import fallback_lines
 from ._replayed import replayed_lines
 from ._requests import requests_html
@@ -38,8 +38,9 @@ def render_html(summary: Summary, rows: Sequence[SpanRow], *, source: str, top: 
     """The whole page as text; ``context``: the report's ``Context`` (run, end to end)."""
     calls = attention_calls(rows)
     head = [] if context is None else [("Run", _run(context.run))]
-    e2e = [] if context is None or not (context.e2e.generates or context.e2e.shares) else [
-        ("End to end: generate() and the model's forwards", _end_to_end(context.e2e))]
+    e2e = [] if context is None or not (context.e2e.generates or context.e2e.shares
+                                        or context.e2e.blocks) else [
+        ("End to end: generate(), the model's forwards, your blocks", _end_to_end(context.e2e))]
     sections = [
         *head,
         ("Per layer and phase", _numbers(summary, duration, si)),
@@ -88,11 +89,20 @@ def _end_to_end(e2e: Any) -> str:
               duration(s.attention_ns) if s.calls else MISSING,
               MISSING if s.share is None else f"{s.share:.1%}"]
              for s in e2e.shares], left=(0, 1)))
+    if e2e.blocks:
+        parts.append(table(
+            list(BLOCKS),
+            [[b.name, b.calls, b.used, duration(b.wall.p50), duration(b.wall.p95),
+              duration(b.wall.p99), si(b.tokens_per_s), b.attention_calls,
+              MISSING if b.share is None else f"{b.share:.1%}"] for b in e2e.blocks],
+            left=(0,)))
     note = ("<p class=\"note\">Wall times. TTFT: the end of a call's prefill forward − its start; "
             "TPOT: the rest ÷ its decode forwards (only where all of them were traced). "
-            "Attention's share: the attention calls in the traced forwards ÷ those forwards' "
-            "time, weighted by 1/sample rate. Timed: with no profiled span in them (the call, a "
-            "forward or a layer: the profiler slows them), unless all have one.</p>")
+            "Attention's share: the attention calls in the traced forwards (blocks) ÷ their "
+            "time, weighted by 1/sample rate. Blocks: your attnscope.span blocks and "
+            "@trace'd functions that are not attention calls. Timed: with no profiled span in "
+            "them (the call, a forward or a layer: the profiler slows them), unless all have "
+            "one.</p>")
     return note + "".join(parts)
 
 
