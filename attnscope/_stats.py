@@ -52,6 +52,7 @@ class Stats(TypedDict):
     slow_calls: int
     slow_granted: int
     slow_lapsed: int
+    slow_lapsed_no_token: int  # of slow_lapsed: the token bucket had none (the rest: no match)
     # CUDA graph replays (docs/profiling.md#cuda-graphs)
     graph_replays_sampled: int
     graph_replays_lost: int

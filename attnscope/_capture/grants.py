@@ -50,7 +50,7 @@ def settle(grants: Grants, sampler: Sampler, site: CallSite, grant: Grant,
             sampler.bucket.paid()
         grants.end(site, grant, "slow_granted")
         return TIER_PROFILE, grant
-    grants.end(site, grant, "slow_lapsed")  # no token: the per-minute limit still holds
+    grants.end(site, grant, "slow_lapsed_no_token")  # the per-minute limit still holds
     return tier, None
 
 

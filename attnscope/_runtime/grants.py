@@ -32,7 +32,7 @@ class Grants:
         self.trigger: bool = False  # read without the lock on the sampled path
         self._matches: dict[str, bool] = {}
         self.counts = {"on_demand_granted": 0, "slow_calls": 0, "slow_granted": 0,
-                       "slow_lapsed": 0}
+                       "slow_lapsed": 0, "slow_lapsed_no_token": 0}
 
     def after_fork(self) -> None:
         self.lock = threading.Lock()
@@ -101,6 +101,8 @@ class Grants:
             grant.done = True
             if outcome is not None:
                 self.counts[outcome] += 1
+                if outcome == "slow_lapsed_no_token":  # one of the lapsed, by its reason
+                    self.counts["slow_lapsed"] += 1
             if site.grant is grant:
                 site.grant = None
                 site.countdown = max(1, grant.left) if not site.disabled else site.countdown
