@@ -18,6 +18,7 @@ import attnscope
 from attnscope._export.destinations import command_args
 from attnscope.cli.e2e import end_to_end
 from attnscope.cli.runinfo import describe, run_info
+from attnscope.cli.summary import first_calls
 from attnscope.cli.traces import SpanRow, load_spans
 from tests.support.cli_traces import TraceFiles, generate, jaeger_spans
 
@@ -248,6 +249,46 @@ def test_report_json_end_to_end_matches_the_raw_spans(traces: TraceFiles,
     assert run["settings"]["sample_rate"] == 1.0 and run["settings"]["profile_rate"] == 0.0
     assert run["command"].split()[1] == "-c" and run["processes"] == 1
     assert run["source"] == ["resource"]  # written by configure(): no run.json
+
+
+def test_the_slowest_calls_say_which_is_its_processs_first_of_its_layer_and_phase(
+        traces: TraceFiles, tmp_path: Path) -> None:
+    # every call sampled, no warm-up calls: a layer and phase's earliest span is its first call
+    done = _cli("report", traces.jaeger, "--json", tmp_path / "r.json", "--top", "1000")
+    assert done.returncode == 0, done.stderr
+    slowest = json.loads((tmp_path / "r.json").read_text())["slowest"]
+    spans = jaeger_spans(traces.jaeger)
+    earliest: dict[tuple[str, str], tuple[int, str]] = {}
+    for s in spans:
+        if s["tags"].get("attnscope.num_heads") is None or \
+                s["tags"].get("code.function.name") == "scaled_dot_product_attention":
+            continue
+        key = (s["tags"]["attnscope.module"], s["tags"]["attnscope.phase"])
+        earliest[key] = min(earliest.get(key, (s["startTime"], s["spanID"])),
+                            (s["startTime"], s["spanID"]))
+    firsts = {span_id for _, span_id in earliest.values()}
+    assert len(slowest) > len(firsts) >= 4  # 2 layers × prefill, decode: all listed here
+    assert {c["span_id"] for c in slowest if c["first_call"]} == firsts
+    out = _cli("report", traces.jaeger, "--top", "1000").stdout
+    assert out.count("¹") == len(firsts) + 1 and "¹ the first call of its layer" in out
+
+
+def _row(span_id: str, start_ms: float, *, pid: int | None = 7, rate: float = 1.0,
+         warmup: int = 0, phase: str = "decode") -> SpanRow:
+    row = _attn(span_id, "p", start_ms, 1, phase, **{"attnscope.sample_rate": rate})
+    resource = {"host.name": "h", "attnscope.config.warmup_calls": warmup}
+    if pid is not None:
+        resource["process.pid"] = pid
+    return SpanRow(row.trace_id, row.span_id, None, row.name, row.start_ns, row.end_ns,
+                   row.attributes, row.service, resource)
+
+
+def test_a_first_call_is_one_no_earlier_call_can_have_gone_unsampled_before() -> None:
+    rows = [_row("a", 5), _row("b", 1), _row("c", 3, phase="prefill"), _row("d", 2, pid=8)]
+    assert first_calls(rows, rows) == {("t" * 32, "b"), ("t" * 32, "c"), ("t" * 32, "d")}
+    assert first_calls(rows, rows[:1]) == frozenset()  # only those asked about
+    for unsure in ({"rate": 0.5}, {"warmup": 10}, {"pid": None}):  # an earlier one may be missing
+        assert first_calls([_row("b", 1, **unsure)], [_row("b", 1, **unsure)]) == frozenset()
 
 
 def test_report_terminal_shows_the_run_and_the_end_to_end_tables(traces: TraceFiles,

@@ -47,7 +47,7 @@ from .traces import ATTENTION_FACTS, GroupKey, SpanRow, call_backends, group_key
 
 __all__ = ["Quantiles", "GroupStats", "Summary", "summarize", "quantiles", "time_ns", "wall_ns",
            "latency_rows", "operator_spans", "int_attribute", "shape_text", "sample_rate",
-           "is_profiled", "under_profiler", "profiles_within", "PHASE_ORDER"]
+           "is_profiled", "under_profiler", "profiles_within", "first_calls", "PHASE_ORDER"]
 
 CallId = tuple[str, str]  # (trace id, span id)
 
@@ -113,6 +113,7 @@ class Summary:
     labels: Mapping[CallId, str] = field(default_factory=dict)  # call id -> row label
     # a call profiled through calls nested in it: those calls (profiles_within)
     within: Mapping[CallId, list[SpanRow]] = field(default_factory=dict)
+    first: frozenset[CallId] = frozenset()  # of the slowest: first calls (first_calls)
 
     @property
     def sampled(self) -> bool:
@@ -348,7 +349,25 @@ def summarize(calls: Sequence[SpanRow], price_per_hour: float | None = None,
     rates = sorted({sample_rate(r) for r in calls})
     services = sorted({r.service for r in calls if r.service})
     labels = {(r.trace_id, r.span_id): label[k] for k, members in grouped.items() for r in members}
-    return Summary(groups, overall, slowest, rates, price_per_hour, services, labels, within)
+    return Summary(groups, overall, slowest, rates, price_per_hour, services, labels, within,
+                   first_calls(calls, slowest))
+
+
+def first_calls(calls: Sequence[SpanRow], of: Sequence[SpanRow]) -> frozenset[CallId]:
+    """Those of ``of`` that are their process's first call of their layer and phase: the
+    earliest of ``calls`` in it, sampled at rate 1 by a process that configured no warm-up calls
+    (``attnscope.config.warmup_calls`` 0), so that no earlier call can have gone unsampled. Such
+    a call pays torch's first-use costs."""
+    earliest: dict[tuple[Any, ...], SpanRow] = {}
+    for r in calls:
+        key = (r.service, r.resource.get("host.name"), r.resource.get("process.pid"),
+               *group_key(r))
+        if key not in earliest or r.start_ns < earliest[key].start_ns:
+            earliest[key] = r
+    firsts = {(r.trace_id, r.span_id) for r in earliest.values()
+              if sample_rate(r) == 1.0 and r.resource.get("process.pid") is not None
+              and r.resource.get(schema.CONFIG_WARMUP_CALLS.name) == 0}
+    return frozenset(c for r in of if (c := (r.trace_id, r.span_id)) in firsts)
 
 
 def operator_spans(rows: Sequence[SpanRow], call: SpanRow) -> list[SpanRow]:

@@ -33,8 +33,8 @@ from ._fallbacks import fallback_lines
 from ._replayed import replayed_counts, replayed_lines
 from ._requests import Requests, print_requests, requests_json, requests_of
 
-__all__ = ["BLOCKS", "Context", "backend_cell", "register", "run_report", "to_json",
-           "render_terminal", "times_cell"]
+__all__ = ["BLOCKS", "FIRST_MARK", "FIRST_NOTE", "Context", "backend_cell", "register",
+           "run_report", "to_json", "render_terminal", "times_cell"]
 
 
 def register(sub: Any, formatter: Any) -> None:
@@ -171,7 +171,8 @@ def _call_json(summary: Summary, row: SpanRow) -> dict[str, Any]:
             "tier": a.get(schema.TIER.name), "replayed": a.get(schema.REPLAYED.name) is True,
             "batch_size": a.get(schema.BATCH_SIZE.name), "seq_len_q": a.get(schema.SEQ_LEN_Q.name),
             "seq_len_kv": a.get(schema.SEQ_LEN_KV.name), "times_p50": summary.times_p50(row),
-            "slow": a.get(schema.SLOW.name) is True}
+            "slow": a.get(schema.SLOW.name) is True,
+            "first_call": (row.trace_id, row.span_id) in summary.first}
 
 
 def _e2e_json(e2e: EndToEnd) -> dict[str, Any]:
@@ -440,8 +441,8 @@ def _kernels_and_slowest(console: Any, summary: Summary, top: int) -> None:
     else:
         console.print("No profiled calls: no kernel breakdown (raise profile_rate to get one).")
     cells = [[summary.label_of(row), group_key(row)[1] or MISSING, shape_text(row) or MISSING,
-              duration(time_ns(row)), times_cell(summary.times_p50(row)), row.trace_id]
-             for row in summary.slowest]
+              duration(time_ns(row)) + _first_mark(summary, row),
+              times_cell(summary.times_p50(row)), row.trace_id] for row in summary.slowest]
 
     def table_of(columns: Sequence[int]) -> Table:
         t = _table("Slowest calls", tuple(SLOWEST[c] for c in columns))
@@ -451,6 +452,18 @@ def _kernels_and_slowest(console: Any, summary: Summary, top: int) -> None:
 
     for part in fold(console, table_of, len(SLOWEST), keys=2):
         console.print(part)
+    if summary.first:
+        console.print(FIRST_NOTE, highlight=False, markup=False)
+
+
+# The slowest call that is its process's first of its layer and phase (summary.first_calls)
+FIRST_MARK = "¹"
+FIRST_NOTE = (f"{FIRST_MARK} the first call of its layer and phase in its process: torch's "
+              "first-use costs (allocation, kernel choice, lazy initialisation) are in its time")
+
+
+def _first_mark(summary: Summary, row: SpanRow) -> str:
+    return FIRST_MARK if (row.trace_id, row.span_id) in summary.first else ""
 
 
 # The slowest calls' columns: B×Sq×Skv its shape, "× p50" its time ÷ its table row's p50. Its

@@ -21,7 +21,7 @@ from ..render.units import MISSING, duration, si, when
 from ..runinfo import describe
 from ..summary import GroupStats, Summary, latency_rows, shape_text, time_ns, wall_ns
 from ..traces import SpanRow, attention_calls, group_key
-from . import BLOCKS, INEXACT_MARK, backend_cell, inexact_lines, times_cell
+from . import BLOCKS, FIRST_MARK, FIRST_NOTE, INEXACT_MARK, backend_cell, inexact_lines, times_cell
 from ._fallbacks import fallback_lines
 from ._replayed import replayed_lines
 from ._requests import requests_html
@@ -287,8 +287,11 @@ def _timeline(summary: Summary, rows: Sequence[SpanRow], calls: Sequence[SpanRow
 
 def _slowest(summary: Summary, duration: Any) -> str:
     body = [[summary.label_of(r), group_key(r)[1] or MISSING, shape_text(r) or MISSING,
-             duration(time_ns(r)), times_cell(summary.times_p50(r)), when(r.start_ns), r.trace_id,
+             duration(time_ns(r)) + (FIRST_MARK if (r.trace_id, r.span_id) in summary.first
+                                     else ""),
+             times_cell(summary.times_p50(r)), when(r.start_ns), r.trace_id,
              r.span_id] for r in summary.slowest]
+    note = f"<p class=\"note\">{escape(FIRST_NOTE)}</p>" if summary.first else ""
     return table(["layer", "phase", "B×Sq×Skv", "time", "× p50", "start (UTC)", "trace id",
-                  "span id"], body, left=(0, 1, 5, 6, 7))
+                  "span id"], body, left=(0, 1, 5, 6, 7)) + note
 
