@@ -138,17 +138,22 @@ def test_kernels_and_slowest_calls_match_the_spans(traces: TraceFiles, tmp_path:
     calls = _raw_calls(traces.jaeger)
     profiled = [s["tags"] for s in calls if s["tags"]["attnscope.tier"] == "profile"]
     assert profiled, "the workload profiled no attention call"
+    # and the calls timed inside a profiled one, given their kernels from its profile
+    enclosed = [s["tags"] for s in calls if s["tags"].get("attnscope.profiled_by") == "enclosing"
+                and "attnscope.kernel.top_names" in s["tags"]]
     per_name: dict[str, int] = defaultdict(int)
-    for t in profiled:
+    for t in profiled + enclosed:
         for name, ns in zip(json.loads(t["attnscope.kernel.top_names"]),
                             json.loads(t["attnscope.kernel.top_ns"]), strict=False):
             per_name[name] += ns
-    total = sum(t["attnscope.kernel.total_ns"] for t in profiled)
+    total = sum(t["attnscope.kernel.total_ns"] for t in profiled + enclosed)
     top = sorted(per_name.items(), key=lambda kv: -kv[1])[:3]
     kernels = report["overall"]["kernels"]
     assert [(k["name"], k["ns"]) for k in kernels] == top
     assert kernels[0]["share"] == pytest.approx(top[0][1] / total)
     assert report["overall"]["profiled_calls"] == len(profiled)
+    assert report["overall"]["kernel_calls"] == len(profiled) + len(enclosed)
+    assert report["overall"]["kernel_calls_enclosed"] == len(enclosed)
     # of the calls the profiler did not slow: neither profiled nor inside or around a profile
     unslowed = [s for s in calls if s["tags"]["attnscope.tier"] != "profile"
                 and "attnscope.profiled_by" not in s["tags"]]

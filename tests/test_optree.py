@@ -327,7 +327,7 @@ def test_core_tflops_from_the_derived_flops(monkeypatch: pytest.MonkeyPatch) -> 
         instance = None  # no module: no labels
 
     cfg = type("C", (), {"max_kernel_spans": 64, "profile_dir": None})()
-    got, _ = profile.finish(Cap(), cfg, {"flops": 4 * 10**9})  # type: ignore[arg-type]
+    got, _, _ = profile.finish(Cap(), cfg, {"flops": 4 * 10**9})  # type: ignore[arg-type]
     assert got["core_tflops"] == pytest.approx(2.0)  # 4 GFLOP in 2 ms
 
 

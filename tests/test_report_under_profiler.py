@@ -17,8 +17,10 @@ import pytest
 import torch
 
 import attnscope
+from attnscope._profiles.optree import METADATA_OPS
 from attnscope.cli.diff._groups import per_call_values
 from attnscope.cli.summary import latency_rows, time_ns
+from attnscope.cli.traces import load_spans
 
 from .support.helpers import traced_to_file
 
@@ -81,3 +83,30 @@ def test_the_report_says_how_many_calls_a_profile_ran_over(
     out = capsys.readouterr().out
     assert "33 attention calls sampled (sample rate 1): 30 timed, 0 profiled, 3 timed inside a " \
         "profiled call." in " ".join(out.split())
+
+
+def test_a_call_timed_inside_a_profiled_one_has_its_kernels_from_that_profile(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from attnscope.cli import main
+    from attnscope.cli.summary import operator_spans
+
+    path, calls = _trace(tmp_path)
+    inside = [r for r in calls if r.attributes.get("attnscope.profiled_by") == "enclosing"]
+    rows = load_spans(path)
+    for call in inside:
+        a = call.attributes
+        names, times = a["attnscope.kernel.top_names"], a["attnscope.kernel.top_ns"]
+        assert names and len(names) == len(times) and times == sorted(times, reverse=True)
+        assert 0 < sum(times) <= a["attnscope.kernel.total_ns"] <= a["attnscope.wall_ns"] * 1.5
+        # each a CPU op that ran in it: among its operator spans from the same profile, the ops
+        # merged into one of them, or the metadata ops folded into one (optree's rule)
+        ran = set(METADATA_OPS)
+        for op in operator_spans(rows, call):
+            ran.add(op.name.split(" (", 1)[0])
+            ran.update(op.attributes.get("attnscope.kernel.inner") or ())
+        assert set(names) <= ran, (names, ran)
+    assert all("attnscope.kernel.top_names" not in r.attributes for r in calls
+               if r not in inside)  # timed on their own: no profile, no kernels
+    assert main(["report", str(path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Top kernels/ops of the 3 calls timed inside a profiled call" in out

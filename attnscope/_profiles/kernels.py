@@ -21,7 +21,8 @@ from . import opstats, optree
 
 __all__ = [
     "RawEvent", "KernelReport", "analyze", "from_kineto", "detect_backend", "call_kernels",
-    "memory_peaks", "covered_ns", "parameter_owners", "module_labels",
+    "memory_peaks", "covered_ns", "parameter_owners", "module_labels", "call_bounds", "cpu_tree",
+    "top_kernels",
     "KIND_CUDA_KERNEL", "KIND_CPU_OP", "KIND_MEMCPY", "KIND_MEMSET", "KIND_MEMORY", "KIND_MARKER",
     "KIND_RUNTIME", "KIND_OTHER", "MAX_NAME", "TOP_N",
 ]
@@ -209,27 +210,10 @@ def analyze(
     depends on the operators, not on their time (:mod:`.optree`); accepted for older callers.
     """
     del fold_ns
-    marker = next((e for e in events if e.kind == KIND_MARKER), None)
-    if marker is not None:
-        lo, hi = marker.start_ns, marker.end_ns
-    else:
-        lo, hi = span_start_ns, span_end_ns
-    # The profiler's own clock when it is the span's (torch 2.13: Unix-epoch ns; the marker then
-    # starts just before the span's start was read): exact, where pairing the marker's start
-    # with the span's start was off by the 30-100 µs between the two (measured under load).
-    # Else one offset: the marker's start is the span's start.
-    same = marker is not None and 0 <= span_start_ns - lo <= _SAME_CLOCK_NS
-    clock = _Clock(0 if same else span_start_ns - lo)
-    cpu_ops = sorted((e for e in events if e.kind == KIND_CPU_OP),
-                     key=lambda e: (e.start_ns, -e.end_ns))
+    lo, hi, offset = call_bounds(events, span_start_ns, span_end_ns)
+    clock = _Clock(offset)
+    cpu_ops, par, cpu_own = cpu_tree(events)
     device_ops = sorted((e for e in events if e.kind in DEVICE_KINDS), key=lambda e: e.start_ns)
-    par = optree.parents([e.start_ns for e in cpu_ops], [e.end_ns for e in cpu_ops],
-                         [e.thread for e in cpu_ops])
-    cpu_own = [e.end_ns - e.start_ns for e in cpu_ops]
-    for i, p in enumerate(par):
-        if p >= 0:
-            cpu_own[p] -= cpu_ops[i].end_ns - cpu_ops[i].start_ns
-    cpu_own = [max(0, t) for t in cpu_own]
 
     # (own ns, event) for every kernel of the call: device activities on a GPU, else CPU ops.
     work = ([(e.end_ns - e.start_ns, e) for e in device_ops] if on_device
@@ -243,12 +227,7 @@ def analyze(
     ran = ran_implementation(e.name for e in cpu_ops)
     if ran is not None:
         attrs[schema.IMPLEMENTATION_RAN.key] = ran
-    by_name: dict[str, int] = {}
-    for ns, ev in work:
-        by_name[ev.name] = by_name.get(ev.name, 0) + ns
-    top = sorted(by_name.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_N]
-    attrs[schema.KERNEL_TOP_NAMES.key] = [name[:MAX_NAME] for name, _ in top]
-    attrs[schema.KERNEL_TOP_NS.key] = [ns for _, ns in top]
+    attrs.update(top_kernels((ns, ev.name) for ns, ev in work))
     if on_device:
         intervals = [(e.start_ns, e.end_ns) for e in device_ops]
         attrs[schema.LAUNCH_OVERHEAD_NS.key] = max(0, (hi - lo) - covered_ns(intervals, lo, hi))
@@ -268,6 +247,47 @@ def analyze(
 # preempted between the two reads on a loaded host (5 ms was too little: every op then moved by
 # the preemption, out of the nested call that ran it). Another clock is seconds to years away.
 _SAME_CLOCK_NS = 1_000_000_000
+
+
+def top_kernels(work: Iterable[tuple[int, str]]) -> dict[str, Any]:
+    """``kernel.top_names`` / ``kernel.top_ns`` (schema keys) of (own ns, name) pairs: the
+    :data:`TOP_N` names with the most time."""
+    by_name: dict[str, int] = {}
+    for ns, name in work:
+        by_name[name] = by_name.get(name, 0) + ns
+    top = sorted(by_name.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_N]
+    return {schema.KERNEL_TOP_NAMES.key: [name[:MAX_NAME] for name, _ in top],
+            schema.KERNEL_TOP_NS.key: [ns for _, ns in top]}
+
+
+def call_bounds(events: Sequence[RawEvent], span_start_ns: int,
+                span_end_ns: int) -> tuple[int, int, int]:
+    """The call's start and end on the profiler's clock (its ``attnscope`` marker, else the
+    span's), and the offset that maps the profiler's clock onto the span's."""
+    marker = next((e for e in events if e.kind == KIND_MARKER), None)
+    if marker is None:
+        return span_start_ns, span_end_ns, 0
+    lo = marker.start_ns
+    # The profiler's own clock when it is the span's (torch 2.13: Unix-epoch ns; the marker then
+    # starts just before the span's start was read): exact, where pairing the marker's start
+    # with the span's start was off by the 30-100 µs between the two (measured under load).
+    # Else one offset: the marker's start is the span's start.
+    same = 0 <= span_start_ns - lo <= _SAME_CLOCK_NS
+    return lo, marker.end_ns, 0 if same else span_start_ns - lo
+
+
+def cpu_tree(events: Iterable[RawEvent]) -> tuple[list[RawEvent], list[int], list[int]]:
+    """The CPU ops by start (outer first), each one's parent (:func:`optree.parents`) and its
+    own time, its children's taken out."""
+    cpu_ops = sorted((e for e in events if e.kind == KIND_CPU_OP),
+                     key=lambda e: (e.start_ns, -e.end_ns))
+    par = optree.parents([e.start_ns for e in cpu_ops], [e.end_ns for e in cpu_ops],
+                         [e.thread for e in cpu_ops])
+    own = [e.end_ns - e.start_ns for e in cpu_ops]
+    for i, p in enumerate(par):
+        if p >= 0:
+            own[p] -= cpu_ops[i].end_ns - cpu_ops[i].start_ns
+    return cpu_ops, par, [max(0, t) for t in own]
 
 
 class _Clock:

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import _log, _safe_files
@@ -14,6 +15,7 @@ from .. import _schema as schema
 from .._record.capture import PROFILE_MARKER, Capture
 from .._units import top_list
 from . import kernels
+from .windows import nested_kernels
 
 if TYPE_CHECKING:
     from .._config import Config
@@ -25,17 +27,21 @@ _TIER = schema.TIER.key
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-def finish(cap: Capture, cfg: Config,
-           derived: Derived | None = None) -> tuple[dict[str, Any], list[Any]]:
-    """Span attributes (schema keys, no prefix) and kernel child spans of a profiled capture.
+def finish(cap: Capture, cfg: Config, derived: Derived | None = None,
+           nested: Sequence[tuple[int, int]] = ()
+           ) -> tuple[dict[str, Any], list[Any], list[dict[str, Any]]]:
+    """Span attributes (schema keys, no prefix) and kernel child spans of a profiled capture,
+    and the kernel attributes of the calls timed inside it (:func:`.windows.nested_kernels`:
+    one dict per ``nested`` call's start and end, empty when unknown).
 
     ``derived``: what derive found for the capture; its ``flops`` give ``core_tflops`` (FLOPs
     over the attention core's time).
     """
     session = cap.profile
     result = session.result if session is not None else None
+    none: list[dict[str, Any]] = [{} for _ in nested]
     if session is None or result is None:  # aborted for a user's profiler, or stopping failed
-        return {_TIER: "timing"}, []
+        return {_TIER: "timing"}, [], none
     try:
         events = kernels.from_kineto(result, PROFILE_MARKER)
         report = kernels.analyze(events, span_start_ns=cap.start_epoch_ns,
@@ -43,7 +49,13 @@ def finish(cap: Capture, cfg: Config,
                                  on_device=session.on_cuda, module=cap.instance)
     except Exception as exc:  # the span still goes out, without kernel data
         _log.internal_error("profile-parse", exc)
-        return {_TIER: "timing"}, []
+        return {_TIER: "timing"}, [], none
+    try:
+        inside = nested_kernels(events, nested, span_start_ns=cap.start_epoch_ns,
+                                span_end_ns=cap.end_epoch_ns, on_device=session.on_cuda)
+    except Exception as exc:  # the nested calls' spans go out without them
+        _log.internal_error("profile-parse", exc)
+        inside = none
     attrs = report.attributes
     names, times = attrs.get(schema.KERNEL_TOP_NAMES.key), attrs.get(schema.KERNEL_TOP_NS.key)
     if isinstance(names, (list, tuple)) and isinstance(times, (list, tuple)):
@@ -63,7 +75,7 @@ def finish(cap: Capture, cfg: Config,
                            f"{exc.strerror}", path=exc.filename)
         except Exception as exc:
             _log.internal_error("profile-save", exc)
-    return attrs, report.children
+    return attrs, report.children, inside
 
 
 # Chrome-trace event args that hold argument values (scalars such as a softmax scale or a dropout

@@ -196,6 +196,17 @@ class SpanBuilder:
         """Build now if the parent is settled; otherwise wait for it."""
         self._place(item)
 
+    def waiting_under(self, capture_id: int) -> list[Result]:
+        """The results waiting here for ``capture_id``'s span, at any depth (not built yet:
+        their attributes can still change)."""
+        out: list[Result] = []
+        todo = list(self._stash.get(capture_id, ()))
+        while todo and len(out) < 100_000:
+            item = todo.pop()
+            out.append(item)
+            todo.extend(self._stash.get(item.capture_id, ()))
+        return out
+
     def _place(self, item: Result) -> None:
         parent_id = item.parent_id
         if parent_id is None:

@@ -47,6 +47,7 @@ _AROUND_MAX = 4096
 # What a profiled call's span says of the attention that ran, told to the attention call it ran in
 _RAN = tuple(a.name for a in (schema.BACKEND, schema.BACKEND_FALLBACK, schema.BACKEND_EXPECTED,
                               schema.BACKEND_REASON, schema.IMPLEMENTATION_RAN))
+_PREFIX, _TOP_NAMES = schema.PREFIX, schema.KERNEL_TOP_NAMES.name
 
 
 class Engine:
@@ -112,7 +113,13 @@ class Engine:
         # in force now: profile_dir and max_kernel_spans at once
         cfg = runtime.config.current or self._cfg
         if cap.profile is not None:
-            found.profile, children = profile.finish(cap, cfg, derived)
+            # the attention calls timed inside it: their kernels are among its events
+            inside = [r for r in self.builder.waiting_under(cap.capture_id)
+                      if is_attention_call(r.attrs) and _TOP_NAMES not in r.attrs]
+            found.profile, children, kernels = profile.finish(
+                cap, cfg, derived, [(r.start_ns, r.end_ns) for r in inside])
+            for r, got in zip(inside, kernels, strict=True):
+                r.attrs.update({_PREFIX + k: v for k, v in got.items()})
         held = self._around.pop(cap.capture_id, None) if self._around else None
         if held is not None:  # its nested call's profiler slowed it: neither slow nor a sample
             cap.in_profile = True

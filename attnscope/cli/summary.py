@@ -28,9 +28,10 @@ its own sampling): its kernels, core time and backend are then that nested call'
   that saw the most (every token passes every layer once); tokens/s = 1 ÷ Σ over modules of
   (Σ time ÷ Σ tokens of its timed calls), the attention time a token spends in all layers.
 - Kernels/ops: from profiled calls' ``attnscope.kernel.top_names``/``top_ns`` (each call's five
-  biggest), as a share of their ``attnscope.kernel.total_ns``; the overall row's also from
-  profiled calls of an inner site that ran on their own (``traces.attention_calls``: SDPA in a
-  layer call that was not sampled), whose layer is not known.
+  biggest), as a share of their ``attnscope.kernel.total_ns``, and from calls timed inside a
+  profiled call, which the worker gives the same from that profile's events; the overall row's
+  also from profiled calls of an inner site that ran on their own (``traces.attention_calls``:
+  SDPA in a layer call that was not sampled), whose layer is not known.
 - Cost per 1,000 tokens: price per second ÷ tokens/s × 1,000 (attention time only).
 """
 
@@ -98,6 +99,7 @@ class GroupStats:
     fallbacks: FallbackStats | None = None  # calls named a silent fallback
     profiled_inside: int = 0  # of ``profiled``: through a call nested in them
     profiles: int = 0  # the profiled spans ``kernels`` and core TFLOP/s are of
+    enclosed: int = 0  # of ``profiles``: calls timed inside a profiled call (no core time)
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,8 +262,11 @@ def _stats(key: GroupKey, label: str, rows: Sequence[SpanRow], price_per_hour: f
         tokens_per_s = _rate(_over_time(timed, schema.TOKENS.name))
     inside = [r for r in rows if not is_profiled(r) and (r.trace_id, r.span_id) in within]
     profiled = [r for r in rows if is_profiled(r)]
+    # timed inside a profiled call, their kernels from its events (_profiles/windows.py)
+    enclosed = [r for r in rows if not is_profiled(r) and schema.KERNEL_TOP_NAMES.name in
+                r.attributes and r.attributes.get(schema.PROFILED_BY.name) == "enclosing"]
     profiles = [*profiled, *(p for r in inside for p in within[(r.trace_id, r.span_id)]),
-                *loose]
+                *loose, *enclosed]
     cored = [(f, c) for r in profiles if (f := int_attribute(r, schema.FLOPS.name)) is not None
              and (c := int_attribute(r, schema.CORE_NS.name))]
     core = _rate((sum(f for f, _ in cored), sum(c for _, c in cored))) if cored else None
@@ -288,7 +293,7 @@ def _stats(key: GroupKey, label: str, rows: Sequence[SpanRow], price_per_hour: f
         inexact=dict(Counter(str(r.attributes.get(schema.INEXACT_REASON.name, "unknown"))
                              for r in rows if r.attributes.get(schema.EXACT.name) is False)),
         roofline=roofline_of(rows), fallbacks=fallbacks_of(rows), profiled_inside=len(inside),
-        profiles=len(profiles))
+        profiles=len(profiles), enclosed=len(enclosed))
 
 
 def sample_rate(row: SpanRow) -> float:

@@ -33,8 +33,8 @@ from ._fallbacks import fallback_lines
 from ._replayed import replayed_counts, replayed_lines
 from ._requests import Requests, print_requests, requests_json, requests_of
 
-__all__ = ["BLOCKS", "FIRST_MARK", "FIRST_NOTE", "Context", "backend_cell", "register",
-           "run_report", "to_json", "render_terminal", "times_cell"]
+__all__ = ["BLOCKS", "FIRST_MARK", "FIRST_NOTE", "Context", "backend_cell", "kernel_calls",
+           "register", "run_report", "to_json", "render_terminal", "times_cell"]
 
 
 def register(sub: Any, formatter: Any) -> None:
@@ -148,6 +148,7 @@ def _group_json(g: GroupStats) -> dict[str, Any]:
         "tokens_per_s": g.tokens_per_s, "tflops": g.tflops, "core_tflops": g.core_tflops,
         "memory_peak_bytes": g.memory_peak_bytes, "backends": dict(g.backends),
         "kernels": [{"name": n, "ns": ns, "share": share} for n, ns, share in g.kernels],
+        "kernel_calls": g.profiles, "kernel_calls_enclosed": g.enclosed,
         "cost_per_1k_tokens_usd": g.cost_per_1k_tokens,
         "inexact_calls": dict(g.inexact),
         "roofline": None if g.roofline is None else {
@@ -433,7 +434,7 @@ def _table(title: str, columns: tuple[str, ...]) -> Table:
 def _kernels_and_slowest(console: Any, summary: Summary, top: int) -> None:
     kernels = summary.overall.kernels[:top]
     if kernels:
-        k = _table(f"Top kernels/ops of the {summary.overall.profiles} profiled calls",
+        k = _table(f"Top kernels/ops of the {kernel_calls(summary.overall)}",
                    ("kernel / op", "time", "share"))
         for name, ns, share in kernels:
             k.add_row(name, duration(ns), f"{share:.1%}")
@@ -454,6 +455,18 @@ def _kernels_and_slowest(console: Any, summary: Summary, top: int) -> None:
         console.print(part)
     if summary.first:
         console.print(FIRST_NOTE, highlight=False, markup=False)
+
+
+def kernel_calls(o: GroupStats) -> str:
+    """Which calls the kernel table is of: "3 profiled calls", "2 calls timed inside a profiled
+    call", "5 calls under the profiler (3 profiled, 2 timed inside a profiled call)"."""
+    own = o.profiles - o.enclosed
+    if not o.enclosed:
+        return f"{own} profiled calls"
+    if not own:
+        return f"{o.enclosed} calls timed inside a profiled call"
+    return (f"{o.profiles} calls under the profiler ({own} profiled, {o.enclosed} timed inside "
+            "a profiled call)")
 
 
 # The slowest call that is its process's first of its layer and phase (summary.first_calls)

@@ -21,7 +21,16 @@ from ..render.units import MISSING, duration, si, when
 from ..runinfo import describe
 from ..summary import GroupStats, Summary, latency_rows, shape_text, time_ns, wall_ns
 from ..traces import SpanRow, attention_calls, group_key
-from . import BLOCKS, FIRST_MARK, FIRST_NOTE, INEXACT_MARK, backend_cell, inexact_lines, times_cell
+from . import (
+    BLOCKS,
+    FIRST_MARK,
+    FIRST_NOTE,
+    INEXACT_MARK,
+    backend_cell,
+    inexact_lines,
+    kernel_calls,
+    times_cell,
+)
 from ._fallbacks import fallback_lines
 from ._replayed import replayed_lines
 from ._requests import requests_html
@@ -252,9 +261,9 @@ def _kernel_plot(summary: Summary, top: int, duration: Any) -> str:
     ax.set_xlim(0, max(share for _, _, share in kernels) * 125)
     ax.grid(axis="x", color="#e6e8ec")
     ax.set_axisbelow(True)
-    note = (f"<p class=\"note\">From the {summary.overall.profiles} profiled calls: each call's "
-            "five biggest kernels/ops (<code>attnscope.kernel.top_names</code>), as a share of "
-            "their kernel time.</p>")
+    note = (f"<p class=\"note\">From the {escape(kernel_calls(summary.overall))}: each "
+            "call's five biggest kernels/ops (<code>attnscope.kernel.top_names</code>), as a "
+            "share of their kernel time.</p>")
     return note + svg(fig)
 
 
