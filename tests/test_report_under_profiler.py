@@ -107,6 +107,12 @@ def test_a_call_timed_inside_a_profiled_one_has_its_kernels_from_that_profile(
         assert set(names) <= ran, (names, ran)
     assert all("attnscope.kernel.top_names" not in r.attributes for r in calls
                if r not in inside)  # timed on their own: no profile, no kernels
-    assert main(["report", str(path)]) == 0
+    assert main(["report", str(path), "--html", str(tmp_path / "r.html")]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "Top kernels/ops of the 3 calls timed inside a profiled call" in out
+    # its timeline: one of those calls, its operators from the profile around it
+    page = (tmp_path / "r.html").read_text()
+    timeline = page[page.index("Timeline of one profiled call"):]
+    timeline = timeline[:timeline.index("</section>")]
+    assert "timed inside a profiled call (no attention call was profiled on its own)" in timeline
+    assert "<svg" in timeline and "No profiled call with operator spans" not in timeline

@@ -277,16 +277,22 @@ def _timeline(summary: Summary, rows: Sequence[SpanRow], calls: Sequence[SpanRow
                 if c.attributes.get(schema.TIER.name) == "profile"
                 or summary.within.get((c.trace_id, c.span_id))]
     profiled = [(c, spans) for c, spans in profiled if spans]
-    if not profiled:
+    # else a call timed inside a profiled one: its operators are from that profile
+    enclosed = [] if profiled else [
+        (c, spans) for c in calls if c.attributes.get(schema.PROFILED_BY.name) == "enclosing"
+        and (spans := spans_under(rows, c))]
+    if not profiled and not enclosed:
         return "<p class=\"note\">No profiled call with operator spans in this trace.</p>"
-    call, spans = max(profiled, key=lambda p: time_ns(p[0]))
+    call, spans = max(profiled or enclosed, key=lambda p: time_ns(p[0]))
     label = summary.label_of(call)
     nested = [s for s in spans if schema.KERNEL_KIND.name not in s.attributes]
     inside = "; ".join(f"{s.name} {duration(s.duration_ns)} "
                        f"({s.duration_ns / max(call.duration_ns, 1):.0%} of the call)"
                        for s in sorted(nested, key=lambda s: -s.duration_ns)[:3])
     note = (f"<p class=\"note\">{escape(label)} ({escape(group_key(call)[1] or 'no phase')}), "
-            f"{duration(time_ns(call))}, trace {escape(call.trace_id)}: the {len(spans)} spans "
+            + ("timed inside a profiled call (no attention call was profiled on its own), "
+               if enclosed else "")
+            + f"{duration(time_ns(call))}, trace {escape(call.trace_id)}: the {len(spans)} spans "
             "under it as they ran, in ms since it started: nested spans (blue) and operators, "
             "each below its parent (small ops are folded into their parent by attnscope). "
             + (f"Inside it: {escape(inside)}. " if inside else "")
