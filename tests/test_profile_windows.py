@@ -55,3 +55,36 @@ def test_a_window_nothing_ran_in_and_no_windows() -> None:
                           span_end_ns=OFFSET + 10_000, on_device=False)[0] == {}
     assert nested_kernels(_events(), [], span_start_ns=OFFSET, span_end_ns=OFFSET + 10_000,
                           on_device=True) == []
+
+
+def test_a_real_call_timed_inside_a_profiled_block_has_its_own_ops_not_the_blocks() -> None:
+    import torch
+    import torch.nn.functional as F
+
+    import attnscope
+    from attnscope._capture import profiler_session
+    from attnscope.testing import capture_spans
+
+    from .support.helpers import attrs, traced_spans
+
+    @attnscope.trace
+    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    q = torch.randn(2, 4, 128, 32)
+    assert profiler_session.warm_up()
+    with capture_spans(profile_rate=1.0, profile_max_per_minute=1000.0) as spans:
+        with attnscope.sampling(force=True, profile=True), attnscope.span("block"):
+            attention(q, q, q)
+            q.mul(2).sum()  # the block's own ops, after the call
+    (block_span,) = [s for s in traced_spans(spans) if s.name == "block"]
+    (call_span,) = [s for s in traced_spans(spans) if "attention" in s.name]
+    block, call = attrs(block_span), attrs(call_span)
+    assert block["attnscope.tier"] == "profile" and call["attnscope.tier"] == "timing"
+    assert call["attnscope.profiled_by"] == "enclosing"
+    names = call["attnscope.kernel.top_names"]
+    assert any("scaled_dot_product" in n for n in names), names
+    assert not {"aten::mul", "aten::sum"} & set(names), names
+    assert block["attnscope.kernel.count"] > call["attnscope.kernel.count"]  # mul, sum too
+    assert 0 < call["attnscope.kernel.total_ns"] < block["attnscope.kernel.total_ns"]
+    assert call["attnscope.kernel.count"] >= len(names)

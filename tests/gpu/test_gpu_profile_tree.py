@@ -50,3 +50,31 @@ def test_gpu_host_syncs_memcpy_and_idle(q: torch.Tensor) -> None:
     ops = {s.context.span_id: s for s in below if attrs(s)["attnscope.kernel.kind"] == "cpu_op"}
     under_ops = [k for k in kernels if k.parent is not None and k.parent.span_id in ops]
     assert under_ops, "no kernel found its launching op"
+
+
+@attnscope.trace
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def test_gpu_a_call_timed_inside_a_profiled_one_has_the_kernels_it_launched(
+        q: torch.Tensor) -> None:
+    attention.__wrapped__(q, q, q)  # type: ignore[attr-defined]  # kernels loaded
+    torch.cuda.synchronize()
+    assert _profile.warm_up(cuda=True)
+    with capture_spans(**PROFILE) as spans:
+        with attnscope.sampling(force=True, profile=True), attnscope.span("block"):
+            attention(q, q, q)
+            q.mul(2).sum()  # the block's own kernels: not the attention call's
+    by_name = {s.name.split(" (")[0]: s for s in traced_spans(spans)}
+    block, call = attrs(by_name["block"]), attrs(by_name["attention"])
+    assert block["attnscope.tier"] == "profile"
+    assert call["attnscope.profiled_by"] == "enclosing"
+    names, times = call["attnscope.kernel.top_names"], call["attnscope.kernel.top_ns"]
+    # the device activities its ops launched: the attention kernel, not the block's reduction
+    assert names and all(t > 0 for t in times)
+    assert any("fmha" in n or "flash" in n or "attention" in n.lower() for n in names), names
+    assert not any("reduce" in n.lower() for n in names), names
+    assert 0 < call["attnscope.kernel.total_ns"] < block["attnscope.kernel.total_ns"]
+    pairs = list(zip(names, times, strict=True))
+    print(f"\nnested kernels on {torch.cuda.get_device_name()}: {pairs}")
