@@ -210,7 +210,8 @@ def test_random_draws_keep_a_token_for_a_slow_call_once_one_wanted_it() -> None:
     bucket.owe()  # a slow call's grant was armed
     assert bucket.take_random()  # 2 tokens: one may go to a random draw ...
     assert not bucket.take_random()  # ... the last is kept for the slow call
-    assert bucket.take(slow_call=True)
+    assert bucket.take()
+    bucket.paid()
     clock.now += 30  # one token back; no slow call wants one now
     assert bucket.take_random()
     clock.now += 30
@@ -218,7 +219,8 @@ def test_random_draws_keep_a_token_for_a_slow_call_once_one_wanted_it() -> None:
     bucket.owe()
     clock.now += 30
     assert not bucket.take_random()  # owed, and the last token went to a random draw
-    assert bucket.take(slow_call=True)
+    assert bucket.take()
+    bucket.paid()
     bucket.owe()
     clock.now += 30
     assert bucket.take_random()  # the last went to a slow call: a random draw's turn
@@ -237,7 +239,7 @@ def test_a_forced_profile_and_a_one_token_bucket_keep_nothing_back() -> None:
     assert not bucket.take_random()  # a forced profile does not pay what a slow call is owed
     one = TokenBucket(1, clock)
     one.owe()
-    assert one.take_random() and not one.take(slow_call=True)
+    assert one.take_random() and not one.take()
 
 
 @settings(max_examples=200, deadline=None)
@@ -257,7 +259,10 @@ def test_token_bucket_with_both_takers_never_grants_more_than_its_cap(
         if owe:
             bucket.owe()
         grants += sum(bucket.take_random() for _ in range(randoms))
-        grants += sum(bucket.take(slow_call=True) for _ in range(slows))
+        for _ in range(slows):
+            if bucket.take():
+                bucket.paid()
+                grants += 1
         elapsed = clock.now - start
         assert grants <= bucket.capacity + per_minute * elapsed / 60.0 + 1e-9
 

@@ -45,9 +45,8 @@ def settle(grants: Grants, sampler: Sampler, site: CallSite, grant: Grant,
         return tier, grant
     if grant.done or bucket_of(summary, facts) != grant.bucket:
         return tier, None
-    if tier == TIER_PROFILE or sampler.bucket.take(slow_call=True):
-        if tier == TIER_PROFILE:
-            sampler.bucket.paid()
+    if tier == TIER_PROFILE or sampler.bucket.take():
+        sampler.bucket.paid()
         grants.end(site, grant, "slow_granted")
         return TIER_PROFILE, grant
     grants.end(site, grant, "slow_lapsed_no_token")  # the per-minute limit still holds

@@ -85,11 +85,10 @@ class TokenBucket:
 
     Random profile draws (:meth:`take_random`) share it with slow-call grants and forced
     profiles (:meth:`take`). Once a slow call has wanted a token (:meth:`owe`) and until one
-    goes to a slow-call grant, a random draw right after another random one leaves the bucket's
-    last token. Without that, in a busy service the
-    random draws, far more frequent, take each token as it comes back and no slow call is ever
-    followed by a profile; with it the two alternate, under the same limit. A bucket of one token
-    keeps nothing back.
+    goes to a slow-call grant (:meth:`paid`), a random draw right after another random one
+    leaves the bucket's last token. Without that, in a busy service the random draws, far more
+    frequent, take each token as it comes back and no slow call is ever followed by a profile;
+    with it the two alternate, under the same limit. A bucket of one token keeps nothing back.
     """
 
     def __init__(self, per_minute: float, clock: Callable[[], float] = time.monotonic) -> None:
@@ -114,17 +113,16 @@ class TokenBucket:
         self._owed = True  # a plain write: read under the lock by take_random
 
     def paid(self) -> None:
-        """A random draw's token went to the call a slow-call grant was waiting for."""
+        """A slow-call grant got its profile (a token it took, or a random draw's): the next
+        token is a random draw's as much as a slow call's."""
         with self._lock:
             self._owed = self._last_random = False
 
-    def take(self, *, slow_call: bool = False) -> bool:
-        """A token for a slow-call grant or a forced profile, if there is one."""
+    def take(self) -> bool:
+        """A token for a slow-call grant or a forced profile, if there is one (a forced profile
+        leaves the turn as it was)."""
         with self._lock:
-            taken = self._take(1.0)
-            if taken and slow_call:  # a forced profile leaves the turn as it was
-                self._owed = self._last_random = False
-            return taken
+            return self._take(1.0)
 
     def take_random(self) -> bool:
         """A token for a random profile draw, if there is one it may take."""
