@@ -141,18 +141,25 @@ def _blocks(blocks: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
         with_tokens = [(t, wall_ns(b)) for b in kept
                        if (t := int_attribute(b, schema.TOKENS.name)) is not None]
         tokens_ns = sum(ns for _, ns in with_tokens)
-        block_ns = sum(wall_ns(b) * _weight(b) for b in kept)
-        nested = [(d, b) for b in kept for d in _descendants(b, children)
-                  if d.span_id in attention]
-        attention_ns = sum(wall_ns(d) * _weight(d) * _weight(b) for d, b in nested)
+        block_ns, attention_ns, nested = _attention_in(kept, children, attention)
         out.append(BlockStats(
             name=name, calls=len(every), used=len(kept),
             wall=quantiles([wall_ns(b) for b in kept]),
             tokens_per_s=sum(t for t, _ in with_tokens) / (tokens_ns / 1e9)
             if with_tokens and tokens_ns > 0 else None,
-            attention_calls=len(nested), block_ns=block_ns, attention_ns=attention_ns,
+            attention_calls=nested, block_ns=block_ns, attention_ns=attention_ns,
             share=attention_ns / block_ns if block_ns > 0 and nested else None))
     return out
+
+
+def _attention_in(spans: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
+                  attention: set[str]) -> tuple[float, float, int]:
+    """Σ wall time of ``spans`` and Σ that of the attention calls sampled inside them, each
+    weighted by 1/its sample rate (a call inside: 1/(its rate × its span's), as it was sampled
+    on its own once its span was), and how many such calls."""
+    total = sum(wall_ns(s) * _weight(s) for s in spans)
+    nested = [(d, s) for s in spans for d in _descendants(s, children) if d.span_id in attention]
+    return total, sum(wall_ns(d) * _weight(d) * _weight(s) for d, s in nested), len(nested)
 
 
 def _has_ancestor(row: SpanRow, by_id: Mapping[str, SpanRow], ids: set[str]) -> bool:
@@ -240,13 +247,9 @@ def _shares(forwards: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
                                         key=lambda kv: (kv[0][0], kv[0][1] != "prefill",
                                                         kv[0][1] or "")):
         kept = _unslowed(every, children)
-        model_ns = sum(wall_ns(f) * _weight(f) for f in kept)
-        # a nested call was sampled on its own, given its forward was: both weights apply
-        nested = [(d, f) for f in kept for d in _descendants(f, children)
-                  if d.span_id in attention]
-        attention_ns = sum(wall_ns(d) * _weight(d) * _weight(f) for d, f in nested)
+        model_ns, attention_ns, nested = _attention_in(kept, children, attention)
         out.append(ShareStats(model=model, phase=phase, forwards=len(every), used=len(kept),
-                              calls=len(nested), model_ns=model_ns, attention_ns=attention_ns,
+                              calls=nested, model_ns=model_ns, attention_ns=attention_ns,
                               share=attention_ns / model_ns if model_ns > 0 and nested
                               else None))
     return out
