@@ -33,7 +33,7 @@ from ._fallbacks import fallback_lines
 from ._replayed import replayed_counts, replayed_lines
 from ._requests import Requests, print_requests, requests_json, requests_of
 
-__all__ = ["BLOCKS", "FIRST_MARK", "FIRST_NOTE", "Context", "backend_cell", "kernel_calls",
+__all__ = ["BLOCKS", "FIRST_NOTE", "Context", "backend_cell", "first_mark", "kernel_calls",
            "register", "run_report", "to_json", "render_terminal", "times_cell"]
 
 
@@ -442,7 +442,7 @@ def _kernels_and_slowest(console: Any, summary: Summary, top: int) -> None:
     else:
         console.print("No profiled calls: no kernel breakdown (raise profile_rate to get one).")
     cells = [[summary.label_of(row), group_key(row)[1] or MISSING, shape_text(row) or MISSING,
-              duration(time_ns(row)) + _first_mark(summary, row),
+              duration(time_ns(row)) + first_mark(summary, row),
               times_cell(summary.times_p50(row)), row.trace_id] for row in summary.slowest]
 
     def table_of(columns: Sequence[int]) -> Table:
@@ -475,7 +475,8 @@ FIRST_NOTE = (f"{FIRST_MARK} the first call of its layer and phase in its proces
               "first-use costs (allocation, kernel choice, lazy initialisation) are in its time")
 
 
-def _first_mark(summary: Summary, row: SpanRow) -> str:
+def first_mark(summary: Summary, row: SpanRow) -> str:
+    """``¹`` after the time of a first call (:func:`..summary.first_calls`), else nothing."""
     return FIRST_MARK if (row.trace_id, row.span_id) in summary.first else ""
 
 

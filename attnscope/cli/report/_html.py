@@ -23,10 +23,10 @@ from ..summary import GroupStats, Summary, latency_rows, shape_text, time_ns, wa
 from ..traces import SpanRow, attention_calls, group_key
 from . import (
     BLOCKS,
-    FIRST_MARK,
     FIRST_NOTE,
     INEXACT_MARK,
     backend_cell,
+    first_mark,
     inexact_lines,
     kernel_calls,
     times_cell,
@@ -302,8 +302,7 @@ def _timeline(summary: Summary, rows: Sequence[SpanRow], calls: Sequence[SpanRow
 
 def _slowest(summary: Summary, duration: Any) -> str:
     body = [[summary.label_of(r), group_key(r)[1] or MISSING, shape_text(r) or MISSING,
-             duration(time_ns(r)) + (FIRST_MARK if (r.trace_id, r.span_id) in summary.first
-                                     else ""),
+             duration(time_ns(r)) + first_mark(summary, r),
              times_cell(summary.times_p50(r)), when(r.start_ns), r.trace_id,
              r.span_id] for r in summary.slowest]
     note = f"<p class=\"note\">{escape(FIRST_NOTE)}</p>" if summary.first else ""
