@@ -34,6 +34,17 @@ def test_stats_span_count_keys_are_pinned() -> None:
     assert {k: stats[k] for k in counts} == dict.fromkeys(counts, 0)
 
 
+def test_the_stats_example_in_the_docs_has_every_key_stats_has() -> None:
+    import ast
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "sampling.md").read_text()
+    shown = re.search(r">>> attnscope\.stats\(\)\n(\{.*?\})\n```", text, re.S)
+    assert shown is not None
+    assert list(ast.literal_eval(shown.group(1))) == list(attnscope.stats())
+
+
 def test_demo_prints_a_table_for_both_implementations(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from attnscope.cli.demo._run import run_demo
 
