@@ -152,6 +152,34 @@ def test_blocks_are_the_applications_own_spans_with_their_attention_share() -> N
     assert end_to_end(_generate_rows()).blocks == []  # generate, forwards, calls: none
 
 
+def test_a_share_of_sampled_calls_has_its_bootstrap_interval_and_an_exact_one_none() -> None:
+    # 40 request blocks sampled at rate 0.5, each holding its one attention call (rate 1): the
+    # blocks alternate 10 ms with 2 ms of attention and 10 ms with 6 ms (share 40% overall)
+    rows: list[SpanRow] = []
+    for i in range(40):
+        rows.append(_block(f"b{i}", None, 100 * i, 10, "request",
+                           **{"attnscope.sample_rate": 0.5}))
+        rows.append(_attn(f"a{i}", f"b{i}", 100 * i + 1, 2 if i % 2 else 6, "decode"))
+    (b,) = end_to_end(rows).blocks
+    assert b.share == pytest.approx(0.4) and b.share_interval is not None
+    lo, hi = b.share_interval
+    assert lo < 0.4 < hi and hi - lo < 0.2  # 40 blocks: a few percent either way
+    # resampling 40 of them, the share stays inside what 40 blocks of one kind could give
+    assert 0.2 <= lo and hi <= 0.6
+    same = [r for r in rows if r.span_id in {f"b{i}" for i in range(0, 40, 2)}
+            or r.span_id in {f"a{i}" for i in range(0, 40, 2)}]
+    (c,) = end_to_end(same).blocks  # every block alike: no spread to resample
+    assert c.share_interval == pytest.approx((0.6, 0.6))
+    # at rate 1 nothing was left out: the share is exact, no interval
+    (d,) = end_to_end(_blocks_at_rate_1()).blocks
+    assert d.share is not None and d.share_interval is None
+    assert all(s.share_interval is None for s in end_to_end(_generate_rows()).shares)
+
+
+def _blocks_at_rate_1() -> list[SpanRow]:
+    return [_block("r", None, 0, 10, "request"), _attn("x", "r", 1, 4, "decode")]
+
+
 def test_command_args_are_bounded() -> None:
     long = ["python", "x" * 2000] + [f"a{i}" for i in range(100)]
     args = command_args(long)
@@ -241,6 +269,9 @@ def test_report_json_end_to_end_matches_the_raw_spans(traces: TraceFiles,
     assert block["attention_calls"] == len(layers)
     assert block["attention_ns"] == pytest.approx(sum(tag(s, "attnscope.wall_ns") for s in layers))
     assert block["share"] == pytest.approx(block["attention_ns"] / sum(walls))
+    # every call sampled: the shares are exact, no interval
+    assert block["share_interval"] is None
+    assert all(s["share_interval"] is None for s in doc["end_to_end"]["attention_share"])
     assert block["tokens_per_s"] is None  # the blocks were given no tokens
     run = doc["run"]
     assert run["versions"]["torch"] == str(torch.__version__)

@@ -60,6 +60,8 @@ class ShareStats:
     model_ns: float  # weighted by 1/sample rate
     attention_ns: float
     share: float | None  # None with no attention call to estimate it from
+    # 95% bootstrap interval of ``share`` over the forwards; None when exact (rate 1) or unknown
+    share_interval: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,7 @@ class BlockStats:
     block_ns: float  # weighted by 1/sample rate, as ShareStats
     attention_ns: float
     share: float | None
+    share_interval: tuple[float, float] | None = None  # as ShareStats's, over the blocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,25 +144,52 @@ def _blocks(blocks: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
         with_tokens = [(t, wall_ns(b)) for b in kept
                        if (t := int_attribute(b, schema.TOKENS.name)) is not None]
         tokens_ns = sum(ns for _, ns in with_tokens)
-        block_ns, attention_ns, nested = _attention_in(kept, children, attention)
+        block_ns, attention_ns, nested, interval = _attention_in(kept, children, attention)
         out.append(BlockStats(
             name=name, calls=len(every), used=len(kept),
             wall=quantiles([wall_ns(b) for b in kept]),
             tokens_per_s=sum(t for t, _ in with_tokens) / (tokens_ns / 1e9)
             if with_tokens and tokens_ns > 0 else None,
             attention_calls=nested, block_ns=block_ns, attention_ns=attention_ns,
-            share=attention_ns / block_ns if block_ns > 0 and nested else None))
+            share=attention_ns / block_ns if block_ns > 0 and nested else None,
+            share_interval=interval))
     return out
 
 
 def _attention_in(spans: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
-                  attention: set[str]) -> tuple[float, float, int]:
+                  attention: set[str]) -> tuple[float, float, int, tuple[float, float] | None]:
     """Σ wall time of ``spans`` and Σ that of the attention calls sampled inside them, each
     weighted by 1/its sample rate (a call inside: 1/(its rate × its span's), as it was sampled
-    on its own once its span was), and how many such calls."""
-    total = sum(wall_ns(s) * _weight(s) for s in spans)
-    nested = [(d, s) for s in spans for d in _descendants(s, children) if d.span_id in attention]
-    return total, sum(wall_ns(d) * _weight(d) * _weight(s) for d, s in nested), len(nested)
+    on its own once its span was), how many such calls, and the share's interval
+    (:func:`_share_interval`)."""
+    own = [wall_ns(s) * _weight(s) for s in spans]
+    inside = [0.0] * len(spans)
+    calls, sampled = 0, any(_weight(s) > 1 for s in spans)
+    for k, s in enumerate(spans):
+        for d in _descendants(s, children):
+            if d.span_id in attention:
+                inside[k] += wall_ns(d) * _weight(d) * _weight(s)
+                calls += 1
+                sampled = sampled or _weight(d) > 1
+    interval = _share_interval(own, inside) if sampled and calls else None
+    return sum(own), sum(inside), calls, interval
+
+
+def _share_interval(own: Sequence[float], inside: Sequence[float]) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of Σ inside ÷ Σ own, the spans resampled with their
+    calls (1,000 rounds, a fixed seed: the same trace gives the same interval). Only for a share
+    of sampled calls: at rate 1 it is exact."""
+    import numpy as np
+
+    a, b = np.asarray(own, dtype=np.float64), np.asarray(inside, dtype=np.float64)
+    picks = np.random.default_rng(0).integers(0, len(a), size=(_BOOT, len(a)))
+    totals = a[picks].sum(axis=1)
+    ratios = b[picks].sum(axis=1)[totals > 0] / totals[totals > 0]
+    lo, hi = np.percentile(ratios, [2.5, 97.5]) if len(ratios) else (np.nan, np.nan)
+    return float(lo), float(hi)
+
+
+_BOOT = 1000
 
 
 def _has_ancestor(row: SpanRow, by_id: Mapping[str, SpanRow], ids: set[str]) -> bool:
@@ -247,9 +277,9 @@ def _shares(forwards: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
                                         key=lambda kv: (kv[0][0], kv[0][1] != "prefill",
                                                         kv[0][1] or "")):
         kept = _unslowed(every, children)
-        model_ns, attention_ns, nested = _attention_in(kept, children, attention)
+        model_ns, attention_ns, nested, interval = _attention_in(kept, children, attention)
         out.append(ShareStats(model=model, phase=phase, forwards=len(every), used=len(kept),
                               calls=nested, model_ns=model_ns, attention_ns=attention_ns,
                               share=attention_ns / model_ns if model_ns > 0 and nested
-                              else None))
+                              else None, share_interval=interval))
     return out

@@ -34,7 +34,7 @@ from ._replayed import replayed_counts, replayed_lines
 from ._requests import Requests, print_requests, requests_json, requests_of
 
 __all__ = ["BLOCKS", "FIRST_NOTE", "Context", "backend_cell", "first_mark", "kernel_calls",
-           "register", "run_report", "to_json", "render_terminal", "times_cell"]
+           "register", "run_report", "to_json", "render_terminal", "share_cell", "times_cell"]
 
 
 def register(sub: Any, formatter: Any) -> None:
@@ -187,11 +187,13 @@ def _e2e_json(e2e: EndToEnd) -> dict[str, Any]:
         "attention_share": [{"model": s.model, "phase": s.phase, "forwards": s.forwards,
                              "timed": s.used, "attention_calls": s.calls,
                              "model_ns": s.model_ns, "attention_ns": s.attention_ns,
-                             "share": s.share} for s in e2e.shares],
+                             "share": s.share, "share_interval": s.share_interval}
+                            for s in e2e.shares],
         "blocks": [{"name": b.name, "calls": b.calls, "timed": b.used,
                     "wall_ns": _quantiles_json(b.wall), "tokens_per_s": b.tokens_per_s,
                     "attention_calls": b.attention_calls, "block_ns": b.block_ns,
-                    "attention_ns": b.attention_ns, "share": b.share} for b in e2e.blocks],
+                    "attention_ns": b.attention_ns, "share": b.share,
+                    "share_interval": b.share_interval} for b in e2e.blocks],
     }
 
 
@@ -300,20 +302,30 @@ def _end_to_end(console: Any, e2e: EndToEnd) -> None:
         for s in e2e.shares:
             t.add_row(s.model, s.phase or MISSING, str(s.forwards), str(s.used), str(s.calls),
                       duration(s.model_ns), duration(s.attention_ns) if s.calls else MISSING,
-                      MISSING if s.share is None else f"{s.share:.1%}")
+                      share_cell(s.share, s.share_interval))
         console.print(t)
     if e2e.blocks:
         t = _table("Your traced blocks (attnscope.span, @trace; wall time)", BLOCKS)
         for b in e2e.blocks:
             t.add_row(b.name, str(b.calls), str(b.used), duration(b.wall.p50),
                       duration(b.wall.p95), duration(b.wall.p99), si(b.tokens_per_s),
-                      str(b.attention_calls), MISSING if b.share is None else f"{b.share:.1%}")
+                      str(b.attention_calls), share_cell(b.share, b.share_interval))
         console.print(t)
     if e2e.generates or e2e.shares or e2e.blocks:
         console.print("timed: the calls, forwards and blocks with no profiled span in them (the "
                       "call, a forward or a layer: the profiler slows them), unless all have "
                       "one. Share: the attention calls in them ÷ their time, each weighted by "
-                      "1/sample rate.", highlight=False)
+                      "1/sample rate; below rate 1, with its 95% bootstrap interval.",
+                      highlight=False)
+
+
+def share_cell(share: float | None, interval: tuple[float, float] | None) -> str:
+    """"31.2%", or "31.2% (18–47%)" for a share of sampled calls (e2e's interval)."""
+    if share is None:
+        return MISSING
+    if interval is None:
+        return f"{share:.1%}"
+    return f"{share:.1%} ({interval[0] * 100:.0f}–{interval[1] * 100:.0f}%)"
 
 
 # The blocks table's columns: "attn calls" sampled inside the timed blocks, "attn share" their

@@ -29,6 +29,7 @@ from . import (
     first_mark,
     inexact_lines,
     kernel_calls,
+    share_cell,
     times_cell,
 )
 from ._fallbacks import fallback_lines
@@ -96,19 +97,20 @@ def _end_to_end(e2e: Any) -> str:
              "share"],
             [[s.model, s.phase or MISSING, s.forwards, s.used, s.calls, duration(s.model_ns),
               duration(s.attention_ns) if s.calls else MISSING,
-              MISSING if s.share is None else f"{s.share:.1%}"]
+              share_cell(s.share, s.share_interval)]
              for s in e2e.shares], left=(0, 1)))
     if e2e.blocks:
         parts.append(table(
             list(BLOCKS),
             [[b.name, b.calls, b.used, duration(b.wall.p50), duration(b.wall.p95),
               duration(b.wall.p99), si(b.tokens_per_s), b.attention_calls,
-              MISSING if b.share is None else f"{b.share:.1%}"] for b in e2e.blocks],
+              share_cell(b.share, b.share_interval)] for b in e2e.blocks],
             left=(0,)))
     note = ("<p class=\"note\">Wall times. TTFT: the end of a call's prefill forward − its start; "
             "TPOT: the rest ÷ its decode forwards (only where all of them were traced). "
             "Attention's share: the attention calls in the traced forwards (blocks) ÷ their "
-            "time, weighted by 1/sample rate. Blocks: your attnscope.span blocks and "
+            "time, weighted by 1/sample rate; below rate 1, with its 95% bootstrap interval "
+            "over the forwards (blocks). Blocks: your attnscope.span blocks and "
             "@trace'd functions that are not attention calls. Timed: with no profiled span in "
             "them (the call, a forward or a layer: the profiler slows them), unless all have "
             "one.</p>")
