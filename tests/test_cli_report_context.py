@@ -17,6 +17,7 @@ import torch
 import attnscope
 from attnscope._export.destinations import command_args
 from attnscope.cli.e2e import end_to_end
+from attnscope.cli.report import share_cell
 from attnscope.cli.runinfo import describe, run_info
 from attnscope.cli.summary import first_calls
 from attnscope.cli.traces import SpanRow, load_spans
@@ -172,8 +173,27 @@ def test_a_share_of_sampled_calls_has_its_bootstrap_interval_and_an_exact_one_no
     assert c.share_interval == pytest.approx((0.6, 0.6))
     # at rate 1 nothing was left out: the share is exact, no interval
     (d,) = end_to_end(_blocks_at_rate_1()).blocks
-    assert d.share is not None and d.share_interval is None
+    assert d.share is not None and d.share_interval is None and not d.sampled
     assert all(s.share_interval is None for s in end_to_end(_generate_rows()).shares)
+    # fewer than 10 blocks: an estimate, too few for an interval; the report says "≈"
+    few = [r for r in rows if r.span_id in {f"b{i}" for i in range(9)}
+           or r.span_id in {f"a{i}" for i in range(9)}]
+    (e,) = end_to_end(few).blocks
+    assert e.sampled and e.share_interval is None and e.share is not None
+    assert share_cell(e.share, e.share_interval, e.sampled) == f"≈{e.share:.1%}"
+    assert share_cell(0.4, (0.3, 0.5), True) == "40.0% (30–50%)"
+    assert share_cell(0.4, None, False) == "40.0%" and share_cell(None, None, True) == "—"
+
+
+def test_a_decoder_layer_whose_model_forward_was_not_sampled_is_no_model() -> None:
+    # a model forward and, from another step whose model forward was not sampled, a decoder
+    # layer on its own: the layer is part of a model's time, not a model of its own
+    rows = [_forward("f", None, 0, 10, "decode"), _attn("a", "f", 1, 3, "decode"),
+            _span("l", None, 20, 5, fn="LlamaDecoderLayer.forward",
+                  **{"attnscope.module": "model.layers.0", "attnscope.layer_index": 0}),
+            _attn("b", "l", 21, 4, "decode")]
+    (s,) = end_to_end(rows).shares
+    assert s.model == "LlamaForCausalLM" and s.forwards == 1 and s.share == pytest.approx(0.3)
 
 
 def _blocks_at_rate_1() -> list[SpanRow]:

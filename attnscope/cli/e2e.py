@@ -25,12 +25,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .. import _schema as schema
 from .summary import Quantiles, int_attribute, is_profiled, quantiles, sample_rate, wall_ns
 from .traces import SpanRow, attention_calls
 
-__all__ = ["GenerateStats", "ShareStats", "BlockStats", "EndToEnd", "end_to_end"]
+__all__ = ["GenerateStats", "ShareStats", "BlockStats", "EndToEnd", "end_to_end",
+           "MIN_FOR_INTERVAL"]
 
 _FORWARD = ".forward"
 _GENERATE = ".generate"
@@ -60,8 +62,10 @@ class ShareStats:
     model_ns: float  # weighted by 1/sample rate
     attention_ns: float
     share: float | None  # None with no attention call to estimate it from
-    # 95% bootstrap interval of ``share`` over the forwards; None when exact (rate 1) or unknown
+    # 95% bootstrap interval of ``share`` over the forwards; None when exact (rate 1), unknown
+    # or from fewer than MIN_FOR_INTERVAL forwards
     share_interval: tuple[float, float] | None = None
+    sampled: bool = False  # the share is an estimate from sampled calls (not exact)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +83,7 @@ class BlockStats:
     attention_ns: float
     share: float | None
     share_interval: tuple[float, float] | None = None  # as ShareStats's, over the blocks
+    sampled: bool = False  # as ShareStats's
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +123,10 @@ def end_to_end(rows: Sequence[SpanRow]) -> EndToEnd:
     forward_ids = {r.span_id for r in forwards}
     # the outermost forwards only: a model inside a traced model is part of its time
     by_id = {r.span_id: r for r in rows}
-    outer = [r for r in forwards if not _has_ancestor(r, by_id, forward_ids)]
+    # the outermost model forwards: a decoder layer (it has a layer index) whose model forward
+    # was not sampled is part of a model's time, not a model
+    outer = [r for r in forwards if not _has_ancestor(r, by_id, forward_ids)
+             and schema.LAYER_INDEX.name not in r.attributes]
     blocks = [r for r in rows if _is_block(r, attention)]
     return EndToEnd(_generates(rows, children, forward_ids),
                     _shares(outer, children, attention), _blocks(blocks, children, attention))
@@ -144,24 +152,32 @@ def _blocks(blocks: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
         with_tokens = [(t, wall_ns(b)) for b in kept
                        if (t := int_attribute(b, schema.TOKENS.name)) is not None]
         tokens_ns = sum(ns for _, ns in with_tokens)
-        block_ns, attention_ns, nested, interval = _attention_in(kept, children, attention)
+        got = _attention_in(kept, children, attention)
         out.append(BlockStats(
             name=name, calls=len(every), used=len(kept),
             wall=quantiles([wall_ns(b) for b in kept]),
             tokens_per_s=sum(t for t, _ in with_tokens) / (tokens_ns / 1e9)
             if with_tokens and tokens_ns > 0 else None,
-            attention_calls=nested, block_ns=block_ns, attention_ns=attention_ns,
-            share=attention_ns / block_ns if block_ns > 0 and nested else None,
-            share_interval=interval))
+            attention_calls=got.calls, block_ns=got.own_ns, attention_ns=got.attention_ns,
+            share=got.attention_ns / got.own_ns if got.own_ns > 0 and got.calls else None,
+            share_interval=got.interval, sampled=got.sampled))
     return out
 
 
+class _Inside(NamedTuple):
+    own_ns: float  # Σ wall time of the spans, weighted
+    attention_ns: float  # Σ that of the attention calls inside them, weighted
+    calls: int
+    interval: tuple[float, float] | None  # _share_interval, when there is one
+    sampled: bool  # some weight is above 1: the share is an estimate
+
+
 def _attention_in(spans: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
-                  attention: set[str]) -> tuple[float, float, int, tuple[float, float] | None]:
+                  attention: set[str]) -> _Inside:
     """Σ wall time of ``spans`` and Σ that of the attention calls sampled inside them, each
     weighted by 1/its sample rate (a call inside: 1/(its rate × its span's), as it was sampled
     on its own once its span was), how many such calls, and the share's interval
-    (:func:`_share_interval`)."""
+    (:func:`_share_interval`, from :data:`MIN_FOR_INTERVAL` spans up)."""
     own = [wall_ns(s) * _weight(s) for s in spans]
     inside = [0.0] * len(spans)
     calls, sampled = 0, any(_weight(s) > 1 for s in spans)
@@ -171,8 +187,9 @@ def _attention_in(spans: Sequence[SpanRow], children: Mapping[str, list[SpanRow]
                 inside[k] += wall_ns(d) * _weight(d) * _weight(s)
                 calls += 1
                 sampled = sampled or _weight(d) > 1
-    interval = _share_interval(own, inside) if sampled and calls else None
-    return sum(own), sum(inside), calls, interval
+    interval = _share_interval(own, inside) \
+        if sampled and calls and len(spans) >= MIN_FOR_INTERVAL else None
+    return _Inside(sum(own), sum(inside), calls, interval, sampled)
 
 
 def _share_interval(own: Sequence[float], inside: Sequence[float]) -> tuple[float, float]:
@@ -190,6 +207,9 @@ def _share_interval(own: Sequence[float], inside: Sequence[float]) -> tuple[floa
 
 
 _BOOT = 1000
+# Fewer spans than this give a share of sampled calls no interval (a bootstrap of 1-9 spans says
+# little of the spread): the report marks it an estimate (``≈``) instead.
+MIN_FOR_INTERVAL = 10
 
 
 def _has_ancestor(row: SpanRow, by_id: Mapping[str, SpanRow], ids: set[str]) -> bool:
@@ -277,9 +297,9 @@ def _shares(forwards: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
                                         key=lambda kv: (kv[0][0], kv[0][1] != "prefill",
                                                         kv[0][1] or "")):
         kept = _unslowed(every, children)
-        model_ns, attention_ns, nested, interval = _attention_in(kept, children, attention)
+        got = _attention_in(kept, children, attention)
         out.append(ShareStats(model=model, phase=phase, forwards=len(every), used=len(kept),
-                              calls=nested, model_ns=model_ns, attention_ns=attention_ns,
-                              share=attention_ns / model_ns if model_ns > 0 and nested
-                              else None, share_interval=interval))
+                              calls=got.calls, model_ns=got.own_ns, attention_ns=got.attention_ns,
+                              share=got.attention_ns / got.own_ns if got.own_ns > 0 and got.calls
+                              else None, share_interval=got.interval, sampled=got.sampled))
     return out

@@ -21,7 +21,7 @@ from rich.table import Table
 
 from ... import _schema as schema
 from .._errors import CLIError, positive_int
-from ..e2e import EndToEnd, end_to_end
+from ..e2e import MIN_FOR_INTERVAL, EndToEnd, end_to_end
 from ..render.console import console as make_console
 from ..render.console import fold
 from ..render.units import MISSING, bytes_, duration, si, when
@@ -187,13 +187,15 @@ def _e2e_json(e2e: EndToEnd) -> dict[str, Any]:
         "attention_share": [{"model": s.model, "phase": s.phase, "forwards": s.forwards,
                              "timed": s.used, "attention_calls": s.calls,
                              "model_ns": s.model_ns, "attention_ns": s.attention_ns,
-                             "share": s.share, "share_interval": s.share_interval}
+                             "share": s.share, "share_interval": s.share_interval,
+                             "share_sampled": s.sampled}
                             for s in e2e.shares],
         "blocks": [{"name": b.name, "calls": b.calls, "timed": b.used,
                     "wall_ns": _quantiles_json(b.wall), "tokens_per_s": b.tokens_per_s,
                     "attention_calls": b.attention_calls, "block_ns": b.block_ns,
                     "attention_ns": b.attention_ns, "share": b.share,
-                    "share_interval": b.share_interval} for b in e2e.blocks],
+                    "share_interval": b.share_interval, "share_sampled": b.sampled}
+                   for b in e2e.blocks],
     }
 
 
@@ -302,30 +304,33 @@ def _end_to_end(console: Any, e2e: EndToEnd) -> None:
         for s in e2e.shares:
             t.add_row(s.model, s.phase or MISSING, str(s.forwards), str(s.used), str(s.calls),
                       duration(s.model_ns), duration(s.attention_ns) if s.calls else MISSING,
-                      share_cell(s.share, s.share_interval))
+                      share_cell(s.share, s.share_interval, s.sampled))
         console.print(t)
     if e2e.blocks:
         t = _table("Your traced blocks (attnscope.span, @trace; wall time)", BLOCKS)
         for b in e2e.blocks:
             t.add_row(b.name, str(b.calls), str(b.used), duration(b.wall.p50),
                       duration(b.wall.p95), duration(b.wall.p99), si(b.tokens_per_s),
-                      str(b.attention_calls), share_cell(b.share, b.share_interval))
+                      str(b.attention_calls), share_cell(b.share, b.share_interval, b.sampled))
         console.print(t)
     if e2e.generates or e2e.shares or e2e.blocks:
         console.print("timed: the calls, forwards and blocks with no profiled span in them (the "
                       "call, a forward or a layer: the profiler slows them), unless all have "
                       "one. Share: the attention calls in them ÷ their time, each weighted by "
-                      "1/sample rate; below rate 1, with its 95% bootstrap interval.",
+                      f"1/sample rate; below rate 1, with its 95% bootstrap interval (≈: from "
+                      f"fewer than {MIN_FOR_INTERVAL} of them, too few for one).",
                       highlight=False)
 
 
-def share_cell(share: float | None, interval: tuple[float, float] | None) -> str:
-    """"31.2%", or "31.2% (18–47%)" for a share of sampled calls (e2e's interval)."""
+def share_cell(share: float | None, interval: tuple[float, float] | None,
+               sampled: bool = False) -> str:
+    """"31.2%" (exact), "31.2% (18–47%)" (an estimate with e2e's interval) or "≈31.2%" (an
+    estimate from too few forwards or blocks for one)."""
     if share is None:
         return MISSING
-    if interval is None:
-        return f"{share:.1%}"
-    return f"{share:.1%} ({interval[0] * 100:.0f}–{interval[1] * 100:.0f}%)"
+    if interval is not None:
+        return f"{share:.1%} ({interval[0] * 100:.0f}–{interval[1] * 100:.0f}%)"
+    return f"≈{share:.1%}" if sampled else f"{share:.1%}"
 
 
 # The blocks table's columns: "attn calls" sampled inside the timed blocks, "attn share" their

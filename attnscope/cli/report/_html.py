@@ -97,21 +97,22 @@ def _end_to_end(e2e: Any) -> str:
              "share"],
             [[s.model, s.phase or MISSING, s.forwards, s.used, s.calls, duration(s.model_ns),
               duration(s.attention_ns) if s.calls else MISSING,
-              share_cell(s.share, s.share_interval)]
+              share_cell(s.share, s.share_interval, s.sampled)]
              for s in e2e.shares], left=(0, 1)))
     if e2e.blocks:
         parts.append(table(
             list(BLOCKS),
             [[b.name, b.calls, b.used, duration(b.wall.p50), duration(b.wall.p95),
               duration(b.wall.p99), si(b.tokens_per_s), b.attention_calls,
-              share_cell(b.share, b.share_interval)] for b in e2e.blocks],
+              share_cell(b.share, b.share_interval, b.sampled)] for b in e2e.blocks],
             left=(0,)))
     note = ("<p class=\"note\">Wall times. TTFT: the end of a call's prefill forward − its start; "
             "TPOT: the rest ÷ its decode forwards (only where all of them were traced). "
             "Attention's share: the attention calls in the traced forwards (blocks) ÷ their "
             "time, weighted by 1/sample rate; below rate 1, with its 95% bootstrap interval "
-            "over the forwards (blocks). Blocks: your attnscope.span blocks and "
-            "@trace'd functions that are not attention calls. Timed: with no profiled span in "
+            "over the forwards (blocks), or ≈ when they are too few for one. Blocks: your "
+            "attnscope.span blocks and @trace'd functions that are not attention calls. Timed: "
+            "with no profiled span in "
             "them (the call, a forward or a layer: the profiler slows them), unless all have "
             "one.</p>")
     return note + "".join(parts)
