@@ -12,6 +12,7 @@ import io
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -278,17 +279,34 @@ def test_the_entry_is_written_when_the_reader_of_the_output_goes_away(
         sides: dict[str, Any], tmp_path: Path) -> None:
     """`attnscope diff ... --append-diary D | head -2`: the entry asked for is in the diary."""
     diary = tmp_path / "diary.jsonl"
-    read, write = os.pipe()
-    os.close(read)  # nothing reads what diff prints: its first write to stdout fails
-    try:
-        done = subprocess.run([sys.executable, "-m", "attnscope", "diff", str(sides["b1"]),
-                               str(sides["a1"]), "--append-diary", str(diary)],
-                              stdout=write, stderr=subprocess.PIPE, timeout=120, cwd=ROOT)
-    finally:
-        os.close(write)
-    assert done.returncode != 0  # its output was lost, and that is not a success
+    done = _closed_stdout("diff", sides["b1"], sides["a1"], "--append-diary", diary)
+    # its output was cut, and that is not a plain success: ended as `yes | head` ends
+    assert done.returncode == -signal.SIGPIPE, done.stderr
+    assert done.stderr == b""
     (line,) = diary.read_text().splitlines()
     assert json.loads(line)["before"]["paths"] == [str(sides["b1"])]
+
+
+def test_a_tripped_gate_keeps_its_exit_code_when_the_reader_of_the_output_goes_away(
+        sides: dict[str, Any], tmp_path: Path) -> None:
+    """`diff ... --fail-if-slower 5 | head`: 1, the gate's own code, and its entry says so."""
+    diary = tmp_path / "diary.jsonl"
+    done = _closed_stdout("diff", sides["b1"], sides["a1"], "--call-level-gate",
+                          "--fail-if-slower", "5", "--append-diary", diary)
+    assert done.returncode == 1, done.stderr
+    (line,) = diary.read_text().splitlines()
+    assert json.loads(line)["gate"]["outcome"] == "failed"
+
+
+def _closed_stdout(*args: str | Path) -> subprocess.CompletedProcess[bytes]:
+    """``attnscope ARGS | head -0``: nothing reads what the command prints."""
+    read, write = os.pipe()
+    os.close(read)  # its first write to stdout fails
+    try:
+        return subprocess.run([sys.executable, "-m", "attnscope", *map(str, args)], stdout=write,
+                              stderr=subprocess.PIPE, timeout=120, cwd=ROOT)
+    finally:
+        os.close(write)
 
 
 # -- diff shows the backends -----------------------------------------------------------------

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from collections import defaultdict
@@ -236,6 +237,29 @@ def test_output_paths_are_checked_before_the_work(traces: TraceFiles, tmp_path: 
             assert err.startswith(f"attnscope report: error: {option} {target}: "), err
             assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "missing_dir").exists()
+
+
+def _closed_stdout(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """``attnscope ARGS | head -0``: nothing reads what the command prints."""
+    read, write = os.pipe()
+    os.close(read)  # its first write to stdout fails
+    try:
+        return subprocess.run([sys.executable, "-m", "attnscope", *map(str, args)], stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=300, cwd=ROOT)
+    finally:
+        os.close(write)
+
+
+def test_the_files_asked_for_are_written_when_the_reader_of_the_output_goes_away(
+        traces: TraceFiles, tmp_path: Path) -> None:
+    """`attnscope report T --json J --html H | head`: both files, ended as `yes | head` ends."""
+    page, doc = tmp_path / "r.html", tmp_path / "r.json"
+    done = _closed_stdout("report", traces.otlp, "--json", doc, "--html", page)
+    assert done.returncode == -signal.SIGPIPE, done.stderr  # cut output: no plain success
+    assert done.stderr == f"attnscope report: JSON: {doc}, HTML report: {page}\n"  # no traceback
+    assert json.loads(doc.read_text())["attention_calls"] == len(
+        attention_calls(load_spans(traces.otlp)))
+    assert page.read_text().rstrip().endswith("</html>")
 
 
 def test_a_chrome_trace_is_named_as_such(tmp_path: Path,

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+from typing import TextIO, cast
 
 from .._version import __version__
 from ._errors import CLIError
+from ._stdout import Dropping
 
 __all__ = ["CLIError", "main"]
 
@@ -75,7 +78,9 @@ def _missing_extra(exc: ModuleNotFoundError) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns its exit code. Bad input, or a missing [cli] extra: one line on
     stderr and exit 2. On the command line (``argv`` None), ``attnscope run`` whose program was
-    killed by signal N ends by N instead (``cli/_ending.py``); called with ``argv``, 128 + N."""
+    killed by signal N ends by N instead (``cli/_ending.py``); called with ``argv``, 128 + N.
+    A command whose output's reader went away (``| head``) does all its work all the same and,
+    where it would have exited 0, ends by SIGPIPE (``_stdout.py``)."""
     given = sys.argv[1:] if argv is None else argv
     # only the command's own module; no command (--help, --version, a typo): the list alone
     command = next((a for a in given if not a.startswith("-")), None)
@@ -86,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         raise
     args = parser.parse_args(given)
+    stdout = sys.stdout
+    dropping = Dropping(stdout)
+    sys.stdout = cast(TextIO, dropping)
     try:
         code: int = args.func(args)
     except ModuleNotFoundError as exc:
@@ -98,7 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"attnscope {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        sys.stdout = stdout
     signum = getattr(args, "end_by_signal", None)
+    if signum is None and code == 0 and dropping.gone:  # its output's reader went away
+        signum, code = signal.SIGPIPE, 128 + signal.SIGPIPE
     if argv is None and isinstance(signum, int):
         from ._ending import end_by_signal
 
