@@ -158,6 +158,9 @@ KERNEL_INPUT_SHAPES = attribute("kernel.input_shapes", "string", "", "the op's i
 SLOW = attribute("slow", "bool", "", "beyond slow_call_quantile of the site's estimate")
 SLOW_QUANTILE = attribute("slow_quantile", "float", "1", "the quantile it was beyond")
 TRIGGER = attribute("trigger", "string", "", "why the call was profiled: on_demand, slow_call")
+EXTRA = attribute("extra", "bool", "",
+                  "the sampler had not chosen it (profiled after a slow call): no weight in "
+                  "estimates of all calls")
 LINK = attribute("link", "string", "", "on a span link: slow_call or batched_call")
 
 # ---- step spans (docs/live.md) and the resource

@@ -274,3 +274,30 @@ def test_a_device_masks_row_counts_travel_as_pinned_copies_and_split_the_same(
         None, expected.tokens, expected.useful, expected.padding)
     assert apportion.split_rows(device, shape, rows, 1000.0, device_reads=False).reason \
         == "mask_unread"
+
+
+def test_a_call_outside_the_random_sample_adds_nothing_to_a_requests_estimate() -> None:
+    """A slow-call profile the sampler had not chosen (``attnscope.extra``) is in the request's
+    sampled figures, and stands for no unsampled call in ``all_calls``: weight 0, not 1."""
+    from attnscope._derive import call as derive
+    from attnscope._runtime.grant import Grant
+    from attnscope._spans import requests
+    from attnscope._worker import apportion
+
+    mask = torch.ones(2, 1, 4, 4, dtype=torch.bool).tril()
+    rows = ("a", "b")
+    cap = _cap_with(mask, rows, 4, 0)
+    cap.sample_rate = 0.25
+    shape = derive.derive(cap.summary, facts=cap.facts).attributes()
+    drawn = apportion.split_rows(cap, shape, rows, 1000.0)
+    assert drawn.reason is None and drawn.weight == 4.0
+    cap.grant = Grant("slow_call")
+    cap.grant.extra = True
+    extra = apportion.split_rows(cap, shape, rows, 1000.0)
+    assert extra.weight == 0.0
+    req = requests._Request(0)
+    for call in (drawn, extra):
+        requests._add(req, call, [0])
+    assert req.calls == 2 and req.time_ns == 1000.0  # both calls' own figures: 500 ns each
+    assert req.all_time_ns == 4 * 500.0  # the drawn call's alone, scaled
+    assert req.all_flops == 4 * (drawn.useful[0] + drawn.padding[0])

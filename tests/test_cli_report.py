@@ -354,8 +354,8 @@ def test_html_renders_in_chromium(traces: TraceFiles, tmp_path: Path) -> None:
 
 
 def _tag(key: str, value: Any) -> dict[str, Any]:
-    kind = "string" if isinstance(value, str) else "float64" if isinstance(value, float) \
-        else "int64"
+    kind = "string" if isinstance(value, str) else "bool" if isinstance(value, bool) \
+        else "float64" if isinstance(value, float) else "int64"
     return {"key": key, "type": kind, "value": value}
 
 
@@ -369,7 +369,7 @@ class _Trace:
     def call(self, module: str, phase: str | None, expect: str | None, *, wall: int,
              tokens: int, flops: int, tier: str = "timing", backend: str | None = None,
              core: int | None = None, peak: int | None = None, device: int | None = None,
-             rate: float = 1.0, inner: str | None = None) -> None:
+             rate: float = 1.0, inner: str | None = None, extra: bool = False) -> None:
         n = len(self.spans)
         attrs: dict[str, Any] = {
             "attnscope.tier": tier, "attnscope.module": module, "attnscope.wall_ns": wall,
@@ -377,7 +377,9 @@ class _Trace:
             "attnscope.sample_rate": rate, "attnscope.layer_index": int(module.split(".")[1])}
         for key, value in (("attnscope.phase", phase), ("attnscope.backend", backend),
                            ("attnscope.core_ns", core), ("attnscope.memory.peak_bytes", peak),
-                           ("attnscope.device_ns", device)):
+                           ("attnscope.device_ns", device),
+                           ("attnscope.trigger", "slow_call" if extra else None),
+                           ("attnscope.extra", True if extra else None)):
             if value is not None:
                 attrs[key] = value
         span_id = f"{n + 1:016x}"
@@ -615,6 +617,24 @@ def test_est_calls_only_when_a_sample_rate_is_below_1(
     percentiles = np.percentile(walls, [5, 50, 95, 99])
     assert cells[5:11] == [duration(v) for v in (walls.min(), *percentiles, walls.max())]
     assert cells[-1] == "math"
+
+
+def test_a_call_outside_the_random_sample_counts_for_itself_alone(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A slow-call profile the sampler had not chosen (`attnscope.extra`, rate 1.0 on the
+    span) is one of the calls, but stands for no unsampled call: est. calls is the random
+    sample's Σ 1/rate, and its 1.0 is not a rate the trace was sampled at."""
+    t = _Trace()
+    for i in range(8):
+        t.call("blocks.0.attn", "decode", None, wall=100_000 + 1_000 * i, tokens=10,
+               flops=1_000_000, rate=0.25)
+    t.call("blocks.0.attn", "decode", None, wall=400_000, tokens=10, flops=1_000_000,
+           tier="profile", backend="flash", core=90_000, extra=True)
+    report = _main_json(capsys, t.write(tmp_path / "extra.json"))
+    (group,) = report["groups"]
+    assert (group["calls"], group["profiled_calls"]) == (9, 1)
+    assert group["estimated_calls"] == pytest.approx(8 / 0.25)  # was 33: the extra at weight 1
+    assert report["sample_rates"] == [0.25]
 
 
 def test_the_demo_trace_reports_two_rows_per_layer_as_its_tables(tmp_path: Path) -> None:

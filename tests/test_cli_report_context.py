@@ -99,6 +99,22 @@ def test_sampled_forwards_and_calls_are_weighted_by_their_rates() -> None:
     assert s.share == pytest.approx((2 / 0.125) / 40)
 
 
+def test_a_call_outside_the_random_sample_stands_for_no_other_in_a_share() -> None:
+    # the forward and call of test above, and a slow-call profile neither the forward's sampler
+    # nor the call's had chosen (attnscope.extra, rate 1.0 on the span): a call in f, a forward
+    extra = {"attnscope.sample_rate": 1.0, "attnscope.trigger": "slow_call",
+             "attnscope.extra": True}
+    rows = [_forward("f", None, 0, 10, "prefill", **{"attnscope.sample_rate": 0.5}),
+            _attn("a", "f", 1, 2, "prefill", **{"attnscope.sample_rate": 0.25}),
+            _attn("b", "f", 4, 3, "prefill", **extra),
+            _forward("h", None, 20, 10, "prefill", **{"attnscope.sample_rate": 0.5}),
+            _forward("e", None, 40, 10, "prefill", **extra), _attn("c", "e", 41, 5, "prefill")]
+    (s,) = end_to_end(rows).shares
+    assert s.model_ns == pytest.approx(2 * 20 * MS)  # as without them
+    assert s.attention_ns == pytest.approx(2 * MS / 0.125)
+    assert s.calls == 1
+
+
 def test_no_share_without_an_attention_call_to_estimate_it_from() -> None:
     rows = [_forward("f", None, 0, 10, "prefill", **{"attnscope.sample_rate": 0.5}),
             _forward("g", None, 20, 10, "decode"), _attn("a", "g", 21, 3, "decode")]

@@ -205,6 +205,11 @@ def _sampled_calls(escalate: bool) -> list[int]:
     assert len(natural) + len(extra) == len(spans)
     assert all(s.attributes["attnscope.trigger"] == "slow_call" for s in extra)
     assert bool(extra) == escalate
+    # and says so; a granted call the sampler chose is part of the sample (its rate is its own)
+    assert all(s.attributes.get("attnscope.extra") is True for s in extra)
+    assert not any("attnscope.extra" in s.attributes for s in natural)
+    if escalate:  # both kinds of granted call happened
+        assert any(s.attributes.get("attnscope.trigger") == "slow_call" for s in natural)
     assert attnscope.stats()["dropped_trace_cap"] == 0
     return sorted(bisect.bisect_right(starts, s.start_time) for s in natural)
 
@@ -246,6 +251,7 @@ def test_an_armed_site_restores_its_countdown() -> None:
     tier, chosen = grants.settle(runtime.grants, runtime.sampler, site, grant,
                                  [("x", TensorMeta((1,), torch.float32, None))], tier)
     assert chosen is grant and tier == 2
+    assert grant.extra  # the sampler had not chosen it (tier 0 before the grant)
     assert site.grant is None and site.countdown == 38  # 40, less the two armed calls
 
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._record.buckets import bucket as bucket_of
-from .._record.capture import NO_FACTS, TIER_PROFILE, TIER_TIMING, Facts
+from .._record.capture import NO_FACTS, TIER_NONE, TIER_PROFILE, TIER_TIMING, Facts
 from .._runtime.grants import MAX_TRIGGER_CALLS, ON_DEMAND, SLOW, Grant, Grants
 from .sampling import CallSite, Sampler
 
@@ -47,6 +47,7 @@ def settle(grants: Grants, sampler: Sampler, site: CallSite, grant: Grant,
         return tier, None
     if tier == TIER_PROFILE or sampler.bucket.take():
         sampler.bucket.paid()
+        grant.extra = tier == TIER_NONE
         grants.end(site, grant, "slow_granted")
         return TIER_PROFILE, grant
     grants.end(site, grant, "slow_lapsed_no_token")  # the per-minute limit still holds

@@ -130,6 +130,7 @@ class Derived:
 _DEVICE_NS, _DELTA, _PEAK, _RSS = (schema.DEVICE_NS.name, schema.DELTA_BYTES.name,
                                    schema.PEAK_BYTES.name, schema.HOST_RSS_BYTES.name)
 _TRIGGER, _SLOW, _SLOW_QUANTILE = schema.TRIGGER.name, schema.SLOW.name, schema.SLOW_QUANTILE.name
+_EXTRA = schema.EXTRA.name
 
 
 @dataclass(slots=True)
@@ -145,6 +146,7 @@ class Measured:
     profile: dict[str, Any] | None = None
     trigger: str | None = None  # the grant's kind: why the call was profiled
     slow_quantile: float | None = None  # set: the call was slow beyond this quantile
+    extra: bool = False  # its grant went to a call the sampler had not chosen
 
     def add_to(self, attrs: dict[str, Any]) -> None:
         """Add the attributes to ``attrs``, after derive's (a name set twice keeps its place)."""
@@ -165,6 +167,8 @@ class Measured:
                     attrs[prefix + key] = value if type(value) in _PLAIN else clean(value)
         if self.trigger is not None:
             attrs[_TRIGGER] = self.trigger
+            if self.extra:
+                attrs[_EXTRA] = True
         elif self.slow_quantile is not None:
             attrs[_SLOW] = True
             attrs[_SLOW_QUANTILE] = sig4(self.slow_quantile)

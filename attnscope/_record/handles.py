@@ -61,3 +61,6 @@ class GrantHandle(Protocol):
 
     @property
     def link(self) -> int | None: ...
+
+    @property
+    def extra(self) -> bool: ...

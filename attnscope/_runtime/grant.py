@@ -9,7 +9,7 @@ __all__ = ["Grant"]
 class Grant:
     """One profile-tier grant: why (``kind``), for which shape bucket, linked to which capture."""
 
-    __slots__ = ("kind", "bucket", "link", "quantile", "left", "calls", "done")
+    __slots__ = ("kind", "bucket", "link", "quantile", "left", "calls", "done", "extra")
 
     def __init__(self, kind: str, bucket: tuple[int, ...] | None = None, link: int | None = None,
                  quantile: float | None = None) -> None:
@@ -20,3 +20,6 @@ class Grant:
         self.left = 0  # the site's countdown when it was armed, less the armed calls since
         self.calls = 0
         self.done = False
+        # granted to a call the sampler had not chosen: outside the random sample, so no
+        # weight in an estimate of all calls (``attnscope.extra``)
+        self.extra = False

@@ -33,14 +33,14 @@ _DECODE = (schema.REQUEST_DECODE_CALLS.name, schema.REQUEST_DECODE_FLOPS.name,
 class RowCall:
     """One call's figures per row (lists indexed by row), or why it was not split."""
 
-    __slots__ = ("capture_id", "parent_id", "phase", "rate", "tokens", "useful", "padding",
+    __slots__ = ("capture_id", "parent_id", "phase", "weight", "tokens", "useful", "padding",
                  "time_ns", "kv_bytes", "exact", "reason")
 
     def __init__(self, capture_id: int, parent_id: int | None, reason: str | None = None) -> None:
         self.capture_id = capture_id
         self.parent_id = parent_id
         self.phase: str | None = None
-        self.rate = 1.0
+        self.weight = 1.0  # in the estimate of all calls: 1/sample rate (0: attnscope.extra)
         self.tokens: list[int] = []
         self.useful: list[int] = []
         self.padding: list[int] = []
@@ -135,12 +135,12 @@ def _add(req: _Request, call: RowCall, indices: list[int]) -> None:
     req.tokens += tokens
     req.useful += useful
     req.padding += padding
-    req.all_flops += (useful + padding) / call.rate
+    req.all_flops += (useful + padding) * call.weight
     t = 0.0
     if call.time_ns:
         t = sum(call.time_ns[i] for i in indices)
         req.time_ns += t
-        req.all_time_ns += t / call.rate
+        req.all_time_ns += t * call.weight
     else:
         req.timed = False
     if call.kv_bytes is not None:

@@ -142,7 +142,10 @@ def split_rows(cap: Capture, shape: dict[str, Any], rows: tuple[Any, ...],
         return call
     phase = shape.get(_PHASE)
     call.phase = phase if isinstance(phase, str) else None
-    call.rate = cap.sample_rate if cap.sample_rate and cap.sample_rate > 0 else 1.0
+    # a call outside the random sample (attnscope.extra) stands for itself alone: in the
+    # request's sampled figures, not in its estimate of all calls
+    call.weight = 0.0 if cap.grant is not None and cap.grant.extra else \
+        1.0 / cap.sample_rate if cap.sample_rate and cap.sample_rate > 0 else 1.0
     call.tokens, call.useful, call.padding = tokens, useful, padding
     call.exact = shape.get(_EXACT) is not False
     if time_ns is not None:

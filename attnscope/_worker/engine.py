@@ -127,6 +127,7 @@ class Engine:
         found.trigger, found.slow_quantile = escalator.observe(
             cap, found.device_ns, cfg.slow_call_quantile,
             cfg.profile_rate > 0 and cfg.profile_max_per_minute > 0)
+        found.extra = cap.grant is not None and cap.grant.extra
         result = result_of(cap, shape, found, children, self._site_attrs(cap.site),
                            self._implementation, self._bases)
         if held is not None or cap.tier == TIER_PROFILE:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .. import _schema as schema
-from .summary import Quantiles, int_attribute, is_profiled, quantiles, sample_rate, wall_ns
+from .summary import Quantiles, int_attribute, is_profiled, quantiles, wall_ns, weight
 from .traces import SpanRow, attention_calls
 
 __all__ = ["GenerateStats", "ShareStats", "BlockStats", "EndToEnd", "end_to_end",
@@ -108,10 +108,6 @@ def _is_forward(row: SpanRow, attention: set[str]) -> bool:
             and _function(row).endswith(_FORWARD) and schema.NUM_HEADS.name not in row.attributes)
 
 
-def _weight(row: SpanRow) -> float:
-    return 1.0 / sample_rate(row)
-
-
 def end_to_end(rows: Sequence[SpanRow]) -> EndToEnd:
     """The generate and attention-share figures of a trace (empty lists when it has none)."""
     attention = {r.span_id for r in attention_calls(rows)}
@@ -178,15 +174,16 @@ def _attention_in(spans: Sequence[SpanRow], children: Mapping[str, list[SpanRow]
     weighted by 1/its sample rate (a call inside: 1/(its rate × its span's), as it was sampled
     on its own once its span was), how many such calls, and the share's interval
     (:func:`_share_interval`, from :data:`MIN_FOR_INTERVAL` spans up)."""
-    own = [wall_ns(s) * _weight(s) for s in spans]
+    spans = [s for s in spans if weight(s) > 0]  # an extra span stands for no other
+    own = [wall_ns(s) * weight(s) for s in spans]
     inside = [0.0] * len(spans)
-    calls, sampled = 0, any(_weight(s) > 1 for s in spans)
+    calls, sampled = 0, any(weight(s) > 1 for s in spans)
     for k, s in enumerate(spans):
         for d in _descendants(s, children):
-            if d.span_id in attention:
-                inside[k] += wall_ns(d) * _weight(d) * _weight(s)
+            if d.span_id in attention and weight(d) > 0:
+                inside[k] += wall_ns(d) * weight(d) * weight(s)
                 calls += 1
-                sampled = sampled or _weight(d) > 1
+                sampled = sampled or weight(d) > 1
     interval = _share_interval(own, inside) \
         if sampled and calls and len(spans) >= MIN_FOR_INTERVAL else None
     return _Inside(sum(own), sum(inside), calls, interval, sampled)

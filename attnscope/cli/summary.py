@@ -14,7 +14,8 @@ its own sampling): its kernels, core time and backend are then that nested call'
 (:func:`profiles_within`).
 
 - ``calls``: sampled calls; ``estimated_calls``: Σ ``1/attnscope.sample_rate`` over them (the calls
-  the program made if sampling was uniform); ``profiled``; ``latency_calls``: the calls the
+  the program made if sampling was uniform), a call the sampler had not chosen
+  (``attnscope.extra``) counting 0; ``profiled``; ``latency_calls``: the calls the
   percentiles and rates are of.
 - ``tokens``, ``flops``: Σ ``attnscope.tokens`` / ``attnscope.flops`` over every sampled call
   that has one (a profiled call saw its tokens like any other).
@@ -47,7 +48,7 @@ from .roofline import FallbackStats, RooflineStats, fallbacks_of, roofline_of
 from .traces import ATTENTION_FACTS, GroupKey, SpanRow, call_backends, group_key
 
 __all__ = ["Quantiles", "GroupStats", "Summary", "summarize", "quantiles", "time_ns", "wall_ns",
-           "latency_rows", "operator_spans", "int_attribute", "shape_text", "sample_rate",
+           "latency_rows", "operator_spans", "int_attribute", "shape_text", "sample_rate", "weight",
            "is_profiled", "under_profiler", "profiles_within", "first_calls", "PHASE_ORDER"]
 
 CallId = tuple[str, str]  # (trace id, span id)
@@ -276,7 +277,7 @@ def _stats(key: GroupKey, label: str, rows: Sequence[SpanRow], price_per_hour: f
                        if schema.BACKEND.name in r.attributes)
     return GroupStats(
         module=key[0], phase=key[1], backend=key[2], label=label, calls=len(rows),
-        estimated_calls=sum(1.0 / sample_rate(r) for r in rows),
+        estimated_calls=sum(weight(r) for r in rows),
         profiled=len(profiled) + len(inside), latency_calls=len(timed),
         latency_of="timed" if any(not under_profiler(r) and (r.trace_id, r.span_id) not in within
                                   for r in rows) else "profiled",
@@ -299,6 +300,19 @@ def _stats(key: GroupKey, label: str, rows: Sequence[SpanRow], price_per_hour: f
 def sample_rate(row: SpanRow) -> float:
     rate = row.attributes.get(schema.SAMPLE_RATE.name)
     return float(rate) if isinstance(rate, (int, float)) and 0 < rate <= 1 else 1.0
+
+
+def weight(row: SpanRow) -> float:
+    """How many of the program's calls ``row`` stands for: 1/its sample rate; 0 for a call the
+    sampler had not chosen (``attnscope.extra``: profiled after a slow call, outside the random
+    sample, whose own calls estimate all of them)."""
+    return 0.0 if row.attributes.get(schema.EXTRA.name) is True else 1.0 / sample_rate(row)
+
+
+def _random(rows: Sequence[SpanRow]) -> Sequence[SpanRow]:
+    """``rows`` without the extra ones (:func:`weight` 0), unless that leaves none."""
+    drawn = [r for r in rows if r.attributes.get(schema.EXTRA.name) is not True]
+    return drawn or rows
 
 
 def _order(key: GroupKey, rows: Sequence[SpanRow]) -> tuple[Any, ...]:
@@ -351,7 +365,7 @@ def summarize(calls: Sequence[SpanRow], price_per_hour: float | None = None,
                      loose=loose)
     # of the calls the profiler did not slow (it made the profiled ones the slowest, 5-20x on CPU)
     slowest = sorted(latency_rows(calls, within), key=lambda r: (-time_ns(r), r.start_ns))[:top]
-    rates = sorted({sample_rate(r) for r in calls})
+    rates = sorted({sample_rate(r) for r in _random(calls)})
     services = sorted({r.service for r in calls if r.service})
     labels = {(r.trace_id, r.span_id): label[k] for k, members in grouped.items() for r in members}
     return Summary(groups, overall, slowest, rates, price_per_hour, services, labels, within,
