@@ -492,3 +492,26 @@ def test_gemma3n_kv_shared_layers_read_the_stored_keys_or_say_they_could_not() -
                                 "attention_mask": None})
     out = derive([], layer, facts=facts)
     assert out.exact is False and out.inexact_reason == "cache_unread"
+
+
+def test_gemma3n_shared_keys_are_found_under_the_layer_type_or_the_storing_layers_index() -> None:
+    """transformers keys ``shared_kv_states`` by layer type; 5.20.2 by the storing layer's index
+    (``kv_shared_layer_index``). Either way the keys are read; under neither, "not read"."""
+    from attnscope._attention.families import gemma3n
+    from attnscope._record.facts import AttentionFacts, Facts
+
+    class Shared(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.is_kv_shared_layer = True
+            self.layer_type = "full_attention"
+            self.kv_shared_layer_index = 1
+
+    kind = gemma3n.shared_kind(Shared())
+    assert kind == ("full_attention", 1)
+    keys = torch.zeros(2, 4, 9, 8)
+    for states in ({"full_attention": (keys, keys)}, {1: (keys, keys)}, {0: (keys, keys)}):
+        facts = AttentionFacts(2, 1)
+        facts.cached = True
+        gemma3n.shared_past(Facts(facts), {"shared_kv_states": states}, kind)
+        assert facts.past == (8 if 0 not in states else "not read")

@@ -227,16 +227,20 @@ def _generate_reference(model: Any, prompt: torch.Tensor) -> list[list[torch.Ten
     return [[w for w in step if sweep.softmax_map(w)] for step in out.attentions]
 
 
-def _step_expectations(steps: list[list[torch.Tensor]]) -> list[dict[str, Any]]:
+def _step_expectations(steps: list[list[torch.Tensor]]) -> list[list[dict[str, Any]]]:
     """Cache length and phase each call's weights show: Skv - Sq keys were cached. A model whose
-    later steps recompute the whole sequence (Sq = Skv) used no cache: no phase, no length."""
+    later steps recompute the whole sequence (Sq = Skv) kept no cache between steps: no phase
+    and no length, or, where each step's layers fill a cache of their own that the next step
+    does not get (XLM in transformers 5.20.2), a prefill of an empty one. Each call: the
+    readings it may give."""
     cached = any(w.shape[-2] != w.shape[-1] for step in steps[1:] for w in step)
     out = []
     for i, step in enumerate(steps):
         for w in step:
             past = w.shape[-1] - w.shape[-2]
-            out.append({"kv_cache_len": past if cached else None,
-                        "phase": ("decode" if i else "prefill") if cached else None})
+            out.append([{"kv_cache_len": past, "phase": "decode" if i else "prefill"}] if cached
+                       else [{"kv_cache_len": None, "phase": None},
+                             {"kv_cache_len": 0, "phase": "prefill"}])
     return out
 
 
@@ -250,12 +254,13 @@ def _generate_problems(model: Any, ref: sweep.Reference, steps: list[list[torch.
     # each module's causality as its prefill weights show it (a decode step's cannot)
     causal = [sweep.causal_shown(w) for w in steps[0]]
     problems: list[str] = []
-    for n, (a, w, want) in enumerate(zip(got, weights, _step_expectations(steps), strict=True)):
+    for n, (a, w, wants) in enumerate(zip(got, weights, _step_expectations(steps), strict=True)):
         where = f"generate call {n}"
         problems += _compare(a, ref, ref.calls[n % per_step]._replace(w=w), where,
                              causal[n % per_step])
-        problems += [f"{where} {a['module']}: {k} {a.get(k)} != {v}"
-                     for k, v in want.items() if a.get(k) != v]
+        if not any(all(a.get(k) == v for k, v in want.items()) for want in wants):
+            problems += [f"{where} {a['module']}: {k} {a.get(k)} != {v}"
+                         for k, v in wants[0].items() if a.get(k) != v]
     return problems
 
 

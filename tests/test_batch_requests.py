@@ -3,6 +3,7 @@ against brute-force counts from the eager attention weights of a real transforme
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any
 
@@ -119,9 +120,12 @@ def test_a_left_padded_decode_step_is_exact() -> None:
 
 
 def _step(model: Any, ids: torch.Tensor, mask: torch.Tensor, past: Any) -> tuple[Any, Any]:
-    out = model(input_ids=ids, attention_mask=mask, cache=past, use_cache=True,
-                output_attentions=True)
-    return out.cache, out
+    # the cache's keyword: `cache` in recent transformers, `past_key_values` in 5.20.2
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters \
+        else "past_key_values"
+    out = model(input_ids=ids, attention_mask=mask, use_cache=True, output_attentions=True,
+                **{name: past})
+    return getattr(out, name), out
 
 
 def test_rows_that_change_between_steps_give_each_request_only_its_steps() -> None:

@@ -74,6 +74,17 @@ def test_rss_is_the_summarys_last_part() -> None:
     assert "RSS" not in call_summary(_attrs(2_000, None))
 
 
+def test_the_flop_rate_is_rounded_once_from_the_exact_figures() -> None:
+    """103,468 FLOP/s: the span keeps tflops to 4 digits (1.035e-7), which read to 3 again
+    would say 104 k; the summary says 103 k, from FLOPs ÷ time."""
+    from attnscope._derive.result import sig4
+
+    attrs = {**_SITE, "attnscope.tier": "timing", "attnscope.wall_ns": 1_000_000_000,
+             "attnscope.flops": 103_468, "attnscope.tflops": sig4(103_468 / 1e9 / 1e3)}
+    parts = call_summary(attrs).split(" · ")
+    assert parts[:3] == ["1 s wall", "103 kFLOP", "103 kFLOP/s"], parts
+
+
 def _direct(provider: TracerProvider) -> tuple[DirectEmitter, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     processor = SimpleSpanProcessor(exporter)
