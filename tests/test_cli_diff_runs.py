@@ -91,7 +91,9 @@ def test_a_real_2x_slowdown_fails_the_gate_over_runs() -> None:
 def test_the_interval_is_reproducible_and_resamples_runs() -> None:
     before, after = _runs(5, 3, 60), _runs(6, 3, 60, scale=1.5)
     first = compare_runs(before, after, TIME)
-    assert first == compare_runs(before, after, TIME)  # a fixed seed
+    # a fixed seed: the same figures, to the last bit (repr: a p99's interval of too few calls
+    # is nan, and from Python 3.13 a dataclass's == compares nan fields as unequal)
+    assert repr(first) == repr(compare_runs(before, after, TIME))
     # the same calls without run-to-run variation: a narrower interval
     flat_b = [np.random.default_rng(7 + i).lognormal(0, 0.2, 60) for i in range(3)]
     flat_a = [np.random.default_rng(17 + i).lognormal(0, 0.2, 60) * 1.5 for i in range(3)]

@@ -397,6 +397,62 @@ def test_a_sigterm_another_thread_took_still_ends_the_child_with_its_spans(
     assert _jaeger_names(files[0]) == {"scaled_dot_product_attention": 10}
 
 
+def test_a_sigterm_during_the_childs_exit_export_waits_for_it() -> None:
+    """A pool worker given its sentinel ends through os._exit, whose export attnscope runs
+    first; the pool's SIGTERM reaching it meanwhile ended it before that export was done (on
+    Python 3.13 most runs of the fork-pool test above lost every span of a worker). The SIGTERM's
+    flush now returns, and the SIGTERM ends the process, only once the exit's export is done."""
+    import threading
+    import time
+
+    from attnscope._runtime import runtime
+    from attnscope.cli.run import _children
+
+    order: list[str] = []
+
+    def exit_export() -> None:  # the exit's export, still running when the SIGTERM came
+        time.sleep(0.3)
+        order.append("exit export done")
+        runtime.worker.exit_done.set()
+
+    runtime.worker.exiting, runtime.worker.exit_done = True, threading.Event()
+    try:
+        running = threading.Thread(target=exit_export)
+        running.start()
+        _children._flush()  # what the SIGTERM's helper thread runs before it ends the process
+        order.append("sigterm flush returned")
+        running.join()
+    finally:
+        runtime.worker.exiting, runtime.worker.exit_done = False, threading.Event()
+    assert order == ["exit export done", "sigterm flush returned"]
+
+
+def test_a_sigterm_during_the_childs_last_step_export_waits_for_it() -> None:
+    """The other end of a child: its last step (multiprocessing's Finalize) exporting when the
+    SIGTERM comes. The SIGTERM's flush waits for that one to finish before its own."""
+    import threading
+    import time
+
+    from attnscope.cli.run import _children
+
+    order: list[str] = []
+    held = threading.Event()
+
+    def last_step() -> None:
+        with _children._FLUSHING:  # as the Finalize's _flush holds it while it exports
+            held.set()
+            time.sleep(0.3)
+            order.append("last step's export done")
+
+    running = threading.Thread(target=last_step)
+    running.start()
+    held.wait()
+    _children._flush()
+    order.append("sigterm flush returned")
+    running.join()
+    assert order == ["last step's export done", "sigterm flush returned"]
+
+
 def test_process_tag() -> None:
     env = {ENV_PARENT: "10"}
     assert process_tag(env, pid=11, parent_pid=10) == ""

@@ -51,6 +51,7 @@ class WorkerHandle:
         # exports through it (_worker/at_exit.py)
         self.exit_flush: Callable[..., bool] | None = None
         self.exiting = False  # the exit flush has begun: no new worker (it could not export)
+        self.exit_done = threading.Event()  # ... and has ended (a child's SIGTERM waits for it)
         # an exporter instance the application gave, kept across a reconfigure that rebuilds
         # the pipeline: the old pipeline's shutdown flushes it instead of shutting it down
         self.kept_exporter: SpanExporter | None = None
@@ -64,6 +65,7 @@ class WorkerHandle:
         self.lock = threading.Lock()
         self.import_lock = threading.Lock()
         self.current = None
+        self.exit_done = threading.Event()  # the child's own exit flush, if any
         self.spare = None  # the parent's thread does not exist here
         self.fork_held = []
         self.retired_counts = {}  # the child counts its own spans

@@ -73,6 +73,16 @@ def _at_exit(shutdown: Callable[..., bool]) -> None:
     """Export what was captured, within what is left of ``_EXIT_TIMEOUT_S``; never raises. No
     worker starts after this (a daemon thread still tracing): it could not build a pipeline."""
     runtime.worker.exiting = True
+    try:
+        _export_at_exit(shutdown)
+    finally:
+        try:
+            runtime.worker.exit_done.set()  # a multiprocessing child's SIGTERM waits for this
+        except BaseException:  # noqa: BLE001  (a Ctrl-C: the process ends regardless)
+            pass
+
+
+def _export_at_exit(shutdown: Callable[..., bool]) -> None:
     worker = None
     try:
         worker = runtime.worker.current

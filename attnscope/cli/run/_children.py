@@ -53,6 +53,7 @@ FLUSH_S = 5.0  # attnscope's exit bound (_worker/at_exit.py): a child gets the s
 _EXIT_PRIORITY = 10  # Finalize priorities >= 0 run first in util._exit_function
 _HANDOVER_S = 0.5  # how long the wakeup reader leaves a SIGTERM to the main thread's handler
 _ONCE = _thread.allocate_lock()  # held by whichever of the two took the SIGTERM: one flush
+_FLUSHING = threading.Lock()  # held by the one of the child's ends that exports (one at a time)
 _WAKEUP: dict[str, int] = {}  # this process's wakeup pipe ("write"), inherited by forked children
 
 
@@ -132,15 +133,29 @@ def _on_wakeups(read: int) -> None:
 
 
 def _flush() -> None:
-    """Export what this process captured and close its files (the process is ending)."""
+    """Export what this process captured and close its files (the process is ending). Where
+    another end's export runs (the child's last step, or ``os._exit``'s: a pool worker given
+    its sentinel is ending when the pool's SIGTERM reaches it), wait for that one instead: a
+    flush finding nothing left to do would return at once, and the SIGTERM end that follows
+    would cut the running export short (every span of such a worker was lost)."""
+    deadline = time.monotonic() + FLUSH_S
+    took = False
     try:
+        took = _FLUSHING.acquire(timeout=FLUSH_S)
         import attnscope
 
-        deadline = time.monotonic() + FLUSH_S
+        from ..._runtime import runtime
+
+        if runtime.worker.exiting:  # the exit's export (atexit, os._exit) has begun
+            runtime.worker.exit_done.wait(max(0.0, deadline - time.monotonic()))
+            return
         attnscope.flush(FLUSH_S)  # (a shutdown alone may return with the last batch in flight)
         attnscope.shutdown(max(0.0, deadline - time.monotonic()))
     except BaseException as exc:  # noqa: BLE001  (the child's end goes on)
         _log.internal_error("run.child-flush", exc)
+    finally:
+        if took:
+            _FLUSHING.release()
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
