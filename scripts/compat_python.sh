@@ -20,10 +20,14 @@ torch_version="${TORCH_VERSION:-2.13.0}"
 if [ "$#" -gt 0 ]; then versions=("$@"); else versions=(3.10 3.12 3.13); fi
 
 interpreter() {
+    # one that runs: a pyenv shim is on PATH for every version pyenv has, selected or not
     local found
-    found="$(command -v "python$1" 2>/dev/null)" && { echo "$found"; return; }
-    for found in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$1".*/bin/python"$1"; do
-        [ -x "$found" ] && { echo "$found"; return; }
+    for found in "$(command -v "python$1" 2>/dev/null)" \
+        "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$1".*/bin/python"$1"; do
+        if [ -x "$found" ] && "$found" -c '' >/dev/null 2>&1; then
+            echo "$found"
+            return
+        fi
     done
     return 1
 }

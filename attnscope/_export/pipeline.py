@@ -254,7 +254,10 @@ class Pipeline:
 
         The SDK's ``BatchSpanProcessor.force_flush`` ignores its timeout and exports on the calling
         thread, so the work runs on a helper thread; a flush still running from an earlier call is
-        waited for instead of starting another one behind it.
+        waited for instead of starting another one behind it. Where no thread may start (Python
+        3.12.0 and 3.12.1 at exit: CPython gh-113964), a local destination (a file) is flushed
+        here, where every span of the exit's last batch was lost; a collector is not, as nothing
+        would bound its wait.
         """
         timeout_s = max(0.0, timeout_ms / 1000.0)
         result: list[bool] = []
@@ -264,10 +267,13 @@ class Pipeline:
                 running = threading.Thread(
                     target=lambda: result.append(self._flush_all(timeout_ms)),
                     name="attnscope-flush", daemon=True)
+                if not _started(running):
+                    running = None
                 self._flushing = running
-                running.start()
             else:
                 result.append(False)  # the earlier flush may not cover what came since
+        if running is None:
+            return self.local and self._flush_all(timeout_ms)
         running.join(timeout_s)
         return not running.is_alive() and all(result) and bool(result)
 
@@ -300,7 +306,10 @@ class Pipeline:
             if closing is None:
                 closing = self._closing = threading.Thread(
                     target=self.shutdown, name="attnscope-shutdown", daemon=True)
-                closing.start()
+                if not _started(closing):  # as in force_flush: a file's, here
+                    if self.local:
+                        self.shutdown()
+                    return
         closing.join(max(0.0, timeout_s))
 
     def shutdown(self, timeout_ms: int = 30_000) -> None:
@@ -315,6 +324,16 @@ class Pipeline:
                 self.meter_provider.shutdown(timeout_millis=timeout_ms)
             except Exception as exc:
                 _log.internal_error("shutdown.metrics", exc)
+
+
+def _started(thread: threading.Thread) -> bool:
+    """Start ``thread``; False where the interpreter refuses a new thread (it is finishing, on
+    Python 3.12.0 and 3.12.1: "can't create new thread at interpreter shutdown")."""
+    try:
+        thread.start()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _flush_metrics(meter_provider: Any, timeout_ms: int,
