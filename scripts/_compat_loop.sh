@@ -6,6 +6,7 @@
 #   specs()    prints the pip requirements that differ per release, given the version
 #   probe      Python code printing what got installed
 #   pytest_env VAR=value words put in pytest's environment (may be empty)
+#   python_for (optional function) the interpreter for a version, else $python for every one
 # and root, here, python. Exits with 1 when any release failed.
 
 rows=()
@@ -15,12 +16,18 @@ for version in "${versions[@]}"; do
     venv="$root/$prefix-$version"
     log="$root/$prefix-$version.log"
     read -r -a pins <<<"$(specs "$version")"
-    want="${pins[*]} ${deps[*]}"
+    py="$python"
+    if declare -F python_for >/dev/null && ! py="$(python_for "$version")"; then
+        rows+=("$version|no interpreter|-|-")
+        failed=1
+        continue
+    fi
+    want="${pins[*]} ${deps[*]} $py"
     install="ok"
     if [ "$(cat "$venv/.compat-spec" 2>/dev/null)" != "$want" ]; then
         echo "== $kind $version: building $venv (log: $log)"
         rm -rf "$venv"
-        if "$python" -m venv "$venv" >"$log" 2>&1 \
+        if "$py" -m venv "$venv" >"$log" 2>&1 \
             && "$venv/bin/pip" install -q "${pins[@]}" "${deps[@]}" >>"$log" 2>&1 \
             && "$venv/bin/pip" install -q --no-deps -e "$here" >>"$log" 2>&1; then
             echo "$want" >"$venv/.compat-spec"

@@ -32,53 +32,15 @@ interpreter() {
     return 1
 }
 
-rows=()
-failed=0
-mkdir -p "$root"
-for version in "${versions[@]}"; do
-    venv="$root/python-$version"
-    log="$root/python-$version.log"
-    if ! python="$(interpreter "$version")"; then
-        rows+=("$version|no interpreter|-|-")
-        failed=1
-        continue
-    fi
-    want="$python torch==$torch_version $(git -C "$here" rev-parse HEAD:pyproject.toml 2>/dev/null)"
-    if [ "$(cat "$venv/.compat-spec" 2>/dev/null)" != "$want" ]; then
-        echo "== Python $version: building $venv (log: $log)"
-        rm -rf "$venv"
-        if ! { "$python" -m venv "$venv" >"$log" 2>&1 \
-            && "$venv/bin/pip" install -q "torch==$torch_version" >>"$log" 2>&1 \
-            && "$venv/bin/pip" install -q -e "$here[test]" >>"$log" 2>&1; }; then
-            rows+=("$version|install failed|-|see $log")
-            failed=1
-            continue
-        fi
-        echo "$want" >"$venv/.compat-spec"
-    else
-        : >"$log"
-    fi
-    echo "== Python $version: running the suite"
-    # shellcheck disable=SC2086  # PYTEST_ARGS is split on purpose
-    (cd "$here" && "$venv/bin/python" -m pytest -n auto --dist loadfile -q -p no:cacheprovider \
-        ${PYTEST_ARGS:-}) >>"$log" 2>&1
-    rc=$?
-    summary="$(grep -E '^(=+ )?[0-9]+ (passed|failed|skipped|error)' "$log" | tail -1 | tr -d '=')"
-    actual="$("$venv/bin/python" -c 'import platform, torch, transformers
-print(platform.python_version(), "transformers", transformers.__version__)' 2>/dev/null)"
-    if [ "$rc" -eq 0 ]; then result="PASS"; else result="FAIL (rc $rc)"; failed=1; fi
-    rows+=("$version|$result|${actual:-?}|${summary:-no summary, see $log}")
-done
-
-echo
-printf '%-8s %-14s %-32s %s\n' "python" "result" "installed" "pytest"
-for row in "${rows[@]}"; do
-    IFS='|' read -r v r a s <<<"$row"
-    printf '%-8s %-14s %-32s %s\n' "$v" "$r" "$a" "$s"
-done
-for version in "${versions[@]}"; do
-    grep -E '^(FAILED|ERROR) ' "$root/python-$version.log" 2>/dev/null | sed -e 's/ - .*//' \
-        -e "s/^/  $version  /"
-done
-echo "logs: $root/python-<version>.log"
-exit "$failed"
+kind=python
+prefix=python
+specs() { echo "torch==$torch_version"; }
+python_for() { interpreter "$1"; }
+# attnscope with its test extra, from this tree: each Python's own pick of the rest
+deps=(-e "$here[test]")
+tests=(-n auto --dist loadfile)  # the README's test line: the whole suite
+probe='import platform, transformers; print(platform.python_version(), "transformers", transformers.__version__)'
+pytest_env=''
+python=python3  # unused: python_for names each version's
+# shellcheck source=scripts/_compat_loop.sh
+. "$here/scripts/_compat_loop.sh"
