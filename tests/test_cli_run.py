@@ -453,6 +453,13 @@ def test_a_sigterm_during_the_childs_last_step_export_waits_for_it() -> None:
     assert order == ["last step's export done", "sigterm flush returned"]
 
 
+def test_o_is_short_for_out() -> None:
+    from attnscope.cli import build_parser
+
+    args = build_parser("run").parse_args(["run", "-o", "there", "--", "python", "a.py"])
+    assert args.out == "there"
+
+
 def test_process_tag() -> None:
     env = {ENV_PARENT: "10"}
     assert process_tag(env, pid=11, parent_pid=10) == ""

@@ -128,7 +128,7 @@ def register(sub: Any, formatter: Any) -> None:
     p.add_argument("--warmup-calls", type=_count, default=_IntDefault(0), metavar="N",
                    help="calls at each call site before sampling starts; without the flag, "
                    "$ATTNSCOPE_WARMUP_CALLS when set")
-    p.add_argument("--out", default="attnscope-out", metavar="DIR",
+    p.add_argument("-o", "--out", default="attnscope-out", metavar="DIR",
                    help="directory for the trace files and report.html (created if missing; "
                         "trace files of an earlier run there are replaced; with --repeat, the "
                         "run-K directories of an earlier repeat too)")
