@@ -56,17 +56,49 @@ def test_report_roofline_and_fallbacks_are_the_spans_medians(tmp_path: Path, cap
     for backend, spans in calls.items():
         r = groups[backend]["roofline"]
         assert r["calls"] == len(spans) == 3
-        assert r["fraction"] == statistics.median(s["attnscope.roofline.fraction"] for s in spans)
-        assert r["intensity_flop_per_byte"] == statistics.median(
-            s["attnscope.arithmetic_intensity"] for s in spans)
-        # the roof of each call: min(1 TFLOP/s, intensity × 20 GB/s), in TFLOP/s
-        assert r["roof_tflops"] == statistics.median(
-            min(1.0, s["attnscope.arithmetic_intensity"] * 20 / 1e3) for s in spans)
+        # each call's figures from its exact FLOPs, bytes and time (the spans' own are rounded)
+        mine = []
+        for s in spans:
+            ns = s["attnscope." + s["attnscope.roofline.time_source"]]
+            intensity = s["attnscope.flops"] / s["attnscope.bytes"]
+            achieved = s["attnscope.flops"] / ns / 1e3
+            roof = min(1.0, intensity * 20 / 1e3)  # min(1 TFLOP/s, intensity × 20 GB/s)
+            mine.append((intensity, achieved, roof, achieved / roof))
+            # the same figures the worker rounded to 4 digits
+            assert s["attnscope.arithmetic_intensity"] == pytest.approx(intensity, rel=5e-4)
+            assert s["attnscope.roofline.achieved_tflops"] == pytest.approx(achieved, rel=5e-4)
+            assert s["attnscope.roofline.fraction"] == pytest.approx(achieved / roof, rel=5e-4)
+        for i, key in enumerate(("intensity_flop_per_byte", "achieved_tflops", "roof_tflops",
+                                 "fraction")):
+            assert r[key] == pytest.approx(statistics.median(m[i] for m in mine), rel=1e-12)
         assert r["bound"] == "memory" and r["peak_source"] == "configured"
     assert groups["flash"]["fallbacks"] is None
     assert groups["math"]["fallbacks"] == {
         "calls": 3, "expected": "none",
         "reason": calls["math"][0]["attnscope.backend.reason"]}
+
+
+def test_a_calls_roofline_figures_are_rounded_once() -> None:
+    """1,234,549 FLOPs in 1 µs: 1.234549 TFLOP/s, which the span holds as 1.235 (4 digits); the
+    report's 3 digits say 1.23 T (from the exact figures), not 1.24 (rounding 1.235 again)."""
+    from attnscope.cli.render.units import si
+    from attnscope.cli.roofline import roofline_of
+
+    a = {"attnscope.flops": 1_234_549, "attnscope.bytes": 1_000, "attnscope.wall_ns": 1_000,
+         "attnscope.arithmetic_intensity": 1235.0, "attnscope.roofline.achieved_tflops": 1.235,
+         "attnscope.roofline.fraction": 0.001235, "attnscope.roofline.time_source": "wall_ns",
+         "attnscope.roofline.peak_tflops": 1000.0, "attnscope.roofline.peak_gbps": 2000.0}
+    row = SpanRow("a" * 32, "1" * 16, None, "Attention.forward", 0, 1000, a, "svc")
+    r = roofline_of([row])
+    assert r is not None
+    assert r.intensity == 1234.549 and r.achieved_tflops == pytest.approx(1.234549, rel=1e-12)
+    assert r.fraction == pytest.approx(1.234549 / 1000.0, rel=1e-12)
+    assert si(r.achieved_tflops * 1e12, "FLOP/s") == "1.23 T FLOP/s"
+    assert f"{r.intensity:.3g}" == "1.23e+03"
+    # without the bytes, the span's own (rounded) figures
+    del a["attnscope.bytes"]
+    r = roofline_of([row])
+    assert r is not None and (r.intensity, r.achieved_tflops) == (1235.0, 1.235)
 
 
 # -- the HTML page's roofline plot, from synthetic spans with every figure known ----------------

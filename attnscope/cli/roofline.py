@@ -1,11 +1,14 @@
 """Per-layer roofline and fallback figures of a trace, from the attributes the worker wrote.
 
 A call's roofline (``attnscope.roofline.*``: peaks configured, or a CUDA device attnscope knows)
-and its fallback verdict (``attnscope.backend.fallback``) are span attributes; this module only
-collects them per report row, never recomputes a call's figure from others:
+and its fallback verdict (``attnscope.backend.fallback``) are span attributes; this module
+collects them per report row:
 
 - ``calls``: calls of the row with a roofline; ``intensity``, ``achieved_tflops``, ``fraction``:
-  medians of their ``arithmetic_intensity``, ``roofline.achieved_tflops``, ``roofline.fraction``;
+  medians of their ``arithmetic_intensity``, ``roofline.achieved_tflops``, ``roofline.fraction``.
+  The worker rounds those to 4 significant digits; where a span also holds the exact integers
+  they came from (``flops``, ``bytes`` and the time ``roofline.time_source`` names), a call's
+  three figures are taken from those, so that a figure printed at 3 digits is rounded once;
   ``roof_tflops``: the median of each call's roof, ``min(peak_tflops, intensity × peak_gbps)``;
   ``bound``: the bound most of them had (ties: ``memory``); ``peak_source``: theirs, joined.
 - :func:`roofs_of`: the distinct peaks the calls were measured against (a trace can hold several:
@@ -17,7 +20,7 @@ collects them per report row, never recomputes a call's figure from others:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import median
 
@@ -30,6 +33,10 @@ _FRACTION, _ACHIEVED = schema.ROOFLINE_FRACTION.name, schema.ROOFLINE_ACHIEVED_T
 _INTENSITY, _BOUND = schema.ARITHMETIC_INTENSITY.name, schema.ROOFLINE_BOUND.name
 _PEAK_T, _PEAK_G = schema.ROOFLINE_PEAK_TFLOPS.name, schema.ROOFLINE_PEAK_GBPS.name
 _SOURCE = schema.ROOFLINE_PEAK_SOURCE.name
+_FLOPS, _BYTES = schema.FLOPS.name, schema.BYTES.name
+_TIME_SOURCE = schema.ROOFLINE_TIME_SOURCE.name
+# roofline.time_source names the time by its key (derive.roofline): the attribute holding it
+_TIMES = {a.key: a.name for a in (schema.CORE_NS, schema.DEVICE_NS, schema.WALL_NS)}
 _FALLBACK, _EXPECTED, _REASON = (schema.BACKEND_FALLBACK.name, schema.BACKEND_EXPECTED.name,
                                  schema.BACKEND_REASON.name)
 
@@ -90,7 +97,24 @@ def _figures(row: SpanRow) -> tuple[float, float, float, float, Roof] | None:
             or peak_g is None or peak_t <= 0 or peak_g <= 0:
         return None
     peaks = Roof(peak_t, peak_g, str(a.get(_SOURCE, "")), 1)
+    exact = _exact(a)
+    if exact is not None:  # the same figures, from the integers the rounded ones came from
+        intensity, achieved = exact
+        roof = peaks.at(intensity)
+        return intensity, achieved, roof, achieved / roof, peaks
     return intensity, achieved, peaks.at(intensity), fraction, peaks
+
+
+def _exact(a: Mapping[str, object]) -> tuple[float, float] | None:
+    """(FLOP/byte, TFLOP/s) of a call from its FLOPs, bytes and the time its roofline used;
+    None unless the span holds all three as positive integers."""
+    flops, moved = a.get(_FLOPS), a.get(_BYTES)
+    time_name = _TIMES.get(str(a.get(_TIME_SOURCE)))
+    ns = a.get(time_name) if time_name is not None else None
+    if type(flops) is not int or type(moved) is not int or type(ns) is not int \
+            or min(flops, moved, ns) <= 0:
+        return None
+    return flops / moved, flops / ns / 1e3  # FLOP/ns is GFLOP/s
 
 
 def roofline_of(rows: Sequence[SpanRow]) -> RooflineStats | None:
