@@ -36,7 +36,7 @@ def _span(span_id: str, parent: str | None, start_ms: float, wall_ms: float, *, 
                    a, "svc")
 
 
-def _attn(span_id: str, parent: str, start_ms: float, wall_ms: float, phase: str,
+def _attn(span_id: str, parent: str | None, start_ms: float, wall_ms: float, phase: str,
           **attrs: Any) -> SpanRow:
     return _span(span_id, parent, start_ms, wall_ms, fn="LlamaAttention.forward",
                  **{"attnscope.num_heads": 4, "attnscope.flops": 100, "attnscope.phase": phase,
@@ -167,6 +167,23 @@ def test_blocks_are_the_applications_own_spans_with_their_attention_share() -> N
     assert b.attention_ns == pytest.approx((10 + 9) * MS + 5 * MS / 0.125)
     assert b.share == pytest.approx(b.attention_ns / b.block_ns)
     assert end_to_end(_generate_rows()).blocks == []  # generate, forwards, calls: none
+
+
+def test_attention_calls_outside_every_block_while_one_was_open_are_counted() -> None:
+    # two requests (0-100 ms, 90-150 ms: overlapping) and one at 300-310 ms; attention calls in
+    # no block: two during the first pair, one between them and the third, one during the third
+    # but written by another process; and one inside a block, which is no such call
+    other = SpanRow("t" * 32, "o", None, "x", 305 * MS, 306 * MS,
+                    _attn("o", "", 305, 1, "decode").attributes, "svc",
+                    {"service.instance.id": "another"})
+    rows = [_block("r1", None, 0, 100, "request"), _block("r2", None, 90, 60, "request"),
+            _block("r3", None, 300, 10, "request"),
+            _attn("a", None, 10, 1, "prefill"), _attn("b", None, 140, 1, "decode"),
+            _attn("c", None, 200, 1, "decode"), other,
+            _attn("d", "r3", 301, 1, "decode")]
+    got = end_to_end(rows)
+    assert got.outside_blocks == 2  # a and b
+    assert end_to_end([r for r in rows if r.name != "request"]).outside_blocks == 0  # no block
 
 
 def test_a_share_of_sampled_calls_has_its_bootstrap_interval_and_an_exact_one_none() -> None:

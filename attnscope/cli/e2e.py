@@ -9,7 +9,10 @@ share of the model's time.
   (forwards at sample rate 1): else they are unknown for that call, never estimated.
 - **blocks**: per name, the application's own traced spans (``attnscope.span`` blocks, functions
   under ``@attnscope.trace`` that are not attention calls): their wall time, tokens/s and
-  attention's share of their time, estimated as for forwards (below).
+  attention's share of their time, estimated as for forwards (below); and how many attention
+  calls ran while a block of their process was open but in no block (``outside_blocks``):
+  a block holds what its own thread (or task) calls, and work handed to another thread
+  (``generate()`` with a ``TextIteratorStreamer``, a thread pool) lands outside it.
 - **attention share**, per model and phase: the time of attention calls nested in the model's
   traced forwards ÷ those forwards' time; a forward weighs 1/its sample rate, a nested call
   1/(its rate × its forward's), so below rate 1 the share is a ratio of two estimated totals.
@@ -22,10 +25,11 @@ latency percentiles leave profiled calls out.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .. import _schema as schema
 from .summary import Quantiles, int_attribute, is_profiled, quantiles, wall_ns, weight
@@ -91,6 +95,8 @@ class EndToEnd:
     generates: list[GenerateStats]
     shares: list[ShareStats]
     blocks: list[BlockStats] = field(default_factory=list)
+    # attention calls that started while a block of their process was open, in no block
+    outside_blocks: int = 0
 
 
 def _function(row: SpanRow) -> str:
@@ -125,7 +131,42 @@ def end_to_end(rows: Sequence[SpanRow]) -> EndToEnd:
              and schema.LAYER_INDEX.name not in r.attributes]
     blocks = [r for r in rows if _is_block(r, attention)]
     return EndToEnd(_generates(rows, children, forward_ids),
-                    _shares(outer, children, attention), _blocks(blocks, children, attention))
+                    _shares(outer, children, attention), _blocks(blocks, children, attention),
+                    _outside_blocks(rows, blocks, children, attention))
+
+
+def _outside_blocks(rows: Sequence[SpanRow], blocks: Sequence[SpanRow],
+                    children: Mapping[str, list[SpanRow]], attention: set[str]) -> int:
+    """Attention calls in no block that started while a block of the same process was open."""
+    if not blocks:
+        return 0
+    held = {d.span_id for b in blocks for d in _descendants(b, children)}
+    # per process, the blocks' times merged
+    open_: dict[tuple[Any, ...], list[tuple[int, int]]] = defaultdict(list)
+    for b in sorted(blocks, key=lambda b: b.start_ns):
+        spans = open_[_process(b)]
+        if spans and b.start_ns <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], b.end_ns))
+        else:
+            spans.append((b.start_ns, b.end_ns))
+    starts = {k: [s for s, _ in v] for k, v in open_.items()}
+    count = 0
+    for r in rows:
+        if r.span_id not in attention or r.span_id in held:
+            continue
+        key = _process(r)
+        if key not in open_:
+            continue
+        i = bisect.bisect_right(starts[key], r.start_ns) - 1
+        if i >= 0 and r.start_ns <= open_[key][i][1]:
+            count += 1
+    return count
+
+
+def _process(row: SpanRow) -> tuple[Any, ...]:
+    """Which process wrote ``row``, as far as its resource says."""
+    r = row.resource
+    return (r.get("service.instance.id"), r.get("process.pid"), r.get("host.name"), row.service)
 
 
 def _is_block(row: SpanRow, attention: set[str]) -> bool:

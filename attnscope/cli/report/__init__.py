@@ -196,6 +196,7 @@ def _e2e_json(e2e: EndToEnd) -> dict[str, Any]:
                     "attention_ns": b.attention_ns, "share": b.share,
                     "share_interval": b.share_interval, "share_sampled": b.sampled}
                    for b in e2e.blocks],
+        "attention_calls_outside_blocks": e2e.outside_blocks,
     }
 
 
@@ -313,6 +314,14 @@ def _end_to_end(console: Any, e2e: EndToEnd) -> None:
                       duration(b.wall.p95), duration(b.wall.p99), si(b.tokens_per_s),
                       str(b.attention_calls), share_cell(b.share, b.share_interval, b.sampled))
         console.print(t)
+        if e2e.outside_blocks:
+            console.print(
+                f"{e2e.outside_blocks} attention calls ran while one of your blocks was open, but "
+                "in none: a block holds what its own thread (or task) calls. For work handed to "
+                "another thread (generate() with a TextIteratorStreamer, a thread pool), start "
+                "it with the block's context: threading.Thread(target=contextvars.copy_context()"
+                ".run, args=(model.generate,), kwargs=...) (docs/instrument.md, \"Work on "
+                "another thread\").", highlight=False, markup=False)
     if e2e.generates or e2e.shares or e2e.blocks:
         console.print("timed: the calls, forwards and blocks with no profiled span in them (the "
                       "call, a forward or a layer: the profiler slows them), unless all have "
