@@ -76,11 +76,12 @@ def _in_requests(path: Path) -> tuple[int, int]:
 
 @pytest.mark.parametrize("with_context", [False, True], ids=["plain-thread", "copied-context"])
 def test_generate_on_another_thread(tmp_path: Path, with_context: bool, capsys: Any) -> None:
-    trace, report = tmp_path / "t.json", tmp_path / "r.json"
+    trace, report, page = tmp_path / "t.json", tmp_path / "r.json", tmp_path / "r.html"
     _serve(trace, with_context)
     inside, outside = _in_requests(trace)
     assert inside + outside == 2 * 2 * 3  # two requests, two layers, three forwards
-    assert run_report(trace, json_path=str(report)) == 0
+    assert run_report(trace, json_path=str(report), html=str(page)) == 0
+    html = " ".join(page.read_text().split())
     text = capsys.readouterr().out
     doc = json.loads(report.read_text())["end_to_end"]
     (block,) = doc["blocks"]
@@ -88,9 +89,10 @@ def test_generate_on_another_thread(tmp_path: Path, with_context: bool, capsys: 
     assert doc["attention_calls_outside_blocks"] == outside
     if with_context:
         assert (inside, outside) == (12, 0)
-        assert "in none" not in text
+        assert "in none" not in text and "in none" not in html
     else:
         assert (inside, outside) == (0, 12)
         assert "12 attention calls ran while one of your blocks was open, but in none" in \
             " ".join(text.split())
         assert "contextvars.copy_context().run" in text.replace("\n", "")
+        assert "12 attention calls ran while one of your blocks was open, but in none" in html

@@ -29,6 +29,7 @@ from . import (
     first_mark,
     inexact_lines,
     kernel_calls,
+    outside_blocks_line,
     share_cell,
     times_cell,
 )
@@ -106,6 +107,8 @@ def _end_to_end(e2e: Any) -> str:
               duration(b.wall.p99), si(b.tokens_per_s), b.attention_calls,
               share_cell(b.share, b.share_interval, b.sampled)] for b in e2e.blocks],
             left=(0,)))
+        if e2e.outside_blocks:
+            parts.append(f"<p class=\"note\">{escape(outside_blocks_line(e2e.outside_blocks))}</p>")
     note = ("<p class=\"note\">Wall times. TTFT: the end of a call's prefill forward − its start; "
             "TPOT: the rest ÷ its decode forwards (only where all of them were traced). "
             "Attention's share: the attention calls in the traced forwards (blocks) ÷ their "
