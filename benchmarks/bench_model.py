@@ -12,10 +12,12 @@ tokens from a 16-token prompt with every attention call traced (sample rate 1, n
 overhead budget, no profile tier). Target: median ratio <= 1.10. ``--metrics on`` records the
 span metrics too (an in-memory meter provider; off by default there), so the table can hold both.
 ``--calling-thread-only`` drops captures at the hand-off, so the ratio shows the calling thread's
-own cost without the worker's. Each run also prints where attnscope's time went: the calling
-thread's CPU time per traced call (instrumented minus plain, medians of the pairs) and the worker
-thread's CPU time per capture it finished, over the timed pairs (on 2 cores the worker's time is
-mostly time the application waits for: it holds the GIL while it builds spans).
+own cost without the worker's; ``--no-spans`` lets the worker take each capture as usual and build
+nothing from it (its wake-ups, queue and GIL hand-overs without the span work: what the ratio
+would be if building a span were free). Each run also prints where attnscope's time went: the
+calling thread's CPU time per traced call (instrumented minus plain, medians of the pairs) and the
+worker thread's CPU time per capture it finished, over the timed pairs (on 2 cores the worker's
+time is mostly time the application waits for: it holds the GIL while it builds spans).
 
 ``--padded``: the batch left-padded (row i starts with i * prompt / (2 * batch) pad tokens, with
 an attention mask; a batch of 4 unless ``--batch`` says otherwise), as a batched server's is:
@@ -141,6 +143,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--every-call", action="store_true", help="trace every attention call")
     parser.add_argument("--calling-thread-only", action="store_true",
                         help="drop captures at the hand-off (no worker work)")
+    parser.add_argument("--no-spans", action="store_true",
+                        help="the worker takes each capture and builds no span from it")
     parser.add_argument("--app-provider", action="store_true",
                         help="give attnscope the application's TracerProvider "
                              "instead of an exporter")
@@ -213,6 +217,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                             profile_rate=0.0, queue_size=1 << 16, **destination)
     else:
         attnscope.configure(**destination)  # everything else: the defaults
+    if args.no_spans:
+        from attnscope._worker.engine import Engine
+
+        Engine.finish = lambda self, cap, *_: cap.expand()  # type: ignore[method-assign]
     if args.calling_thread_only:
         from attnscope._runtime import runtime
 
@@ -273,7 +281,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
           f"pairs={args.pairs}, model={args.model} ({dtype_name}, batch {batch}) on "
           f"{args.device}, seq_len={seq_len}, generate={args.generate}, "
           f"every_call={args.every_call}, metrics={args.metrics or 'default'}, "
-          f"calling_thread_only={args.calling_thread_only}, exporter={args.exporter}"
+          f"calling_thread_only={args.calling_thread_only}, no_spans={args.no_spans}, "
+          f"exporter={args.exporter}"
           f"{' (the SDK encoding)' if args.sdk_encoding else ''}")
     print(f"{'':28} {'median':>10} {'mean':>10}")
     what = "generate" if args.generate else "forward"
