@@ -36,7 +36,15 @@ from .summary import Quantiles, int_attribute, is_profiled, quantiles, wall_ns, 
 from .traces import SpanRow, attention_calls
 
 __all__ = ["GenerateStats", "ShareStats", "BlockStats", "EndToEnd", "end_to_end",
-           "MIN_FOR_INTERVAL"]
+           "MIN_FOR_INTERVAL", "OUTSIDE_BLOCKS"]
+
+# what the report says of EndToEnd.outside_blocks (terminal and HTML), when there are any
+OUTSIDE_BLOCKS = (
+    "{} attention calls ran while one of your blocks was open, but in none: a block holds what "
+    "its own thread (or task) calls. For work handed to another thread (generate() with a "
+    "TextIteratorStreamer, a thread pool), start it with the block's context: threading.Thread("
+    "target=contextvars.copy_context().run, args=(model.generate,), kwargs=...) "
+    "(docs/instrument.md, \"Work on another thread\").")
 
 _FORWARD = ".forward"
 _GENERATE = ".generate"

@@ -21,7 +21,7 @@ from rich.table import Table
 
 from ... import _schema as schema
 from .._errors import CLIError, positive_int
-from ..e2e import MIN_FOR_INTERVAL, EndToEnd, end_to_end
+from ..e2e import MIN_FOR_INTERVAL, OUTSIDE_BLOCKS, EndToEnd, end_to_end
 from ..render.console import console as make_console
 from ..render.console import fold
 from ..render.units import MISSING, bytes_, duration, si, when
@@ -34,7 +34,6 @@ from ._replayed import replayed_counts, replayed_lines
 from ._requests import Requests, print_requests, requests_json, requests_of
 
 __all__ = ["BLOCKS", "FIRST_NOTE", "Context", "backend_cell", "first_mark", "kernel_calls",
-           "outside_blocks_line",
            "register", "run_report", "to_json", "render_terminal", "share_cell", "times_cell"]
 
 
@@ -316,7 +315,7 @@ def _end_to_end(console: Any, e2e: EndToEnd) -> None:
                       str(b.attention_calls), share_cell(b.share, b.share_interval, b.sampled))
         console.print(t)
         if e2e.outside_blocks:
-            console.print(outside_blocks_line(e2e.outside_blocks), highlight=False, markup=False)
+            console.print(OUTSIDE_BLOCKS.format(e2e.outside_blocks), highlight=False, markup=False)
     if e2e.generates or e2e.shares or e2e.blocks:
         console.print("timed: the calls, forwards and blocks with no profiled span in them (the "
                       "call, a forward or a layer: the profiler slows them), unless all have "
@@ -324,16 +323,6 @@ def _end_to_end(console: Any, e2e: EndToEnd) -> None:
                       f"1/sample rate; below rate 1, with its 95% bootstrap interval (≈: from "
                       f"fewer than {MIN_FOR_INTERVAL} of them, too few for one).",
                       highlight=False)
-
-
-def outside_blocks_line(count: int) -> str:
-    """What the report says of ``count`` attention calls in no block while one was open."""
-    return (f"{count} attention calls ran while one of your blocks was open, but in none: a "
-            "block holds what its own thread (or task) calls. For work handed to another thread "
-            "(generate() with a TextIteratorStreamer, a thread pool), start it with the block's "
-            "context: threading.Thread(target=contextvars.copy_context().run, "
-            "args=(model.generate,), kwargs=...) (docs/instrument.md, \"Work on another "
-            "thread\").")
 
 
 def share_cell(share: float | None, interval: tuple[float, float] | None,

@@ -16,6 +16,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
 from ... import _schema as schema
+from ..e2e import OUTSIDE_BLOCKS
 from ..render.html import PALETTE, escape, figure, page, svg, table
 from ..render.units import MISSING, duration, si, when
 from ..runinfo import describe
@@ -29,7 +30,6 @@ from . import (
     first_mark,
     inexact_lines,
     kernel_calls,
-    outside_blocks_line,
     share_cell,
     times_cell,
 )
@@ -108,7 +108,8 @@ def _end_to_end(e2e: Any) -> str:
               share_cell(b.share, b.share_interval, b.sampled)] for b in e2e.blocks],
             left=(0,)))
         if e2e.outside_blocks:
-            parts.append(f"<p class=\"note\">{escape(outside_blocks_line(e2e.outside_blocks))}</p>")
+            line = OUTSIDE_BLOCKS.format(e2e.outside_blocks)
+            parts.append(f"<p class=\"note\">{escape(line)}</p>")
     note = ("<p class=\"note\">Wall times. TTFT: the end of a call's prefill forward − its start; "
             "TPOT: the rest ÷ its decode forwards (only where all of them were traced). "
             "Attention's share: the attention calls in the traced forwards (blocks) ÷ their "
