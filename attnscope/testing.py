@@ -11,6 +11,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from . import _api
+from ._export.ids import IDS
 
 __all__ = ["capture_spans"]
 
@@ -24,7 +25,7 @@ def capture_spans(**settings: Any) -> Iterator[list[ReadableSpan]]:
     finished spans; the previous configuration is restored.
     """
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
+    provider = TracerProvider(id_generator=IDS)  # a test's random.seed() repeats no id
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     previous = _api.current()
     chosen: dict[str, Any] = {"sample_rate": 1.0, "warmup_calls": 0, "overhead_budget": 1.0,

@@ -11,6 +11,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
+from attnscope._export.ids import Ids
 from attnscope._spans import summary as readable
 from attnscope._spans.emit import DirectEmitter
 from attnscope._spans.summary import Summaries
@@ -92,21 +93,21 @@ def _direct(provider: TracerProvider) -> tuple[DirectEmitter, InMemorySpanExport
     return DirectEmitter(provider, processor, "attnscope", "0", delivery), exporter
 
 
-def test_direct_emitter_draws_the_default_generators_ids_itself(
+def test_direct_emitter_draws_attnscopes_generators_ids_itself(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the SDK's RandomIdGenerator the ids are its draws from ``random`` (the same values,
-    seeded), made without calling the generator; any other generator is asked per span."""
-    provider = TracerProvider()
-    assert type(provider.id_generator) is RandomIdGenerator
+    """With attnscope's own generator (export.ids) the ids are its draws (the same values,
+    seeded), made without calling the generator; any other generator, the SDK's
+    RandomIdGenerator too, is asked per span."""
+    ids = Ids()
+    provider = TracerProvider(id_generator=ids)
     asked: list[str] = []
-    monkeypatch.setattr(provider.id_generator, "generate_span_id",
-                        lambda: asked.append("span") or 1)
-    monkeypatch.setattr(provider.id_generator, "generate_trace_id",
-                        lambda: asked.append("trace") or 1)
+    monkeypatch.setattr(ids, "generate_span_id", lambda: asked.append("span") or 1)
+    monkeypatch.setattr(ids, "generate_trace_id", lambda: asked.append("trace") or 1)
     emitter, exporter = _direct(provider)
-    random.seed(37)
-    trace_id, span_id = random.getrandbits(128), random.getrandbits(64)
-    random.seed(37)
+    ids.rng.seed(37)
+    trace_id, span_id = ids.rng.getrandbits(128), ids.rng.getrandbits(64)
+    ids.rng.seed(37)
+    random.seed(37)  # the random module's state is not what it draws from
     sc = emitter.emit("call", None, {"a": 1}, 1, 2)
     assert sc is not None and (sc.trace_id, sc.span_id) == (trace_id, span_id)
     assert asked == []
@@ -124,11 +125,19 @@ def test_direct_emitter_draws_the_default_generators_ids_itself(
     assert sc is not None and sc.span_id == 7 and asked == ["own span"]
 
 
-def test_a_zero_draw_is_redrawn_by_the_generator(monkeypatch: pytest.MonkeyPatch) -> None:
-    provider = TracerProvider()
+def test_a_zero_draw_is_drawn_again_by_the_generator(monkeypatch: pytest.MonkeyPatch) -> None:
+    ids = Ids()
+    ids.bits = lambda bits: 0  # type: ignore[method-assign]
+    provider = TracerProvider(id_generator=ids)
     emitter, _ = _direct(provider)
-    monkeypatch.setattr(random, "getrandbits", lambda bits: 0)
-    monkeypatch.setattr(provider.id_generator, "generate_span_id", lambda: 5)
-    monkeypatch.setattr(provider.id_generator, "generate_trace_id", lambda: 9)
+    monkeypatch.setattr(ids, "generate_span_id", lambda: 5)
+    monkeypatch.setattr(ids, "generate_trace_id", lambda: 9)
     sc = emitter.emit("call", None, {}, 1, 2)
     assert sc is not None and (sc.trace_id, sc.span_id) == (9, 5)
+
+
+def test_attnscopes_generator_never_gives_zero() -> None:
+    ids = Ids()
+    draws = iter([0, 0, 3, 0, 4])
+    ids.bits = lambda bits: next(draws)  # type: ignore[method-assign]
+    assert (ids.generate_span_id(), ids.generate_trace_id()) == (3, 4)

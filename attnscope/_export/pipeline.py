@@ -23,7 +23,7 @@ from .. import _log
 from .._config import EXPORTER_PREFIXES, Config
 from .._runtime import Delivery, runtime
 from .._version import __version__
-from . import otlp_status
+from . import ids, otlp_status
 from .destinations import (
     NowhereExporter,
     make_exporter,
@@ -436,7 +436,8 @@ def build(cfg: Config) -> Pipeline:
         setting = explicit if explicit is not None else traces_exporter_from_env()
         traces_via = setting if isinstance(setting, str) else None
         res = resource(cfg)
-        provider = TracerProvider(resource=res, shutdown_on_exit=False, span_limits=span_limits())
+        provider = TracerProvider(resource=res, shutdown_on_exit=False, span_limits=span_limits(),
+                                  id_generator=ids.IDS)  # not the random module's: export.ids
         span_exporter = make_exporter(setting) if isinstance(setting, str) else setting
         owned = True
     else:

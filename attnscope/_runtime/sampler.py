@@ -246,8 +246,11 @@ class Sampler:
         self.apply(Config())
 
     def after_fork(self) -> None:
-        """New locks: a forked child may have inherited them held."""
+        """New locks: a forked child may have inherited them held. A new seed: else a child
+        drew the same countdowns as its parent and its siblings (preforked server workers
+        sampled the same calls); a step's generators stay seeded by ``seed`` as configured."""
         self.lock = threading.Lock()
+        self.rng = random.Random()
         self.bucket.after_fork()
         self.budget.after_fork()
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,7 +35,6 @@ from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, StaticSampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
@@ -51,6 +49,7 @@ from opentelemetry.trace import (
 )
 
 from .._export.destinations import config_attributes
+from .._export.ids import Ids
 from .._record.capture import MAX_NAME, MAX_VALUE, ErrorInfo
 from .._runtime import runtime
 
@@ -203,20 +202,20 @@ class DirectEmitter(Emitter):
         self.scope = InstrumentationScope(scope_name, version)
         # the SDK's own fixed-decision samplers, asked here once per kind of parent (else per span)
         self._fixed = _fixed_decisions(self.sampler)
-        # the SDK's default id generator, its draw made here (two Python calls a span fewer);
-        # any other generator (a subclass, the application's own) is asked per span
-        self._random_ids = type(self.ids) is RandomIdGenerator
+        # attnscope's own generator (export.ids), its draw made here (two Python calls a span
+        # fewer); any other (the SDK's, the application's own) is asked per span
+        self._bits = self.ids.bits if type(self.ids) is Ids else None
 
     def emit(self, name: str, parent: SpanContext | None, attrs: dict[str, Any], start_ns: int,
              end_ns: int, links: Sequence[Link] | None = None,
              error: ErrorInfo | None = None) -> SpanContext | None:
         name = span_name(name)
-        ids, own_draw = self.ids, self._random_ids
-        # RandomIdGenerator's draws, from the same generator (0 is no id: its own loop redraws)
+        ids, bits = self.ids, self._bits
+        # export.ids' draws, from the same generator (0 is no id: its own loop draws again)
         if parent is not None:
             trace_id = parent.trace_id
         else:
-            trace_id = (own_draw and random.getrandbits(128)) or ids.generate_trace_id()
+            trace_id = (bits is not None and bits(128)) or ids.generate_trace_id()
         links = links or ()
         fixed = self._fixed
         if fixed is not None:
@@ -229,7 +228,7 @@ class DirectEmitter(Emitter):
             trace_state = result.trace_state
             if recording and result.attributes and result.attributes is not attrs:
                 attrs = {**attrs, **result.attributes}
-        span_id = (own_draw and random.getrandbits(64)) or ids.generate_span_id()
+        span_id = (bits is not None and bits(64)) or ids.generate_span_id()
         sc = SpanContext(trace_id, span_id, is_remote=False,
                          trace_flags=_SAMPLED if sampled else _DEFAULT, trace_state=trace_state)
         if not recording:

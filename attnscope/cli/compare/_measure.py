@@ -133,8 +133,10 @@ def session(device: torch.device) -> Iterator[Any]:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+    from ..._export.ids import IDS
+
     memory = InMemorySpanExporter()
-    provider = TracerProvider()
+    provider = TracerProvider(id_generator=IDS)  # torch.compile's random state: export.ids
     provider.add_span_processor(SimpleSpanProcessor(memory))
     previous = _api.current()
     attnscope.shutdown(timeout_s=5.0)
