@@ -182,6 +182,56 @@ def test_generate_eight_tokens_phases_growing_kv_and_usage() -> None:
     assert "generate" not in model.__dict__ and "forward" not in model.__dict__
 
 
+class _Adapter(torch.nn.Module):
+    """PEFT's shape (``PeftModel`` → ``base_model`` → ``model``): a plain module around a
+    transformers model whose ``generate()`` runs the inner model's own, never its ``forward``."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.base_model = torch.nn.Module()
+        self.base_model.model = model
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.base_model.model(*args, **kwargs)
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        return self.base_model.model.generate(*args, **kwargs)
+
+
+def test_a_wrapper_of_a_transformers_model_gets_the_inner_models_forwards() -> None:
+    wrapper = _Adapter(_llama("sdpa"))
+    attnscope.instrument(wrapper, trace_model=True)
+    assert {"", "base_model.model"} <= set(instrumented_modules(wrapper))
+    with capture_spans() as spans, torch.no_grad():
+        wrapper.generate(IDS, attention_mask=MASK, max_new_tokens=3, min_new_tokens=3,
+                         do_sample=False, pad_token_id=0)
+    (gen,) = [s for s in spans if base_name(s) == "_Adapter.generate"]
+    forwards = sorted((s for s in spans if base_name(s) == "LlamaForCausalLM"),
+                      key=lambda s: s.start_time)
+    # the inner model's forwards, under the wrapper's generate(), the layers under them
+    assert [f.attributes["attnscope.phase"] for f in forwards] == ["prefill", "decode", "decode"]
+    assert all(f.parent.span_id == gen.context.span_id for f in forwards)
+    assert forwards[0].attributes["gen_ai.usage.input_tokens"] == 8
+    assert forwards[0].attributes["attnscope.module"] == "LlamaForCausalLM"
+    by_id = {s.context.span_id: s for s in spans}
+    for layer in (s for s in spans if base_name(s).endswith(".self_attn")):
+        block = by_id[layer.parent.span_id]
+        assert by_id[block.parent.span_id] in forwards
+    # a direct call: the wrapper's forward, the inner model's inside it
+    with capture_spans() as spans, torch.no_grad():
+        wrapper(IDS, attention_mask=MASK)
+    (outer,) = [s for s in spans if base_name(s) == "_Adapter"]
+    (inner,) = [s for s in spans if base_name(s) == "LlamaForCausalLM"]
+    assert inner.parent.span_id == outer.context.span_id
+    attnscope.uninstrument(wrapper)
+    assert instrumented_modules(wrapper) == []
+    # a transformers model as the root: no model inside it is wrapped but itself
+    model = _llama("sdpa")
+    attnscope.instrument(model, trace_model=True)
+    assert [p for p in instrumented_modules(model) if "layers" not in p] == [""]
+    attnscope.uninstrument(model)
+
+
 def test_gpt2_layers_heads_and_cache() -> None:
     cfg = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4)
     torch.manual_seed(0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 import warnings
 from collections.abc import Iterable
 from typing import Any, TypeVar
@@ -121,11 +122,36 @@ def _instrument_root(model: torch.nn.Module, root_name: str, name_prefix: str | 
         wrap_forward(model, root_name, attrs, sample_rate, extract_model)
     if callable(getattr(model, "generate", None)) and not is_instrumented(model, "generate"):
         wrap_generate(model, root_name + ".generate", attrs, sample_rate)
+    for path, inner in _inner_models(model):
+        if not is_instrumented(inner):
+            inner_name = type(inner).__name__ if name_prefix is None else f"{name_prefix}.{path}"
+            inner_attrs = {schema.MODULE.name: inner_name,
+                           schema.MODULE_CLASS.name: type(inner).__qualname__}
+            if name is not None:
+                inner_attrs[schema.REQUEST_MODEL.name] = name
+            wrap_forward(inner, inner_name, inner_attrs, sample_rate,
+                         functools.partial(hf.model_extractor, inner))
     for path, layer in _decoder_layers(model):
         if not is_instrumented(layer):
             name, layer_attrs = _naming(path, layer, name_prefix, root_name)
             wrap_forward(layer, name, layer_attrs, sample_rate, _no_facts)
     return already
+
+
+def _inner_models(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The outermost transformers models inside a root that is not one (PEFT's ``PeftModel``):
+    such a wrapper's ``generate()`` runs the inner model's own, whose steps call the inner
+    model, never the wrapper's ``forward``; their forwards are the model forwards then."""
+    transformers = sys.modules.get("transformers")
+    base = getattr(transformers, "PreTrainedModel", None)
+    if not isinstance(base, type) or isinstance(model, base):
+        return []
+    found: list[tuple[str, torch.nn.Module]] = []
+    for path, module in model.named_modules():
+        is_model = isinstance(module, base)  # (not narrowed: module stays an nn.Module)
+        if path and is_model and not any(path.startswith(outer + ".") for outer, _ in found):
+            found.append((path, module))
+    return found
 
 
 def _request_model(model: torch.nn.Module) -> str | None:
