@@ -88,6 +88,27 @@ def test_tpot_unknown_unless_every_forward_was_traced_and_ttft_needs_the_prefill
     assert g.wall.p50 == 100 * MS  # the call's own time is still known
 
 
+def test_tpot_unknown_where_a_step_decoded_several_tokens_and_the_report_says_why() -> None:
+    # assisted or speculative decoding: after the prefill, steps of 1, 3 and 2 query tokens on
+    # the filled cache, every forward traced; a step is not a token, so no TPOT
+    rows = [r for r in _generate_rows() if r.span_id not in ("f1", "f2", "d0", "d1")]
+    rows += [_forward("f1", "g", 30, 10, "prefill", **{"attnscope.kv_cache_len": 6,
+                                                       "attnscope.seq_len_q": 3}),
+             _forward("f2", "g", 50, 10, "prefill", **{"attnscope.kv_cache_len": 9,
+                                                       "attnscope.seq_len_q": 2})]
+    (g,) = end_to_end(rows).generates
+    assert g.ttft is not None and g.tpot is None and (g.tpot_calls, g.tpot_multi) == (0, 1)
+    line = g.partial_line()
+    assert line is not None and "1 decoded several tokens in a step" in line
+    assert "not all traced" not in line
+    # the forwards sampled instead: the usual reason
+    (g,) = end_to_end(_generate_rows(decode_rate=0.5)).generates
+    assert g.tpot_multi == 0 and "(the others' forwards were not all traced)" in \
+        str(g.partial_line())
+    (g,) = end_to_end(_generate_rows()).generates
+    assert g.partial_line() is None
+
+
 def test_sampled_forwards_and_calls_are_weighted_by_their_rates() -> None:
     # forward at rate 0.5 holding a call at rate 0.25: the call stands for 1/(0.5*0.25) calls
     rows = [_forward("f", None, 0, 10, "prefill", **{"attnscope.sample_rate": 0.5}),

@@ -62,6 +62,22 @@ class GenerateStats:
     ttft_calls: int  # calls whose TTFT is known
     tpot: Quantiles | None
     tpot_calls: int
+    # calls with every forward traced whose later forwards ran several query tokens in a step
+    # (assisted or speculative decoding): a step is not one token, so TPOT is unknown for them
+    tpot_multi: int = 0
+
+    def partial_line(self) -> str | None:
+        """Why TTFT or TPOT is unknown for some of the timed calls; None when known for all."""
+        if self.ttft_calls >= self.used and self.tpot_calls >= self.used:
+            return None
+        why = "the others' forwards were not all traced"
+        if self.tpot_multi:
+            why = (f"{self.tpot_multi} decoded several tokens in a step, as assisted or "
+                   "speculative decoding does: a step is not a token, so TPOT is unknown for "
+                   "them" + ("; the others' forwards were not all traced"
+                             if self.tpot_calls + self.tpot_multi < self.used else ""))
+        return (f"{self.name}: TTFT of {self.ttft_calls}, TPOT of {self.tpot_calls} of its "
+                f"{self.used} timed calls ({why})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +297,7 @@ def _generates(rows: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
         calls = _unslowed(every, children)
         ttft: list[float] = []
         tpot: list[float] = []
+        multi = 0
         tokens = 0
         counted_ns = 0
         counted = False
@@ -297,18 +314,28 @@ def _generates(rows: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
             first_end = steps[0].start_ns + wall_ns(steps[0])
             ttft.append(first_end - g.start_ns)
             decodes = steps[1:]
-            if decodes and all(c.attributes.get(schema.PHASE.name) == "decode"
-                               and c.attributes.get(schema.SAMPLE_RATE.name) == 1.0
+            if decodes and all(c.attributes.get(schema.SAMPLE_RATE.name) == 1.0
                                for c in decodes):
-                tpot.append((g.start_ns + wall_ns(g) - first_end) / len(decodes))
+                if all(c.attributes.get(schema.PHASE.name) == "decode" for c in decodes):
+                    tpot.append((g.start_ns + wall_ns(g) - first_end) / len(decodes))
+                elif all(_phase_with_cache(c) for c in decodes):
+                    multi += 1
         out.append(GenerateStats(
             name=name, calls=len(every), used=len(calls),
             wall=quantiles([wall_ns(g) for g in calls]),
             output_tokens=tokens if counted else None,
             tokens_per_s=tokens / (counted_ns / 1e9) if counted and counted_ns > 0 else None,
             ttft=quantiles(ttft) if ttft else None, ttft_calls=len(ttft),
-            tpot=quantiles(tpot) if tpot else None, tpot_calls=len(tpot)))
+            tpot=quantiles(tpot) if tpot else None, tpot_calls=len(tpot), tpot_multi=multi))
     return out
+
+
+def _phase_with_cache(forward: SpanRow) -> bool:
+    """A forward of a decoding loop: a decode, or several query tokens on a filled cache (the
+    step of assisted or speculative decoding), not a forward without a cache."""
+    phase = forward.attributes.get(schema.PHASE.name)
+    past = int_attribute(forward, schema.KV_CACHE_LEN.name)
+    return phase == "decode" or (phase == "prefill" and past is not None and past > 0)
 
 
 def _profiled(row: SpanRow, children: Mapping[str, list[SpanRow]]) -> bool:

@@ -182,7 +182,8 @@ def _e2e_json(e2e: EndToEnd) -> dict[str, Any]:
                       "wall_ns": _quantiles_json(g.wall),
                       "output_tokens": g.output_tokens, "output_tokens_per_s": g.tokens_per_s,
                       "ttft_ns": _quantiles_json(g.ttft), "ttft_calls": g.ttft_calls,
-                      "tpot_ns": _quantiles_json(g.tpot), "tpot_calls": g.tpot_calls}
+                      "tpot_ns": _quantiles_json(g.tpot), "tpot_calls": g.tpot_calls,
+                      "tpot_multi_token_calls": g.tpot_multi}
                      for g in e2e.generates],
         "attention_share": [{"model": s.model, "phase": s.phase, "forwards": s.forwards,
                              "timed": s.used, "attention_calls": s.calls,
@@ -292,9 +293,9 @@ def _end_to_end(console: Any, e2e: EndToEnd) -> None:
                       duration(g.wall.p95), si(g.tokens_per_s),
                       duration(g.ttft.p50 if g.ttft else None),
                       duration(g.tpot.p50 if g.tpot else None))
-            if g.ttft_calls < g.used or g.tpot_calls < g.used:
-                partial.append(f"{g.name}: TTFT of {g.ttft_calls}, TPOT of {g.tpot_calls} of its "
-                               f"{g.used} timed calls (the others' forwards were not all traced)")
+            line = g.partial_line()
+            if line is not None:
+                partial.append(line)
         console.print(t)
         for line in partial:
             console.print(line, highlight=False, markup=False)
