@@ -89,24 +89,34 @@ def test_tpot_unknown_unless_every_forward_was_traced_and_ttft_needs_the_prefill
 
 
 def test_tpot_unknown_where_a_step_decoded_several_tokens_and_the_report_says_why() -> None:
-    # assisted or speculative decoding: after the prefill, steps of 1, 3 and 2 query tokens on
-    # the filled cache, every forward traced; a step is not a token, so no TPOT
+    # assisted or speculative decoding: after the prefill, steps of 3 and 2 query tokens on the
+    # filled cache, then a decode, every forward traced; a step is not a token, so no TPOT
     rows = [r for r in _generate_rows() if r.span_id not in ("f1", "f2", "d0", "d1")]
     rows += [_forward("f1", "g", 30, 10, "prefill", **{"attnscope.kv_cache_len": 6,
                                                        "attnscope.seq_len_q": 3}),
              _forward("f2", "g", 50, 10, "prefill", **{"attnscope.kv_cache_len": 9,
                                                        "attnscope.seq_len_q": 2})]
     (g,) = end_to_end(rows).generates
-    assert g.ttft is not None and g.tpot is None and (g.tpot_calls, g.tpot_multi) == (0, 1)
+    assert g.ttft is not None and g.tpot is None and g.tpot_calls == 0
+    assert g.unknown == (("several_tokens_a_step", 1),)
     line = g.partial_line()
-    assert line is not None and "1 decoded several tokens in a step" in line
+    assert line is not None and "1 decoding several tokens in a step" in line
     assert "not all traced" not in line
     # the forwards sampled instead: the usual reason
     (g,) = end_to_end(_generate_rows(decode_rate=0.5)).generates
-    assert g.tpot_multi == 0 and "(the others' forwards were not all traced)" in \
-        str(g.partial_line())
+    assert g.unknown == (("not_all_traced", 1),)
+    assert "(1 with forwards not all traced)" in str(g.partial_line())
+    # a call that begins with a one-token step on a cache carried over (a draft model's later
+    # rounds, a chat turn reusing the cache): no prefill of its own, so neither figure
+    carried = [r for r in _generate_rows() if r.span_id not in ("f0", "a0", "a1")]
+    (g,) = end_to_end(carried).generates
+    assert (g.ttft, g.tpot, g.unknown) == (None, None, (("began_on_a_filled_cache", 1),))
+    # a prefill alone: a TTFT, no TPOT
+    alone = [r for r in _generate_rows() if r.span_id in ("g", "f0", "a0", "a1")]
+    (g,) = end_to_end(alone).generates
+    assert g.ttft is not None and g.tpot is None and g.unknown == (("one_step", 1),)
     (g,) = end_to_end(_generate_rows()).generates
-    assert g.partial_line() is None
+    assert g.unknown == () and g.partial_line() is None
 
 
 def test_sampled_forwards_and_calls_are_weighted_by_their_rates() -> None:

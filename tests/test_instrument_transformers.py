@@ -232,6 +232,32 @@ def test_a_wrapper_of_a_transformers_model_gets_the_inner_models_forwards() -> N
     attnscope.uninstrument(model)
 
 
+def test_a_second_model_of_the_process_says_which_it_is() -> None:
+    """Two models with the same module paths (a model and its assistant, two encoders): the
+    second and later ones instrumented in the process carry their name and number; the first
+    carries neither, and a model keeps its number when instrumented again."""
+    first, second, third = _llama("sdpa"), _llama("sdpa"), _llama("sdpa")
+    attnscope.instrument(first, trace_model=True)
+    attnscope.instrument(second, trace_model=True)
+    attnscope.instrument(third, name_prefix="draft")
+    attnscope.uninstrument(second)
+    attnscope.instrument(second, trace_model=True)  # again: still the second
+    with capture_spans() as spans, torch.no_grad():
+        for model in (first, second, third):
+            model(IDS, attention_mask=MASK)
+    by_model: dict[Any, set[str]] = {}
+    for span in spans:
+        a = span.attributes
+        key = (a.get("attnscope.model"), a.get("attnscope.model.instance"))
+        by_model.setdefault(key, set()).add(base_name(span))
+    layers = {f"model.layers.{i}.self_attn" for i in (0, 1)}
+    assert by_model[(None, None)] == layers | {"LlamaForCausalLM", "model.layers.0",
+                                               "model.layers.1"}
+    assert by_model[("LlamaForCausalLM", 2)] == by_model[(None, None)]
+    assert by_model[("draft", 3)] == {f"draft.{p}" for p in layers}
+    assert len(by_model) == 3
+
+
 def test_gpt2_layers_heads_and_cache() -> None:
     cfg = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4)
     torch.manual_seed(0)

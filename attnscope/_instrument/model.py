@@ -29,7 +29,14 @@ from .._record.facts import BLOCK_FACTS, Facts
 from .._runtime import runtime
 from . import Extractor, torch_nn
 from . import transformers as hf
-from .patching import is_instrumented, restore, wrap_forward, wrap_fused, wrap_generate
+from .patching import (
+    is_instrumented,
+    restore,
+    sites_of,
+    wrap_forward,
+    wrap_fused,
+    wrap_generate,
+)
 from .selection import UserExtractor, extractor_for, patterns, selected, targets
 
 __all__ = ["instrument", "instrumented_modules", "register_attention", "uninstrument"]
@@ -224,10 +231,12 @@ def instrument(
     root_name = name_prefix or type(model).__name__
     already = 0
     try:
+        before = {id(site) for site in sites_of(model)}
         already += _instrument_layers(model, patterns(include), patterns(exclude), name_prefix,
                                       root_name, sample_rate)
         if trace_model:
             already += _instrument_root(model, root_name, name_prefix, sample_rate)
+        _number(model, root_name, [s for s in sites_of(model) if id(s) not in before])
         register_when_dynamo_loads()
         # a model on the GPU: CUDA is up now, so CUPTI's start-up can run during set-up (the
         # settings the first call will take when none were set: warnings are that call's)
@@ -242,6 +251,17 @@ def instrument(
             stacklevel=2,
         )
     return model
+
+
+def _number(model: torch.nn.Module, root_name: str, sites: list[Any]) -> None:
+    """The second and later models instrumented in this process: their sites say which
+    (``attnscope.model``, ``attnscope.model.instance``), so that ``attnscope report`` keeps
+    their rows apart from the first's (an assistant model, two encoders: the same paths)."""
+    number = runtime.instrumentation.model_number(model)
+    if number > 1:
+        for site in sites:
+            site.attributes[schema.MODEL.name] = root_name
+            site.attributes[schema.MODEL_INSTANCE.name] = number
 
 
 def _check_module(model: Any, where: str) -> None:

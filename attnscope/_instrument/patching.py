@@ -24,7 +24,8 @@ from .._record.capture import Capture, Facts
 from . import Extractor, torch_nn
 from . import transformers as hf
 
-__all__ = ["is_instrumented", "wrap_forward", "wrap_fused", "wrap_generate", "restore"]
+__all__ = ["is_instrumented", "sites_of", "wrap_forward", "wrap_fused", "wrap_generate",
+           "restore"]
 
 _MARK = "__attnscope_site__"
 _PRIOR = "_attnscope_prior_"  # + "forward" / "generate": the instance attribute we wrapped
@@ -154,6 +155,16 @@ def _keep_output(cap: Capture, result: Any) -> None:
     model = cap.facts.model
     if model is not None:
         model.output = retain.keep(cap, getattr(result, "sequences", result))
+
+
+def sites_of(model: torch.nn.Module) -> list[CallSite]:
+    """The call sites of every wrapped ``forward`` and ``generate`` in ``model``."""
+    found = []
+    for module in model.modules():
+        for attr in ("forward", "generate"):
+            if is_instrumented(module, attr):
+                found.append(getattr(module.__dict__[attr].__func__, _MARK))
+    return found
 
 
 def restore(module: torch.nn.Module, attr: str) -> bool:

@@ -4,6 +4,7 @@ original SDPA function."""
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -11,8 +12,8 @@ __all__ = ["Instrumentation"]
 
 
 class Instrumentation:
-    """The attention registry and the SDPA original; ``reset()`` keeps both (user code holds
-    the registered classes, and torch holds the SDPA wrapper)."""
+    """The attention registry, the SDPA original and the models' numbers; ``reset()`` keeps the
+    first two (user code holds the registered classes, and torch holds the SDPA wrapper)."""
 
     def __init__(self) -> None:
         self.registry_lock = threading.Lock()
@@ -20,8 +21,23 @@ class Instrumentation:
         self.attention_registry: dict[type, Callable[..., Any] | None] = {}
         self.sdpa_lock = threading.Lock()
         self.sdpa_original: Callable[..., Any] | None = None
+        # each model instrument() was given -> its number in this process (1, 2, ...): the
+        # same model keeps it; two models with the same module paths are told apart by it
+        self.models: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self.model_count = 0
+
+    def model_number(self, model: Any) -> int:
+        """``model``'s number: the one it had, else the next."""
+        with self.registry_lock:
+            number = self.models.get(model)
+            if number is None:
+                self.model_count += 1
+                number = self.models[model] = self.model_count
+            return number
 
     def reset(self) -> None:
+        self.models = weakref.WeakKeyDictionary()
+        self.model_count = 0
         self.after_fork()
 
     def after_fork(self) -> None:

@@ -33,10 +33,10 @@ from typing import Any, NamedTuple
 
 from .. import _schema as schema
 from .summary import Quantiles, int_attribute, is_profiled, quantiles, wall_ns, weight
-from .traces import SpanRow, attention_calls
+from .traces import SpanRow, attention_calls, model_label, process_of
 
 __all__ = ["GenerateStats", "ShareStats", "BlockStats", "EndToEnd", "end_to_end",
-           "MIN_FOR_INTERVAL", "OUTSIDE_BLOCKS"]
+           "MIN_FOR_INTERVAL", "OUTSIDE_BLOCKS", "UNKNOWN"]
 
 # what the report says of EndToEnd.outside_blocks (terminal and HTML), when there are any
 OUTSIDE_BLOCKS = (
@@ -62,22 +62,27 @@ class GenerateStats:
     ttft_calls: int  # calls whose TTFT is known
     tpot: Quantiles | None
     tpot_calls: int
-    # calls with every forward traced whose later forwards ran several query tokens in a step
-    # (assisted or speculative decoding): a step is not one token, so TPOT is unknown for them
-    tpot_multi: int = 0
+    # why TTFT or TPOT is unknown, per call whose TPOT is (UNKNOWN's keys): (reason, calls)
+    unknown: tuple[tuple[str, int], ...] = ()
 
     def partial_line(self) -> str | None:
         """Why TTFT or TPOT is unknown for some of the timed calls; None when known for all."""
         if self.ttft_calls >= self.used and self.tpot_calls >= self.used:
             return None
-        why = "the others' forwards were not all traced"
-        if self.tpot_multi:
-            why = (f"{self.tpot_multi} decoded several tokens in a step, as assisted or "
-                   "speculative decoding does: a step is not a token, so TPOT is unknown for "
-                   "them" + ("; the others' forwards were not all traced"
-                             if self.tpot_calls + self.tpot_multi < self.used else ""))
+        why = "; ".join(f"{n} {UNKNOWN[reason]}" for reason, n in self.unknown)
         return (f"{self.name}: TTFT of {self.ttft_calls}, TPOT of {self.tpot_calls} of its "
                 f"{self.used} timed calls ({why})")
+
+
+# Why a generate() call's TTFT or TPOT is unknown, in the order the report lists them
+UNKNOWN = {
+    "not_all_traced": "with forwards not all traced",
+    "several_tokens_a_step": "decoding several tokens in a step, as assisted or speculative "
+                             "decoding does: a step is not a token, so no TPOT",
+    "began_on_a_filled_cache": "beginning with a one-token step on a cache carried over: no "
+                               "prefill of their own",
+    "one_step": "of one step only: no TPOT",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +173,7 @@ def _outside_blocks(rows: Sequence[SpanRow], blocks: Sequence[SpanRow],
     # per process, the blocks' times merged
     open_: dict[tuple[Any, ...], list[tuple[int, int]]] = defaultdict(list)
     for b in sorted(blocks, key=lambda b: b.start_ns):
-        spans = open_[_process(b)]
+        spans = open_[process_of(b)]
         if spans and b.start_ns <= spans[-1][1]:
             spans[-1] = (spans[-1][0], max(spans[-1][1], b.end_ns))
         else:
@@ -178,19 +183,13 @@ def _outside_blocks(rows: Sequence[SpanRow], blocks: Sequence[SpanRow],
     for r in rows:
         if r.span_id not in attention or r.span_id in held:
             continue
-        key = _process(r)
+        key = process_of(r)
         if key not in open_:
             continue
         i = bisect.bisect_right(starts[key], r.start_ns) - 1
         if i >= 0 and r.start_ns <= open_[key][i][1]:
             count += 1
     return count
-
-
-def _process(row: SpanRow) -> tuple[Any, ...]:
-    """Which process wrote ``row``, as far as its resource says."""
-    r = row.resource
-    return (r.get("service.instance.id"), r.get("process.pid"), r.get("host.name"), row.service)
 
 
 def _is_block(row: SpanRow, attention: set[str]) -> bool:
@@ -291,13 +290,13 @@ def _generates(rows: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
     by_name: dict[str, list[SpanRow]] = defaultdict(list)
     for r in rows:
         if _is_generate(r):
-            by_name[r.name].append(r)
+            by_name[model_label(r, r.name)].append(r)
     out = []
     for name, every in sorted(by_name.items()):
         calls = _unslowed(every, children)
         ttft: list[float] = []
         tpot: list[float] = []
-        multi = 0
+        unknown: dict[str, int] = dict.fromkeys(UNKNOWN, 0)
         tokens = 0
         counted_ns = 0
         counted = False
@@ -309,24 +308,34 @@ def _generates(rows: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
                 counted = True
             steps = sorted((c for c in children.get(g.span_id, ()) if c.span_id in forward_ids),
                            key=lambda c: c.start_ns)
+            # every forward of the call traced: each at rate 1 (a call at rate 1 is never
+            # left out), so none is missing
+            whole = bool(steps) and all(c.attributes.get(schema.SAMPLE_RATE.name) == 1.0
+                                        for c in steps)
             if not steps or steps[0].attributes.get(schema.PHASE.name) != "prefill":
+                unknown["began_on_a_filled_cache" if whole else "not_all_traced"] += 1
                 continue
             first_end = steps[0].start_ns + wall_ns(steps[0])
             ttft.append(first_end - g.start_ns)
             decodes = steps[1:]
-            if decodes and all(c.attributes.get(schema.SAMPLE_RATE.name) == 1.0
-                               for c in decodes):
-                if all(c.attributes.get(schema.PHASE.name) == "decode" for c in decodes):
-                    tpot.append((g.start_ns + wall_ns(g) - first_end) / len(decodes))
-                elif all(_phase_with_cache(c) for c in decodes):
-                    multi += 1
+            if not whole:
+                unknown["not_all_traced"] += 1
+            elif not decodes:
+                unknown["one_step"] += 1
+            elif all(c.attributes.get(schema.PHASE.name) == "decode" for c in decodes):
+                tpot.append((g.start_ns + wall_ns(g) - first_end) / len(decodes))
+            elif all(_phase_with_cache(c) for c in decodes):
+                unknown["several_tokens_a_step"] += 1
+            else:  # a later forward without a cache: not one decoding loop
+                unknown["not_all_traced"] += 1
         out.append(GenerateStats(
             name=name, calls=len(every), used=len(calls),
             wall=quantiles([wall_ns(g) for g in calls]),
             output_tokens=tokens if counted else None,
             tokens_per_s=tokens / (counted_ns / 1e9) if counted and counted_ns > 0 else None,
             ttft=quantiles(ttft) if ttft else None, ttft_calls=len(ttft),
-            tpot=quantiles(tpot) if tpot else None, tpot_calls=len(tpot), tpot_multi=multi))
+            tpot=quantiles(tpot) if tpot else None, tpot_calls=len(tpot),
+            unknown=tuple((k, n) for k, n in unknown.items() if n)))
     return out
 
 
@@ -363,7 +372,7 @@ def _shares(forwards: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
     for f in forwards:
         phase = f.attributes.get(schema.PHASE.name)
         module = f.attributes.get(schema.MODULE.name)  # the span's name also says the phase
-        grouped[(module if isinstance(module, str) and module else f.name,
+        grouped[(model_label(f, module if isinstance(module, str) and module else f.name),
                  phase if isinstance(phase, str) else None)].append(f)
     out = []
     for (model, phase), every in sorted(grouped.items(),

@@ -24,7 +24,7 @@ import os
 import re
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -33,8 +33,8 @@ from .. import _schema as schema
 from ._errors import CLIError
 
 __all__ = ["TraceFileError", "SpanRow", "load_spans", "load_runs", "run_directories",
-           "attention_calls", "group_key", "call_backends", "GroupKey", "ATTENTION_FACTS",
-           "DIRECTORY_FILES"]
+           "attention_calls", "group_key", "model_label", "process_of", "call_backends", "GroupKey",
+           "ATTENTION_FACTS", "DIRECTORY_FILES"]
 
 # What `attnscope run` writes into its output directory, in the order they are preferred.
 DIRECTORY_FILES = ("traces.otlp.jsonl", "traces.jaeger.json")
@@ -103,7 +103,37 @@ def load_spans(path: str | os.PathLike[str]) -> list[SpanRow]:
         raise TraceFileError(f"{given}: {len(rows)} spans but none from attnscope (no "
                              "attnscope.tier attribute): a trace written by another tool?")
     unique = {(r.trace_id, r.span_id): r for r in rows}
-    return sorted(unique.values(), key=lambda r: (r.start_ns, r.end_ns, r.span_id))
+    return sorted(_models_apart(list(unique.values())),
+                  key=lambda r: (r.start_ns, r.end_ns, r.span_id))
+
+
+def process_of(row: SpanRow) -> tuple[Any, ...]:
+    """Which process wrote ``row``, as far as its resource says."""
+    r = row.resource
+    return (r.get("service.instance.id"), r.get("process.pid"), r.get("host.name"), row.service)
+
+
+def _models_apart(rows: list[SpanRow]) -> list[SpanRow]:
+    """A model's number (``attnscope.model.instance``) is kept only where another model of the
+    same process has spans with the same module path (``attnscope.module``): that is where
+    :func:`model_label` must tell them apart. A second model with paths of its own (an encoder
+    beside a decoder) keeps plain labels: its number is dropped from the rows read."""
+    key = schema.MODEL_INSTANCE.name
+    if not any(key in r.attributes for r in rows):
+        return rows
+    numbers: dict[tuple[Any, ...], set[Any]] = defaultdict(set)
+    for r in rows:
+        module = r.attributes.get(schema.MODULE.name)
+        if module:
+            numbers[(process_of(r), module)].add(r.attributes.get(key))
+    out = []
+    for r in rows:
+        module = r.attributes.get(schema.MODULE.name)
+        if key in r.attributes and len(numbers.get((process_of(r), module), ())) < 2:
+            r = replace(r, attributes=MappingProxyType(
+                {k: v for k, v in r.attributes.items() if k != key}))
+        out.append(r)
+    return out
 
 
 def run_directories(path: str | os.PathLike[str]) -> list[Path]:
@@ -171,10 +201,25 @@ def attention_calls(rows: Sequence[SpanRow]) -> list[SpanRow]:
 
 
 def group_key(row: SpanRow) -> tuple[str, str | None]:
-    """(module path, else span name; phase or None): what a call is summarised under."""
+    """(module path, else span name; phase or None): what a call is summarised under. A layer
+    of the second or later model instrumented in its process says which (:func:`model_label`)."""
     module = row.attributes.get(schema.MODULE.name)
     phase = row.attributes.get(schema.PHASE.name)
-    return (str(module) if module else row.name, str(phase) if phase else None)
+    return (model_label(row, str(module) if module else row.name), str(phase) if phase else None)
+
+
+def model_label(row: SpanRow, label: str) -> str:
+    """``label`` (a module path, a model's or ``generate()``'s span name), followed by the model
+    it belongs to when that is the process's second or later instrumented model
+    (``attnscope.model.instance``): ``model.layers.0.self_attn (LlamaForCausalLM #2)``,
+    ``LlamaForCausalLM.generate #2``. The first model's labels are the paths alone."""
+    number = row.attributes.get(schema.MODEL_INSTANCE.name)
+    if type(number) is not int or number < 2:
+        return label
+    model = str(row.attributes.get(schema.MODEL.name) or "model")
+    if label == model or label.startswith(model + "."):
+        return f"{label} #{number}"
+    return f"{label} ({model} #{number})"
 
 
 def call_backends(rows: Sequence[SpanRow],

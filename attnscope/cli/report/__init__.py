@@ -183,7 +183,7 @@ def _e2e_json(e2e: EndToEnd) -> dict[str, Any]:
                       "output_tokens": g.output_tokens, "output_tokens_per_s": g.tokens_per_s,
                       "ttft_ns": _quantiles_json(g.ttft), "ttft_calls": g.ttft_calls,
                       "tpot_ns": _quantiles_json(g.tpot), "tpot_calls": g.tpot_calls,
-                      "tpot_multi_token_calls": g.tpot_multi}
+                      "unknown": dict(g.unknown)}
                      for g in e2e.generates],
         "attention_share": [{"model": s.model, "phase": s.phase, "forwards": s.forwards,
                              "timed": s.used, "attention_calls": s.calls,
