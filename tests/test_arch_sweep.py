@@ -319,7 +319,8 @@ def generate_problems(case: Case) -> list[str]:
 # What may differ between two implementations of one call: its times, the implementation's name,
 # and the bytes of the mask each is handed (sdpa gets none, or a bool one, where eager gets floats)
 _PER_RUN = frozenset(("wall_ns", "tflops", "tokens_per_s", "summary", "memory.host_rss_bytes",
-                      "implementation", "bytes", "arithmetic_intensity"))
+                      "implementation", "bytes", "arithmetic_intensity",
+                      "model", "model.instance"))  # the twin is the process's second model
 
 
 def _mask_bytes(mask: Any, skv: Any) -> int:
