@@ -22,6 +22,7 @@ import torch
 from .. import _log
 from .. import _schema as schema
 from .._attention.families.xlm import bidirectional_model
+from .._capture.args import add_attributes
 from .._capture.compile import register_when_dynamo_loads
 from .._capture.early_warmup import warm_up_early
 from .._config import from_env
@@ -259,9 +260,9 @@ def _number(model: torch.nn.Module, root_name: str, sites: list[Any]) -> None:
     their rows apart from the first's (an assistant model, two encoders: the same paths)."""
     number = runtime.instrumentation.model_number(model)
     if number > 1:
-        for site in sites:
-            site.attributes[schema.MODEL.name] = root_name
-            site.attributes[schema.MODEL_INSTANCE.name] = number
+        for site in sites:  # bounded as any site attribute (name_prefix is the user's)
+            add_attributes(site.attributes, {schema.MODEL.name: root_name,
+                                             schema.MODEL_INSTANCE.name: number})
 
 
 def _check_module(model: Any, where: str) -> None:
