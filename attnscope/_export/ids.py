@@ -5,28 +5,26 @@ the application owns: ``random.seed(0)`` (``transformers.set_seed``, ``seed_ever
 usual way to make a run reproducible) replays the same ids after each call, and ``torch.compile``
 saves and restores that state around a compilation, so ids drawn on the worker meanwhile come
 again. Two spans with one id are one span to a backend and to ``attnscope report`` (a call was
-lost, and its trace merged with another's: OpenTelemetry Python #4376). :data:`IDS` is seeded
-from the operating system once, and again in a forked child (else parent and child would draw
-the same ids), and nothing else reaches it.
+lost, and its trace merged with another's: OpenTelemetry Python #4376). :data:`IDS` draws from
+the runtime's generator (``runtime.ids``: seeded from the operating system, again in a forked
+child), which nothing else reaches.
 """
 
 from __future__ import annotations
 
-import os
-import random
-
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import INVALID_SPAN_ID, INVALID_TRACE_ID
+
+from .._runtime import runtime
 
 __all__ = ["IDS", "Ids"]
 
 
 class Ids(IdGenerator):
-    """``RandomIdGenerator``'s draws (0 is no id: drawn again) from a generator of its own."""
+    """``RandomIdGenerator``'s draws (0 is no id: drawn again) from ``runtime.ids``."""
 
     def __init__(self) -> None:
-        self.rng = random.Random()  # seeded from os.urandom
-        self.bits = self.rng.getrandbits  # the emitter's draw, one call a span
+        self.bits = runtime.ids.rng.getrandbits  # the emitter's draw, one call a span
 
     def generate_span_id(self) -> int:
         span_id = self.bits(64)
@@ -40,12 +38,5 @@ class Ids(IdGenerator):
             trace_id = self.bits(128)
         return trace_id
 
-    def reseed(self) -> None:
-        """A new seed from the operating system (a forked child's)."""
-        self.rng.seed()
-
 
 IDS = Ids()  # every provider attnscope makes draws here
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=IDS.reseed)

@@ -26,6 +26,7 @@ from .dynamo import DynamoWatch
 from .grants import Grants
 from .graphs import GRAPH_COUNT_KEYS, Graphs
 from .host import HostMemory
+from .ids import IdSource
 from .instrumentation import Instrumentation
 from .masks import MaskMemo
 from .metrics import MetricTotals
@@ -68,6 +69,7 @@ class Runtime:
         self.host = HostMemory()
         self.metrics = MetricTotals()
         self.masks = MaskMemo()  # recent masks' numbers, for the next equal mask
+        self.ids = IdSource()  # span and trace ids (export.ids)
         self.log = _log.limits
 
     def reset(self) -> None:
