@@ -105,11 +105,10 @@ TEXT_COMPLETION = "text_completion"
 MODULE = attribute("module", "string", "", "module path")
 MODULE_CLASS = attribute("module_class", "string", "", "the module's class")
 MODEL = attribute("model", "string", "",
-                  "the instrumented model's name (name_prefix, else its class), on the second "
-                  "and later models of a process")
+                  "the model's name (name_prefix, else its class), on a model whose module paths "
+                  "another instrumented model of the process has")
 MODEL_INSTANCE = attribute("model.instance", "int", "",
-                           "which model instrumented in this process: 2, 3, ... (absent on the "
-                           "first)")
+                           "with it: its number among the models instrumented in the process")
 LAYER_INDEX = attribute("layer_index", "int", "", "the layer's index in its path")
 FUSED = attribute("fused", "string", "", "attention+feed_forward: one fused kernel ran the layer")
 IMPLEMENTATION = attribute("implementation", "string", "",

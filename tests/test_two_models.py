@@ -13,6 +13,7 @@ import torch
 
 import attnscope
 from attnscope.cli.report import run_report
+from attnscope.cli.traces import SpanRow, _models_apart, group_key
 
 transformers = pytest.importorskip("transformers")
 
@@ -82,7 +83,26 @@ def test_a_second_model_with_paths_of_its_own_keeps_plain_labels(tmp_path: Path)
         assert attnscope.shutdown(timeout_s=30)
     numbered = [s for t in json.loads(trace.read_text())["data"] for s in t["spans"]
                 if any(x["key"] == "attnscope.model.instance" for x in s["tags"])]
-    assert numbered  # in the file; the report needs it nowhere (no path is shared)
+    assert numbered == []  # no path of the second is the first's: nothing to tell apart
     assert run_report(trace, json_path=str(report)) == 0
     modules = {g["module"] for g in json.loads(report.read_text())["groups"]}
     assert modules == {"transformer.h.0.attn", "model.layers.0.self_attn"}
+
+
+def _row(span_id: str, module: str, pid: int, number: int | None) -> SpanRow:
+    attrs: dict[str, Any] = {"attnscope.tier": "timing", "attnscope.module": module}
+    if number is not None:
+        attrs |= {"attnscope.model": "LlamaForCausalLM", "attnscope.model.instance": number}
+    return SpanRow("t" * 32, span_id, None, module, 0, 1, attrs, "svc", {"process.pid": pid})
+
+
+def test_a_models_number_is_read_only_where_its_process_shares_the_path() -> None:
+    # process 1: the first model and a numbered second with the same path; process 2 (another
+    # file of the run): the numbered model alone
+    rows = [_row("a", "model.layers.0.self_attn", 1, None),
+            _row("b", "model.layers.0.self_attn", 1, 2),
+            _row("c", "model.layers.0.self_attn", 2, 2)]
+    got = {r.span_id: group_key(r)[0] for r in _models_apart(rows)}
+    assert got == {"a": "model.layers.0.self_attn",
+                   "b": "model.layers.0.self_attn (LlamaForCausalLM #2)",
+                   "c": "model.layers.0.self_attn"}

@@ -255,11 +255,18 @@ def instrument(
 
 
 def _number(model: torch.nn.Module, root_name: str, sites: list[Any]) -> None:
-    """The second and later models instrumented in this process: their sites say which
-    (``attnscope.model``, ``attnscope.model.instance``), so that ``attnscope report`` keeps
-    their rows apart from the first's (an assistant model, two encoders: the same paths)."""
-    number = runtime.instrumentation.model_number(model)
-    if number > 1:
+    """A model whose module paths another instrumented model of the process has already (an
+    assistant model, a second encoder of one class): its new sites say which model they are
+    (``attnscope.model``, ``attnscope.model.instance``: its number among the models
+    ``instrument()`` was given), so that ``attnscope report`` keeps their rows apart. Any other
+    model's spans carry neither."""
+    number, others = runtime.instrumentation.model_number(model)
+    paths = {site.attributes.get(schema.MODULE.name) for site in sites}
+    mine = {id(m) for m in model.modules()}
+    taken = {site.attributes.get(schema.MODULE.name) for other in others
+             if id(other) not in mine and not any(m is model for m in other.modules())
+             for site in sites_of(other)}
+    if number > 1 and paths & taken:
         for site in sites:  # bounded as any site attribute (name_prefix is the user's)
             add_attributes(site.attributes, {schema.MODEL.name: root_name,
                                              schema.MODEL_INSTANCE.name: number})

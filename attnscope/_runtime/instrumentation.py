@@ -26,14 +26,15 @@ class Instrumentation:
         self.models: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.model_count = 0
 
-    def model_number(self, model: Any) -> int:
-        """``model``'s number: the one it had, else the next."""
+    def model_number(self, model: Any) -> tuple[int, list[Any]]:
+        """``model``'s number (the one it had, else the next) and the other models numbered
+        here that are still alive."""
         with self.registry_lock:
             number = self.models.get(model)
             if number is None:
                 self.model_count += 1
                 number = self.models[model] = self.model_count
-            return number
+            return number, [m for m in list(self.models.keys()) if m is not model]
 
     def reset(self) -> None:
         self.models = weakref.WeakKeyDictionary()
