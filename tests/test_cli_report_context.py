@@ -119,6 +119,18 @@ def test_tpot_unknown_where_a_step_decoded_several_tokens_and_the_report_says_wh
     assert g.unknown == () and g.partial_line() is None
 
 
+def test_an_encoder_decoder_calls_encoder_layers_before_its_first_forward_are_no_step() -> None:
+    # T5, BART, Whisper: generate() runs the encoder itself (no model forward of its own) and
+    # then the decoder's forwards; the encoder's layers are children of the call
+    rows = _generate_rows()
+    rows.append(_span("e0", "g", 0.2, 0.6, fn="T5Block.forward",
+                      **{"attnscope.layer_index": 0, "attnscope.module": "encoder.block.0"}))
+    (g,) = end_to_end(rows).generates
+    assert g.ttft is not None and g.ttft.p50 == 21 * MS
+    assert g.tpot is not None and g.tpot.p50 == pytest.approx((100 - 21) * MS / 3)
+    assert g.unknown == ()
+
+
 def test_sampled_forwards_and_calls_are_weighted_by_their_rates() -> None:
     # forward at rate 0.5 holding a call at rate 0.25: the call stands for 1/(0.5*0.25) calls
     rows = [_forward("f", None, 0, 10, "prefill", **{"attnscope.sample_rate": 0.5}),

@@ -531,4 +531,11 @@ def test_t5_generate_usage_counts_decoder_tokens() -> None:
     assert gen.attributes["gen_ai.usage.output_tokens"] == 8
     cross = [s.attributes for s in spans if base_name(s).endswith("EncDecAttention")]
     assert cross and all(a["attnscope.seq_len_kv"] == 5 for a in cross)
+    # the model's forwards under generate() are the decoder's: one start token, then one new
+    # token a step, per row (the encoder's padding mask says nothing of them)
+    forwards = sorted((s for s in spans if s.attributes.get("code.function.name")
+                       == "T5ForConditionalGeneration.forward"), key=lambda s: s.start_time)
+    assert [f.attributes["attnscope.phase"] for f in forwards] == ["prefill"] + ["decode"] * 3
+    assert all(f.attributes["attnscope.tokens"] == 2 for f in forwards)
+    assert forwards[0].attributes["gen_ai.usage.input_tokens"] == 2
     attnscope.uninstrument(model)

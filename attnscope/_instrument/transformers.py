@@ -334,15 +334,23 @@ def model_extractor(model: Any, names: tuple[str, ...]) -> Extractor:
 
 
 def _model_facts(get: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ModelFacts | None:
-    ids = get(args, kwargs, ("input_ids", "inputs", "decoder_input_ids"))
+    # An encoder-decoder model's forward under generate() has no input ids (the encoder ran
+    # before): its tokens are the decoder's, and ``attention_mask`` is the encoder's padding
+    mask_name = "attention_mask"
+    ids = get(args, kwargs, ("input_ids", "inputs"))
+    if ids is None and (ids := get(args, kwargs, ("decoder_input_ids",))) is not None:
+        mask_name = "decoder_attention_mask"
     if isinstance(ids, torch.Tensor) and ids.ndim == 2 and not ids.is_floating_point():
         facts = ModelFacts(ids.shape[0], ids.shape[1])
     else:
         embeds = get(args, kwargs, ("inputs_embeds",))
+        if embeds is None and (embeds := get(args, kwargs,
+                                             ("decoder_inputs_embeds",))) is not None:
+            mask_name = "decoder_attention_mask"
         if not isinstance(embeds, torch.Tensor) or embeds.ndim != 3:
             return None
         facts = ModelFacts(embeds.shape[0], embeds.shape[1])
-    mask = get(args, kwargs, ("attention_mask",))
+    mask = get(args, kwargs, (mask_name,))
     if isinstance(mask, torch.Tensor) and mask.ndim in (2, 4):
         facts.mask = mask
     cache = get(args, kwargs, _CACHE)

@@ -306,7 +306,10 @@ def _generates(rows: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
                 tokens += out_tokens
                 counted_ns += wall_ns(g)
                 counted = True
-            steps = sorted((c for c in children.get(g.span_id, ()) if c.span_id in forward_ids),
+            # the model's forwards: not a layer's (an encoder-decoder model's encoder runs under
+            # generate() itself, its layers children of the call)
+            steps = sorted((c for c in children.get(g.span_id, ()) if c.span_id in forward_ids
+                            and schema.LAYER_INDEX.name not in c.attributes),
                            key=lambda c: c.start_ns)
             # every forward of the call traced: each at rate 1 (a call at rate 1 is never
             # left out), so none is missing
