@@ -182,6 +182,22 @@ def test_generate_eight_tokens_phases_growing_kv_and_usage() -> None:
     assert "generate" not in model.__dict__ and "forward" not in model.__dict__
 
 
+def test_generate_from_embeddings_counts_the_new_tokens() -> None:
+    # a prompt given as embeddings only (a multimodal front end, soft prompts): generate()
+    # returns the new tokens alone, without the prompt's positions
+    model = _llama("sdpa")
+    attnscope.instrument(model, trace_model=True)
+    with capture_spans() as spans, torch.no_grad():
+        embeds = model.get_input_embeddings()(IDS)
+        out = model.generate(inputs_embeds=embeds, attention_mask=MASK, max_new_tokens=4,
+                             min_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert out.shape == (2, 4)
+    (gen,) = [s for s in spans if base_name(s) == "LlamaForCausalLM.generate"]
+    assert gen.attributes["gen_ai.usage.input_tokens"] == 8
+    assert gen.attributes["gen_ai.usage.output_tokens"] == 8
+    attnscope.uninstrument(model)
+
+
 class _Adapter(torch.nn.Module):
     """PEFT's shape (``PeftModel`` → ``base_model`` → ``model``): a plain module around a
     transformers model whose ``generate()`` runs the inner model's own, never its ``forward``."""

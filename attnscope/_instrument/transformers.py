@@ -434,6 +434,9 @@ def generate_facts(model: Any, names: tuple[str, ...]) -> Any:
             # the output holds decoder ids: the decoder prompt (default: the start token), then new
             start = kwargs.get("decoder_input_ids")
             found.prompt_len = start.shape[-1] if isinstance(start, torch.Tensor) else 1
+        elif get(args, kwargs, ("input_ids", "inputs")) is None:
+            # a prompt of embeddings only: the output holds the new tokens alone
+            found.prompt_len = 0
         return found
 
     return facts
