@@ -12,6 +12,7 @@ import torch
 
 import attnscope
 from attnscope._instrument.transformers import _past_length
+from attnscope._record.facts import NOT_READ
 from attnscope.testing import capture_spans
 from tests.support.helpers import base_name
 
@@ -36,8 +37,9 @@ def test_one_layers_pair_and_an_encoder_decoder_4_tuple() -> None:
 
 
 def test_empty_and_unknown() -> None:
-    assert _past_length((), None) is None
-    assert _past_length((object(), object()), None) is None
+    assert _past_length((), None) == 0  # nothing held yet
+    # what it cannot read is unknown (cache_unread on the worker), never an empty cache
+    assert _past_length((object(), object()), None) is NOT_READ
 
 
 # ---- a tuple-cache model as transformers wrote them before Cache classes (GPT-2 <= 4.51) -------

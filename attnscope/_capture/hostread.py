@@ -159,7 +159,11 @@ def _keys(past: Any, past_slot: _Slot | None, sq: int) -> Any:
     """The call's keys (past + ``sq``): an int, or read on the worker from the copied length."""
     if past_slot is not None:
         return lambda: int(past_slot.host.reshape(-1)[0]) + sq
-    return (int(past) if past is not None else 0) + sq  # an int (or a host tensor's value)
+    if past is None:
+        return sq
+    if isinstance(past, (int, torch.Tensor)):
+        return int(past) + sq  # an int (or a host tensor's value)
+    return None  # a length not read (NOT_READ): the keys are unknown
 
 
 def _past(f: AttentionFacts | ModelFacts, sends: _Sends) -> _Slot | None:

@@ -7,6 +7,10 @@ peak it reports. So a capture keeps a tensor only if it (its whole storage, for 
 ``KEEP_TENSOR_BYTES`` and all
 captures together stay within ``attnscope._runtime.KEEP_TOTAL_BYTES``; any other is replaced by its
 :class:`TensorMeta` (shape, dtype, device) and the span carries no count that needed its values.
+
+A host mask that is a view of a larger buffer (the static mask of transformers' continuous
+batching, rewritten in place at every step, often before the worker counts the last one) is
+copied instead, up to ``COPY_MASK_ELEMENTS`` elements: its copy is what the worker counts.
 """
 
 from __future__ import annotations
@@ -18,9 +22,12 @@ import torch
 from .._record.capture import NO_FACTS, Capture, TensorMeta
 from .._runtime import runtime
 
-__all__ = ["KEEP_TENSOR_BYTES", "keep", "keep_summary", "release", "drop", "meta"]
+__all__ = ["KEEP_TENSOR_BYTES", "COPY_MASK_ELEMENTS", "keep", "keep_summary", "release", "drop",
+           "meta"]
 
 KEEP_TENSOR_BYTES = 16 << 20
+# A copy runs on the calling thread: ~1 MiB read at most (a decode step's mask is far smaller)
+COPY_MASK_ELEMENTS = 1 << 18
 _PLAIN = frozenset((int, float, bool, type(None)))
 
 
@@ -48,7 +55,7 @@ def keep_summary(cap: Capture) -> None:
     if cap.facts is not NO_FACTS:  # a traced function's call: nothing to look at here
         for facts in (cap.facts.attention, cap.facts.model):
             if facts is not None and facts.mask is not None:
-                facts.mask = keep(cap, facts.mask)
+                facts.mask = _keep_mask(cap, facts.mask)
     summary = cap.summary
     for i, (key, value) in enumerate(summary):
         kind = type(value)
@@ -58,6 +65,26 @@ def keep_summary(cap: Capture) -> None:
             continue
         if isinstance(value, torch.Tensor):
             summary[i] = (key, keep(cap, value))
+
+
+def _keep_mask(cap: Capture, mask: Any) -> Any:
+    """:func:`keep` for a mask; for a host mask that is a view of a larger buffer (which the
+    program may rewrite before the worker counts it), a copy when it has few elements."""
+    if not isinstance(mask, torch.Tensor):
+        return mask
+    if (mask.device.type == "cpu" and not mask.is_nested and mask.layout is torch.strided
+            and mask.numel() <= COPY_MASK_ELEMENTS):
+        size = mask.numel() * mask.element_size()
+        try:
+            view = mask.untyped_storage().nbytes() > size
+        except Exception:  # no plain storage (a subclass): kept as any tensor is
+            view = False
+        if view:
+            if not runtime.retention.take(size):
+                return TensorMeta.of(mask)
+            cap.kept_bytes += size
+            return mask.detach().clone(memory_format=torch.contiguous_format)
+    return keep(cap, mask)
 
 
 def drop(cap: Capture, value: torch.Tensor) -> None:

@@ -300,8 +300,10 @@ def derive_attention(f: AttentionFacts, traits: LayerTraits | None = None,
     if f.device is not None:
         out.device = str(f.device)
     if f.cached and keys_known:
-        out.kv_cache_len = past or 0
-        out.phase = "decode" if past and sq == 1 else "prefill"
+        if f.packed_q is None:  # packed sequences: the keys held are no one row's cache
+            out.kv_cache_len = past or 0
+        out.phase = "decode" if past and (sq if f.packed_q is None else f.packed_q) == 1 \
+            else "prefill"
     if f.heads and f.head_dim:
         kv_heads = f.kv_heads or f.heads
         dv = f.head_dim_v or f.head_dim

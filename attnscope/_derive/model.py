@@ -54,9 +54,11 @@ def derive_model(f: ModelFacts) -> Derived:
     out.tokens = tokens
     phase = None
     if f.cached and keys_known:
-        out.kv_cache_len = past or 0
+        if f.packed_q is None:  # as derive_attention's
+            out.kv_cache_len = past or 0
         out.seq_len_kv = (past or 0) + f.seq_q
-        phase = out.phase = "decode" if past and f.seq_q == 1 else "prefill"
+        rows_q = f.seq_q if f.packed_q is None else f.packed_q
+        phase = out.phase = "decode" if past and rows_q == 1 else "prefill"
     if phase == "prefill" or not f.cached:
         out.input_tokens = tokens
     if keys_known:

@@ -32,9 +32,10 @@ from .._attention.families import (
 from .._attention.families.base import layer_index
 from .._attention.families.deepseek_v4 import tokens_seen
 from .._attention.families.kept_keys import key_selection
-from .._record.facts import AttentionFacts, Facts, ModelFacts
+from .._record.facts import NOT_READ, AttentionFacts, Facts, ModelFacts
 from . import Extractor
 from .facts import head_info, layer_traits
+from .packed import unread_keys
 
 __all__ = [
     "generate_facts",
@@ -142,7 +143,8 @@ def _reader(names: tuple[str, ...], groups: tuple[tuple[str, ...], ...]) -> Any:
 
 
 def _past_length(cache: Any, layer_idx: int | None, cross: bool = False) -> Any:
-    """KV-cache length before the call, with no device sync (static caches: a 0-d tensor copy).
+    """KV-cache length before the call, with no device sync (static caches: a 0-d tensor copy);
+    None without a cache, :data:`NOT_READ` for a cache whose length it cannot read.
 
     ``cross``: the layer attends to an encoder's output; an encoder-decoder cache keeps those
     keys apart (``cross_attention_cache``), filled by the first decoder step.
@@ -155,7 +157,9 @@ def _past_length(cache: Any, layer_idx: int | None, cross: bool = False) -> Any:
             return _past_length(cache[idx], None, cross) if idx < len(cache) else 0
         # one layer's (key, value), or (key, value, cross key, cross value) in encoder-decoders
         key = cache[2 if cross and len(cache) >= 4 else 0] if cache else None
-        return key.shape[-2] if isinstance(key, torch.Tensor) and key.ndim >= 2 else None
+        if key is None:  # nothing held yet
+            return 0
+        return key.shape[-2] if isinstance(key, torch.Tensor) and key.ndim >= 2 else NOT_READ
     part = "cross_attention_cache" if cross else "self_attention_cache"
     inner = getattr(cache, part, cache)
     layers = getattr(inner, "layers", None)
@@ -178,13 +182,13 @@ def _past_length(cache: Any, layer_idx: int | None, cross: bool = False) -> Any:
             length = getter(layer_idx)
             return length.detach().clone() if isinstance(length, torch.Tensor) else length
     if getter is None:
-        return None
+        return NOT_READ
     length = getter()
     if type(length) is int:  # the usual answer, first
         return length
     if isinstance(length, torch.Tensor):
         return int(length) if length.device.type == "cpu" else length.detach().clone()
-    return length if isinstance(length, int) else None
+    return length if isinstance(length, int) else NOT_READ
 
 
 def _sliding_held(layer: Any) -> int | None:
@@ -278,6 +282,8 @@ def hidden_state_extractor(module: Any, names: tuple[str, ...],
                               offset if offset_per_call else None)
             facts.cached = True
             facts.past = _past_length(cache, idx, module_cross or source is not None)
+            if facts.past is NOT_READ:
+                unread_keys(facts, mask, kwargs)
         elif use_cache is True and takes_cache and not encoder:  # _starts_cache
             facts.cached, facts.past = True, 0
         if isinstance(source, torch.Tensor) and source.ndim >= 2:
@@ -357,6 +363,8 @@ def _model_facts(get: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mod
     if cache is not None:
         facts.cached = True
         facts.past = _past_length(cache, None)
+        if facts.past is NOT_READ:
+            unread_keys(facts, mask, kwargs)
     elif _starts_cache(get, args, kwargs):
         facts.cached, facts.past = True, 0
     return facts

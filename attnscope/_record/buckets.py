@@ -30,7 +30,8 @@ def phase(summary: Sequence[tuple[str, Any]], facts: Facts = NO_FACTS) -> str:
     if value is None:
         return ""
     cached = value.cached or value.past is not None
-    return "decode" if value.seq_q == 1 and cached else "prefill"
+    rows_q = value.seq_q if value.packed_q is None else value.packed_q
+    return "decode" if rows_q == 1 and cached else "prefill"
 
 
 def _size(value: Any) -> int:

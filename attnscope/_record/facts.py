@@ -12,7 +12,7 @@ import enum
 from typing import Any, NamedTuple
 
 __all__ = ["AttentionFacts", "ModelFacts", "LayerTraits", "Facts", "NO_FACTS", "BLOCK_FACTS",
-           "SdpaContext",
+           "NOT_READ", "SdpaContext",
            "SdpaCall", "HostKind", "HostCopy"]
 
 
@@ -48,6 +48,18 @@ class HostCopy:
         return [int(v) for v in self.values.tolist()]
 
 
+# ``past`` of a cache whose length attnscope cannot read (a cache type it does not know,
+# transformers' paged cache of continuous batching): the keys are unknown (``cache_unread``),
+# never taken for an empty cache's
+NOT_READ = "not read"
+
+
+# ``packed_q``: the call's rows are ragged sequences packed along the query axis
+# (transformers' continuous batching, ``_instrument.packed``), the longest with this many new
+# tokens: a step only decodes when it is 1; ``past`` is then all the sequences' keys together,
+# no one row's cache length
+
+
 class AttentionFacts:
     """What an instrumented attention layer knew on the calling thread: ints, dtypes, handles.
 
@@ -60,7 +72,7 @@ class AttentionFacts:
 
     __slots__ = ("batch", "seq_q", "seq_kv", "past", "cached", "heads", "kv_heads", "head_dim",
                  "head_dim_v", "causal", "window", "dtype", "device", "mask", "mask_ignores",
-                 "causal_apart", "key_cap", "key_block", "row_counts", "keys_masked")
+                 "causal_apart", "key_cap", "key_block", "row_counts", "keys_masked", "packed_q")
 
     def __init__(self, batch: int, seq_q: int) -> None:
         self.batch = batch
@@ -93,13 +105,14 @@ class AttentionFacts:
         # cross-attention handed a mask (not kept): the source keys it hides are not read, so
         # the call's least bytes are not known
         self.keys_masked = False
+        self.packed_q: int | None = None  # see the note above the class
 
 
 class ModelFacts:
     """What a traced model forward or generate() call knew on the calling thread."""
 
     __slots__ = ("batch", "seq_q", "past", "cached", "mask", "generate", "output", "eos",
-                 "prompt_len", "row_sums")
+                 "prompt_len", "row_sums", "packed_q")
 
     def __init__(self, batch: int, seq_q: int) -> None:
         self.batch = batch
@@ -113,6 +126,7 @@ class ModelFacts:
         self.prompt_len: int | None = None  # leading ids of the output that are not new tokens
         # a CUDA padding mask's (Σ N_Q², Σ N_Q·N_KV), a HostCopy of two (reduce.row_sums)
         self.row_sums: Any = None
+        self.packed_q: int | None = None  # as AttentionFacts's
 
 
 class LayerTraits(NamedTuple):

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..._record.facts import Facts
+from ..._record.facts import NOT_READ, Facts
 from .base import Family
 
 __all__ = ["FAMILY", "shared_kind", "shared_past"]
@@ -46,7 +46,7 @@ def shared_past(out: Facts | None, kwargs: Mapping[str, Any], kind: tuple[Any, .
         if isinstance(key, torch.Tensor) and key.ndim == 4 and facts.cached:
             facts.past = key.shape[-2] - facts.seq_q
         elif facts.cached:  # its own slot is not what it attends: unknown (cache_unread)
-            facts.past = "not read"
+            facts.past = NOT_READ
 
 
 def _is_shared(module: Any) -> bool:
