@@ -123,6 +123,46 @@ def test_sdpa_script_spans_in_both_files_stdout_and_args_pass_through(tmp_path: 
         assert (out / "report.html").is_file()
 
 
+COMPILED_APP = """
+    import sys
+    import torch
+    import torch.nn.functional as F
+
+    def attend(q):
+        return F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    q = torch.randn(1, 2, 8, 16)
+    if "--eager" in sys.argv:
+        attend(q)
+    compiled = torch.compile(attend, backend="eager")
+    for _ in range(3):
+        compiled(q)
+"""
+
+
+@pytest.mark.parametrize("eager", [True, False])
+def test_the_run_says_when_compiled_code_hid_attention(tmp_path: Path, eager: bool) -> None:
+    # compiled calls are not traced (docs/instrument.md): a run of a compiled model said "no
+    # attention call was sampled" and nothing of why
+    app = _write(tmp_path, "app.py", COMPILED_APP)
+    result = _run(tmp_path, sys.executable, str(app), *(["--eager"] if eager else []))
+    stderr = result.stderr.decode()
+    assert result.returncode == 0, stderr
+    said = ("torch.compile made 1 graph(s) in the program: attention inside compiled code is "
+            "not traced")
+    assert said in stderr
+    if eager:  # the eager call is traced, the three compiled ones are not
+        assert _jaeger_names(tmp_path / "out" / "traces.jaeger.json") == {
+            "scaled_dot_product_attention": 1}
+        assert "1 spans written" in stderr
+    else:
+        assert "no spans captured, nothing written" in stderr
+    # a program that compiles nothing is told nothing of it
+    plain = _write(tmp_path, "plain.py", SDPA_APP)
+    result = _run(tmp_path, sys.executable, str(plain), "--calls", "1")
+    assert "torch.compile" not in result.stderr.decode()
+
+
 @pytest.mark.parametrize("body, code", [
     ("import sys\nprint('bye')\nsys.exit(3)\n", 3),
     ("def f():\n    raise ValueError('boom ' * 3)\nf()\n", 1),

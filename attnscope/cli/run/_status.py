@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import stat
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -104,7 +105,18 @@ def at_exit(environ: Mapping[str, str]) -> None:
         import attnscope
 
         counts = attnscope.stats()
-        line = {"pid": os.getpid(), **{k: counts.get(k, 0) for k in COUNTS}}
+        line = {"pid": os.getpid(), **{k: counts.get(k, 0) for k in COUNTS},
+                "compiled_graphs": _compiled_graphs()}
         os.write(fd, (json.dumps(line) + "\n").encode())  # < PIPE_BUF: one atomic write
     except Exception:  # noqa: BLE001, S110  (an exit hook that raised would print a traceback)
         pass
+
+
+def _compiled_graphs() -> int:
+    """Graphs ``torch.compile`` made in this process (0 when Dynamo was never imported): the
+    attention calls inside them are not traced (docs/instrument.md)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    try:
+        return int(utils.counters["stats"]["unique_graphs"]) if utils is not None else 0
+    except Exception:  # noqa: BLE001  (a torch whose counters are laid out otherwise)
+        return 0
