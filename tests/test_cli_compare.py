@@ -79,7 +79,8 @@ def test_json_lists_every_implementation_with_its_verdict(json_run: Any) -> None
     code, doc, stderr = json_run
     rows = _by_name(doc)
     assert list(rows) == [*BUILTIN[:-1], "myattn:good", "myattn:unscaled", "myattn:crash"]
-    assert doc["shape"] == {"batch": B, "heads": H, "kv_heads": KV, "seq_len": S, "head_dim": D}
+    assert doc["shape"] == {"batch": B, "heads": H, "kv_heads": KV, "seq_len": S, "kv_len": S,
+                            "head_dim": D}
     assert doc["dtype"] == "float32" and doc["causal"] is True and doc["time_basis"] == "wall"
     for name in ("efficient", "cudnn"):  # no CUDA here: listed, with why
         assert rows[name]["status"] == "unavailable" and "CUDA" in rows[name]["reason"]
@@ -107,6 +108,23 @@ def test_correct_implementations_are_within_tolerance_and_measured(json_run: Any
     assert rows["flash"]["backend"] == "flash"
     assert any("repeated" in n for n in rows["naive"]["notes"])
     assert any("enable_gqa" in n for n in rows["math"]["notes"])
+
+
+def test_a_decode_step_one_query_on_a_cache_of_keys(user_dir: Path) -> None:
+    # the shape serving spends most of its time in: one new token over the cached keys
+    keys = 48
+    done = _run(user_dir, "--shape", f"2,{H},1,{D}", "--kv-len", str(keys), "--kv-heads",
+                str(KV), "--causal", "--runs", "4", "--warmup", "1", "--profile-runs", "1",
+                "--json", "--impl", "naive,math,flash,myattn:good")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["shape"] == {"batch": 2, "heads": H, "kv_heads": KV, "seq_len": 1,
+                            "kv_len": keys, "head_dim": D}
+    assert doc["causal"] is False  # one query at the end of its keys sees them all
+    flops = brute_force_flops(2, H, 1, keys, D, D, causal=False)
+    for r in doc["implementations"]:
+        assert r["status"] == "ok" and r["within_tolerance"] is True, r
+        assert r["flops"] == flops
 
 
 def test_wrong_user_implementation_is_flagged(json_run: Any) -> None:
@@ -165,6 +183,8 @@ def test_bad_user_module_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     (["--kv-heads", "0"], "at least 1"), (["--kv-heads", "x"], "not an integer"),
     (["--impl", "bogus"], "unknown implementation"),
     (["--dtype", "int8"], "fp32, bf16, fp16"), (["--device", "mps"], "not supported"),
+    (["--shape", "1,8,8,8", "--kv-len", "16", "--causal"], "not supported"),
+    (["--kv-len", "0"], "at least 1"), (["--kv-len", "x"], "not an integer"),
 ])
 def test_bad_input_is_one_line(args: list[str], words: str,
                                capsys: pytest.CaptureFixture[str]) -> None:

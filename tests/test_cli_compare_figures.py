@@ -271,7 +271,8 @@ def test_the_run_header_and_footer(measured: tuple[Any, ...]) -> None:
                                 "cut_by_budget")} == {
         "rounds": 10, "budget_s": None, "runs_asked": RUNS, "warmup_asked": WARMUP,
         "cut_by_budget": None}
-    assert doc["shape"] == {"batch": B, "heads": H, "kv_heads": KV, "seq_len": S, "head_dim": D}
+    assert doc["shape"] == {"batch": B, "heads": H, "kv_heads": KV, "seq_len": S, "kv_len": S,
+                            "head_dim": D}
 
 
 def _placed(side: str, dtype: torch.dtype) -> Callable[..., torch.Tensor]:

@@ -28,18 +28,23 @@ def register(sub: Any, formatter: Any) -> None:
                     "attnscope: naive matmul-softmax-matmul, SDPA math/flash/efficient/cuDNN "
                     "(torch.nn.attention.sdpa_kernel), flex_attention, and your own as "
                     "module:function (called as fn(q, k, v, is_causal=...), k/v with --kv-heads "
-                    "heads). Reports p50/p95/p99, TFLOP/s, ops or kernels per call, the backend "
-                    "that ran, the memory peak, and the error against a float64 reference; then "
-                    "which is faster, as a ratio with its interval over interleaved rounds, or "
-                    "'not distinguishable here'.\n\n"
+                    "heads and --kv-len keys). Reports p50/p95/p99, TFLOP/s, ops or kernels per "
+                    "call, the backend that ran, the memory peak, and the error against a "
+                    "float64 reference; then which is faster, as a ratio with its interval over "
+                    "interleaved rounds, or 'not distinguishable here'.\n\n"
                     "Exit code: 0 all within tolerance, 1 one beyond it or failed, 2 bad input.")
     p.add_argument("--shape", default="1,8,1024,64", metavar="B,H,S,D",
                    help="batch, query heads, sequence length, head dim")
+    p.add_argument("--kv-len", default="S", metavar="N",
+                   help="keys and values per sequence, when not S: a decode step is --shape "
+                        "B,H,1,D --kv-len N (N keys in the cache, this step's included)")
     p.add_argument("--kv-heads", default="H", metavar="N",
                    help="key/value heads (fewer than H: GQA/MQA)")
     p.add_argument("--dtype", default="auto",
                    help="fp32, bf16 or fp16; auto: bf16 on CUDA, fp32 on CPU")
-    p.add_argument("--causal", action="store_true", help="causal attention")
+    p.add_argument("--causal", action="store_true",
+                   help="causal attention, aligned bottom-right (the last query sees every key); "
+                        "with S=1 it changes nothing and is left out")
     p.add_argument("--impl", action="append", default=argparse.SUPPRESS, metavar="NAME",
                    help="naive, math, flash, efficient, cudnn, flex or module:function; repeat or "
                         "comma-separate (default: every built-in; flex on CUDA only)")

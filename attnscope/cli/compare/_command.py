@@ -69,9 +69,22 @@ def parse_spec(args: Any) -> measure.Spec:
         dtype_name = "bf16" if device.type == "cuda" else "fp32"
     if dtype_name not in _DTYPES:
         raise CLIError(f"--dtype: {args.dtype!r} is not one of fp32, bf16, fp16")
-    return measure.Spec(b, h, kv, s, d, _DTYPES[dtype_name], device, bool(args.causal),
+    keys_text = str(getattr(args, "kv_len", "S")).strip()
+    try:
+        keys = s if keys_text.upper() == "S" else int(keys_text)
+    except ValueError:
+        raise CLIError(f"--kv-len: {keys_text!r} is not an integer") from None
+    if keys <= 0:
+        raise CLIError(f"--kv-len must be at least 1, got {keys}")
+    causal = bool(args.causal) and s > 1  # one query at the end of its keys sees them all
+    if causal and keys != s:
+        # SDPA's is_causal aligns top-left when S differs from the keys; a chunk of a prompt
+        # on a cache would need the bottom-right mask passed to every implementation
+        raise CLIError(f"--causal with S={s} queries on --kv-len {keys} keys is not supported: "
+                       "causal needs S equal to the keys, or S=1 (a decode step)")
+    return measure.Spec(b, h, kv, s, d, _DTYPES[dtype_name], device, causal,
                         args.runs, args.warmup, args.profile_runs, args.seed,
-                        float(args.budget) or None)
+                        float(args.budget) or None, kv_len=None if keys == s else keys)
 
 
 def run(args: Any) -> int:
@@ -129,7 +142,7 @@ def _prepare(name: str, requested: bool, users: dict[str, Impl], spec: measure.S
             return Row(name, "unavailable", f"holds the S×S scores: about {need / 2**30:.1f} GiB, "
                                             f"{free / 2**30:.1f} GiB free on {spec.device}")
     try:
-        return build(name, spec.shape, spec.kv_heads, spec.device, spec.causal)
+        return build(name, spec.shape, spec.kv_heads, spec.device, spec.causal, spec.keys)
     except Exception as exc:  # torch without a piece this one needs
         return Row(name, "unavailable", f"{type(exc).__name__}: {exc}"[:300])
 

@@ -1,10 +1,11 @@
 """The attention implementations ``attnscope compare`` knows, and the user's ``module:function``.
 
 Every implementation is called as ``fn(q, k, v, is_causal=...)`` with ``q`` of shape
-``(B, H, S, D)`` and ``k``/``v`` of shape ``(B, H_kv, S, D)``: the shapes the user asked for, so
-attnscope's spans see the real head counts. Whether one can run here is decided in two steps: a
-rule on the device *type* given as data (:func:`static_reason`, testable without a GPU), then a
-first call (the probe, in ``_measure``) whose error says the rest.
+``(B, H, S, D)`` and ``k``/``v`` of shape ``(B, H_kv, keys, D)`` (keys: ``--kv-len``, else S):
+the shapes the user asked for, so attnscope's spans see the real head counts. Whether one can
+run here is decided in two steps: a rule on the device *type* given as data
+(:func:`static_reason`, testable without a GPU), then a first call (the probe, in
+``_measure``) whose error says the rest.
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ def sdpa_repeating(name: str) -> Impl:
                 notes=["no kernel with enable_gqa: K/V repeated to H heads inside the call"])
 
 
-def _flex(shape: tuple[int, int, int, int], device: torch.device, causal: bool, gqa: bool) -> Impl:
+def _flex(shape: tuple[int, int, int, int], device: torch.device, causal: bool, gqa: bool,
+          keys: int) -> Impl:
     from torch.nn.attention import flex_attention as flex
 
     block_mask = None
@@ -123,7 +125,7 @@ def _flex(shape: tuple[int, int, int, int], device: torch.device, causal: bool, 
         def causal_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
             return q_idx >= kv_idx
 
-        block_mask = flex.create_block_mask(causal_mod, None, None, shape[2], shape[2],
+        block_mask = flex.create_block_mask(causal_mod, None, None, shape[2], keys,
                                             device=str(device))
     compiled = torch.compile(flex.flex_attention)
 
@@ -137,14 +139,15 @@ def _flex(shape: tuple[int, int, int, int], device: torch.device, causal: bool, 
 
 
 def build(name: str, shape: tuple[int, int, int, int], kv_heads: int, device: torch.device,
-          causal: bool) -> Impl:
-    """A built-in implementation for these inputs."""
+          causal: bool, keys: int | None = None) -> Impl:
+    """A built-in implementation for these inputs (``keys``: per sequence, when not S; causal
+    only where they are S, so top-left and bottom-right alignment agree)."""
     gqa = kv_heads != shape[1]
     if name == "naive":
         notes = ["K/V repeated to H heads inside the call"] if gqa else []
         return Impl("naive", naive_attention, notes=notes)
     if name == "flex":
-        return _flex(shape, device, causal, gqa)
+        return _flex(shape, device, causal, gqa, shape[2] if keys is None else keys)
     return _sdpa(name, gqa)
 
 

@@ -54,10 +54,15 @@ class Spec:
     profile_runs: int = 2
     seed: int = 0
     budget_s: float | None = None  # warm-up and timed calls of all together (``_plan``)
+    kv_len: int | None = None  # keys per sequence; None: ``seq_len``
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
         return self.batch, self.heads, self.seq_len, self.head_dim
+
+    @property
+    def keys(self) -> int:
+        return self.seq_len if self.kv_len is None else self.kv_len
 
 
 @dataclasses.dataclass
@@ -72,9 +77,9 @@ class Probe:
 
 
 def make_inputs(spec: Spec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Standard-normal q (B,H,S,D), k and v (B,H_kv,S,D), drawn in float32 from ``seed``."""
+    """Standard-normal q (B,H,S,D), k and v (B,H_kv,keys,D), drawn in float32 from ``seed``."""
     gen = torch.Generator().manual_seed(spec.seed)
-    kv = (spec.batch, spec.kv_heads, spec.seq_len, spec.head_dim)
+    kv = (spec.batch, spec.kv_heads, spec.keys, spec.head_dim)
     shapes = (spec.shape, kv, kv)
     return tuple(torch.randn(s, generator=gen).to(device=spec.device, dtype=spec.dtype)
                  for s in shapes)  # type: ignore[return-value]
@@ -102,9 +107,9 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
 
 
 def scores_bytes(spec: Spec) -> int:
-    """Bytes of one S×S score matrix per head of the whole batch in ``spec.dtype``: what the
+    """Bytes of one S×keys score matrix per head of the whole batch in ``spec.dtype``: what the
     unfused implementations (naive, SDPA math) materialise, a few times over."""
-    return spec.batch * spec.heads * spec.seq_len ** 2 * spec.dtype.itemsize
+    return spec.batch * spec.heads * spec.seq_len * spec.keys * spec.dtype.itemsize
 
 
 def free_bytes(device: torch.device) -> int:

@@ -52,7 +52,7 @@ def _header(spec: Spec, plan: Plan | None = None) -> dict[str, Any]:
         "attnscope_version": __version__, "torch_version": torch.__version__,
         "device": str(spec.device), "device_name": device_name,
         "shape": {"batch": spec.batch, "heads": spec.heads, "kv_heads": spec.kv_heads,
-                  "seq_len": spec.seq_len, "head_dim": spec.head_dim},
+                  "seq_len": spec.seq_len, "kv_len": spec.keys, "head_dim": spec.head_dim},
         "dtype": str(spec.dtype).removeprefix("torch."), "causal": spec.causal,
         "runs": spec.runs, "warmup": spec.warmup, "profile_runs": spec.profile_runs,
         "seed": spec.seed, "time_basis": "device" if spec.device.type == "cuda" else "wall",
@@ -127,7 +127,8 @@ def render_table(spec: Spec, rows: list[Row], out: TextIO, plan: Plan | None = N
     gqa = f", {spec.kv_heads} KV heads" if spec.kv_heads != spec.heads else ""
     basis = "device time" if h["time_basis"] == "device" else "wall time"
     unit = "kernels" if spec.device.type == "cuda" else "ops"
-    console.print(f"attnscope compare — B={spec.batch} H={spec.heads}{gqa} S={spec.seq_len} "
+    keys = f" keys={spec.keys}" if spec.keys != spec.seq_len else ""
+    console.print(f"attnscope compare — B={spec.batch} H={spec.heads}{gqa} S={spec.seq_len}{keys} "
                   f"D={spec.head_dim} {h['dtype']}{' causal' if spec.causal else ''} on "
                   f"{h['device_name']} · {spec.runs} timed calls each in {h['rounds']} "
                   f"interleaved rounds ({basis}) · torch {h['torch_version']}", markup=False,
