@@ -35,6 +35,13 @@ def register(sub: Any, formatter: Any) -> None:
                     "Exit code: 0 all within tolerance, 1 one beyond it or failed, 2 bad input.")
     p.add_argument("--shape", default="1,8,1024,64", metavar="B,H,S,D",
                    help="batch, query heads, sequence length, head dim")
+    p.add_argument("--from", dest="from_trace", default=argparse.SUPPRESS, metavar="TRACE",
+                   help="compare on the shapes of a trace's attention calls (a trace file or an "
+                        "`attnscope run` directory) instead of --shape: the --top ones by their "
+                        "time, each with its kv length, heads, causality and (with --dtype auto) "
+                        "dtype")
+    p.add_argument("--top", type=positive_int, default=3, metavar="N",
+                   help="with --from: how many shapes, the most time first")
     p.add_argument("--kv-len", default="S", metavar="N",
                    help="keys and values per sequence, when not S: a decode step is --shape "
                         "B,H,1,D --kv-len N (N keys in the cache, this step's included)")

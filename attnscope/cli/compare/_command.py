@@ -4,8 +4,11 @@ budget and measured in interleaved rounds, the table or JSON printed, the exit c
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
+import io
+import json
 import logging
 import math
 import sys
@@ -89,6 +92,8 @@ def parse_spec(args: Any) -> measure.Spec:
 
 def run(args: Any) -> int:
     """The command: its exit code."""
+    if getattr(args, "from_trace", None):
+        return _run_from_trace(args)
     spec = parse_spec(args)
     names = resolve(list(getattr(args, "impl", [])))
     users = {name: load_user(name) for name, _ in names if ":" in name}  # bad ones fail first
@@ -99,6 +104,54 @@ def run(args: Any) -> int:
     else:
         render_table(done.spec, done.rows, sys.stdout, done.plan)
     return exit_code(done.rows)
+
+
+def _run_from_trace(args: Any) -> int:
+    """``--from``: a comparison per shape of the trace, the most time first (``--top``)."""
+    from ._from_trace import trace_shapes
+
+    path = str(args.from_trace)
+    shapes, unusable = trace_shapes(path)
+    if not shapes:
+        raise CLIError(f"--from {path}: no attention call with a shape compare can rebuild "
+                       f"({unusable} without lengths, heads, head dim or a float dtype)")
+    names = resolve(list(getattr(args, "impl", [])))
+    users = {name: load_user(name) for name, _ in names if ":" in name}
+    chosen = shapes[:args.top]
+    docs: list[dict[str, Any]] = []
+    code = 0
+    for i, shape in enumerate(chosen, 1):
+        line = (f"shape {i} of {len(chosen)} from {path}: {shape.describe()} · {shape.calls} "
+                f"calls, {shape.share:.0%} of its attention time"
+                + ("; what their masks hide (padding, a window, requests packed apart) is "
+                   "not rebuilt: dense inputs" if shape.masked else ""))
+        one = argparse.Namespace(**vars(args))
+        one.shape = f"{shape.batch},{shape.heads},{shape.seq_q},{shape.head_dim}"
+        one.kv_len, one.kv_heads, one.causal = str(shape.seq_kv), str(shape.kv_heads), shape.causal
+        if str(args.dtype).lower() == "auto":
+            one.dtype = shape.dtype
+        try:
+            spec = parse_spec(one)
+        except CLIError as exc:
+            print(f"{line}: not compared ({exc})", file=sys.stderr if args.json else sys.stdout)
+            code = 1
+            continue
+        with _own_choice_unsaid():
+            done = compare(spec, names, users, progress=not args.no_progress)
+        if args.json:
+            text = io.StringIO()
+            render_json(done.spec, done.rows, text, done.plan)
+            docs.append({"trace_shape": dataclasses.asdict(shape), **json.loads(text.getvalue())})
+        else:
+            print(line, file=sys.stdout)
+            render_table(done.spec, done.rows, sys.stdout, done.plan)
+            print(file=sys.stdout)
+        code = max(code, exit_code(done.rows))
+    if args.json:
+        json.dump({"from": path, "shapes_in_trace": len(shapes),
+                   "calls_without_a_shape": unusable, "comparisons": docs}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    return code
 
 
 class _OwnChoice(logging.Filter):
