@@ -90,3 +90,21 @@ def test_instrument_sdpa_on_a_padded_llama_batch_counts_causal_pairs() -> None:
         # padding does not reduce FLOPs (kernels compute padded positions): the causal band
         assert a["attnscope.flops"] == 2 * 2 * 4 * _pairs(_band(6, 6)) * (head_dim * 2)
         assert a["attnscope.tokens"] == 4 + 6
+
+
+def test_a_slice_of_a_causal_buffer_over_the_keeping_budget_is_counted() -> None:
+    # nanoGPT's pattern: one (1, 1, max, max) causal buffer, each call a slice of it; at 8192
+    # positions the buffer (64 MiB) is over the keeping budget, which a slice keeps alive
+    from attnscope._capture.retain import KEEP_TENSOR_BYTES
+
+    side = 8192
+    buffer = torch.tril(torch.ones(side, side, dtype=torch.bool)).view(1, 1, side, side)
+    assert buffer.numel() > KEEP_TENSOR_BYTES
+    b, h, s, d = 1, 2, 48, 16
+    q = torch.randn(b, h, s, d)
+    with capture_spans() as spans:
+        masked(q, q, q, attn_mask=buffer[:, :, :s, :s])
+    (a,) = [sp.attributes for sp in spans]
+    assert "attnscope.inexact_reason" not in a
+    assert a["attnscope.causal"] is True and a["attnscope.tokens"] == b * s
+    assert a["attnscope.flops"] == 2 * b * h * _pairs(_band(s, s)) * 2 * d

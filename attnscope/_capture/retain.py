@@ -9,8 +9,9 @@ captures together stay within ``attnscope._runtime.KEEP_TOTAL_BYTES``; any other
 :class:`TensorMeta` (shape, dtype, device) and the span carries no count that needed its values.
 
 A host mask that is a view of a larger buffer (the static mask of transformers' continuous
-batching, rewritten in place at every step, often before the worker counts the last one) is
-copied instead, up to ``COPY_MASK_ELEMENTS`` elements: its copy is what the worker counts.
+batching, rewritten in place at every step, often before the worker counts the last one; a slice
+of a model's own causal buffer, nanoGPT's ``bias[:, :, :T, :T]``) is copied instead, up to
+``COPY_MASK_ELEMENTS`` elements: its copy is what the worker counts.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .._record.capture import NO_FACTS, Capture, TensorMeta
+from .._record.capture import MASK_NAMES, NO_FACTS, Capture, TensorMeta
 from .._runtime import runtime
 
 __all__ = ["KEEP_TENSOR_BYTES", "COPY_MASK_ELEMENTS", "keep", "keep_summary", "release", "drop",
@@ -64,7 +65,7 @@ def keep_summary(cap: Capture) -> None:
         if kind is TensorMeta or kind in _PLAIN:
             continue
         if isinstance(value, torch.Tensor):
-            summary[i] = (key, keep(cap, value))
+            summary[i] = (key, _keep_mask(cap, value) if key in MASK_NAMES else keep(cap, value))
 
 
 def _keep_mask(cap: Capture, mask: Any) -> Any:
