@@ -131,6 +131,25 @@ def test_an_encoder_decoder_calls_encoder_layers_before_its_first_forward_are_no
     assert g.unknown == ()
 
 
+def test_generate_without_a_cache_has_its_ttft_and_tpot() -> None:
+    # generate(..., use_cache=False): each step a forward over the whole sequence, one token
+    # longer each time, with no cache and so no phase; each step still makes one token a row
+    rows = [r for r in _generate_rows() if not r.span_id.startswith("f")]
+    for i, (start, wall) in enumerate(((1, 20), (30, 10), (50, 10), (70, 10))):
+        rows.append(_span(f"f{i}", "g", start, wall, fn="LlamaForCausalLM.forward",
+                          **{"attnscope.seq_len_q": 5 + i}))
+    (g,) = end_to_end(rows).generates
+    assert g.ttft is not None and g.ttft.p50 == 21 * MS
+    assert g.tpot is not None and g.tpot.p50 == pytest.approx((100 - 21) * MS / 3)
+    assert g.unknown == ()
+    # forwards with no phase whose lengths do not grow a token a step: not such a loop
+    still = [r for r in rows if r.span_id != "f2"]
+    still.append(_span("f2", "g", 50, 10, fn="LlamaForCausalLM.forward",
+                       **{"attnscope.seq_len_q": 1}))
+    (g,) = end_to_end(still).generates
+    assert (g.ttft, g.tpot) == (None, None)
+
+
 def test_sampled_forwards_and_calls_are_weighted_by_their_rates() -> None:
     # forward at rate 0.5 holding a call at rate 0.25: the call stands for 1/(0.5*0.25) calls
     rows = [_forward("f", None, 0, 10, "prefill", **{"attnscope.sample_rate": 0.5}),

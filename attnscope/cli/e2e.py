@@ -315,7 +315,9 @@ def _generates(rows: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
             # left out), so none is missing
             whole = bool(steps) and all(c.attributes.get(schema.SAMPLE_RATE.name) == 1.0
                                         for c in steps)
-            if not steps or steps[0].attributes.get(schema.PHASE.name) != "prefill":
+            uncached = _without_cache(steps)
+            if not steps or (steps[0].attributes.get(schema.PHASE.name) != "prefill"
+                             and not uncached):
                 unknown["began_on_a_filled_cache" if whole else "not_all_traced"] += 1
                 continue
             first_end = steps[0].start_ns + wall_ns(steps[0])
@@ -325,7 +327,8 @@ def _generates(rows: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
                 unknown["not_all_traced"] += 1
             elif not decodes:
                 unknown["one_step"] += 1
-            elif all(c.attributes.get(schema.PHASE.name) == "decode" for c in decodes):
+            elif uncached or all(c.attributes.get(schema.PHASE.name) == "decode"
+                                 for c in decodes):
                 tpot.append((g.start_ns + wall_ns(g) - first_end) / len(decodes))
             elif all(_phase_with_cache(c) for c in decodes):
                 unknown["several_tokens_a_step"] += 1
@@ -340,6 +343,15 @@ def _generates(rows: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
             tpot=quantiles(tpot) if tpot else None, tpot_calls=len(tpot),
             unknown=tuple((k, n) for k, n in unknown.items() if n)))
     return out
+
+
+def _without_cache(steps: Sequence[SpanRow]) -> bool:
+    """``generate(..., use_cache=False)``: every step a forward over the whole sequence so far,
+    one token longer each time, with no cache (no phase); each still makes one token a row."""
+    lengths = [int_attribute(c, schema.SEQ_LEN_Q.name) for c in steps]
+    return (bool(steps) and all(schema.PHASE.name not in c.attributes for c in steps)
+            and lengths[0] is not None
+            and lengths == [lengths[0] + i for i in range(len(steps))])
 
 
 def _phase_with_cache(forward: SpanRow) -> bool:
