@@ -147,7 +147,8 @@ def test_generate_without_a_cache_has_its_ttft_and_tpot() -> None:
     still.append(_span("f2", "g", 50, 10, fn="LlamaForCausalLM.forward",
                        **{"attnscope.seq_len_q": 1}))
     (g,) = end_to_end(still).generates
-    assert (g.ttft, g.tpot) == (None, None)
+    assert (g.ttft, g.tpot, g.unknown) == (None, None, (("no_phase", 1),))
+    assert "says no phase" in str(g.partial_line())
 
 
 def test_sampled_forwards_and_calls_are_weighted_by_their_rates() -> None:

@@ -82,6 +82,8 @@ UNKNOWN = {
     "began_on_a_filled_cache": "beginning with a one-token step on a cache carried over: no "
                                "prefill of their own",
     "one_step": "of one step only: no TPOT",
+    "no_phase": "whose first forward says no phase (a cache attnscope cannot read): no prefill "
+                "to end TTFT",
 }
 
 
@@ -316,9 +318,10 @@ def _generates(rows: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
             whole = bool(steps) and all(c.attributes.get(schema.SAMPLE_RATE.name) == 1.0
                                         for c in steps)
             uncached = _without_cache(steps)
-            if not steps or (steps[0].attributes.get(schema.PHASE.name) != "prefill"
-                             and not uncached):
-                unknown["began_on_a_filled_cache" if whole else "not_all_traced"] += 1
+            first = steps[0].attributes.get(schema.PHASE.name) if steps else None
+            if not steps or (first != "prefill" and not uncached):
+                unknown["not_all_traced" if not whole else "began_on_a_filled_cache"
+                        if first == "decode" else "no_phase"] += 1
                 continue
             first_end = steps[0].start_ns + wall_ns(steps[0])
             ttft.append(first_end - g.start_ns)
