@@ -62,6 +62,9 @@ SUMMARY = attribute("summary", "string", "",
 
 # ---- attention inputs (derived by the worker)
 DEVICE = attribute("device", "string", "", "the inputs' device")
+AUTOCAST_DTYPE = attribute("autocast_dtype", "string", "",
+                           "torch.autocast's dtype for the call's device, when it was on: the "
+                           "dtype float32 inputs' matmuls and SDPA ran in")
 DTYPE = attribute("dtype", "string", "", "the inputs' dtype")
 BATCH_SIZE = attribute("batch_size", "int", "", "B")
 NUM_HEADS = attribute("num_heads", "int", "", "query heads")

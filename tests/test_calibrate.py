@@ -105,3 +105,26 @@ def test_a_cpu_call_gets_its_roofline_from_the_calibration_and_configured_peaks_
         assert call.attributes["attnscope.roofline.peak_source"] == "configured"
     finally:
         attnscope.configure(device_peaks=None)
+
+
+def test_under_autocast_a_float32_call_takes_the_peak_of_autocasts_dtype(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # torch.autocast runs float32 inputs' SDPA in bfloat16: the call's roof is bfloat16's
+    _run(capsys)
+    _run(capsys, "--dtype", "bfloat16")
+    roofline.reset_calibration()
+    key = _calibration.cpu_key(torch.get_num_threads())
+    fp32, bf16 = _calibration.peaks_for(key, "float32"), _calibration.peaks_for(key, "bfloat16")
+    assert fp32 is not None and bf16 is not None and fp32["tflops"] != bf16["tflops"]
+    q = torch.randn(1, 2, 64, 16)
+    with capture_spans() as spans:
+        _attention(q, q, q)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _attention(q, q, q)
+    plain, cast = sorted((s for s in spans if "attnscope.flops" in s.attributes),
+                         key=lambda s: s.start_time)
+    assert plain.attributes["attnscope.dtype"] == cast.attributes["attnscope.dtype"] == "float32"
+    assert "attnscope.autocast_dtype" not in plain.attributes
+    assert cast.attributes["attnscope.autocast_dtype"] == "bfloat16"
+    assert plain.attributes["attnscope.roofline.peak_tflops"] == fp32["tflops"]
+    assert cast.attributes["attnscope.roofline.peak_tflops"] == bf16["tflops"]

@@ -34,6 +34,7 @@ from .._record.capture import (
 )
 from .._runtime import runtime
 from . import args as _args
+from . import autocast as _autocast
 from . import batch as _batch
 from . import compile as _compile
 from . import decision as _decision
@@ -54,6 +55,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 Active = tuple[Capture, "contextvars.Token[int | None]", int]
 
 _perf_ns = time.perf_counter_ns
+_any_autocast = _autocast.ANY_ON
 # Clock pairs read further apart than this (the thread was preempted) are read again, this often
 _CLOCK_GAP_NS, _CLOCK_TRIES = 20_000, 3
 # A context key, not process state: the innermost sampled call, so children know their parent.
@@ -280,10 +282,7 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
     if runtime.graphs.capturing:  # not under a call kept for a graph: that one is never a span
         cap.parent_id = _graph_calls.real_parent(cap.parent_id)
     cap.batch = _batch.rows_var.get()  # the one read of batch() rows, on the sampled path only
-    cap.site = site
-    cap.name = site.name
-    cap.sample_rate = rate
-    cap.extra = extra
+    cap.site, cap.name, cap.sample_rate, cap.extra = site, site.name, rate, extra
     sampler = runtime.sampler
     cap.step_no = sampler.step_no
     # usually kept from the decision's parent step
@@ -302,6 +301,8 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
         if keeps:  # a mask, weighed against the budget (and copied on CUDA) here: pairs now
             cap.expand()  # else the worker makes them
     cap.replay = replay
+    if _any_autocast():  # ~70 ns: the one check on a call with autocast off
+        cap.autocast = _autocast.dtype_for(device)  # its matmuls' dtype: the roofline's peak
     cuda = device is not None and device.type == "cuda"
     if cuda:
         # The tensor's device's stream, where the events go: during CUDA-graph capture events,

@@ -28,6 +28,7 @@ __all__ = ["DevicePeaks", "Roofline", "add_configured", "add_to", "device_peaks_
 
 _FLOPS, _BYTES, _EXACT = schema.FLOPS.name, schema.BYTES.name, schema.EXACT.name
 _DEVICE, _DTYPE = schema.DEVICE.name, schema.DTYPE.name
+_AUTOCAST_DTYPE = schema.AUTOCAST_DTYPE.name
 # The time a call's FLOPs and bytes are divided by, best first: the attention core's own time in
 # a profile (FLOPs and bytes are the core's), then the call's device time, then its wall time.
 _TIMES = tuple((a.name, a.key) for a in (schema.CORE_NS, schema.DEVICE_NS, schema.WALL_NS))
@@ -180,7 +181,8 @@ def add_configured(attrs: dict[str, Any]) -> None:
     """:func:`add_to` under the ``device_peaks`` setting in force (read per span, on the worker);
     without it, the peaks ``attnscope calibrate`` measured for the call's device and dtype
     (``peak_source=calibrated``); else a CUDA call's device from the table (``table``), at its
-    dtype's peak. Otherwise nothing is added."""
+    dtype's peak. The dtype is autocast's for float32 inputs under ``torch.autocast``
+    (``attnscope.autocast_dtype``): the dtype their matmuls ran in. Otherwise nothing is added."""
     cfg = runtime.config.current
     configured = cfg.device_peaks if cfg is not None else None
     if configured is not None:
@@ -189,6 +191,9 @@ def add_configured(attrs: dict[str, Any]) -> None:
     device, dtype = attrs.get(_DEVICE), attrs.get(_DTYPE)
     if not isinstance(device, str) or not isinstance(dtype, str):
         return
+    autocast = attrs.get(_AUTOCAST_DTYPE)
+    if dtype == "float32" and isinstance(autocast, str):  # autocast casts float32 inputs only
+        dtype = autocast
     measured = _calibrated(device, dtype)
     if measured is not None:
         add_to(attrs, measured, "calibrated")

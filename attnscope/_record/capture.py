@@ -174,6 +174,7 @@ class Capture:
         "graph",
         "replay",
         "in_profile",
+        "autocast",
     )
 
     def __init__(self) -> None:
@@ -218,6 +219,8 @@ class Capture:
         self.replay: tuple[GraphRecord, int] | None = None
         # timed while attnscope profiled an enclosing call on this thread: the profiler slowed it
         self.in_profile = False
+        # the dtype torch.autocast was on with for the call's device ("bfloat16"), else None
+        self.autocast: str | None = None
 
     def expand(self) -> None:
         """``summary`` made from ``flat_summary`` when the call left one (the worker does, first

@@ -34,6 +34,7 @@ _TIER, _SAMPLE_RATE, _WALL_NS = schema.TIER.name, schema.SAMPLE_RATE.name, schem
 _FLOPS, _TFLOPS, _TOKENS, _TOKENS_PER_S = (schema.FLOPS.name, schema.TFLOPS.name,
                                            schema.TOKENS.name, schema.TOKENS_PER_S.name)
 _PHASE = schema.PHASE.name
+_AUTOCAST_DTYPE = schema.AUTOCAST_DTYPE.name
 _MODULE = schema.MODULE.name
 _PHASES = frozenset(("prefill", "decode"))
 _IMPLEMENTATION, _BACKEND = schema.IMPLEMENTATION.name, schema.BACKEND.name
@@ -121,6 +122,8 @@ def capture_attributes(cap: Capture, shape: dict[str, Any], found: Measured,
             attrs[_IMPLEMENTATION] = impl
             if _IMPLEMENTATION_RAN in attrs:  # profiled: did the configured one run?
                 fallback.annotate_implementation(attrs, str(attrs.get(_MODULE) or cap.name))
+    if cap.autocast is not None:
+        attrs[_AUTOCAST_DTYPE] = cap.autocast
     if cap.extra:  # span() attributes, already under their final names
         clean_attributes(cap.extra, attrs)
     wall = cap.wall_ns
