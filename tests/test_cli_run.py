@@ -163,6 +163,17 @@ def test_the_run_says_when_compiled_code_hid_attention(tmp_path: Path, eager: bo
     assert "torch.compile" not in result.stderr.decode()
 
 
+def test_a_repeat_says_once_that_compiled_code_hid_attention(tmp_path: Path) -> None:
+    app = _write(tmp_path, "app.py", COMPILED_APP)
+    result = _bounded([sys.executable, "-m", "attnscope", "run", "--repeat", "2", "--out", "out",
+                       "--profile-rate", "0", "--", sys.executable, str(app), "--eager"],
+                      tmp_path)
+    stderr = result.stderr.decode()
+    assert result.returncode == 0, stderr
+    assert stderr.count("torch.compile made 1 graph(s) in the program") == 1
+    assert "run 2 of 2: 1 spans" in stderr
+
+
 @pytest.mark.parametrize("body, code", [
     ("import sys\nprint('bye')\nsys.exit(3)\n", 3),
     ("def f():\n    raise ValueError('boom ' * 3)\nf()\n", 1),

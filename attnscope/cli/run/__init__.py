@@ -306,7 +306,7 @@ def _report(out: Path, ended: Ended, *, full: bool) -> None:
                                                     if len(files) > 4 else "")
     counted = f"{spans} spans" if spans is not None else "trace files"
     print(f"attnscope run: {counted} written: {shown}", file=err)
-    compiled = _compiled_line(ended)
+    compiled = _status.compiled_line(ended.reports)
     if compiled:
         print(f"attnscope run: {compiled}", file=err)
     if full:
@@ -337,18 +337,6 @@ _FATES = (("exported", "spans exported"), ("export_failed", "failed to export"),
           ("worker_errors", "lost to worker errors"))
 
 
-def _compiled_line(ended: Ended) -> str | None:
-    """What torch.compile hid from the trace, when the program's processes compiled any graph."""
-    graphs = sum(r["compiled_graphs"] for r in ended.reports
-                 if type(r.get("compiled_graphs")) is int)
-    if graphs <= 0:
-        return None
-    return (f"torch.compile made {graphs} graph(s) in the program: attention inside compiled "
-            "code is not traced (trace around the compiled call with attnscope.span, or leave "
-            "the model uncompiled while measuring: docs/instrument.md, \"torch.compile, "
-            "training, CUDA graphs\")")
-
-
 def _nothing_written(out: Path, ended: Ended) -> str:
     """Why a run left no trace file in ``out``, from what the program's processes reported."""
     total = {k: sum(int(r[k]) for r in ended.reports if isinstance(r.get(k), int))
@@ -367,7 +355,7 @@ def _nothing_written(out: Path, ended: Ended) -> str:
                 f"but no trace file was written ({lost or 'none exported'}; attnscope's "
                 "warnings above say why)")
     if ended.reports:
-        compiled = _compiled_line(ended)
+        compiled = _status.compiled_line(ended.reports)
         return (f"no spans captured, nothing written to {out} (no attention call was sampled "
                 f"in the {len(ended.reports)} process(es) of the program that imported torch)"
                 + (f"; {compiled}" if compiled else ""))

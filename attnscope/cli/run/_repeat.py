@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .._errors import CLIError
 from ..render import units
-from . import _environment, _output_dir, _program, _run_child
+from . import _environment, _output_dir, _program, _run_child, _status
 from . import _output as output
 
 __all__ = ["SEPARATOR", "repeat", "split_alternate"]
@@ -112,6 +112,9 @@ def _one_run(args: argparse.Namespace, cmd: _Command, directory: Path, name: str
         return _failed(directory, name, code, interrupted=interrupted, took=took)
     print(f"attnscope run: {name}: {_captured(directory)} in {_shown(directory)} ({took})",
           file=sys.stderr)
+    compiled = _status.compiled_line(ended.reports)
+    if compiled and name.startswith("run 1 "):  # once a repeat: each run compiles alike
+        print(f"attnscope run: {compiled}", file=sys.stderr)
     return None
 
 

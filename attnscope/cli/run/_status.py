@@ -23,7 +23,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["ENV_STATUS", "COUNTS", "Channel", "at_exit", "register"]
+__all__ = ["ENV_STATUS", "COUNTS", "Channel", "at_exit", "register", "compiled_line"]
 
 ENV_STATUS = "ATTNSCOPE_RUN_STATUS"  # "<fd>:<inode>" of the pipe's write end, in the program
 # stats() keys a process reports (docs/sampling.md: what each count means)
@@ -120,3 +120,15 @@ def _compiled_graphs() -> int:
         return int(utils.counters["stats"]["unique_graphs"]) if utils is not None else 0
     except Exception:  # noqa: BLE001  (a torch whose counters are laid out otherwise)
         return 0
+
+
+def compiled_line(reports: list[dict[str, Any]]) -> str | None:
+    """What torch.compile hid from the trace, when the program's processes compiled any graph
+    (their reports' ``compiled_graphs``)."""
+    graphs = sum(r["compiled_graphs"] for r in reports if type(r.get("compiled_graphs")) is int)
+    if graphs <= 0:
+        return None
+    return (f"torch.compile made {graphs} graph(s) in the program: attention inside compiled "
+            "code is not traced (trace around the compiled call with attnscope.span, or leave "
+            "the model uncompiled while measuring: docs/instrument.md, \"torch.compile, "
+            "training, CUDA graphs\")")
