@@ -126,5 +126,7 @@ def test_under_autocast_a_float32_call_takes_the_peak_of_autocasts_dtype(
     assert plain.attributes["attnscope.dtype"] == cast.attributes["attnscope.dtype"] == "float32"
     assert "attnscope.autocast_dtype" not in plain.attributes
     assert cast.attributes["attnscope.autocast_dtype"] == "bfloat16"
+    assert "fp32 (autocast bf16)" in cast.attributes["attnscope.summary"]
+    assert "autocast" not in plain.attributes["attnscope.summary"]
     assert plain.attributes["attnscope.roofline.peak_tflops"] == fp32["tflops"]
     assert cast.attributes["attnscope.roofline.peak_tflops"] == bf16["tflops"]

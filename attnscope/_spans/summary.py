@@ -33,6 +33,7 @@ _IMPL, _BACKEND, _PHASE = schema.IMPLEMENTATION.name, schema.BACKEND.name, schem
 _BATCH, _HEADS, _KV_HEADS = schema.BATCH_SIZE.name, schema.NUM_HEADS.name, schema.NUM_KV_HEADS.name
 _SEQ_Q, _SEQ_KV, _HEAD_DIM = schema.SEQ_LEN_Q.name, schema.SEQ_LEN_KV.name, schema.HEAD_DIM.name
 _DTYPE, _REPEATED = schema.DTYPE.name, schema.KV_REPEATED_FROM.name
+_AUTOCAST = schema.AUTOCAST_DTYPE.name
 _TIER, _PROFILED_BY, _SLOW = schema.TIER.name, schema.PROFILED_BY.name, schema.SLOW.name
 _EXACT, _REASON = schema.EXACT.name, schema.INEXACT_REASON.name
 _PEAK, _RSS = schema.PEAK_BYTES.name, schema.HOST_RSS_BYTES.name
@@ -58,6 +59,9 @@ def shapes(attrs: dict[str, Any]) -> str | None:
     dtype = attrs.get(_DTYPE)
     if isinstance(dtype, str):
         text += " " + _DTYPES.get(dtype, dtype)
+    autocast = attrs.get(_AUTOCAST)
+    if isinstance(autocast, str):
+        text += f" (autocast {_DTYPES.get(autocast, autocast)})"
     return text
 
 
@@ -107,7 +111,7 @@ class Summaries:
             if not self._site_matters(site):
                 site = None
             key = (id(shape), id(site), get(_IMPL), get(_BACKEND), get(_TIER),
-                   get(_REPEATED), get(_PROFILED_BY), get(_SLOW), get(_PEAK))
+                   get(_REPEATED), get(_PROFILED_BY), get(_SLOW), get(_PEAK), get(_AUTOCAST))
             # an entry holds its two objects: while it is kept, their ids are no other object's
             texts = self._kept.get(key)
         if texts is None:
