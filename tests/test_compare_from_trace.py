@@ -102,3 +102,19 @@ def test_a_trace_without_attention_is_one_line(tmp_path: Path) -> None:
     empty.write_text("")
     done = _compare("--from", str(empty), "--no-progress")
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_repeat_directory_gives_every_runs_calls(trace: TraceFiles, tmp_path: Path) -> None:
+    import shutil
+
+    for k in (1, 2):  # the layout `attnscope run --repeat 2` writes
+        shutil.copytree(trace.directory, tmp_path / "rep" / f"run-{k}")
+    done = _compare("--from", str(tmp_path / "rep"), "--top", "1", "--runs", "3", "--warmup",
+                    "0", "--profile-runs", "0", "--impl", "flash", "--json", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    (c,) = json.loads(done.stdout)["comparisons"]
+    calls = {(1, (PROMPT + NEW - 1).bit_length()): REPEATS * 2 * (NEW - 1),
+             (PROMPT, PROMPT): REPEATS * 2}
+    sq = c["shape"]["seq_len"]
+    key = (1, (PROMPT + NEW - 1).bit_length()) if sq == 1 else (PROMPT, PROMPT)
+    assert c["trace_shape"]["calls"] == 2 * calls[key]

@@ -19,7 +19,7 @@ from typing import Any
 
 from ... import _schema as schema
 from ..summary import int_attribute, latency_rows, profiles_within, wall_ns, weight
-from ..traces import SpanRow, attention_calls, load_spans
+from ..traces import SpanRow, attention_calls, load_runs
 
 __all__ = ["TraceShape", "trace_shapes"]
 
@@ -59,12 +59,12 @@ _Key = tuple[int, int, int, int, int, int, str, bool]
 
 
 def trace_shapes(path: str) -> tuple[list[TraceShape], int]:
-    """The shapes of the attention calls in the trace at ``path`` (a file or an ``attnscope
-    run`` directory), the most time first, and how many calls had no shape compare can
-    rebuild (a length, head count or dtype missing, another dtype). Decode steps (one query)
-    are grouped by their key length's power of two, as a cache grows by one key a step: each
-    group is compared at its calls' median key length."""
-    rows = load_spans(path)
+    """The shapes of the attention calls in the trace at ``path`` (a file, an ``attnscope run``
+    directory or a ``--repeat`` one: all its runs), the most time first, and how many calls had
+    no shape compare can rebuild (a length, head count or dtype missing, another dtype). Decode
+    steps (one query) are grouped by their key length's power of two, as a cache grows by one
+    key a step: each group is compared at its calls' median key length."""
+    rows = [r for _, run in load_runs(path) for r in run]  # a --repeat directory: every run's
     calls = attention_calls(rows)
     within, _ = profiles_within(rows, calls)
     groups: dict[_Key, list[SpanRow]] = defaultdict(list)
