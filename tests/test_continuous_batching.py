@@ -83,6 +83,37 @@ def test_packed_steps_say_their_phase_keys_tokens_and_exact_flops() -> None:
     assert forwards[0].attributes["gen_ai.usage.input_tokens"] == sum(lengths)
 
 
+def test_prompts_split_over_steps_and_mixed_with_decodes_add_up() -> None:
+    # a step of at most 6 tokens: the prompts go in chunks, some steps mix a chunk with decodes
+    config = pytest.importorskip("transformers.generation.configuration_utils")
+    if not hasattr(config, "ContinuousBatchingConfig"):
+        pytest.skip("this transformers has no continuous batching configuration")
+    model = _llama()
+    attnscope.instrument(model)
+    gc = transformers.GenerationConfig(max_new_tokens=NEW, do_sample=False, eos_token_id=-1,
+                                       pad_token_id=0)
+    cb = config.ContinuousBatchingConfig(num_blocks=16, max_batch_tokens=6, page_size=16)
+    try:
+        with capture_spans() as spans, torch.no_grad():
+            model.generate_batch(inputs=PROMPTS, generation_config=gc,
+                                 continuous_batching_config=cb, warmup=False)
+    finally:
+        attnscope.uninstrument(model)
+    layer = [s.attributes for s in spans
+             if s.attributes.get("attnscope.module") == "model.layers.0.self_attn"]
+    lengths = [len(p) for p in PROMPTS]
+    assert max(a["attnscope.seq_len_q"] for a in layer) <= 6 < sum(lengths)
+    # every prompt causal on its own, then one query a step over each request's keys
+    pairs = (sum(n * (n + 1) // 2 for n in lengths)
+             + sum(n + step for n in lengths for step in range(1, NEW)))
+    assert sum(a["attnscope.flops"] for a in layer) == _flops(pairs)
+    assert sum(a["attnscope.tokens"] for a in layer) == sum(lengths) + len(lengths) * (NEW - 1)
+    assert all("attnscope.inexact_reason" not in a for a in layer)
+    steps_of_one = [a for a in layer if a["attnscope.phase"] == "decode"]
+    assert steps_of_one and all(a["attnscope.tokens"] == a["attnscope.seq_len_q"]
+                                for a in steps_of_one)
+
+
 class _Unknown:
     """A cache attnscope does not know: no layers, no get_seq_length."""
 
