@@ -34,13 +34,14 @@ def _llama() -> Any:
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
-def _generate_batch(model: Any) -> None:
+def _generate_batch(model: Any, cuda_graphs: bool | None = None) -> None:
     config = pytest.importorskip("transformers.generation.configuration_utils")
     if not hasattr(config, "ContinuousBatchingConfig") or not hasattr(model, "generate_batch"):
         pytest.skip("this transformers has no continuous batching configuration")
     gc = transformers.GenerationConfig(max_new_tokens=NEW, do_sample=False, eos_token_id=-1,
                                        pad_token_id=0)
-    cb = config.ContinuousBatchingConfig(num_blocks=16, max_batch_tokens=32, page_size=16)
+    cb = config.ContinuousBatchingConfig(num_blocks=16, max_batch_tokens=32, page_size=16,
+                                         use_cuda_graph=cuda_graphs)
     with torch.no_grad():
         out = model.generate_batch(inputs=PROMPTS, generation_config=gc,
                                    continuous_batching_config=cb, warmup=False)
@@ -59,21 +60,8 @@ def test_packed_steps_say_their_phase_keys_tokens_and_exact_flops() -> None:
             _generate_batch(model)
     finally:
         attnscope.uninstrument(model)
-    layer = sorted((s for s in spans if s.attributes.get("attnscope.module")
-                    == "model.layers.0.self_attn"), key=lambda s: s.start_time)
+    layer = check_packed_layer(spans)
     lengths = [len(p) for p in PROMPTS]
-    # one prefill of every prompt packed together, then a decode step of one token each
-    decode_keys = [sum(n + step for n in lengths) for step in range(1, NEW)]
-    assert [(a.attributes["attnscope.phase"], a.attributes["attnscope.seq_len_q"],
-             a.attributes["attnscope.seq_len_kv"], a.attributes["attnscope.tokens"])
-            for a in layer] == ([("prefill", sum(lengths), sum(lengths), sum(lengths))]
-                                + [("decode", 3, k, 3) for k in decode_keys])
-    # each prompt causal on its own (no pair across requests); a decode query sees its own keys
-    assert layer[0].attributes["attnscope.flops"] == _flops(sum(n * (n + 1) // 2
-                                                                for n in lengths))
-    assert [a.attributes["attnscope.flops"] for a in layer[1:]] == [_flops(k)
-                                                                   for k in decode_keys]
-    assert all("attnscope.inexact_reason" not in a.attributes for a in layer)
     # the keys held are all the requests' together: no one row's cache length
     assert all("attnscope.kv_cache_len" not in a.attributes for a in layer)
     forwards = sorted((s for s in spans if s.attributes.get("code.function.name")
@@ -112,6 +100,27 @@ def test_prompts_split_over_steps_and_mixed_with_decodes_add_up() -> None:
     steps_of_one = [a for a in layer if a["attnscope.phase"] == "decode"]
     assert steps_of_one and all(a["attnscope.tokens"] == a["attnscope.seq_len_q"]
                                 for a in steps_of_one)
+
+
+def check_packed_layer(spans: Any) -> list[Any]:
+    """The first layer's spans of :func:`_generate_batch`, checked against the prompts; they
+    are returned, in order."""
+    layer = sorted((s for s in spans if s.attributes.get("attnscope.module")
+                    == "model.layers.0.self_attn"), key=lambda s: s.start_time)
+    lengths = [len(p) for p in PROMPTS]
+    # one prefill of every prompt packed together, then a decode step of one token each
+    decode_keys = [sum(n + step for n in lengths) for step in range(1, NEW)]
+    assert [(a.attributes["attnscope.phase"], a.attributes["attnscope.seq_len_q"],
+             a.attributes["attnscope.seq_len_kv"], a.attributes["attnscope.tokens"])
+            for a in layer] == ([("prefill", sum(lengths), sum(lengths), sum(lengths))]
+                                + [("decode", 3, k, 3) for k in decode_keys])
+    # each prompt causal on its own (no pair across requests); a decode query sees its own keys
+    assert layer[0].attributes["attnscope.flops"] == _flops(sum(n * (n + 1) // 2
+                                                                for n in lengths))
+    assert [a.attributes["attnscope.flops"] for a in layer[1:]] == [_flops(k)
+                                                                   for k in decode_keys]
+    assert all("attnscope.inexact_reason" not in a.attributes for a in layer)
+    return layer
 
 
 class _Unknown:

@@ -19,7 +19,13 @@ import attnscope
 from attnscope._derive import roofline
 from attnscope.testing import capture_spans
 from tests.support.helpers import brute_force_flops
-from tests.test_continuous_batching import HEAD_DIM, HEADS, NEW, PROMPTS, _flops, _llama
+from tests.test_continuous_batching import (
+    HEAD_DIM,
+    HEADS,
+    _generate_batch,
+    _llama,
+    check_packed_layer,
+)
 
 
 @attnscope.trace
@@ -30,32 +36,14 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def test_continuous_batching_on_cuda_counts_the_packed_steps() -> None:
-    config = pytest.importorskip("transformers.generation.configuration_utils")
-    import transformers
-
     model = _llama().to("cuda")
     attnscope.instrument(model, trace_model=True)
-    gc = transformers.GenerationConfig(max_new_tokens=NEW, do_sample=False, eos_token_id=-1,
-                                       pad_token_id=0)
-    cb = config.ContinuousBatchingConfig(num_blocks=16, max_batch_tokens=32, page_size=16,
-                                         use_cuda_graph=False)
     try:
-        with capture_spans() as spans, torch.no_grad():
-            model.generate_batch(inputs=PROMPTS, generation_config=gc,
-                                 continuous_batching_config=cb, warmup=False)
+        with capture_spans() as spans:
+            _generate_batch(model, cuda_graphs=False)  # replays are tests/gpu/test_graph_*'s
     finally:
         attnscope.uninstrument(model)
-    layer = sorted((s for s in spans if s.attributes.get("attnscope.module")
-                    == "model.layers.0.self_attn"), key=lambda s: s.start_time)
-    lengths = [len(p) for p in PROMPTS]
-    decode_keys = [sum(n + step for n in lengths) for step in range(1, NEW)]
-    assert [(a.attributes["attnscope.phase"], a.attributes["attnscope.seq_len_kv"],
-             a.attributes["attnscope.tokens"]) for a in layer] == (
-        [("prefill", sum(lengths), sum(lengths))] + [("decode", k, 3) for k in decode_keys])
-    assert layer[0].attributes["attnscope.flops"] == _flops(sum(n * (n + 1) // 2
-                                                                for n in lengths))
-    assert [a.attributes["attnscope.flops"] for a in layer[1:]] == [_flops(k)
-                                                                   for k in decode_keys]
+    layer = check_packed_layer(spans)
     assert all(a.attributes["attnscope.device_ns"] > 0 for a in layer)
 
 

@@ -57,13 +57,7 @@ def parse_spec(args: Any) -> measure.Spec:
         raise CLIError(f"--shape: {args.shape!r} is not 4 integers B,H,S,D") from None
     if min(b, h, s, d) <= 0:
         raise CLIError(f"--shape: every size must be at least 1, got {args.shape!r}")
-    kv_text = str(args.kv_heads).strip()
-    try:
-        kv = h if kv_text.upper() == "H" else int(kv_text)
-    except ValueError:
-        raise CLIError(f"--kv-heads: {kv_text!r} is not an integer") from None
-    if kv <= 0:
-        raise CLIError(f"--kv-heads must be at least 1, got {kv}")
+    kv = _count(args.kv_heads, "--kv-heads", "H", h)
     if h % kv:
         raise CLIError(f"--kv-heads {kv} does not divide the {h} query heads")
     device = _device(str(args.device))
@@ -72,13 +66,7 @@ def parse_spec(args: Any) -> measure.Spec:
         dtype_name = "bf16" if device.type == "cuda" else "fp32"
     if dtype_name not in _DTYPES:
         raise CLIError(f"--dtype: {args.dtype!r} is not one of fp32, bf16, fp16")
-    keys_text = str(getattr(args, "kv_len", "S")).strip()
-    try:
-        keys = s if keys_text.upper() == "S" else int(keys_text)
-    except ValueError:
-        raise CLIError(f"--kv-len: {keys_text!r} is not an integer") from None
-    if keys <= 0:
-        raise CLIError(f"--kv-len must be at least 1, got {keys}")
+    keys = _count(getattr(args, "kv_len", "S"), "--kv-len", "S", s)
     causal = bool(args.causal) and s > 1  # one query at the end of its keys sees them all
     if causal and keys != s:
         # SDPA's is_causal aligns top-left when S differs from the keys; a chunk of a prompt
@@ -88,6 +76,18 @@ def parse_spec(args: Any) -> measure.Spec:
     return measure.Spec(b, h, kv, s, d, _DTYPES[dtype_name], device, causal,
                         args.runs, args.warmup, args.profile_runs, args.seed,
                         float(args.budget) or None, kv_len=None if keys == s else keys)
+
+
+def _count(value: Any, option: str, letter: str, default: int) -> int:
+    """A count option's value, ``letter`` (H, S) standing for ``default``; at least 1."""
+    text = str(value).strip()
+    try:
+        count = default if text.upper() == letter else int(text)
+    except ValueError:
+        raise CLIError(f"{option}: {text!r} is not an integer") from None
+    if count <= 0:
+        raise CLIError(f"{option} must be at least 1, got {count}")
+    return count
 
 
 def run(args: Any) -> int:
