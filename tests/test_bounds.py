@@ -197,9 +197,16 @@ def test_masks_kept_at_once_stay_within_the_total_budget(monkeypatch: pytest.Mon
         traced(q, q, q, attn_mask=torch.ones(1, 1, 3238, 3238, dtype=torch.bool))
     kept = [isinstance(dict(cap.summary)["attn_mask"], torch.Tensor) for cap in held]
     assert kept == [True] * 6 + [False] * 4
-    # a small view of a large mask keeps the large one alive: it counts as the large one
+    # a view of a large mask would keep the large one alive: a small one is copied (its own
+    # bytes, not the buffer's), a larger one counts as the large one and is not kept
     static = torch.ones(1, 1, 64, 5000 * 64, dtype=torch.bool)  # 20 MB
     traced(q[..., :64, :], q[..., :64, :], q[..., :64, :], attn_mask=static[..., :64])
+    copied = dict(held[-1].summary)["attn_mask"]
+    assert isinstance(copied, torch.Tensor) and copied.untyped_storage().nbytes() == 64 * 64
+    assert copied.data_ptr() != static.data_ptr()
+    wide = retain.COPY_MASK_ELEMENTS // 64 + 64
+    k = torch.randn(1, 1, wide, 8)
+    traced(q[..., :64, :], k, k, attn_mask=static[..., :wide])
     assert not isinstance(dict(held[-1].summary)["attn_mask"], torch.Tensor)
     for cap in held:
         retain.release(cap)
