@@ -36,8 +36,9 @@ def register(sub: Any, formatter: Any) -> None:
     p.add_argument("--shape", default="1,8,1024,64", metavar="B,H,S,D",
                    help="batch, query heads, sequence length, head dim")
     p.add_argument("--from", dest="from_trace", default=argparse.SUPPRESS, metavar="TRACE",
-                   help="compare on the shapes of a trace's attention calls (a trace file or an "
-                        "`attnscope run` directory) instead of --shape: the --top ones by their "
+                   help="compare on the shapes of a trace's attention calls (a trace file, an "
+                        "`attnscope run` directory or a --repeat one) instead of --shape: the "
+                        "--top ones by their "
                         "time, each with its kv length, heads, causality and (with --dtype auto) "
                         "dtype")
     p.add_argument("--top", type=positive_int, default=3, metavar="N",
