@@ -162,7 +162,7 @@ def test_kernels_and_slowest_calls_match_the_spans(traces: TraceFiles, tmp_path:
     slowest = sorted(unslowed, key=lambda s: -s["tags"]["attnscope.wall_ns"])[:3]
     assert [c["span_id"] for c in report["slowest"]] == [s["spanID"] for s in slowest]
     # each with its shape and its time against the median of its layer and phase's unslowed calls
-    for call, span in zip(report["slowest"], slowest, strict=True):
+    for rank, (call, span) in enumerate(zip(report["slowest"], slowest, strict=True)):
         tags = span["tags"]
         assert (call["batch_size"], call["seq_len_q"], call["seq_len_kv"]) == \
             (tags["attnscope.batch_size"], tags["attnscope.seq_len_q"],
@@ -172,7 +172,10 @@ def test_kernels_and_slowest_calls_match_the_spans(traces: TraceFiles, tmp_path:
                  == (tags["attnscope.module"], tags["attnscope.phase"])]
         assert call["times_p50"] == pytest.approx(tags["attnscope.wall_ns"]
                                                   / np.percentile(peers, 50))
-        assert call["times_p50"] >= 1.0 and call["slow"] is False  # too few calls to judge one
+        assert call["slow"] is False  # too few calls to judge one
+        # the slowest is its own group's slowest, so at or above its median; the next ones may
+        # be below theirs (a loaded machine's top three can all be one group's)
+        assert rank > 0 or call["times_p50"] >= 1.0
 
 
 def test_terminal_report_names_every_layer_and_phase(traces: TraceFiles) -> None:
