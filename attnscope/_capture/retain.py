@@ -43,7 +43,11 @@ def keep(cap: Capture, value: Any) -> Any:
     """``value`` if ``cap`` may keep it by reference, else its TensorMeta (non-tensors as given)."""
     if not isinstance(value, torch.Tensor):
         return value
-    size = _size(value)
+    return _kept(cap, value, _size(value))
+
+
+def _kept(cap: Capture, value: torch.Tensor, size: int) -> Any:
+    """``value`` kept within the budget at ``size`` bytes, else its TensorMeta."""
     if size <= KEEP_TENSOR_BYTES and runtime.retention.take(size):
         cap.kept_bytes += size
         return value
@@ -77,14 +81,15 @@ def _keep_mask(cap: Capture, mask: Any) -> Any:
             and mask.numel() <= COPY_MASK_ELEMENTS):
         size = mask.numel() * mask.element_size()
         try:
-            view = mask.untyped_storage().nbytes() > size
+            stored = mask.untyped_storage().nbytes()
         except Exception:  # no plain storage (a subclass): kept as any tensor is
-            view = False
-        if view:
-            if not runtime.retention.take(size):
-                return TensorMeta.of(mask)
-            cap.kept_bytes += size
-            return mask.detach().clone(memory_format=torch.contiguous_format)
+            return keep(cap, mask)
+        if stored <= size:  # its own storage: kept by reference (the storage read once)
+            return _kept(cap, mask, size)
+        if not runtime.retention.take(size):
+            return TensorMeta.of(mask)
+        cap.kept_bytes += size
+        return mask.detach().clone(memory_format=torch.contiguous_format)
     return keep(cap, mask)
 
 

@@ -320,8 +320,12 @@ def _generates(rows: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],
             uncached = _without_cache(steps)
             first = steps[0].attributes.get(schema.PHASE.name) if steps else None
             if not steps or (first != "prefill" and not uncached):
-                unknown["not_all_traced" if not whole else "began_on_a_filled_cache"
-                        if first == "decode" else "no_phase"] += 1
+                if not whole:
+                    unknown["not_all_traced"] += 1
+                elif first == "decode":
+                    unknown["began_on_a_filled_cache"] += 1
+                else:
+                    unknown["no_phase"] += 1
                 continue
             first_end = steps[0].start_ns + wall_ns(steps[0])
             ttft.append(first_end - g.start_ns)
