@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import signal
 import tempfile
 from collections.abc import Iterator
@@ -28,7 +30,10 @@ os.environ.setdefault("ATTNSCOPE_EXPORTER", "none")
 os.environ.setdefault("ATTNSCOPE_METRICS", "false")
 # Peaks an `attnscope calibrate` saved in the developer's own cache would put a roofline on every
 # CPU span: the suite reads (and its calibrate tests write) a cache of its own.
-os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="attnscope-test-cache-")
+# Removed at exit: each pytest process (an xdist worker too) makes one, and CI machines are reused.
+_CACHE = tempfile.mkdtemp(prefix="attnscope-test-cache-")
+os.environ["XDG_CACHE_HOME"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 _OURS = ("ATTNSCOPE_", "OTEL_")
 
