@@ -52,6 +52,9 @@ _NS, _BY, _TOKEN = "ns", "By", "{token}"
 TIER = attribute("tier", "string", "",
                  "timing or profile (inside a profiled call: timing, see profiled_by)")
 SAMPLE_RATE = attribute("sample_rate", "float", "1", "the probability that produced the span")
+RECOMPUTE = attribute("recompute", "bool", "",
+                      "the call ran inside a backward pass: a forward recomputed by activation "
+                      "checkpointing")
 WALL_NS = attribute("wall_ns", "int", _NS, "host wall time of the call")
 HOST_RSS_BYTES = attribute("memory.host_rss_bytes", "int", _BY, "process resident set size")
 TOKENS = attribute("tokens", "int", _TOKEN, "query tokens processed, padding excluded")

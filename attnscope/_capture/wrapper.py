@@ -35,6 +35,7 @@ from .._record.capture import (
 from .._runtime import runtime
 from . import args as _args
 from . import autocast as _autocast
+from . import backward as _backward
 from . import batch as _batch
 from . import compile as _compile
 from . import decision as _decision
@@ -56,6 +57,7 @@ Active = tuple[Capture, "contextvars.Token[int | None]", int]
 
 _perf_ns = time.perf_counter_ns
 _any_autocast = _autocast.ANY_ON
+_graph_task = _backward.task
 # Clock pairs read further apart than this (the thread was preempted) are read again, this often
 _CLOCK_GAP_NS, _CLOCK_TRIES = 20_000, 3
 # A context key, not process state: the innermost sampled call, so children know their parent.
@@ -303,6 +305,7 @@ def _open(cap: Capture, site: CallSite, tier: int, rate: float, args: tuple[Any,
     cap.replay = replay
     if _any_autocast():  # ~70 ns: the one check on a call with autocast off
         cap.autocast = _autocast.dtype_for(device)  # its matmuls' dtype: the roofline's peak
+    cap.recompute = _graph_task() != -1  # in a backward pass: a forward checkpointing recomputes
     cuda = device is not None and device.type == "cuda"
     if cuda:
         # The tensor's device's stream, where the events go: during CUDA-graph capture events,

@@ -64,6 +64,7 @@ _FALLBACK = schema.BACKEND_FALLBACK.name
 _DEVICE_NS, _WALL_NS, _TOKENS = schema.DEVICE_NS.name, schema.WALL_NS.name, schema.TOKENS.name
 _SAMPLE_RATE, _PEAK_BYTES = schema.SAMPLE_RATE.name, schema.PEAK_BYTES.name
 _MODULE_CLASS = schema.MODULE_CLASS.name
+_RECOMPUTE = schema.RECOMPUTE.name
 _TIER, _PROFILED_BY = schema.TIER.name, schema.PROFILED_BY.name
 _OPERATION, _REQUEST_MODEL = schema.OPERATION_NAME.name, schema.REQUEST_MODEL.name
 _MODULE, _BATCH, _KV_CACHE_LEN = (schema.MODULE.name, schema.BATCH_SIZE.name,
@@ -239,7 +240,8 @@ class _Instruments:
                 else:
                     self.duration.record(ns / 1e9, labels, context=ctx)
             tokens = attrs.get(_TOKENS)
-            if _count(tokens) and tokens > 0:
+            # a forward recomputed in backward (checkpointing) passes no token through again
+            if _count(tokens) and tokens > 0 and attrs.get(_RECOMPUTE) is not True:
                 rate = attrs.get(_SAMPLE_RATE)
                 weight = 1.0 / rate if isinstance(rate, float) and 0.0 < rate <= 1.0 else 1.0
                 totals = self._token_totals
@@ -270,7 +272,7 @@ class _Instruments:
         """A span's labels and their token series, kept per combination of the values they are
         read from (bounded; the dicts are the instruments' to read, never changed)."""
         get = attrs.get
-        key = (*map(get, _LABELS), name)
+        key = (*map(get, _LABELS), get(_RECOMPUTE), name)
         kept = self._labels
         try:
             found = kept.get(key)
@@ -386,6 +388,8 @@ def _labels(attrs: dict[str, Any], name: Any) -> _Labels:
         value = attrs.get(key)
         if isinstance(value, str) and value:
             labels[key] = value
+    if attrs.get(_RECOMPUTE) is True:  # its latency apart from the forward's own
+        labels[_RECOMPUTE] = "true"
     if _MODULE_CLASS not in labels and name:
         labels[_MODULE_CLASS] = str(name)[:128]
     return labels, tuple(sorted(labels.items()))

@@ -175,6 +175,7 @@ class Capture:
         "replay",
         "in_profile",
         "autocast",
+        "recompute",
     )
 
     def __init__(self) -> None:
@@ -221,6 +222,8 @@ class Capture:
         self.in_profile = False
         # the dtype torch.autocast was on with for the call's device ("bfloat16"), else None
         self.autocast: str | None = None
+        # run inside a backward pass (activation checkpointing's recomputed forward)
+        self.recompute = False
 
     def expand(self) -> None:
         """``summary`` made from ``flat_summary`` when the call left one (the worker does, first

@@ -35,6 +35,7 @@ _FLOPS, _TFLOPS, _TOKENS, _TOKENS_PER_S = (schema.FLOPS.name, schema.TFLOPS.name
                                            schema.TOKENS.name, schema.TOKENS_PER_S.name)
 _PHASE = schema.PHASE.name
 _AUTOCAST_DTYPE = schema.AUTOCAST_DTYPE.name
+_RECOMPUTE = schema.RECOMPUTE.name
 _MODULE = schema.MODULE.name
 _PHASES = frozenset(("prefill", "decode"))
 _IMPLEMENTATION, _BACKEND = schema.IMPLEMENTATION.name, schema.BACKEND.name
@@ -64,13 +65,16 @@ _implementation = implementation_of
 
 def _name_suffix(attrs: dict[str, Any]) -> str:
     """What an instrumented layer's or model forward's span name ends with: `` (phase,
-    implementation)``, either alone, or nothing. The implementation is the module config's,
-    else, on a profiled attention call, the backend that ran. A span() block, a traced function
-    and generate() keep their names."""
+    implementation)``, either alone, or nothing; ``recompute`` first for a forward recomputed in
+    a backward pass. The implementation is the module config's, else, on a profiled attention
+    call, the backend that ran. A span() block, a traced function and generate() keep their
+    names."""
     if _MODULE not in attrs:
         return ""
     phase = attrs.get(_PHASE)
     parts = [phase] if phase in _PHASES else []
+    if attrs.get(_RECOMPUTE) is True:
+        parts.insert(0, "recompute")
     if parts or _NUM_HEADS in attrs:
         impl = attrs.get(_IMPLEMENTATION) or attrs.get(_BACKEND)
         if isinstance(impl, str) and impl:
@@ -124,6 +128,8 @@ def capture_attributes(cap: Capture, shape: dict[str, Any], found: Measured,
                 fallback.annotate_implementation(attrs, str(attrs.get(_MODULE) or cap.name))
     if cap.autocast is not None:
         attrs[_AUTOCAST_DTYPE] = cap.autocast
+    if cap.recompute:
+        attrs[_RECOMPUTE] = True
     if cap.extra:  # span() attributes, already under their final names
         clean_attributes(cap.extra, attrs)
     wall = cap.wall_ns

@@ -33,7 +33,7 @@ _IMPL, _BACKEND, _PHASE = schema.IMPLEMENTATION.name, schema.BACKEND.name, schem
 _BATCH, _HEADS, _KV_HEADS = schema.BATCH_SIZE.name, schema.NUM_HEADS.name, schema.NUM_KV_HEADS.name
 _SEQ_Q, _SEQ_KV, _HEAD_DIM = schema.SEQ_LEN_Q.name, schema.SEQ_LEN_KV.name, schema.HEAD_DIM.name
 _DTYPE, _REPEATED = schema.DTYPE.name, schema.KV_REPEATED_FROM.name
-_AUTOCAST = schema.AUTOCAST_DTYPE.name
+_AUTOCAST, _RECOMPUTE = schema.AUTOCAST_DTYPE.name, schema.RECOMPUTE.name
 _TIER, _PROFILED_BY, _SLOW = schema.TIER.name, schema.PROFILED_BY.name, schema.SLOW.name
 _EXACT, _REASON = schema.EXACT.name, schema.INEXACT_REASON.name
 _PEAK, _RSS = schema.PEAK_BYTES.name, schema.HOST_RSS_BYTES.name
@@ -110,8 +110,8 @@ class Summaries:
             shape, site = kept
             if not self._site_matters(site):
                 site = None
-            key = (id(shape), id(site), get(_IMPL), get(_BACKEND), get(_TIER),
-                   get(_REPEATED), get(_PROFILED_BY), get(_SLOW), get(_PEAK), get(_AUTOCAST))
+            key = (id(shape), id(site), get(_IMPL), get(_BACKEND), get(_TIER), get(_REPEATED),
+                   get(_PROFILED_BY), get(_SLOW), get(_PEAK), get(_AUTOCAST), get(_RECOMPUTE))
             # an entry holds its two objects: while it is kept, their ids are no other object's
             texts = self._kept.get(key)
         if texts is None:
@@ -197,9 +197,12 @@ def _static_parts(attrs: dict[str, Any]) -> tuple[str, str]:
 
 
 def _marks(attrs: dict[str, Any]) -> str:
-    """What sets the call apart: repeated K/V, its profile, slow; its peak memory (each part with
-    its leading " · "). The RSS, last, :meth:`Summaries.call` adds."""
+    """What sets the call apart: recomputed in a backward pass, repeated K/V, its profile, slow;
+    its peak memory (each part with its leading " · "). The RSS, last, :meth:`Summaries.call`
+    adds."""
     parts: list[str] = []
+    if attrs.get(_RECOMPUTE) is True:
+        parts.append("recomputed in backward")
     repeated = attrs.get(_REPEATED)
     if _int(repeated):
         parts.append(f"K/V repeated from {repeated} heads")

@@ -26,8 +26,10 @@ its own sampling): its kernels, core time and backend are then that nested call'
   FLOPs; core TFLOP/s = Σ FLOPs ÷ Σ ``attnscope.core_ns`` over the **profiled** calls that have
   both (core time is measured under the profiler: it can come out below TFLOP/s).
 - ``all layers``: counts, FLOPs and time summed over every layer; tokens are those of the module
-  that saw the most (every token passes every layer once); tokens/s = 1 ÷ Σ over modules of
-  (Σ time ÷ Σ tokens of its timed calls), the attention time a token spends in all layers.
+  that saw the most (every token passes every layer once), leaving out the forwards recomputed in
+  a backward pass (phase ``recompute``: the same tokens again); tokens/s = 1 ÷ Σ over modules of
+  (Σ time ÷ Σ tokens of its timed calls, its recomputed calls summed apart), the attention time a
+  token spends in all layers.
 - Kernels/ops: from profiled calls' ``attnscope.kernel.top_names``/``top_ns`` (each call's five
   biggest), as a share of their ``attnscope.kernel.total_ns``, and from calls timed inside a
   profiled call, which the worker gives the same from that profile's events; the overall row's
@@ -45,7 +47,7 @@ from typing import Any
 
 from .. import _schema as schema
 from .roofline import FallbackStats, RooflineStats, fallbacks_of, roofline_of
-from .traces import ATTENTION_FACTS, GroupKey, SpanRow, call_backends, group_key
+from .traces import ATTENTION_FACTS, RECOMPUTE, GroupKey, SpanRow, call_backends, group_key
 
 __all__ = ["Quantiles", "GroupStats", "Summary", "summarize", "quantiles", "time_ns", "wall_ns",
            "latency_rows", "operator_spans", "int_attribute", "shape_text", "sample_rate", "weight",
@@ -53,7 +55,7 @@ __all__ = ["Quantiles", "GroupStats", "Summary", "summarize", "quantiles", "time
 
 CallId = tuple[str, str]  # (trace id, span id)
 
-PHASE_ORDER = {"prefill": 0, "decode": 1, None: 2}
+PHASE_ORDER = {"prefill": 0, "decode": 1, None: 2, RECOMPUTE: 3}
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,17 +319,20 @@ def _random(rows: Sequence[SpanRow]) -> Sequence[SpanRow]:
 
 def _order(key: GroupKey, rows: Sequence[SpanRow]) -> tuple[Any, ...]:
     index = rows[0].attributes.get(schema.LAYER_INDEX.name)
-    return (index if isinstance(index, int) else 1 << 30, key[0], PHASE_ORDER.get(key[1], 3),
+    return (index if isinstance(index, int) else 1 << 30, key[0], PHASE_ORDER.get(key[1], 4),
             min(r.start_ns for r in rows), key[2] or "")
 
 
 def _overall_tokens_per_s(calls: Sequence[SpanRow],
                           within: Mapping[CallId, list[SpanRow]]) -> float | None:
     """1 ÷ Σ over modules of (Σ time ÷ Σ tokens of its timed calls): a token passes every
-    layer once, so its attention time is the sum of the layers' time per token."""
-    per_module: dict[str, list[SpanRow]] = defaultdict(list)
+    layer once, so its attention time is the sum of the layers' time per token. A layer's
+    recomputed forwards (checkpointing) are summed apart: each is a second pass of its tokens,
+    whose time per token adds to the first's."""
+    per_module: dict[tuple[str, bool], list[SpanRow]] = defaultdict(list)
     for row in calls:
-        per_module[group_key(row)[0]].append(row)
+        module, phase = group_key(row)
+        per_module[(module, phase == RECOMPUTE)].append(row)
     seconds_per_token = 0.0
     for rows in per_module.values():
         pair = _over_time(latency_rows(rows, within), schema.TOKENS.name)
@@ -358,7 +363,8 @@ def summarize(calls: Sequence[SpanRow], price_per_hour: float | None = None,
     groups = [_stats(k, label[k], grouped[k], price_per_hour, within) for k in keys]
     per_module: Counter[str] = Counter()
     for g in groups:
-        per_module[g.module] += g.tokens or 0
+        if g.phase != RECOMPUTE:  # the same tokens again
+            per_module[g.module] += g.tokens or 0
     most_tokens = max(per_module.values(), default=0) or None
     overall = _stats(("all layers", None, None), "all layers", calls, price_per_hour, within,
                      tokens=most_tokens, tokens_per_s=_overall_tokens_per_s(calls, within),

@@ -34,11 +34,13 @@ from ._errors import CLIError
 
 __all__ = ["TraceFileError", "SpanRow", "load_spans", "load_runs", "run_directories",
            "attention_calls", "group_key", "model_label", "process_of", "call_backends", "GroupKey",
-           "ATTENTION_FACTS", "DIRECTORY_FILES"]
+           "ATTENTION_FACTS", "DIRECTORY_FILES", "RECOMPUTE"]
 
 # What `attnscope run` writes into its output directory, in the order they are preferred.
 DIRECTORY_FILES = ("traces.otlp.jsonl", "traces.jaeger.json")
 # Attributes only an attention call carries (a model forward or a span() block has none of them).
+# the phase group_key gives a forward recomputed in a backward pass (activation checkpointing)
+RECOMPUTE = "recompute"
 ATTENTION_FACTS = (schema.NUM_HEADS.name, schema.HEAD_DIM.name, schema.FLOPS.name)
 # Tags the Jaeger exporter adds from the span itself rather than its attributes.
 _JAEGER_EXTRA = ("otel.scope.name", "otel.scope.version", "span.kind", "error")
@@ -202,9 +204,12 @@ def attention_calls(rows: Sequence[SpanRow]) -> list[SpanRow]:
 
 def group_key(row: SpanRow) -> tuple[str, str | None]:
     """(module path, else span name; phase or None): what a call is summarised under. A layer
-    of the second or later model instrumented in its process says which (:func:`model_label`)."""
-    module = row.attributes.get(schema.MODULE.name)
-    phase = row.attributes.get(schema.PHASE.name)
+    of the second or later model instrumented in its process says which (:func:`model_label`).
+    A forward recomputed in a backward pass (``attnscope.recompute``) has the phase
+    ``recompute``: a row of its own, whatever its phase."""
+    attrs = row.attributes
+    module = attrs.get(schema.MODULE.name)
+    phase = RECOMPUTE if attrs.get(schema.RECOMPUTE.name) is True else attrs.get(schema.PHASE.name)
     return (model_label(row, str(module) if module else row.name), str(phase) if phase else None)
 
 

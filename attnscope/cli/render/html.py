@@ -22,10 +22,14 @@ from typing import Any
 import matplotlib
 from matplotlib.figure import Figure
 
-__all__ = ["page", "svg", "figure", "table", "escape", "PALETTE"]
+__all__ = ["page", "svg", "figure", "table", "escape", "PALETTE", "PHASE_COLOUR", "PHASES"]
 
 # Colour-blind safe (Okabe-Ito), used in this order by every plot.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
+# the report's phases in their legends' order (``recompute``: checkpointing's forwards in backward)
+PHASES: tuple[str | None, ...] = ("prefill", "decode", None, "recompute")
+PHASE_COLOUR: dict[str | None, str] = dict(zip(PHASES, (PALETTE[0], PALETTE[1], PALETTE[2],
+                                                        PALETTE[4]), strict=True))
 
 _CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:0;color:#1d2330;

@@ -17,7 +17,7 @@ from matplotlib.ticker import FuncFormatter
 
 from ... import _schema as schema
 from ..e2e import OUTSIDE_BLOCKS
-from ..render.html import PALETTE, escape, figure, page, svg, table
+from ..render.html import PALETTE, PHASE_COLOUR, PHASES, escape, figure, page, svg, table
 from ..render.units import MISSING, duration, si, when
 from ..runinfo import describe
 from ..summary import GroupStats, Summary, latency_rows, shape_text, time_ns, wall_ns
@@ -41,7 +41,7 @@ from ._timeline import spans_under, timeline_svg
 
 __all__ = ["render_html"]
 
-_PHASE_COLOUR = {"prefill": PALETTE[0], "decode": PALETTE[1], None: PALETTE[2]}
+_PHASE_COLOUR = PHASE_COLOUR
 
 
 def render_html(summary: Summary, rows: Sequence[SpanRow], *, source: str, top: int,
@@ -222,7 +222,7 @@ def _plain_ticks(ax: Any) -> None:
 
 def _legend(ax: Any, phases: set[str | None]) -> None:
     handles = [Patch(color=_PHASE_COLOUR[p], label=p or "no phase", alpha=0.7)
-               for p in ("prefill", "decode", None) if p in phases]
+               for p in PHASES if p in phases]
     if len(handles) > 1:
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=9,
                   frameon=False)
@@ -236,7 +236,7 @@ def _time_plot(summary: Summary) -> str:
     ax = fig.subplots()
     left = [0.0] * len(modules)
     y = list(range(len(modules)))[::-1]
-    phases = [p for p in ("prefill", "decode", None) if any(g.phase == p for g in summary.groups)]
+    phases = [p for p in PHASES if any(g.phase == p for g in summary.groups)]
     for phase in phases:
         widths = [sum(g.time_ns for g in summary.groups if g.label == m and g.phase == phase)
                   / 1e6 for m in modules]

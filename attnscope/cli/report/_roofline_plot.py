@@ -21,7 +21,7 @@ from typing import Any
 from matplotlib.lines import Line2D
 
 from ... import _schema as schema
-from ..render.html import PALETTE, escape, figure, svg, table
+from ..render.html import PALETTE, PHASE_COLOUR, PHASES, escape, figure, svg, table
 from ..render.units import MISSING, si
 from ..roofline import Roof, RooflineStats, roofline_of, roofs_of
 from ..summary import Summary, time_ns
@@ -29,7 +29,7 @@ from ..traces import SpanRow, group_key
 
 __all__ = ["RooflinePoint", "roofline_points", "roofline_figure", "roofline_section"]
 
-_PHASE_COLOUR = {"prefill": PALETTE[0], "decode": PALETTE[1], None: PALETTE[2]}
+_PHASE_COLOUR = PHASE_COLOUR
 _ROOF_STYLES = ("-", "--", ":", "-.")
 # above this many points the plot labels them by number, the table below names them
 _NAMED_POINTS = 12
@@ -107,7 +107,7 @@ def roofline_figure(points: Sequence[RooflinePoint], roofs: Sequence[Roof]) -> A
     ax.grid(color="#e6e8ec", which="both")
     ax.set_axisbelow(True)
     handles, _ = ax.get_legend_handles_labels()
-    phases = [ph for ph in ("prefill", "decode", None) if any(p.phase == ph for p in points)]
+    phases = [ph for ph in PHASES if any(p.phase == ph for p in points)]
     handles += [Line2D([], [], marker="o", linestyle="", color=_PHASE_COLOUR[ph], alpha=0.8,
                        label=ph or "no phase") for ph in phases]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
