@@ -1,8 +1,9 @@
 """On CUDA, what the CPU tests of these features establish on the host (skipped without CUDA):
 continuous batching's packed steps (tests/test_continuous_batching.py), a float32 call under
 ``torch.autocast`` taking the bf16 peak (tests/test_calibrate.py), a slice of a large causal
-buffer counted (tests/test_sdpa_masks.py) and ``attnscope compare --kv-len``
-(tests/test_cli_compare.py)."""
+buffer counted (tests/test_sdpa_masks.py), ``attnscope compare --kv-len``
+(tests/test_cli_compare.py) and checkpointing's recomputed forwards, which autograd runs on a
+device thread of its own on CUDA (tests/test_recompute.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 import attnscope
 from attnscope._derive import roofline
 from attnscope.testing import capture_spans
+from tests.support.figures import record
 from tests.support.helpers import brute_force_flops
 from tests.test_continuous_batching import (
     HEAD_DIM,
@@ -26,6 +28,7 @@ from tests.test_continuous_batching import (
     _llama,
     check_packed_layer,
 )
+from tests.test_recompute import _LAYERS, _STEPS, _layer_spans, _model, _train
 
 
 @attnscope.trace
@@ -85,3 +88,23 @@ def test_compare_a_decode_step_on_cuda() -> None:
     assert ran and all(r["status"] == "ok" for r in ran), ran
     flops = brute_force_flops(4, 8, 1, keys, 64, 64, causal=False)
     assert all(r["flops"] == flops for r in ran)
+
+
+@pytest.mark.parametrize("checkpointing", ["reentrant", "non_reentrant"])
+def test_forwards_recomputed_by_cuda_autograd_are_marked(checkpointing: str) -> None:
+    model = _model(checkpointing).to("cuda")
+    attnscope.instrument(model, trace_model=True)
+    try:
+        with capture_spans() as spans:
+            _train(model)
+    finally:
+        attnscope.uninstrument(model)
+    layers = _layer_spans(spans)
+    again = [s for s in layers if s.attributes.get("attnscope.recompute") is True]
+    assert len(layers) == 2 * len(again) == 2 * _LAYERS * _STEPS
+    steps = {s.context.trace_id for s in spans
+             if s.attributes.get("attnscope.module_class") == "LlamaForCausalLM"}
+    # which trace they join on autograd's device thread: the step's, or traces of their own
+    joined = sum(s.context.trace_id in steps for s in again)
+    record("recompute_trace", checkpointing=checkpointing, in_step_trace=joined,
+           recomputed=len(again))
