@@ -82,6 +82,31 @@ def test_a_directory_of_several_processes_reads_every_process_once(
     assert load_spans(run) == load_spans(traces.otlp)
 
 
+def test_json_lines_are_split_at_newlines_only_and_share_their_keys(
+        traces: TraceFiles, tmp_path: Path) -> None:
+    """A line of OTLP/JSON may hold U+2028 and U+0085 raw (valid in JSON strings; the
+    Collector's file exporter does not escape them), which ``str.splitlines`` took for line
+    breaks: "not JSON". And each span's attribute names are one string per name, not per span
+    (the report of a 64 MiB file held a copy of every name for each of its ~40,000 spans)."""
+    docs = [json.loads(line) for line in traces.otlp.read_text().splitlines() if line.strip()]
+    first = docs[0]["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    first["attributes"].append({"key": "note", "value": {"stringValue": "a\u2028b\x85c"}})
+    raw = tmp_path / "raw.otlp.jsonl"
+    raw.write_text("\r\n".join(json.dumps(d, ensure_ascii=False) for d in docs) + "\r\n",
+                   encoding="utf-8")
+    assert "\u2028" in raw.read_text(encoding="utf-8")
+    rows, plain = load_spans(raw), load_spans(traces.otlp)
+    assert len(rows) == len(plain)
+    noted = [r for r in rows if "note" in r.attributes]
+    assert [r.attributes["note"] for r in noted] == ["a\u2028b\x85c"]
+    assert [{k: v for k, v in r.attributes.items() if k != "note"} for r in rows] == \
+        [dict(r.attributes) for r in plain]
+    names: dict[str, str] = {}
+    for row in rows:
+        for key in row.attributes:
+            assert names.setdefault(key, key) is key, key
+
+
 def test_same_numbers_from_either_format(traces: TraceFiles, tmp_path: Path) -> None:
     reports = [_json_report(p, tmp_path) for p in (traces.jaeger, traces.otlp, traces.directory)]
     for report in reports[1:]:
