@@ -56,7 +56,7 @@ def render_html(summary: Summary, rows: Sequence[SpanRow], *, source: str, top: 
         *head,
         ("Per layer and phase", _numbers(summary, duration, si)),
         ("Latency distribution per layer", _latency_plot(summary, calls)),
-        ("Time per layer: prefill vs decode", _time_plot(summary)),
+        ("Time per layer, by phase", _time_plot(summary)),
         ("Roofline per attention layer", roofline_section(summary, calls)),
         *_fallbacks(summary, calls),
         *_replayed(summary, calls),
