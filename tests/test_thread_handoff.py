@@ -96,3 +96,52 @@ def test_generate_on_another_thread(tmp_path: Path, with_context: bool, capsys: 
             " ".join(text.split())
         assert "contextvars.copy_context().run" in text.replace("\n", "")
         assert "12 attention calls ran while one of your blocks was open, but in none" in html
+
+
+def _serve_async(path: Path, with_context: bool) -> None:
+    """Two requests of an asyncio server that runs the blocking generate() in the loop's
+    executor (which, unlike ``asyncio.to_thread``, does not copy the context)."""
+    import asyncio
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        pad_token_id=0, eos_token_id=None, bos_token_id=None)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+
+    def generate(ids: torch.Tensor) -> Any:
+        with torch.no_grad():
+            return model.generate(input_ids=ids, max_new_tokens=3, do_sample=False)
+
+    async def request(i: int) -> None:
+        loop = asyncio.get_running_loop()
+        ids = torch.randint(1, 64, (1, 6))
+        with attnscope.span("request", attributes={"n": i}):
+            if with_context:
+                await loop.run_in_executor(None, contextvars.copy_context().run, generate, ids)
+            else:
+                await loop.run_in_executor(None, generate, ids)
+
+    async def serve() -> None:
+        for i in range(2):
+            await request(i)
+
+    attnscope.configure(exporter=f"jaeger-json:{path}", sample_rate=1.0, warmup_calls=0,
+                        overhead_budget=1.0, profile_rate=0.0)
+    attnscope.instrument(model)
+    try:
+        asyncio.run(serve())
+    finally:
+        attnscope.uninstrument(model)
+        assert attnscope.shutdown(timeout_s=30.0)
+
+
+@pytest.mark.parametrize("with_context", [False, True], ids=["plain", "copied-context"])
+def test_generate_in_asyncios_executor(tmp_path: Path, with_context: bool, capsys: Any) -> None:
+    trace = tmp_path / "t.json"
+    _serve_async(trace, with_context)
+    assert _in_requests(trace) == ((12, 0) if with_context else (0, 12))
+    assert run_report(trace) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert ("loop.run_in_executor" in text) is not with_context

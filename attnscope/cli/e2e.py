@@ -12,7 +12,8 @@ share of the model's time.
   attention's share of their time, estimated as for forwards (below); and how many attention
   calls ran while a block of their process was open but in no block (``outside_blocks``):
   a block holds what its own thread (or task) calls, and work handed to another thread
-  (``generate()`` with a ``TextIteratorStreamer``, a thread pool) lands outside it.
+  (``generate()`` with a ``TextIteratorStreamer``, a thread pool, ``loop.run_in_executor``)
+  lands outside it.
 - **attention share**, per model and phase: the time of attention calls nested in the model's
   traced forwards ÷ those forwards' time; a forward weighs 1/its sample rate, a nested call
   1/(its rate × its forward's), so below rate 1 the share is a ratio of two estimated totals.
@@ -42,7 +43,8 @@ __all__ = ["GenerateStats", "ShareStats", "BlockStats", "EndToEnd", "end_to_end"
 OUTSIDE_BLOCKS = (
     "{} attention calls ran while one of your blocks was open, but in none: a block holds what "
     "its own thread (or task) calls. For work handed to another thread (generate() with a "
-    "TextIteratorStreamer, a thread pool), start it with the block's context: threading.Thread("
+    "TextIteratorStreamer, a thread pool, asyncio's loop.run_in_executor), start it with the "
+    "block's context: threading.Thread("
     "target=contextvars.copy_context().run, args=(model.generate,), kwargs=...) "
     "(docs/instrument.md, \"Work on another thread\").")
 
