@@ -391,6 +391,7 @@ def test_effective_rates_and_overhead_are_gauges(
     with capture_spans(meter_provider=meter_provider, sample_rate=0.5, profile_rate=0.2,
                        overhead_budget=0.01):
         runtime.sampler.budget.scale = 0.25  # as if the budget had cut the rates
+        runtime.sampler.budget.profile_scale = 0.25
         runtime.sampler.budget.last_ratio = 0.02
         with attnscope.sampling(force=True):  # one capture, so the worker (and metrics) start
             attention(q, q, q)

@@ -297,6 +297,59 @@ def test_budget_lowers_the_rate_when_over_and_recovers_when_under() -> None:
     assert budget.scale == 1.0
 
 
+def test_profiled_calls_cost_the_profile_rate_not_the_sample_rate(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A profiled call costs the calling thread hundreds of times a timed one; one in a window
+    used to scale both rates down, so the sampled calls stopped being the configured share
+    (tiny Llama, padded batch, defaults: 0.57% of the calls sampled for a configured 1%)."""
+    caplog.set_level(logging.WARNING, logger="attnscope")
+    clock = FakeClock()
+    budget = OverheadBudget(0.01, window_s=1.0, clock=clock)
+    wall_ns, timed_ns, profile_ns = 1_000_000, 2_000, 20_000_000  # 0.2% timed, a 20 ms profile
+
+    def window(profiles: int) -> None:
+        for i in range(1000):  # one simulated second of calls at rate 1
+            budget.add(profile_ns if i < profiles else timed_ns, wall_ns, 1.0, i < profiles)
+        clock.now += 1.0
+        budget.add(0, wall_ns, 1.0)  # the first call of the next window closes this one
+
+    window(1)  # the timed calls cost 0.2%, the profile 2%: only the profile rate goes down
+    assert budget.scale == 1.0
+    # room 1% - 0.2% = 0.8% against 2%: scaled by about 0.8 * 0.8 / 2 = 0.32 (the wall time
+    # is that of 1001 calls: the one that closed the window counts)
+    wall = 1001 * wall_ns
+    timed, profiles = 999 * timed_ns / wall, profile_ns / wall
+    assert budget.profile_scale == pytest.approx(0.8 * (0.01 - timed) / profiles)
+    assert budget.last_ratio == pytest.approx(timed + profiles)
+    said = [r.getMessage() for r in caplog.records if "sampling fewer" in r.getMessage()]
+    assert len(said) == 1 and "the profile rate is scaled by 0.3205" in said[0], said
+    assert "the sample rate is not" in said[0]
+    for _ in range(4):
+        window(0)  # no profile since: it climbs back (x1.5 a second) to the configured rate
+    assert budget.profile_scale == 1.0 and budget.scale == 1.0
+    clock.now += 1.0
+    for _ in range(3):
+        window(0)
+    timed_ns = 30_000  # 3% timed: now the sample rate goes down, and profiles have no room
+    window(1)
+    assert budget.scale == pytest.approx(0.8 * 0.01 / (999 * timed_ns / wall))
+    assert budget.profile_scale == pytest.approx(0.1)
+
+
+def test_a_profile_rate_the_application_chose_is_kept_and_costs_the_sample_rate() -> None:
+    clock = FakeClock()
+    budget = OverheadBudget(0.01, window_s=1.0, clock=clock, profiles_governed=False)
+    for i in range(1000):
+        budget.add(20_000_000 if i == 0 else 2_000, 1_000_000, 1.0, i == 0)
+    clock.now += 1.0
+    budget.add(0, 1_000_000, 1.0)
+    wall = 1001 * 1_000_000
+    ratio = (20_000_000 + 999 * 2_000) / wall
+    assert budget.last_ratio == pytest.approx(ratio)
+    assert budget.scale == pytest.approx(0.8 * 0.01 / ratio)  # one budget, as before
+    assert budget.profile_scale == 1.0
+
+
 def test_effective_rate_goes_on_the_span(monkeypatch: pytest.MonkeyPatch) -> None:
     @attnscope.trace
     def f(x: int) -> int:

@@ -125,8 +125,8 @@ def decide(sampler: Sampler, site: CallSite,
         parent = parent_context(sampler)
         if parent is not None and not parent.trace_flags.sampled:
             return TIER_NONE, 0.0
-        profile_rate = sampler.profile_rate * sampler.budget.scale if sampler.profile_budgeted \
-            else sampler.profile_rate
+        profile_rate = sampler.profile_rate * sampler.budget.profile_scale \
+            if sampler.profile_budgeted else sampler.profile_rate
     else:
         profile_rate = sampler.profile_rate
     if profile_rate > 0 and rng.random() < profile_rate and sampler.bucket.take_random():

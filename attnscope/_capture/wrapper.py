@@ -189,7 +189,8 @@ def leave(site: CallSite, active: Active, error: BaseException | None, result: A
             own = (cap.start_perf_ns - t_enter) + (t_done - cap.end_perf_ns)
             if starting:  # starting the worker (imports, a thread) is paid once, not per call
                 own -= t_done - t_submit
-            budget.add(own, cap.end_perf_ns - cap.start_perf_ns, cap.sample_rate or 1.0)
+            budget.add(own, cap.end_perf_ns - cap.start_perf_ns, cap.sample_rate or 1.0,
+                       cap.tier == TIER_PROFILE)
     except Exception as exc:
         if not cap.counted:
             _retain.release(cap)

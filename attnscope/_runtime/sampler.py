@@ -148,40 +148,58 @@ class OverheadBudget:
     """Keeps attnscope's own calling-thread cost at or below ``budget`` of the wrapped wall time.
 
     Costs and wall times are added per sampled call; unsampled calls are accounted for by
-    re-weighting (wall / rate) and a fixed per-call cost. Once per ``window_s`` the scale applied to
-    the rates it governs (:func:`attnscope._config.budgeted`) moves down (over budget) or back up
-    toward 1 (well under). The first time it moves down, one WARNING says so and names the setting
-    that lifts it: sampling fewer calls than configured is never silent.
+    re-weighting (wall / rate) and a fixed per-call cost. Once per ``window_s`` two scales move
+    down (over budget) or back up toward 1 (well under): ``scale``, of the sample rate, against
+    the timed calls' cost, and ``profile_scale``, of the profile rate, against what the profiled
+    calls cost in the room the timed ones leave (a profile rate the application chose, which
+    the budget keeps, has its calls' cost count against the sample rate instead, as one
+    budget). A profiled call costs the calling thread hundreds of times a timed one (the
+    profiler's start and stop): with one scale, a profile or two in a window cut the sample
+    rate, so the calls that are sampled stopped being the configured share of all calls. The
+    first time either moves down, one WARNING says so and names the setting that lifts it:
+    sampling fewer calls than configured is never silent.
     """
 
     MIN_SCALE = 1e-4
 
     def __init__(self, budget: float, window_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, profiles_governed: bool = True
+                 ) -> None:
         self.budget = budget
+        # False: a profile rate the application chose, which the budget keeps; the profiled
+        # calls' cost then comes out of the sample rate, as one budget
+        self.profiles_governed = profiles_governed
         self.window_s = window_s
         self._clock = clock
         self.scale = 1.0
+        self.profile_scale = 1.0
         self.last_ratio = 0.0
         self._own_ns = 0.0
+        self._profile_ns = 0.0  # the profiled calls' own cost (in the profile tier)
         self._wall_ns = 0.0
         self._window_start = clock()
         self._lock = threading.Lock()
         self.told = False  # the throttling line was logged (once per configuration)
 
-    def add(self, own_ns: int, wall_ns: int, rate: float) -> None:
-        """One sampled call: our cost, its wall time, the rate that sampled it."""
+    def add(self, own_ns: int, wall_ns: int, rate: float, profiled: bool = False) -> None:
+        """One sampled call: our cost, its wall time, the rate that sampled it; ``profiled``: it
+        was in the profile tier."""
         if self.budget >= 1.0:  # 1.0 means "no budget": nothing to adapt
             return
         weight = 1.0 / rate if rate > 0 else 1.0
         now = self._clock()
         with self._lock:  # sampled calls on several threads: no lost additions
             # Unsampled siblings cost only the fast path; the sampled call costs what we measured.
-            self._own_ns += own_ns + FAST_PATH_NS * max(0.0, weight - 1.0)
+            fast = FAST_PATH_NS * max(0.0, weight - 1.0)
+            if profiled:
+                self._profile_ns += own_ns
+                self._own_ns += fast
+            else:
+                self._own_ns += own_ns + fast
             self._wall_ns += wall_ns * weight
             if now - self._window_start >= self.window_s:
                 self._adjust(now)
-            tell = self.scale < 1.0 and not self.told
+            tell = (self.scale < 1.0 or self.profile_scale < 1.0) and not self.told
             if tell:
                 self.told = True
         if tell:  # logged outside the lock: a handler may be slow
@@ -189,29 +207,50 @@ class OverheadBudget:
 
     def _tell(self) -> None:
         ratio, scale = round(self.last_ratio, 4), round(self.scale, 4)
+        profile_scale = round(self.profile_scale, 4)
+        if scale < 1.0:
+            what = (f"calls than configured: its own cost, {ratio} of the traced calls' time, is "
+                    f"over overhead_budget={self.budget}, so the rates it governs are scaled by "
+                    f"{scale} (each span's attnscope.sample_rate says by how much)")
+        else:
+            what = (f"calls for the profile tier than configured: its own cost, {ratio} of the "
+                    f"traced calls' time, is over overhead_budget={self.budget} with the "
+                    f"profiled calls, so the profile rate is scaled by {profile_scale} (the "
+                    "sample rate is not)")
         _log.warn_once("overhead-budget",
-            f"attnscope: sampling fewer calls than configured: its own cost, {ratio} of the "
-            f"traced calls' time, is over overhead_budget={self.budget}, so the rates it governs "
-            f"are scaled by {scale} (each span's attnscope.sample_rate says by how much). "
-            "overhead_budget=1.0 (ATTNSCOPE_OVERHEAD_BUDGET=1) samples at the configured rates",
-            overhead_budget=self.budget, overhead_ratio=ratio, scale=scale)
+            f"attnscope: sampling fewer {what}. overhead_budget=1.0 (ATTNSCOPE_OVERHEAD_BUDGET=1) "
+            "samples at the configured rates",
+            overhead_budget=self.budget, overhead_ratio=ratio, scale=scale,
+            profile_scale=profile_scale)
 
     def after_fork(self) -> None:
         self._lock = threading.Lock()
 
     def _adjust(self, now: float) -> None:
-        """Close the window and move the scale (lock held)."""
-        own, wall = self._own_ns, self._wall_ns
-        self._own_ns = self._wall_ns = 0.0
+        """Close the window and move the scales (lock held): the sample rate's against the
+        timed calls' cost and the budget, the profile rate's against the profiled calls' cost
+        and what the timed ones leave of the budget."""
+        own, profiled, wall = self._own_ns, self._profile_ns, self._wall_ns
+        self._own_ns = self._profile_ns = self._wall_ns = 0.0
         self._window_start = now
         if wall <= 0:
             return
-        ratio = own / wall
-        self.last_ratio = ratio
-        if ratio > self.budget:
-            self.scale = max(self.MIN_SCALE, self.scale * max(0.1, 0.8 * self.budget / ratio))
-        elif ratio < 0.5 * self.budget and self.scale < 1.0:
-            self.scale = min(1.0, self.scale * 1.5)
+        timed, profiles = own / wall, profiled / wall
+        self.last_ratio = timed + profiles
+        if not self.profiles_governed:
+            timed, profiles = timed + profiles, 0.0
+        self.scale = self._moved(self.scale, timed, self.budget)
+        self.profile_scale = self._moved(self.profile_scale, profiles,
+                                         max(0.0, self.budget - timed))
+
+    def _moved(self, scale: float, ratio: float, room: float) -> float:
+        """``scale`` after a window that cost ``ratio`` where ``room`` was allowed: down over it
+        (by ``0.8·room/ratio``, at most 10×), back up ×1.5 under half of it."""
+        if ratio > room:
+            return max(self.MIN_SCALE, scale * max(0.1, 0.8 * room / ratio))
+        if ratio < 0.5 * room and scale < 1.0:
+            return min(1.0, scale * 1.5)
+        return scale
 
 
 class Sampler:
@@ -273,7 +312,9 @@ class Sampler:
         self.graph_marks = cfg.compiled_graph_marks  # read by compiled code's tracing only
         self.bucket = TokenBucket(cfg.profile_max_per_minute, self._clock)
         budget, self.rate_budgeted, self.profile_budgeted = budgeted(cfg)
-        self.budget = OverheadBudget(budget, clock=self._clock)  # 1.0: the wrapper skips it
+        # 1.0: the wrapper skips it
+        self.budget = OverheadBudget(budget, clock=self._clock,
+                                     profiles_governed=self.profile_budgeted)
         for site in list(self._sites):
             site.grant = None  # slow-call grants the worker armed (capture.grants): dropped
         self._invalidate()
@@ -314,7 +355,7 @@ class Sampler:
 
     @property
     def effective_profile_rate(self) -> float:
-        return self.profile_rate * self.budget.scale if self.profile_budgeted \
+        return self.profile_rate * self.budget.profile_scale if self.profile_budgeted \
             else self.profile_rate
 
     def site_error(self, site: CallSite) -> bool:
