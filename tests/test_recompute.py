@@ -49,6 +49,18 @@ def _train(model: Any) -> None:
             model(input_ids=ids, labels=ids).loss.backward()
 
 
+def traced_training(model: Any, **settings: Any) -> list[Any]:
+    """The spans of ``_STEPS`` training steps of ``model``, instrumented for them
+    (``trace_model``: its forwards too); ``settings`` go to ``capture_spans``."""
+    attnscope.instrument(model, trace_model=True)
+    try:
+        with capture_spans(**settings) as spans:
+            _train(model)
+    finally:
+        attnscope.uninstrument(model)
+    return spans
+
+
 def _layer_spans(spans: list[Any]) -> list[Any]:
     return [s for s in spans if s.attributes.get("attnscope.module_class") == "LlamaAttention"]
 
@@ -56,10 +68,7 @@ def _layer_spans(spans: list[Any]) -> list[Any]:
 @pytest.mark.parametrize("checkpointing", ["reentrant", "non_reentrant"])
 def test_a_forward_recomputed_in_backward_is_marked_and_counts_no_token(
         checkpointing: str, meter_provider: Any, reader: Any) -> None:
-    model = _model(checkpointing)
-    attnscope.instrument(model, trace_model=True)
-    with capture_spans(meter_provider=meter_provider, metrics=True) as spans:
-        _train(model)
+    spans = traced_training(_model(checkpointing), meter_provider=meter_provider, metrics=True)
     layers = _layer_spans(spans)
     assert len(layers) == 2 * _LAYERS * _STEPS  # each layer's forward runs twice a step
     again = [s for s in layers if s.attributes.get("attnscope.recompute") is True]
@@ -96,10 +105,7 @@ def test_a_forward_recomputed_in_backward_is_marked_and_counts_no_token(
 
 
 def test_without_checkpointing_nothing_is_marked() -> None:
-    model = _model(None)
-    attnscope.instrument(model)
-    with capture_spans() as spans:
-        _train(model)
+    spans = traced_training(_model(None))
     layers = _layer_spans(spans)
     assert len(layers) == _LAYERS * _STEPS
     assert not any("attnscope.recompute" in s.attributes for s in spans)

@@ -27,13 +27,17 @@ class _Ids:
         return " ".join(str(int(i)) for i in ids)
 
 
-def _serve(path: Path, with_context: bool) -> None:
+def _llama() -> Any:
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
         pad_token_id=0, eos_token_id=None, bos_token_id=None)
-    model = transformers.LlamaForCausalLM(cfg).eval()
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def _serve(path: Path, with_context: bool) -> None:
+    model = _llama()
     attnscope.configure(exporter=f"jaeger-json:{path}", sample_rate=1.0, warmup_calls=0,
                         overhead_budget=1.0, profile_rate=0.0)
     attnscope.instrument(model)
@@ -103,12 +107,7 @@ def _serve_async(path: Path, with_context: bool) -> None:
     executor (which, unlike ``asyncio.to_thread``, does not copy the context)."""
     import asyncio
 
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        pad_token_id=0, eos_token_id=None, bos_token_id=None)
-    model = transformers.LlamaForCausalLM(cfg).eval()
+    model = _llama()
 
     def generate(ids: torch.Tensor) -> Any:
         with torch.no_grad():

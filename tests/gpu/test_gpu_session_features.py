@@ -28,7 +28,7 @@ from tests.test_continuous_batching import (
     _llama,
     check_packed_layer,
 )
-from tests.test_recompute import _LAYERS, _STEPS, _layer_spans, _model, _train
+from tests.test_recompute import _LAYERS, _STEPS, _layer_spans, _model, traced_training
 
 
 @attnscope.trace
@@ -92,13 +92,7 @@ def test_compare_a_decode_step_on_cuda() -> None:
 
 @pytest.mark.parametrize("checkpointing", ["reentrant", "non_reentrant"])
 def test_forwards_recomputed_by_cuda_autograd_are_marked(checkpointing: str) -> None:
-    model = _model(checkpointing).to("cuda")
-    attnscope.instrument(model, trace_model=True)
-    try:
-        with capture_spans() as spans:
-            _train(model)
-    finally:
-        attnscope.uninstrument(model)
+    spans = traced_training(_model(checkpointing).to("cuda"))
     layers = _layer_spans(spans)
     again = [s for s in layers if s.attributes.get("attnscope.recompute") is True]
     assert len(layers) == 2 * len(again) == 2 * _LAYERS * _STEPS
