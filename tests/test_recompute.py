@@ -9,6 +9,7 @@ and the recomputed calls sat in the forward's latency. They are now marked
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +152,23 @@ def test_the_report_puts_recomputed_calls_in_a_row_of_their_own(
     page = (tmp_path / "r.html").read_text()
     plot = page[page.index("Time per layer"):]
     assert "recompute" in plot[:plot.index("</svg>")]
+
+
+def test_a_diff_across_turning_checkpointing_on_says_why_no_layer_matched(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without checkpointing a training forward builds a KV cache (transformers' use_cache
+    default): its calls are prefills; with it, transformers turns the cache off and they have
+    no phase. The diff of the two found "no layer/phase in both" and said no more."""
+    paths = []
+    for checkpointing in (None, "non_reentrant"):
+        model = _model(checkpointing)
+        attnscope.instrument(model)
+        paths.append(tmp_path / f"{checkpointing}.json")
+        traced_to_file(paths[-1], "jaeger-json", functools.partial(_train, model))
+        attnscope.uninstrument(model)
+    assert main(["diff", *map(str, paths)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "no layer/phase is in both traces" in err
+    assert "model.layers.0.self_attn (prefill)" in err and "(recompute)" in err
+    assert "the same layers ran on both sides, in other phases" in err
+    assert "run both sides with the same use_cache" in err

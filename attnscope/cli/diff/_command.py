@@ -84,6 +84,17 @@ def _label(paths: list[str], runs: int) -> str:
     return shown if runs == 1 else f"{shown} ({runs} runs)"
 
 
+def _phases_hint(before: list[tuple[Key, int]], after: list[tuple[Key, int]]) -> str:
+    """Why nothing matched when the same layers ran on both sides in other phases: a phase
+    comes from the KV cache, which one side had and the other not."""
+    if not {k[0] for k, _ in before} & {k[0] for k, _ in after}:
+        return ""
+    return ("; the same layers ran on both sides, in other phases: a layer's phase comes from "
+            "its KV cache (prefill, decode; none without a cache), so a run with a cache and "
+            "one without never match (transformers' use_cache: gradient checkpointing turns it "
+            "off in training); run both sides with the same use_cache")
+
+
 def run_diff(args: argparse.Namespace) -> int:
     check_output(args.html, "--html")  # before the work
     check_output(args.json, "--json")
@@ -102,7 +113,8 @@ def run_diff(args: argparse.Namespace) -> int:
                         backends=(loaded[0].backends, loaded[1].backends))
     if not result.groups:
         raise CLIError(f"no layer/phase is in both traces (BEFORE: "
-                       f"{names(result.only_before)}; AFTER: {names(result.only_after)})")
+                       f"{names(result.only_before)}; AFTER: {names(result.only_after)})"
+                       + _phases_hint(result.only_before, result.only_after))
     limit = args.fail_if_slower
     # A gate with no p50 it could judge gives no verdict rather than a pass.
     judged = (limit is not None and (result.run_level or args.call_level_gate)
