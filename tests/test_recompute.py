@@ -100,9 +100,12 @@ def test_a_forward_recomputed_in_backward_is_marked_and_counts_no_token(
     assert attention == [_STEPS * _LAYERS * _BATCH * _SEQ]
     durations = {tuple(sorted(p.attributes.items())): p.count
                  for p in metrics["attnscope.attention.duration"].data.data_points}
-    recomputed = {k: n for k, n in durations.items() if ("attnscope.recompute", "true") in k}
+    # the attention layers' recomputed calls, labelled apart (transformers 5.20 checkpoints the
+    # decoder layer's __call__, whose traced forward is then recomputed and marked too; 5.25
+    # checkpoints the class's own forward, past the wrapper)
+    recomputed = {k: n for k, n in durations.items() if ("attnscope.recompute", "true") in k
+                  and ("attnscope.module_class", "LlamaAttention") in k}
     assert sum(recomputed.values()) == len(again)
-    assert all(("attnscope.module_class", "LlamaAttention") in k for k in recomputed)
 
 
 def test_without_checkpointing_nothing_is_marked() -> None:
