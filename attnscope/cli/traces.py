@@ -39,9 +39,9 @@ __all__ = ["TraceFileError", "SpanRow", "load_spans", "load_runs", "run_director
 
 # What `attnscope run` writes into its output directory, in the order they are preferred.
 DIRECTORY_FILES = ("traces.otlp.jsonl", "traces.jaeger.json")
-# Attributes only an attention call carries (a model forward or a span() block has none of them).
-# the phase group_key gives a forward recomputed in a backward pass (activation checkpointing)
+# The phase group_key gives a forward recomputed in a backward pass (activation checkpointing).
 RECOMPUTE = "recompute"
+# Attributes only an attention call carries (a model forward or a span() block has none of them).
 ATTENTION_FACTS = (schema.NUM_HEADS.name, schema.HEAD_DIM.name, schema.FLOPS.name)
 # Tags the Jaeger exporter adds from the span itself rather than its attributes.
 _JAEGER_EXTRA = ("otel.scope.name", "otel.scope.version", "span.kind", "error")
