@@ -175,3 +175,24 @@ def test_a_diff_across_turning_checkpointing_on_says_why_no_layer_matched(
     assert "model.layers.0.self_attn (prefill)" in err and "(recompute)" in err
     assert "the same layers ran on both sides, in other phases" in err
     assert "run both sides with the same use_cache" in err
+
+
+def test_a_requests_tokens_leave_out_the_recomputed_calls_and_its_flops_keep_them() -> None:
+    model = _model("non_reentrant")
+    ids = torch.randint(0, 64, (_BATCH, _SEQ))
+    attnscope.instrument(model)
+    try:
+        with capture_spans() as spans:
+            with attnscope.batch(rows=["a", "b"]):
+                model(input_ids=ids, labels=ids).loss.backward()
+    finally:
+        attnscope.uninstrument(model)
+    requests = [s.attributes for s in spans if s.name == "attnscope.request"]
+    layers = _layer_spans(spans)
+    assert len(requests) == _BATCH and len(layers) == 2 * _LAYERS
+    for request in requests:
+        assert request["attnscope.request.sampled_calls"] == 2 * _LAYERS
+        assert request["attnscope.request.tokens"] == _LAYERS * _SEQ  # each layer's pass once
+        # the work is every call's, the recomputed ones' too: each row a half of each call's
+        assert request["attnscope.request.flops"] == sum(
+            s.attributes["attnscope.flops"] for s in layers) // _BATCH

@@ -146,7 +146,10 @@ def split_rows(cap: Capture, shape: dict[str, Any], rows: tuple[Any, ...],
     # request's sampled figures, not in its estimate of all calls
     call.weight = 0.0 if cap.grant is not None and cap.grant.extra else \
         1.0 / cap.sample_rate if cap.sample_rate and cap.sample_rate > 0 else 1.0
-    call.tokens, call.useful, call.padding = tokens, useful, padding
+    # a forward recomputed in backward (checkpointing): its work is the request's, its tokens
+    # were counted by the forward
+    call.tokens = [0] * len(tokens) if cap.recompute else tokens
+    call.useful, call.padding = useful, padding
     call.exact = shape.get(_EXACT) is not False
     if time_ns is not None:
         if call.phase == "decode":
