@@ -41,7 +41,6 @@ from ._timeline import spans_under, timeline_svg
 
 __all__ = ["render_html"]
 
-_PHASE_COLOUR = PHASE_COLOUR
 
 
 def render_html(summary: Summary, rows: Sequence[SpanRow], *, source: str, top: int,
@@ -200,11 +199,11 @@ def _latency_plot(summary: Summary, calls: Sequence[SpanRow]) -> str:
     parts = ax.boxplot(data, positions=positions, orientation="horizontal", widths=0.6,
                        patch_artist=True, showfliers=False, medianprops={"color": "#1d2330"})
     for patch, g in zip(parts["boxes"], groups, strict=False):
-        patch.set_facecolor(_PHASE_COLOUR.get(g.phase, PALETTE[2]))
+        patch.set_facecolor(PHASE_COLOUR.get(g.phase, PALETTE[2]))
         patch.set_alpha(0.55)
     for pos, vals, g in zip(positions, data, groups, strict=False):  # every timed call as a dot
         jitter = [pos + ((i * 7919) % 100 - 50) / 220 for i in range(len(vals))]
-        ax.scatter(vals, jitter, s=16, color=_PHASE_COLOUR.get(g.phase, PALETTE[2]),
+        ax.scatter(vals, jitter, s=16, color=PHASE_COLOUR.get(g.phase, PALETTE[2]),
                    edgecolors="none", alpha=0.8, zorder=3)
     ax.set_yticks(positions, [_label(g) for g in groups], fontsize=9)
     ax.set_xscale("log")
@@ -221,7 +220,7 @@ def _plain_ticks(ax: Any) -> None:
 
 
 def _legend(ax: Any, phases: set[str | None]) -> None:
-    handles = [Patch(color=_PHASE_COLOUR[p], label=p or "no phase", alpha=0.7)
+    handles = [Patch(color=PHASE_COLOUR[p], label=p or "no phase", alpha=0.7)
                for p in PHASES if p in phases]
     if len(handles) > 1:
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=9,
@@ -240,7 +239,7 @@ def _time_plot(summary: Summary) -> str:
     for phase in phases:
         widths = [sum(g.time_ns for g in summary.groups if g.label == m and g.phase == phase)
                   / 1e6 for m in modules]
-        ax.barh(y, widths, left=left, color=_PHASE_COLOUR[phase], label=phase or "no phase",
+        ax.barh(y, widths, left=left, color=PHASE_COLOUR[phase], label=phase or "no phase",
                 height=0.6)
         left = [a + b for a, b in zip(left, widths, strict=False)]
     ax.set_yticks(y, modules, fontsize=9)

@@ -29,7 +29,6 @@ from ..traces import SpanRow, group_key
 
 __all__ = ["RooflinePoint", "roofline_points", "roofline_figure", "roofline_section"]
 
-_PHASE_COLOUR = PHASE_COLOUR
 _ROOF_STYLES = ("-", "--", ":", "-.")
 # above this many points the plot labels them by number, the table below names them
 _NAMED_POINTS = 12
@@ -99,7 +98,7 @@ def roofline_figure(points: Sequence[RooflinePoint], roofs: Sequence[Roof]) -> A
     plotted = [(number, p) for number, p in enumerate(points, 1) if _plottable(p)]
     for _, p in plotted:
         ax.scatter([p.stats.intensity], [p.stats.achieved_tflops], s=_area(p),
-                   color=_PHASE_COLOUR.get(p.phase, PALETTE[2]), alpha=0.8,
+                   color=PHASE_COLOUR.get(p.phase, PALETTE[2]), alpha=0.8,
                    edgecolors="#1d2330", linewidths=0.5, zorder=3)
     _limits(ax, points, roofs, x_lo, x_hi)
     ax.set_xlabel("arithmetic intensity (FLOP/byte, log scale)")
@@ -108,7 +107,7 @@ def roofline_figure(points: Sequence[RooflinePoint], roofs: Sequence[Roof]) -> A
     ax.set_axisbelow(True)
     handles, _ = ax.get_legend_handles_labels()
     phases = [ph for ph in PHASES if any(p.phase == ph for p in points)]
-    handles += [Line2D([], [], marker="o", linestyle="", color=_PHASE_COLOUR[ph], alpha=0.8,
+    handles += [Line2D([], [], marker="o", linestyle="", color=PHASE_COLOUR[ph], alpha=0.8,
                        label=ph or "no phase") for ph in phases]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
               frameon=False)
