@@ -189,7 +189,10 @@ def test_a_requests_tokens_leave_out_the_recomputed_calls_and_its_flops_keep_the
         attnscope.uninstrument(model)
     requests = [s.attributes for s in spans if s.name == "attnscope.request"]
     layers = _layer_spans(spans)
-    assert len(requests) == _BATCH and len(layers) == 2 * _LAYERS
+    # apart, so that a failure says which is missing (once, under CI with four burners started
+    # during it, there were no request spans: not reproduced since, alone or under eight)
+    assert len(layers) == 2 * _LAYERS, sorted({s.name for s in spans})
+    assert len(requests) == _BATCH, sorted({s.name for s in spans})
     for request in requests:
         assert request["attnscope.request.sampled_calls"] == 2 * _LAYERS
         assert request["attnscope.request.tokens"] == _LAYERS * _SEQ  # each layer's pass once
