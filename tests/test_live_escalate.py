@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import attnscope
-from attnscope._capture import decision, grants
+from attnscope._capture import decision, grants, wrapper
 from attnscope._capture import profiler_session as profiler
 from attnscope._capture.sampling import CallSite
 from attnscope._record import buckets as _buckets
@@ -153,21 +153,39 @@ def test_token_bucket_still_limits_escalated_profiles() -> None:
     assert 1 <= stats["slow_lapsed_no_token"] <= stats["slow_lapsed"]
 
 
-def test_random_profiles_leave_slow_calls_their_share_of_the_tokens() -> None:
+# What the wrapper's clock reads ahead of the real one: the slow calls of the test below take
+# their time on it, not in a sleep.
+_AHEAD = [0]
+
+
+@attnscope.trace
+def attention_on_a_clock(q: torch.Tensor, k: torch.Tensor, i: int) -> torch.Tensor:
+    if k.shape[0] > 100:
+        # Each slow call two estimate buckets (19%) longer than the one before, from 100 ms: above
+        # every earlier call however the machine's load held it, so slow whatever p99 the site
+        # has. A sleep was not: its overshoot under load spread the slow calls over two buckets,
+        # p99 fell in the upper one, and the calls in the lower were not slow (5 grants, 1 run).
+        _AHEAD[0] += int(100e6 * 2 ** (i / 50 / 4))
+    return q
+
+
+def test_random_profiles_leave_slow_calls_their_share_of_the_tokens(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     # A busy service under the default limit: every sampled call draws a random profile
     # (profile_rate 1) and the bucket (2 a minute, on a clock that moves 2 s a call) gets one
     # token back every 15 calls. Random draws alone would take each token as it comes: a slow
     # call's grant, 50 calls later, would find none (before: 0-2 of the slow calls granted).
     now = [0.0]
+    monkeypatch.setattr(wrapper, "_perf_ns", lambda: time.perf_counter_ns() + _AHEAD[0])
     with capture_spans(profile_max_per_minute=2, profile_rate=1.0) as spans:
         runtime.sampler.bucket = TokenBucket(2, lambda: now[0])
         profiler.warm_up()
         gc.collect()
-        gc.freeze()  # as in _run: a full collection in a fast call would make it a slow one
+        gc.freeze()  # as in _run: a fast call a full collection held may arm the site first
         try:
             for i in range(1, 1001):
                 now[0] += 2.0
-                attention(Q, BIG if i % 50 == 0 else SMALL, i)
+                attention_on_a_clock(Q, BIG if i % 50 == 0 else SMALL, i)
                 if i % 50 == 0:  # the worker sees it (and arms the site) before the next calls
                     attnscope.flush()
         finally:
@@ -178,8 +196,8 @@ def test_random_profiles_leave_slow_calls_their_share_of_the_tokens() -> None:
     assert len(profiled) <= 2 + 2000 / 30
     # 20 slow calls, the first two before the site's estimate has its 100 timed calls; a slow
     # call arms the site, the next one is profiled (so not timed, not slow), the next slow again:
-    # about 9 grants
-    assert len(escalated) >= 6, len(escalated)
+    # 9 grants
+    assert len(escalated) >= 8, len(escalated)
     # and random draws still get the tokens no slow call waits for
     assert len(profiled) - len(escalated) >= len(escalated), (len(profiled), len(escalated))
 
