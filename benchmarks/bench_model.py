@@ -26,6 +26,13 @@ realised sample rate over the timed pairs (sampled attention calls / attention c
 hooks on the plain copy's attention modules in an untimed run) next to the configured and the
 effective rate: with the defaults, the overhead budget must not thin the sample on a padded batch.
 
+``--busy-thread``: a second Python thread runs all along, holding the GIL a fifth of the time in
+~100 µs slices (a server's request parsing, tokenizer, metrics; one that never slept stalled
+plain ``generate()`` itself for seconds, the GIL's convoy, which no overhead compares with).
+The run prints for how much of the timed pairs the overhead budget kept the sample rate's scale,
+and the profile rate's, below 1: waits for the GIL inside attnscope's own steps count as its
+cost, and must not thin the sample.
+
 ``--breakdown RUNS``: after the timed pairs, RUNS more instrumented runs with each step of the
 calling thread's path timed in place (``enter``, the decision, ``_open``, the layer's extractor,
 the allocator readings, the CUDA event pair, ``leave``, the device-side counts and host copy, the
@@ -95,6 +102,50 @@ def build_model(name: str = "tiny", device: str = "cpu", dtype: Any = None) -> A
     if dtype is not None:
         model = model.to(dtype)
     return model.to(device)
+
+
+class Busy:
+    """A Python thread holding the GIL a fifth of the time (``--busy-thread``), which also
+    watches the overhead budget's two scales every ~10 ms of its own clock while
+    :meth:`measure` is on."""
+
+    def __init__(self) -> None:
+        from attnscope._runtime import runtime
+
+        self._sampler = runtime.sampler
+        self._measuring = False
+        self._done = threading.Event()
+        self.watched = self.below = self.profile_below = 0.0
+        self.lowest = 1.0
+        self._thread = threading.Thread(target=self._spin, daemon=True)
+        self._thread.start()
+
+    def measure(self) -> None:
+        self._measuring = True
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def share_below(self, profile: bool = False) -> float:
+        return (self.profile_below if profile else self.below) / max(self.watched, 1e-9)
+
+    def _spin(self) -> None:
+        last = time.perf_counter()
+        while not self._done.is_set():
+            sum(i * i for i in range(2_000))  # pure Python: holds the GIL (~100 µs)
+            time.sleep(0.0004)  # a fifth of the time: a thread that never slept stalled plain
+            # generate() itself for seconds (the GIL's convoy), which no overhead compares with
+            now = time.perf_counter()
+            if now - last < 0.01:
+                continue
+            if self._measuring:
+                budget = self._sampler.budget
+                self.watched += now - last
+                self.below += (now - last) * (budget.scale < 1.0)
+                self.profile_below += (now - last) * (budget.profile_scale < 1.0)
+                self.lowest = min(self.lowest, budget.scale)
+            last = now
 
 
 def left_padded(ids: Any) -> Any:
@@ -171,6 +222,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--breakdown", type=int, default=0, metavar="RUNS",
                         help="after the timed pairs, RUNS more instrumented runs with each step "
                              "of the calling thread's path timed in place (medians per step)")
+    parser.add_argument("--busy-thread", action="store_true",
+                        help="a second Python thread busy all along (a server's request parsing, "
+                             "tokenizer, metrics): it holds the GIL between the model's calls; "
+                             "prints the time-weighted share of the run the overhead budget's "
+                             "sample-rate scale was below 1")
     parser.add_argument("--padded", action="store_true",
                         help="left-pad the batch as a batched server does: row i starts with "
                              "i * prompt / (2 * batch) pad tokens, masked out by an attention "
@@ -250,6 +306,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         cpu_ns[model].append(time.thread_time_ns() - cpu)
         return time.perf_counter_ns() - t
 
+    busy = Busy() if args.busy_thread else None
     with torch.inference_mode():
         for _ in range(5):
             run(plain)
@@ -261,6 +318,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         worker_before, sampled_before = _worker_cpu(), attnscope.stats().get("sampled") or 0
         export_before, exported_before = _export_cpu(), attnscope.stats().get("exported") or 0
         ratios, a_ns, b_ns = [], [], []
+        if busy is not None:
+            busy.measure()
         for i in range(args.pairs):
             # alternate the order so drift and caches favour neither side
             if i % 2:
@@ -270,6 +329,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             a_ns.append(a)
             b_ns.append(b)
             ratios.append(b / a)
+    if busy is not None:
+        busy.stop()
     attnscope.flush(timeout_s=10)
     worker_after, export_after = _worker_cpu(), _export_cpu()
     stats = attnscope.stats()
@@ -316,6 +377,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
           f" ({sampled} of {calls_per_run * args.pairs} attention calls; configured "
           f"{stats.get('sample_rate')}, effective at the end {stats.get('effective_sample_rate')}"
           f", overhead ratio {stats.get('overhead_ratio')})")
+    if busy is not None:
+        print(f"busy thread: the sample rate's scale was below 1 for {busy.share_below():.1%} of "
+              f"the timed pairs (lowest {busy.lowest:.3g}); the profile rate's for "
+              f"{busy.share_below(profile=True):.1%}")
     print(f"attnscope: sampled={stats.get('sampled')} profiled={stats.get('profiled')} "
           f"granted={stats.get('profile_granted')} "
           f"emitted={stats.get('emitted')} effective_rate={stats.get('effective_sample_rate'):.4f}")
