@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 import attnscope
 from attnscope._runtime import runtime
+from attnscope._runtime.retention import KEEP_TOTAL_BYTES
 from attnscope._worker import loop
 from attnscope._worker.loop import Worker
 
@@ -86,3 +88,52 @@ def test_flush_and_shutdown_cut_the_gathering_short(monkeypatch: pytest.MonkeyPa
     time.sleep(0.05)
     f(3)
     assert attnscope.shutdown(timeout_s=10)
+
+
+class _Hurry:
+    """The worker's ``_hurry`` event, counting the slices waited on it (never waiting)."""
+
+    def __init__(self, cut_short: bool = False) -> None:
+        self.cut_short, self.waits = cut_short, 0
+
+    def wait(self, timeout: float) -> bool:
+        assert timeout == loop._GATHER_SLICE_S
+        self.waits += 1
+        return self.cut_short
+
+
+def _gathering(monkeypatch: pytest.MonkeyPatch, queued: int, kept_bytes: int = 0,
+               cut_short: bool = False) -> int:
+    """How many slices a gather waits, with ``queued`` captures in a queue of 8 (a quarter: 2)."""
+    monkeypatch.setattr(runtime.retention, "kept_bytes", kept_bytes)
+    hurry = _Hurry(cut_short)
+    worker = SimpleNamespace(queue=[None] * queued, max_queue=8, _hurry=hurry)
+    Worker._gather(worker)  # type: ignore[arg-type]
+    return hurry.waits
+
+
+def test_a_gather_waits_its_time_in_slices_until_enough_has_come(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    slices = round(loop._GATHER_S / loop._GATHER_SLICE_S)
+    assert slices > 1
+    assert _gathering(monkeypatch, queued=1) == slices  # the whole gather
+    # a quarter of the queue, or of the kept tensors' budget, is a batch worth taking now: a
+    # fast model sampled at every call would fill the queue (and drop captures) in a long gather
+    assert _gathering(monkeypatch, queued=2) == 1
+    assert _gathering(monkeypatch, queued=1, kept_bytes=KEEP_TOTAL_BYTES // 4) == 1
+    assert _gathering(monkeypatch, queued=1, kept_bytes=KEEP_TOTAL_BYTES // 4 - 1) == slices
+    assert _gathering(monkeypatch, queued=1, cut_short=True) == 1  # flush(), shutdown()
+
+
+def test_a_quarter_full_queue_ends_the_gather(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loop, "_GATHER_S", 600.0)  # only a full enough queue ends it here
+    attnscope.configure(**SETTINGS, queue_size=8)
+    f(1)
+    assert attnscope.flush(timeout_s=10)
+    _asleep()
+    f(2)  # wakes the worker, which gathers
+    f(3)  # a quarter of the queue: it stops gathering at its next look, with no flush
+    deadline = time.monotonic() + 60
+    while attnscope.stats()["emitted"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert attnscope.stats()["emitted"] == 3

@@ -24,6 +24,7 @@ from .._config import Config
 from .._record.batches import BatchRecord
 from .._record.capture import Capture
 from .._runtime import runtime
+from .._runtime.retention import KEEP_TOTAL_BYTES
 from . import at_exit, replays
 from .control import ControlFile
 from .cuda import DeviceAccess
@@ -42,7 +43,8 @@ __all__ = ["Worker", "start", "stats"]
 _BUSY_WAIT_S = 0.002  # poll interval while CUDA events are pending
 _STASH_CHECK_S = 1.0  # children waiting for a parent: look at their age this often
 _YIELD_EVERY_S = 0.002
-_GATHER_S = 0.1
+_GATHER_S = 1.0
+_GATHER_SLICE_S = 0.1  # how often a gather looks at the queue's length
 _HAND_BACK_S = 0.001
 _MAX_DROP_NOTICES = 65_536
 _MAX_ENDED_BLOCKS = 65_536  # batch() blocks waiting for their request spans
@@ -231,11 +233,21 @@ class Worker:
                 self._wake.wait(_STASH_CHECK_S if waiting else None)
         finally:
             self._sleeping = False
-        # Woken by a capture: let a few more arrive before taking the GIL, so a program making
-        # captures back to back is interrupted once per batch, not once per capture. flush()
-        # and shutdown() cut the wait short.
         if self.queue and not self._stop.is_set():
-            self._hurry.wait(_GATHER_S)
+            self._gather()
+
+    def _gather(self) -> None:
+        """Woken by a capture: let more arrive before taking the GIL, up to ``_GATHER_S``. A
+        program making captures back to back is interrupted once per batch, not once per
+        capture, and the batch runs warm: a capture handled alone cost this thread several times
+        its share of a batch of ten (its code and data cold in the CPU's caches; figures in
+        docs/benchmarks.md). flush() and shutdown() cut it short, and so do a quarter-full
+        queue or retention budget (a fast model sampled at every call)."""
+        enough = max(1, self.max_queue // 4)
+        for _ in range(max(1, round(_GATHER_S / _GATHER_SLICE_S))):
+            if (self._hurry.wait(_GATHER_SLICE_S) or len(self.queue) >= enough
+                    or runtime.retention.kept_bytes >= KEEP_TOTAL_BYTES // 4):
+                return
 
     def _step(self) -> bool:
         worked = False
