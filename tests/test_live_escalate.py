@@ -55,8 +55,8 @@ def _run(calls: int, **settings: Any) -> list[Any]:
         try:
             for i in range(1, calls + 1):
                 attention(Q, BIG if i % 50 == 0 else SMALL, i)
-                if i % 200 == 0:
-                    attnscope.flush()
+                if i % 50 == 0:  # the worker sees a slow call (and arms its site) at once: it
+                    attnscope.flush()  # gathers captures for up to a second when left alone
         finally:
             gc.unfreeze()
     return spans
@@ -215,7 +215,7 @@ def _sampled_calls(escalate: bool) -> list[int]:
         for i in range(1, 3001):
             starts.append(time.time_ns())  # the span of call i starts after this
             attention(Q, BIG if i % 50 == 0 else SMALL, i)
-            if i % 500 == 0:
+            if i % 50 == 0:  # as in _run: each slow call arms its site before the next calls
                 attnscope.flush()
     # a granted call the sampler would not have chosen is an extra capture, at rate 1.0
     natural = [s for s in spans if s.attributes["attnscope.sample_rate"] == 0.2]
