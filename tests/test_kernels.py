@@ -227,8 +227,8 @@ def test_real_profile_gives_every_op_an_id(monkeypatch: pytest.MonkeyPatch) -> N
     seen: list[list[RawEvent]] = []
     real = _kernels.from_kineto
 
-    def spy(result: Any, marker: str) -> list[RawEvent]:
-        seen.append(real(result, marker))
+    def spy(result: Any, marker: str, **kw: Any) -> list[RawEvent]:
+        seen.append(real(result, marker, **kw))
         return seen[-1]
 
     monkeypatch.setattr(_kernels, "from_kineto", spy)

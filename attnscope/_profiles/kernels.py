@@ -12,7 +12,7 @@ the span's start.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from .. import _schema as schema
@@ -442,13 +442,15 @@ def _input_storages(result: Any) -> dict[int, tuple[int, ...]]:
     return out
 
 
-def from_kineto(result: Any, marker: str, *, inputs: bool = True) -> list[RawEvent]:
+def from_kineto(result: Any, marker: str, *, inputs: bool = True,
+                pause: Callable[[], None] | None = None) -> list[RawEvent]:
     """torch's kineto events as plain records (profiler clock, nanoseconds).
 
     Each event is read only through methods every accepted torch offers (:func:`_event_kind`),
     never the private ``activity_type()`` (torch 2.11 has none). ``inputs``: also the
     storage addresses of each CPU op's tensor inputs (for :func:`analyze`'s ``module`` labels);
-    none when torch's event tree cannot say.
+    none when torch's event tree cannot say. ``pause``: called between the two passes (the
+    worker hands the GIL back there).
     """
     out: list[RawEvent] = []
     storages: dict[int, tuple[int, ...]] = {}
@@ -457,6 +459,8 @@ def from_kineto(result: Any, marker: str, *, inputs: bool = True) -> list[RawEve
             storages = _input_storages(result)
         except Exception:  # an older or different profiler result: no labels, same spans
             storages = {}
+        if pause is not None:
+            pause()
     annotations: set[str] = set()
     for ev in result.events():
         has = _methods(ev)

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,10 +22,17 @@ if TYPE_CHECKING:
     from .._config import Config
     from .._derive.result import Derived
 
-__all__ = ["finish"]
+__all__ = ["finish", "hand_back"]
 
 _TIER = schema.TIER.key
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def hand_back() -> None:
+    """Let a thread waiting for the GIL have it. Reading a profile is milliseconds of Python in
+    one piece (4 ms and more for a model's layer on CPU), which the application's thread waited
+    for whole whenever it needed the GIL meanwhile; between the steps it waits for one step."""
+    time.sleep(0)
 
 
 def finish(cap: Capture, cfg: Config, derived: Derived | None = None,
@@ -43,10 +51,12 @@ def finish(cap: Capture, cfg: Config, derived: Derived | None = None,
     if session is None or result is None:  # aborted for a user's profiler, or stopping failed
         return {_TIER: "timing"}, [], none
     try:
-        events = kernels.from_kineto(result, PROFILE_MARKER)
+        events = kernels.from_kineto(result, PROFILE_MARKER, pause=hand_back)
+        hand_back()
         report = kernels.analyze(events, span_start_ns=cap.start_epoch_ns,
                                  span_end_ns=cap.end_epoch_ns, max_spans=cfg.max_kernel_spans,
                                  on_device=session.on_cuda, module=cap.instance)
+        hand_back()
     except Exception as exc:  # the span still goes out, without kernel data
         _log.internal_error("profile-parse", exc)
         return {_TIER: "timing"}, [], none
