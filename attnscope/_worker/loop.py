@@ -42,7 +42,10 @@ __all__ = ["Worker", "start", "stats"]
 
 _BUSY_WAIT_S = 0.002  # poll interval while CUDA events are pending
 _STASH_CHECK_S = 1.0  # children waiting for a parent: look at their age this often
-_YIELD_EVERY_S = 0.002
+# A batch gathered for up to a second is milliseconds of work: handed back every 2 ms, it kept
+# a thread of the application waiting up to 2 ms at a time (bench_worker_stall.py --tier
+# timing); every 0.5 ms costs no throughput that bench_model --every-call resolves.
+_YIELD_EVERY_S = 0.0005
 _GATHER_S = 1.0
 _GATHER_SLICE_S = 0.1  # how often a gather looks at the queue's length
 _HAND_BACK_S = 0.001
