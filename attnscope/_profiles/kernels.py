@@ -443,7 +443,7 @@ def _input_storages(result: Any) -> dict[int, tuple[int, ...]]:
 
 
 def from_kineto(result: Any, marker: str, *, inputs: bool = True,
-                pause: Callable[[], None] | None = None) -> list[RawEvent]:
+                pause: Callable[[], object] = lambda: None) -> list[RawEvent]:
     """torch's kineto events as plain records (profiler clock, nanoseconds).
 
     Each event is read only through methods every accepted torch offers (:func:`_event_kind`),
@@ -453,14 +453,11 @@ def from_kineto(result: Any, marker: str, *, inputs: bool = True,
     worker hands the GIL back there).
     """
     out: list[RawEvent] = []
-    storages: dict[int, tuple[int, ...]] = {}
-    if inputs:
-        try:
-            storages = _input_storages(result)
-        except Exception:  # an older or different profiler result: no labels, same spans
-            storages = {}
-        if pause is not None:
-            pause()
+    try:
+        storages = _input_storages(result) if inputs else {}
+    except Exception:  # an older or different profiler result: no labels, same spans
+        storages = {}
+    pause()
     annotations: set[str] = set()
     for ev in result.events():
         has = _methods(ev)
