@@ -10,6 +10,7 @@ demo's own code.
 from __future__ import annotations
 
 import io
+import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -83,3 +84,50 @@ def test_the_comparison_is_its_steps(demo: tuple[str, list[dict[str, Any]]]) -> 
         assert f"{ratio} {ref}'s time, slower" in said
     else:  # the ratio straddles 1 (or is below it, which the lower median makes unlikely)
         assert f"not distinguishable from {ref} here ({ratio}," in said or "faster" in said
+
+
+def _implementation(span: dict[str, Any], by_id: dict[str, dict[str, Any]]) -> str | None:
+    up: dict[str, Any] | None = span
+    while up is not None and "demo.implementation" not in up["tags"]:
+        up = _parent(up, by_id)
+    return None if up is None else str(up["tags"]["demo.implementation"]).removesuffix(
+        "_attention")
+
+
+def test_each_report_is_of_its_own_implementations_calls(
+        demo: tuple[str, list[dict[str, Any]]]) -> None:
+    """Each implementation's report reads its own calls only: its "all layers" backend, its
+    profiled calls and its kernel table (before: the other's profiled calls were "loose" ones
+    of both reports, which each said "flash,math" and listed SDPA's flash kernel for naive)."""
+    text, spans = demo
+    by_id = {s["spanID"]: s for s in spans}
+    backends: dict[str, set[str]] = defaultdict(set)
+    profiled: dict[str, int] = defaultdict(int)
+    ops: dict[str, set[str]] = defaultdict(set)
+    for s in spans:
+        impl = _implementation(s, by_id)
+        if impl is None:
+            continue
+        top = s["tags"].get("attnscope.kernel.top_names")  # a profiled call's 5 longest ops
+        if top is not None:
+            ops[impl].update(json.loads(top) if isinstance(top, str) else top)
+        if "attnscope.module" in s["tags"] and s["tags"].get("attnscope.tier") == "profile":
+            profiled[impl] += 1
+            backends[impl].add(str(s["tags"]["attnscope.backend"]))
+    assert set(backends) == {"naive", "sdpa"} and backends["naive"] != backends["sdpa"]
+    blocks = text.split("attnscope report — attention.")[1:]
+    assert [b.split()[0] for b in blocks] == ["naive", "sdpa"]
+    for block in blocks:
+        impl = block.split()[0]
+        lines = block.splitlines()
+        calls_row = next(line for line in lines if line.split()[:2] == ["all", "layers"])
+        assert calls_row.split()[-1] == ",".join(sorted(backends[impl])), calls_row
+        head = next(i for i, line in enumerate(lines) if line.startswith("Top kernels/ops"))
+        assert lines[head].split()[:5] == ["Top", "kernels/ops", "of", "the", str(profiled[impl])]
+        rule = next(i for i in range(head, len(lines)) if lines[i].strip().startswith("─"))
+        listed = []
+        for line in lines[rule + 1:]:
+            if not line.strip():
+                break
+            listed.append(line.split()[0])
+        assert listed and set(listed) <= ops[impl], (impl, listed, ops[impl])

@@ -174,8 +174,11 @@ def _print_reports(trace_path: str, jaeger_json: str | None, html: str | None,
         mine = [c for c in calls if _implementation(c, by_id) == impl.__name__]
         source = f"attention.{label}" + (f" in {jaeger_json}" if jaeger_json else "")
         print("", file=out)
-        render_terminal(summarize(mine, top=_TOP, rows=rows), source=source, spans=len(rows),
-                        top=_TOP, out=out, calls=mine)
+        # its calls' own subtrees: with the whole trace, the other implementation's profiled
+        # calls were loose ones of this report (both backends in its "all layers" row, the
+        # other's kernels in its table)
+        render_terminal(summarize(mine, top=_TOP, rows=_subtrees(mine, rows)), source=source,
+                        spans=len(rows), top=_TOP, out=out, calls=mine)
     _print_comparison(calls, by_id, out)
     if html:
         from ..report._html import render_html  # matplotlib: only for the page
@@ -184,6 +187,20 @@ def _print_reports(trace_path: str, jaeger_json: str | None, html: str | None,
         write_text(html, render_html(summarize(calls, top=_TOP, rows=rows), rows,
                                      source=trace_path, top=_TOP), "--html")
     return len(rows)
+
+
+def _subtrees(calls: list[SpanRow], rows: list[SpanRow]) -> list[SpanRow]:
+    """``calls`` and every span under them."""
+    children: dict[str, list[SpanRow]] = {}
+    for r in rows:
+        if r.parent_id:
+            children.setdefault(r.parent_id, []).append(r)
+    out, todo = [], list(calls)
+    while todo:
+        r = todo.pop()
+        out.append(r)
+        todo.extend(children.get(r.span_id, ()))
+    return out
 
 
 def _print_comparison(calls: list[SpanRow], by_id: dict[str, SpanRow], out: TextIO) -> None:
