@@ -42,7 +42,6 @@ from ._timeline import spans_under, timeline_svg
 __all__ = ["render_html"]
 
 
-
 def render_html(summary: Summary, rows: Sequence[SpanRow], *, source: str, top: int,
                 context: Any = None) -> str:
     """The whole page as text; ``context``: the report's ``Context`` (run, end to end)."""
