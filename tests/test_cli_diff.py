@@ -333,11 +333,12 @@ def test_two_traces_of_one_configuration_are_no_change_and_pass_the_gate(
     assert "gate passed" in done.stdout and not done.stderr
     verdict = _verdict(done.stdout, "p50")
     if verdict != "no change":
-        # a burst of load in a busy CI widens the interval past --min-change (±2-3% here
-        # unloaded): "inconclusive" then, never a direction — the interval holds 0
+        # A 95% interval misses the true 0 in about one run in twenty, and a burst of load in a
+        # busy CI widens it past --min-change (±2-3% here unloaded): "inconclusive" then (the
+        # interval excludes 0 but reaches inside ±5%), never a direction.
         again, interval = _judged(capsys, traces["same_a"], traces["same_b"], "p50")
         assert (verdict, again) == ("inconclusive", "inconclusive"), (verdict, again)
-        assert interval[0] < 0 < interval[1], interval
+        assert -0.05 < interval[1] and interval[0] < 0.05, interval
 
 
 def _judged(capsys: pytest.CaptureFixture[str], before: Path, after: Path,
