@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 from .. import _schema as schema
 from .summary import Quantiles, int_attribute, is_profiled, quantiles, wall_ns, weight
-from .traces import SpanRow, attention_calls, model_label, process_of
+from .traces import SpanRow, attention_calls, descendants, model_label, process_of
 
 __all__ = ["GenerateStats", "ShareStats", "BlockStats", "EndToEnd", "end_to_end",
            "MIN_FOR_INTERVAL", "OUTSIDE_BLOCKS", "UNKNOWN"]
@@ -173,7 +173,7 @@ def _outside_blocks(rows: Sequence[SpanRow], blocks: Sequence[SpanRow],
     """Attention calls in no block that started while a block of the same process was open."""
     if not blocks:
         return 0
-    held = {d.span_id for b in blocks for d in _descendants(b, children)}
+    held = {d.span_id for b in blocks for d in descendants(b, children)}
     # per process, the blocks' times merged
     open_: dict[tuple[Any, ...], list[tuple[int, int]]] = defaultdict(list)
     for b in sorted(blocks, key=lambda b: b.start_ns):
@@ -247,7 +247,7 @@ def _attention_in(spans: Sequence[SpanRow], children: Mapping[str, list[SpanRow]
     inside = [0.0] * len(spans)
     calls, sampled = 0, any(weight(s) > 1 for s in spans)
     for k, s in enumerate(spans):
-        for d in _descendants(s, children):
+        for d in descendants(s, children):
             if d.span_id in attention and weight(d) > 0:
                 inside[k] += wall_ns(d) * weight(d) * weight(s)
                 calls += 1
@@ -372,22 +372,13 @@ def _phase_with_cache(forward: SpanRow) -> bool:
 
 
 def _profiled(row: SpanRow, children: Mapping[str, list[SpanRow]]) -> bool:
-    return any(is_profiled(d) for d in (row, *_descendants(row, children)))
+    return any(is_profiled(d) for d in (row, *descendants(row, children)))
 
 
 def _unslowed(rows: Sequence[SpanRow], children: Mapping[str, list[SpanRow]]) -> list[SpanRow]:
     """``rows`` without those the profiler slowed, unless that leaves none."""
     kept = [r for r in rows if not _profiled(r, children)]
     return kept or list(rows)
-
-
-def _descendants(row: SpanRow, children: Mapping[str, list[SpanRow]]) -> list[SpanRow]:
-    out, stack = [], list(children.get(row.span_id, ()))
-    while stack:
-        r = stack.pop()
-        out.append(r)
-        stack.extend(children.get(r.span_id, ()))
-    return out
 
 
 def _shares(forwards: Sequence[SpanRow], children: Mapping[str, list[SpanRow]],

@@ -35,7 +35,7 @@ from ._errors import CLIError
 
 __all__ = ["TraceFileError", "SpanRow", "load_spans", "load_runs", "run_directories",
            "attention_calls", "group_key", "model_label", "process_of", "call_backends", "GroupKey",
-           "ATTENTION_FACTS", "DIRECTORY_FILES", "RECOMPUTE"]
+           "ATTENTION_FACTS", "DIRECTORY_FILES", "RECOMPUTE", "children_of", "descendants"]
 
 # What `attnscope run` writes into its output directory, in the order they are preferred.
 DIRECTORY_FILES = ("traces.otlp.jsonl", "traces.jaeger.json")
@@ -167,6 +167,25 @@ def _has_trace_files(path: Path) -> bool:
         return bool(_trace_files(path))
     except TraceFileError:
         return False
+
+
+def children_of(rows: Sequence[SpanRow]) -> dict[str, list[SpanRow]]:
+    """Each span id's child rows, in file order."""
+    children: dict[str, list[SpanRow]] = {}
+    for r in rows:
+        if r.parent_id:
+            children.setdefault(r.parent_id, []).append(r)
+    return children
+
+
+def descendants(row: SpanRow, children: Mapping[str, list[SpanRow]]) -> list[SpanRow]:
+    """Every span under ``row``, at any depth (``children``: :func:`children_of`)."""
+    out, stack = [], list(children.get(row.span_id, ()))
+    while stack:
+        r = stack.pop()
+        out.append(r)
+        stack.extend(children.get(r.span_id, ()))
+    return out
 
 
 def attention_calls(rows: Sequence[SpanRow]) -> list[SpanRow]:

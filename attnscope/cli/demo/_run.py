@@ -26,7 +26,7 @@ from ...exporters import JaegerJSONFileExporter
 from ..render.writer import check_output, write_text
 from ..report import render_terminal
 from ..summary import summarize
-from ..traces import SpanRow, attention_calls, load_spans
+from ..traces import SpanRow, attention_calls, children_of, descendants, load_spans
 
 __all__ = ["run_demo"]
 
@@ -167,6 +167,7 @@ def _print_reports(trace_path: str, jaeger_json: str | None, html: str | None,
     rows = load_spans(trace_path)
     calls = attention_calls(rows)
     by_id = {r.span_id: r for r in rows}
+    children = children_of(rows)
     print(f"attnscope demo — {len(rows)} spans captured (TinyDecoder: 4 layers, GQA 8/2 heads, "
           "CPU)", file=out)
     for impl in (naive_attention, sdpa_attention):
@@ -177,7 +178,8 @@ def _print_reports(trace_path: str, jaeger_json: str | None, html: str | None,
         # its calls' own subtrees: with the whole trace, the other implementation's profiled
         # calls were loose ones of this report (both backends in its "all layers" row, the
         # other's kernels in its table)
-        render_terminal(summarize(mine, top=_TOP, rows=_subtrees(mine, rows)), source=source,
+        subtrees = mine + [d for c in mine for d in descendants(c, children)]
+        render_terminal(summarize(mine, top=_TOP, rows=subtrees), source=source,
                         spans=len(rows), top=_TOP, out=out, calls=mine)
     _print_comparison(calls, by_id, out)
     if html:
@@ -187,20 +189,6 @@ def _print_reports(trace_path: str, jaeger_json: str | None, html: str | None,
         write_text(html, render_html(summarize(calls, top=_TOP, rows=rows), rows,
                                      source=trace_path, top=_TOP), "--html")
     return len(rows)
-
-
-def _subtrees(calls: list[SpanRow], rows: list[SpanRow]) -> list[SpanRow]:
-    """``calls`` and every span under them."""
-    children: dict[str, list[SpanRow]] = {}
-    for r in rows:
-        if r.parent_id:
-            children.setdefault(r.parent_id, []).append(r)
-    out, todo = [], list(calls)
-    while todo:
-        r = todo.pop()
-        out.append(r)
-        todo.extend(children.get(r.span_id, ()))
-    return out
 
 
 def _print_comparison(calls: list[SpanRow], by_id: dict[str, SpanRow], out: TextIO) -> None:
